@@ -1,0 +1,21 @@
+"""nbx-tune: autotuning and certification of Triton kernels.
+
+The package root stays light: importing `nbx_tune` loads neither torch nor triton. The
+public names below are resolved on first use.
+"""
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "record": ("nbx_tune.tuner.recorder", "record"),
+    "NbxError": ("nbx_tune.errors", "NbxError"),
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'nbx_tune' has no attribute {name!r}")

@@ -1,0 +1,121 @@
+"""Which device is this, and which profile serves it.
+
+The device is named by the target string Triton reports, `"{backend}:{arch}"` (`cuda:90`,
+`hip:gfx942`), or `interpreter` under `TRITON_INTERPRET=1`. The interpreter is recognised
+from the environment alone: with no GPU, Triton's `get_current_target()` raises.
+A profile claims a device through `compute_capability_matches` prefixes; the longest
+matching prefix wins, and a tie between two profiles is an error, never a guess.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import re
+import subprocess
+from dataclasses import dataclass
+
+from nbx_tune.errors import DeviceError, ProfileError
+
+INTERPRETER = "interpreter"
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUE
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    target: str  # "cuda:90", "hip:gfx942", "interpreter"
+    name: str  # "NVIDIA H200", "Triton interpreter on x86_64"
+    driver: str  # "580.159.03", "n/a"
+
+
+def current_target() -> str:
+    if interpreter_enabled():
+        return INTERPRETER
+    try:
+        from triton.runtime import driver
+
+        t = driver.active.get_current_target()
+    except Exception as e:  # no driver, no device: Triton raises RuntimeError
+        raise DeviceError(
+            f"no GPU found by Triton ({str(e).splitlines()[0]}); "
+            "set TRITON_INTERPRET=1 to run on the CPU interpreter"
+        ) from None
+    return f"{t.backend}:{t.arch}"
+
+
+def gpu_available() -> bool:
+    """True when Triton can see a GPU driver (never raises)."""
+    try:
+        from triton.runtime import driver
+
+        driver.active.get_current_target()
+        return True
+    except Exception:
+        return False
+
+
+def _driver_version() -> str:
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            m = re.search(r"Kernel Module\s+([\d.]+)", f.read())
+            if m:
+                return m.group(1)
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10,
+        )
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        import torch
+
+        return f"hip {torch.version.hip}" if torch.version.hip else "unknown"
+    except Exception:
+        return "unknown"
+
+
+@functools.lru_cache(maxsize=1)
+def device_info() -> DeviceInfo:
+    target = current_target()
+    if target == INTERPRETER:
+        return DeviceInfo(target, f"Triton interpreter on {platform.machine() or 'cpu'}", "n/a")
+    try:
+        import torch
+
+        name = torch.cuda.get_device_name()
+    except Exception:
+        name = target
+    return DeviceInfo(target, name, _driver_version())
+
+
+def match_profile(target: str, profiles) -> "object":
+    """The profile whose longest `compute_capability_matches` prefix matches `target`."""
+    best, best_len, tied = None, -1, []
+    for p in profiles:
+        for prefix in p.compute_capability_matches:
+            if target.startswith(prefix):
+                if len(prefix) > best_len:
+                    best, best_len, tied = p, len(prefix), [p.name]
+                elif len(prefix) == best_len and p is not best:
+                    tied.append(p.name)
+    if best is None:
+        raise ProfileError(
+            f"no profile matches device target {target!r}; pass --profile NAME "
+            "(nbx-tune profiles list) or add a profile with a matching compute_capability_matches prefix"
+        )
+    if len(tied) > 1:
+        raise ProfileError(
+            f"device target {target!r} matches profiles {', '.join(sorted(tied))} equally; "
+            "make one compute_capability_matches prefix longer"
+        )
+    return best

@@ -1,0 +1,1 @@
+"""The writer side: trace parsing, the store, screening, timing, search, census, export."""
