@@ -1,0 +1,197 @@
+"""The launch-time read of certified configs.
+
+Loaded once per process, from (first wins per seat): the exported tables named by
+NBX_TUNE_TABLE, the database's `certified_configs` view (NBX_TUNE_DB or the default
+file, only if it exists: a launch never creates a database), and the tables shipped in
+this package (`kernels/tables/<profile>.json`). An entry is served only if its provenance
+matches this process: kernel source hash, config-space hash, profile hash and Triton
+version; anything else is stale and is never served.
+
+After loading, a launch is one dict lookup on (kernel, dtypes, flags, dims); the ladder
+math runs once per distinct shape. A seat with no certificate gets the kernel's declared
+default config, the miss is counted (`launch_stats()`), and the log says so once per seat.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nbx_tune import settings
+from nbx_tune.errors import KernelError, NbxError
+from nbx_tune.kernels import table_format
+from nbx_tune.kernels.spec import (Config, KernelSpec, Problem, bucket_of, decode_bucket,
+                                   decode_flags, seat_label)
+
+log = logging.getLogger("nbx_tune")
+
+TABLE_DIR = Path(__file__).resolve().parent / "tables"
+MEMO_LIMIT = 1 << 16  # distinct launch shapes remembered before the memo starts over
+
+VIEW_QUERY = (
+    "SELECT kernel, dtypes, flags, bucket, config, kernel_source_hash, config_space_hash, "
+    "profile_hash, triton_version FROM certified_configs WHERE profile = :profile"
+)
+
+
+@dataclass
+class LaunchState:
+    profile: object
+    entries: dict = field(default_factory=dict)  # (kernel, dtypes, flags, bucket) -> (Config, source)
+    memo: dict = field(default_factory=dict)  # (kernel, dtypes, flags, dims) -> (Config, miss seat or None)
+    misses: Counter = field(default_factory=Counter)
+    stale: list = field(default_factory=list)  # (source, seat label, why)
+    sources: list = field(default_factory=list)
+    warned: set = field(default_factory=set)
+
+
+_state: LaunchState | None = None
+_lock = threading.Lock()
+
+
+def _stale_reason(spec: KernelSpec, profile, prov: dict) -> str | None:
+    import triton
+
+    checks = (("kernel_source_hash", spec.source_hash), ("config_space_hash", spec.config_space_hash),
+              ("profile_hash", profile.hash), ("triton_version", triton.__version__))
+    for key, now in checks:
+        if prov.get(key) != now:
+            return f"{key} {prov.get(key)} != {now}"
+    return None
+
+
+def _add(state: LaunchState, source: str, kernel: str, dtypes: str, flags: str, bucket: str,
+         config: str, prov: dict) -> None:
+    from nbx_tune.kernels.registry import all_specs
+
+    spec = all_specs().get(kernel)
+    if spec is None:
+        state.stale.append((source, f"{kernel}|{dtypes}|{flags}|{bucket}", "no such kernel here"))
+        return
+    dt = tuple(dtypes.split(","))
+    fl = decode_flags(flags)
+    try:
+        bk = decode_bucket(spec.key, bucket)
+        cfg = Config.parse(config)
+    except (KeyError, ValueError) as e:
+        state.stale.append((source, f"{kernel}|{dtypes}|{flags}|{bucket}", f"unreadable: {e}"))
+        return
+    why = _stale_reason(spec, state.profile, prov)
+    if why:
+        state.stale.append((source, seat_label(kernel, dt, fl, spec.key, bk), why))
+        return
+    state.entries.setdefault((kernel, dt, fl, bk), (cfg, source))
+
+
+def _load_table(state: LaunchState, path: Path) -> None:
+    doc = table_format.read(path)
+    if doc["profile"] != state.profile.name:
+        log.info("nbx-tune: %s is a table for profile %s, not %s: not used", path, doc["profile"],
+                 state.profile.name)
+        return
+    for e in doc["entries"]:
+        _add(state, str(path), e["kernel"], e["dtypes"], e["flags"], e["bucket"], e["config"],
+             e["provenance"])
+    state.sources.append(str(path))
+
+
+def _load_db(state: LaunchState) -> None:
+    url = settings.db_url()
+    if url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///"):])
+        if not path.exists():
+            return
+        # Open read-only: a launch never creates, migrates or locks the writer's database.
+        url = f"sqlite:///file:{path}?mode=ro&uri=true"
+    from sqlalchemy import create_engine, text
+
+    try:
+        engine = create_engine(url)
+        with engine.connect() as conn:
+            rows = conn.execute(text(VIEW_QUERY), {"profile": state.profile.name}).all()
+        engine.dispose()
+    except Exception as e:  # an unreadable database costs certified configs, never the launch
+        log.warning("nbx-tune: cannot read certified configs from the database (%s: %s); "
+                    "launches use declared defaults", type(e).__name__, str(e).splitlines()[0])
+        return
+    for (kernel, dtypes, flags, bucket, config, src_h, space_h, prof_h, triton_v) in rows:
+        prov = {"kernel_source_hash": src_h, "config_space_hash": space_h,
+                "profile_hash": prof_h, "triton_version": triton_v}
+        _add(state, "database", kernel, dtypes, flags, bucket, config, prov)
+    state.sources.append("database")
+
+
+def _load() -> LaunchState:
+    from nbx_tune.profiles import current_profile
+
+    state = LaunchState(current_profile())
+    for path in settings.table_paths():
+        _load_table(state, path)  # a broken table the user named is an error, not a warning
+    _load_db(state)
+    shipped = TABLE_DIR / f"{state.profile.name}.json"
+    if shipped.exists():
+        try:
+            _load_table(state, shipped)
+        except NbxError as e:
+            log.warning("nbx-tune: shipped table unusable: %s", e)
+    for source, seat, why in state.stale:
+        log.info("nbx-tune: stale certificate not served (%s): %s: %s", source, seat, why)
+    return state
+
+
+def state() -> LaunchState:
+    global _state
+    if _state is None:
+        with _lock:
+            if _state is None:
+                _state = _load()
+    return _state
+
+
+def reload() -> None:
+    """Forget what was loaded (after a census in this process, or in tests)."""
+    global _state
+    with _lock:
+        _state = None
+
+
+def _resolve(st: LaunchState, spec: KernelSpec, dtypes, flags, dims) -> tuple:
+    for dt in dtypes:
+        why = st.profile.screen_unsupported.get(dt)
+        if why:
+            raise KernelError(f"{spec.name}: {dt} cannot run correctly on profile {st.profile.name}: {why}")
+    bucket = bucket_of(st.profile, spec.key, dims)
+    hit = st.entries.get((spec.name, dtypes, flags, bucket))
+    if hit is not None:
+        return (hit[0], None)
+    label = seat_label(spec.name, dtypes, flags, spec.key, bucket)
+    cfg = spec.default_config(st.profile, Problem(spec.name, dtypes, flags, tuple(dims)))
+    if label not in st.warned:
+        st.warned.add(label)
+        log.warning("nbx-tune: no certified config for %s on %s: using the default %s "
+                    "(run `nbx-tune census` to certify it)", label, st.profile.name, cfg)
+    return (cfg, label)
+
+
+def config_for(spec: KernelSpec, dtypes: tuple, flags: tuple, dims: tuple) -> Config:
+    """The config a launch uses: certified for its seat, else the declared default."""
+    st = _state or state()
+    key = (spec.name, dtypes, flags, dims)
+    hit = st.memo.get(key)
+    if hit is None:
+        if len(st.memo) >= MEMO_LIMIT:
+            st.memo.clear()
+        hit = st.memo[key] = _resolve(st, spec, dtypes, flags, dims)
+    if hit[1] is not None:
+        st.misses[hit[1]] += 1
+    return hit[0]
+
+
+def launch_stats() -> dict:
+    """Misses by seat, stale certificates skipped, and where configs were loaded from."""
+    st = state()
+    return {"profile": st.profile.name, "certified_seats": len(st.entries),
+            "misses": dict(st.misses), "stale": list(st.stale), "sources": list(st.sources)}

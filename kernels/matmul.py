@@ -1,0 +1,313 @@
+"""Matrix products: aten.mm, aten.addmm, aten.bmm, aten.baddbmm in fp16, bf16 and fp32.
+
+One tiled GEMM serves all four: a batch axis (1 for mm/addmm) and an optional bias added
+as `beta * bias + alpha * (A @ B)`, the bias broadcast through zero strides. Programs are
+ordered in groups of GROUP_M row-blocks so neighbouring programs share B tiles in L2.
+fp32 inputs multiply in IEEE fp32 (as torch.mm does by default), not TF32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from nbx_tune.errors import KernelError
+from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
+from nbx_tune.oracles import matmul as oracle
+
+TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+INT32_MAX = 2**31 - 1
+MAX_BATCH = 65535  # the grid's second axis
+
+
+@triton.jit
+def _matmul_kernel(
+    a_ptr, b_ptr, c_ptr, bias_ptr,
+    M, N, K,
+    stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn,
+    stride_cb, stride_cm, stride_cn,
+    stride_xb, stride_xm, stride_xn,
+    alpha, beta,
+    HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    batch = tl.program_id(1).to(tl.int64)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_pid_n
+    first_m = (pid // group) * GROUP_M
+    group_m = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % group_m
+    pid_n = (pid % group) // group_m
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    # Rows and columns past the edge wrap to valid ones: loads need no M/N mask, and the
+    # store below is masked, so the wrapped results are never written.
+    ram = rm % M
+    rbn = rn % N
+    a_ptrs = a_ptr + batch * stride_ab + ram[:, None] * stride_am + rk[None, :] * stride_ak
+    b_ptrs = b_ptr + batch * stride_bb + rk[:, None] * stride_bk + rbn[None, :] * stride_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    acc = acc * alpha
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    if HAS_BIAS:
+        x_ptrs = bias_ptr + batch * stride_xb + rm[:, None] * stride_xm + rn[None, :] * stride_xn
+        acc += beta * tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+    c_ptrs = c_ptr + batch * stride_cb + rm[:, None] * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def _strides3(t):
+    s = t.stride()
+    return s if len(s) == 3 else (0, *s)
+
+
+def launch_matmul(a, b, c, bias, alpha: float, beta: float, config: Config) -> None:
+    """c = alpha * (a @ b) [+ beta * bias]: a (B, M, K) or (M, K), b and c likewise; bias
+    already expanded to c's shape (any strides, zeros where broadcast) or None."""
+    M, K = a.shape[-2:]
+    N = b.shape[-1]
+    B = a.shape[0] if a.dim() == 3 else 1
+    x = c if bias is None else bias
+    sa, sb, sc, sx = _strides3(a), _strides3(b), _strides3(c), _strides3(x)
+    grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]), B)
+    _matmul_kernel[grid](
+        a, b, c, x, M, N, K,
+        sa[0], sa[1], sa[2], sb[0], sb[1], sb[2], sc[0], sc[1], sc[2], sx[0], sx[1], sx[2],
+        alpha, beta,
+        HAS_BIAS=bias is not None,
+        INPUT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        **config.kwargs,
+    )
+
+
+def _c(bm, bn, bk, warps, stages, group=8):
+    return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group,
+                       num_warps=warps, num_stages=stages)
+
+
+# Small tiles for small shapes and 32-64 KB shared memory (Turing, AMD, Apple); medium
+# tiles for Ampere/Ada; wide tiles and deep pipelines for Hopper/Blackwell's 227 KB. The
+# deepest Hopper tiles (128x256x64 at 5 stages: 240 KB in fp16) are meant to be refused by
+# the shared-memory prune there: the space is the same on every device.
+CONFIGS = (
+    _c(16, 32, 64, 2, 2), _c(32, 32, 32, 4, 2), _c(32, 32, 64, 4, 2), _c(32, 64, 32, 4, 2),
+    _c(64, 32, 32, 4, 2), _c(32, 64, 64, 4, 3), _c(64, 32, 64, 4, 3), _c(64, 64, 32, 4, 2),
+    _c(64, 64, 32, 4, 3), _c(64, 64, 64, 4, 3), _c(64, 64, 64, 4, 4), _c(64, 64, 128, 4, 3),
+    _c(64, 128, 32, 4, 3), _c(128, 64, 32, 4, 3), _c(64, 128, 64, 4, 3), _c(128, 64, 64, 4, 3),
+    _c(64, 128, 32, 4, 4), _c(128, 64, 32, 4, 4), _c(64, 128, 64, 4, 5), _c(128, 64, 128, 4, 3),
+    _c(128, 128, 32, 4, 3), _c(128, 128, 32, 8, 3), _c(128, 128, 32, 4, 4), _c(128, 128, 64, 4, 3),
+    _c(128, 128, 64, 8, 3), _c(128, 128, 64, 4, 4), _c(128, 128, 64, 8, 4), _c(128, 128, 64, 4, 5),
+    _c(128, 128, 64, 8, 5), _c(128, 128, 128, 4, 2), _c(128, 128, 128, 8, 3),
+    _c(64, 256, 32, 4, 4), _c(64, 256, 64, 4, 4), _c(256, 64, 64, 4, 4),
+    _c(128, 256, 32, 8, 3), _c(256, 128, 32, 8, 3), _c(128, 256, 64, 8, 3), _c(256, 128, 64, 8, 3),
+    _c(128, 256, 64, 8, 4), _c(256, 128, 64, 8, 4), _c(128, 256, 64, 8, 5),
+)
+
+# Served when a seat has no certificate: the first that fits the device.
+DEFAULTS = (_c(128, 128, 32, 4, 3), _c(64, 64, 32, 4, 2), _c(32, 32, 32, 4, 2))
+
+
+def _broadcastable(shape, target) -> bool:
+    if len(shape) > len(target):
+        return False
+    return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
+
+
+class MatmulSpec(KernelSpec):
+    name = "matmul"
+    ops = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
+    key = (KeyDim("B"), KeyDim("M"), KeyDim("N"), KeyDim("K"))
+    dtypes = tuple(TORCH_DTYPES)
+    description = "tiled GEMM with grouped ordering: mm, addmm, bmm, baddbmm"
+
+    def configs(self):
+        return CONFIGS
+
+    def default_preference(self):
+        return DEFAULTS
+
+    def smem_bytes(self, config, problem):
+        # The software pipeliner keeps num_stages copies of an A tile and a B tile.
+        esize = 4 if problem.dtypes[0] == "float32" else 2
+        return max(config.num_stages, 1) * (config["BLOCK_M"] + config["BLOCK_N"]) * config["BLOCK_K"] * esize
+
+    def source_parts(self):
+        return (_matmul_kernel, launch_matmul)
+
+    def example_rows(self, scale):
+        from nbx_tune.tuner.trace import make_row
+
+        if scale == "small":
+            M, N, K, B = 37, 45, 29, 3
+        else:
+            M, N, K, B = 2049, 3071, 1537, 5
+        rows = []
+        for dt in self.dtypes:
+            d2, d3 = [dt] * 2, [dt] * 3
+            rows += [
+                make_row("aten.mm", d2, [(M, K), (K, N)]),
+                make_row("aten.addmm", d3, [(N,), (M, K), (K, N)], {"beta": "0.5", "alpha": "2.0"}),
+                make_row("aten.addmm", d3, [(M, N), (M, K), (K, N)]),
+                make_row("aten.bmm", d2, [(B, M, K), (B, K, N)]),
+                make_row("aten.baddbmm", d3, [(B, 1, N), (B, M, K), (B, K, N)], {"alpha": "0.25"}),
+            ]
+        return rows
+
+    # -- trace rows -> problems
+    def problem_from_row(self, row):
+        op = row.base_op
+        batched = op in ("aten.bmm", "aten.baddbmm")
+        has_input = op in ("aten.addmm", "aten.baddbmm")
+        want = 3 if has_input else 2
+        if len(row.shapes) != want:
+            return NotServable(f"{op} takes {want} tensors, the row has {len(row.shapes)}")
+        if len(set(row.dtypes)) != 1:
+            return NotServable(f"mixed dtypes {','.join(row.dtypes)}: the kernel takes one dtype")
+        dtype = row.dtypes[0]
+        if dtype not in TORCH_DTYPES:
+            return NotServable(f"dtype {dtype} is not served (float16, bfloat16, float32)")
+        a, b = row.shapes[-2], row.shapes[-1]
+        rank = 3 if batched else 2
+        if len(a) != rank or len(b) != rank:
+            return NotServable(f"{op} needs rank-{rank} operands, got {len(a)} and {len(b)}")
+        if not batched:
+            a, b = (1, *a), (1, *b)
+        Bn, M, K = a
+        if b[0] != Bn or b[1] != K:
+            return NotServable(f"shapes {'x'.join(map(str, a))} and {'x'.join(map(str, b))} do not multiply")
+        N = b[2]
+        if min(Bn, M, N, K) == 0:
+            return NotServable("an empty product: nothing to launch")
+        if max(Bn * M * K, Bn * K * N, Bn * M * N) > INT32_MAX:
+            return NotServable("an operand of 2^31 elements or more (the kernel indexes in int32)")
+        if Bn > MAX_BATCH:
+            return NotServable(f"batch {Bn} > {MAX_BATCH} (the grid's second axis)")
+        try:
+            alpha = row.params.float("alpha", 1.0)
+            beta = row.params.float("beta", 1.0)
+        except ValueError as e:
+            return NotServable(f"bad alpha/beta: {e}")
+        extra = [("alpha", alpha)]
+        has_bias = has_input and beta != 0
+        if has_input:
+            bias_shape = row.shapes[0]
+            target = (Bn, M, N) if batched else (M, N)
+            if not _broadcastable(bias_shape, target):
+                return NotServable(f"input {'x'.join(map(str, bias_shape)) or '()'} does not broadcast to {'x'.join(map(str, target))}")
+            extra += [("beta", beta), ("bias_shape", tuple(bias_shape))]
+        return Problem(self.name, (dtype,), seat_flags(bias=int(has_bias)), (Bn, M, N, K),
+                       tuple(sorted(extra)))
+
+    # -- inputs, oracle, outputs, launch
+    def input_shapes(self, problem):
+        Bn, M, N, K = problem.dims
+        dt = problem.dtypes[0]
+        shapes = {"a": ((Bn, M, K), dt), "b": ((Bn, K, N), dt)}
+        if dict(problem.flags)["bias"] == "1":
+            shapes["bias"] = (tuple(problem.get("bias_shape")), dt)
+        return shapes
+
+    def make_inputs(self, problem, rng):
+        return {name: (rng.standard_normal(shape), dt)
+                for name, (shape, dt) in self.input_shapes(problem).items()}
+
+    def oracle(self, problem, inputs):
+        alpha = problem.get("alpha", 1.0)
+        if "bias" in inputs:
+            Bn, M, N, _ = problem.dims
+            return {"c": oracle.baddbmm(inputs["bias"], inputs["a"], inputs["b"], alpha,
+                                        problem.get("beta", 1.0))}
+        return {"c": alpha * oracle.bmm(inputs["a"], inputs["b"])}
+
+    def output_specs(self, problem):
+        Bn, M, N, _ = problem.dims
+        return {"c": ((Bn, M, N), problem.dtypes[0])}
+
+    def launch(self, config, problem, inputs, outputs):
+        Bn, M, N, _ = problem.dims
+        bias = inputs.get("bias")
+        if bias is not None:
+            bias = bias.expand(Bn, M, N)
+        launch_matmul(inputs["a"], inputs["b"], outputs["c"], bias,
+                      problem.get("alpha", 1.0), problem.get("beta", 1.0), config)
+
+
+SPEC = MatmulSpec()
+
+
+# ----------------------------------------------------------------------------- public ops
+
+_DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+_NO_BIAS = seat_flags(bias=0)
+_BIAS = seat_flags(bias=1)
+
+
+def _dtype_of(*tensors) -> tuple[str]:
+    dt = tensors[0].dtype
+    for t in tensors[1:]:
+        if t.dtype != dt:
+            raise KernelError(f"matmul: mixed dtypes {dt} and {t.dtype}")
+    try:
+        return (_DTYPE_NAMES[dt],)
+    except KeyError:
+        raise KernelError(f"matmul: dtype {dt} is not served (float16, bfloat16, float32)") from None
+
+
+def _product_dims(a, b, rank: int) -> tuple[int, int, int, int]:
+    if a.dim() != rank or b.dim() != rank:
+        raise KernelError(f"matmul: expected rank-{rank} operands, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[-1] != b.shape[-2] or (rank == 3 and a.shape[0] != b.shape[0]):
+        raise KernelError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not multiply")
+    B = a.shape[0] if rank == 3 else 1
+    return (B, a.shape[-2], b.shape[-1], a.shape[-1])
+
+
+def _run(a, b, bias, alpha, beta, rank):
+    dims = _product_dims(a, b, rank)
+    dtypes = _dtype_of(a, b) if bias is None else _dtype_of(a, b, bias)
+    has_bias = bias is not None and beta != 0
+    out_shape = (*a.shape[:-1], b.shape[-1])
+    c = torch.empty(out_shape, device=a.device, dtype=a.dtype)
+    if 0 in dims:
+        return c.zero_() if not has_bias else c.copy_(beta * bias.expand(out_shape))
+    config = config_for(SPEC, dtypes, _BIAS if has_bias else _NO_BIAS, dims)
+    launch_matmul(a, b, c, bias.expand(out_shape) if has_bias else None, alpha, beta, config)
+    return c
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for 2-D a (M, K), b (K, N), with the certified config of its seat."""
+    return _run(a, b, None, 1.0, 0.0, 2)
+
+
+def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: float = 1.0,
+          alpha: float = 1.0) -> torch.Tensor:
+    """beta * input + alpha * (mat1 @ mat2), input broadcast to (M, N)."""
+    return _run(mat1, mat2, input, alpha, beta, 2)
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Batched a @ b for a (B, M, K), b (B, K, N)."""
+    return _run(a, b, None, 1.0, 0.0, 3)
+
+
+def baddbmm(input: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *,
+            beta: float = 1.0, alpha: float = 1.0) -> torch.Tensor:
+    """beta * input + alpha * (batch1 @ batch2), input broadcast to (B, M, N)."""
+    return _run(batch1, batch2, input, alpha, beta, 3)

@@ -1,0 +1,293 @@
+"""What every kernel family declares: its config space, launch key, oracle and trace ops.
+
+A `KernelSpec` is the contract between a Triton kernel and the tuner. The tuner never
+looks inside a kernel: it asks the spec which trace rows it serves (`problem_from_row`),
+what a candidate costs in shared memory (`smem_bytes`), how to build seeded inputs and the
+fp64 reference (`make_inputs`, `oracle`), and how to launch one config (`launch`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+
+# ----------------------------------------------------------------------------- configs
+
+@dataclass(frozen=True)
+class Config:
+    """One point of a config space: constexpr meta-parameters plus launch options."""
+
+    meta: tuple[tuple[str, int], ...]
+    num_warps: int = 4
+    num_stages: int = 2
+
+    @classmethod
+    def make(cls, num_warps: int = 4, num_stages: int = 2, **meta: int) -> "Config":
+        return cls(tuple(meta.items()), num_warps, num_stages)
+
+    def __getitem__(self, name: str) -> int:
+        for k, v in self.meta:
+            if k == name:
+                return v
+        raise KeyError(name)
+
+    @property
+    def kwargs(self) -> dict[str, int]:
+        """Keyword arguments for `kernel[grid](..., **config.kwargs)`."""
+        return {**dict(self.meta), "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+    def key(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in (*self.meta, ("num_warps", self.num_warps),
+                                                  ("num_stages", self.num_stages)))
+
+    def __str__(self) -> str:
+        return self.key()
+
+    @classmethod
+    def parse(cls, text: str) -> "Config":
+        items = dict(p.split("=", 1) for p in text.split(",") if p)
+        warps = int(items.pop("num_warps", 4))
+        stages = int(items.pop("num_stages", 2))
+        return cls(tuple((k, int(v)) for k, v in items.items()), warps, stages)
+
+    def project(self, launch_options: Sequence[str]) -> tuple:
+        """What distinguishes this config on a device whose code depends on `launch_options`."""
+        opts = tuple(getattr(self, o) for o in launch_options if hasattr(self, o))
+        return (self.meta, opts)
+
+
+# ----------------------------------------------------------------------------- launches
+
+@dataclass(frozen=True)
+class KeyDim:
+    """A named runtime dimension of the launch key and the ladder that buckets it."""
+
+    name: str
+    ladder: str = "default"
+
+
+def _freeze(value):
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One concrete launch: enough to build its inputs, run its oracle and launch it.
+
+    `dtypes` is the seat's dtype signature, `flags` the code-path switches (bias present,
+    causal), `dims` the launch-key values in the spec's key order, `extra` whatever else
+    the launch needs (scalars, broadcast shapes), JSON-able.
+    """
+
+    kernel: str
+    dtypes: tuple[str, ...]
+    flags: tuple[tuple[str, str], ...]
+    dims: tuple[int, ...]
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    def get(self, name: str, default=None):
+        for k, v in self.extra:
+            if k == name:
+                return v
+        return default
+
+    @property
+    def volume(self) -> int:
+        v = 1
+        for d in self.dims:
+            v *= d
+        return v
+
+    def order(self) -> tuple:
+        """How shapes of one bucket are ordered: by size, then by dims."""
+        return (self.volume, self.dims, self.extra)
+
+    def to_json(self) -> str:
+        return json.dumps({"kernel": self.kernel, "dtypes": list(self.dtypes),
+                           "flags": dict(self.flags), "dims": list(self.dims),
+                           "extra": dict(self.extra)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Problem":
+        d = json.loads(text)
+        return cls(d["kernel"], tuple(d["dtypes"]), tuple(sorted(d["flags"].items())),
+                   tuple(d["dims"]), tuple(sorted((k, _freeze(v)) for k, v in d["extra"].items())))
+
+
+@dataclass(frozen=True)
+class NotServable:
+    """A trace row naming an op this kernel serves, with shapes or params it cannot."""
+
+    reason: str
+
+
+# ----------------------------------------------------------------------------- the spec
+
+class KernelSpec:
+    """Base class of a kernel family's declaration. Subclasses fill in the class attributes
+    and override the methods; `kernels/matmul.py` is the reference example."""
+
+    name: str = ""
+    ops: tuple[str, ...] = ()  # trace ops served: `aten.mm`, `aten.add.Tensor`
+    key: tuple[KeyDim, ...] = ()
+    dtypes: tuple[str, ...] = ()  # element dtypes the kernel claims
+    description: str = ""
+
+    # -- declared by each family
+    def configs(self) -> Sequence[Config]:
+        raise NotImplementedError
+
+    def default_config(self, profile, problem: Problem) -> Config:
+        """The config served when a seat has no certificate: the first declared default
+        that passes the profile's static prune."""
+        for c in self.default_preference():
+            if not self.static_refusal(profile, c, problem):
+                return c
+        return self.default_preference()[-1]
+
+    def default_preference(self) -> Sequence[Config]:
+        raise NotImplementedError
+
+    def smem_bytes(self, config: Config, problem: Problem) -> int:
+        return 0
+
+    def problem_from_row(self, row) -> Problem | NotServable:
+        raise NotImplementedError
+
+    def make_inputs(self, problem: Problem, rng: np.random.Generator) -> dict[str, tuple[np.ndarray, str]]:
+        """Seeded random inputs: name -> (values, dtype name). Values are float64 (or an
+        integer array for integer dtypes); the screen casts them to the dtype, and the
+        oracle sees exactly the rounded values the kernel sees."""
+        raise NotImplementedError
+
+    def oracle(self, problem: Problem, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The fp64 reference outputs (calls `nbx_tune.oracles`), by output name."""
+        raise NotImplementedError
+
+    def output_specs(self, problem: Problem) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Output name -> (shape, dtype name)."""
+        raise NotImplementedError
+
+    def launch(self, config: Config, problem: Problem, inputs: Mapping[str, Any],
+               outputs: Mapping[str, Any]) -> None:
+        """Launch `config` writing into `outputs` (torch tensors, poisoned by the screen)."""
+        raise NotImplementedError
+
+    def example_rows(self, scale: str) -> list:
+        """Trace rows (`nbx_tune.tuner.trace.make_row`) that exercise the kernel in every
+        dtype it claims, at deliberately odd shapes: scale "small" runs in seconds on the
+        interpreter, "gpu" sits around real sizes. The self-check runs them against the
+        oracle (tests on the interpreter, bench/gpu_check.py on a GPU)."""
+        return []
+
+    def source_parts(self) -> Sequence[Callable]:
+        """The code whose change makes certificates stale: the jitted kernel(s) and the
+        launcher. Comments elsewhere in the module do not count."""
+        raise NotImplementedError
+
+    # -- derived
+    def seat_dims(self, problem: Problem) -> dict[str, int]:
+        return dict(zip((d.name for d in self.key), problem.dims))
+
+    def operand_bytes(self, problem: Problem) -> int:
+        """Bytes of inputs and outputs at their dtypes: what the screen's budget counts."""
+        total = 0
+        for shape, dt in (*self.input_shapes(problem).values(), *self.output_specs(problem).values()):
+            n = 1
+            for d in shape:
+                n *= d
+            total += n * dtype_size(dt)
+        return total
+
+    def input_shapes(self, problem: Problem) -> dict[str, tuple[tuple[int, ...], str]]:
+        raise NotImplementedError
+
+    def static_refusal(self, profile, config: Config, problem: Problem) -> tuple[str, str] | None:
+        """(reason, detail) when the profile rules a config out before any launch."""
+        if config.num_stages > profile.max_num_stages:
+            return ("stages_over_max",
+                    f"num_stages {config.num_stages} > pipelining.max_num_stages {profile.max_num_stages}")
+        smem = self.smem_bytes(config, problem)
+        budget = profile.memory.max_shared_memory_per_block
+        if smem > budget:
+            return ("smem_over_budget",
+                    f"estimated {smem} bytes of shared memory > max_shared_memory_per_block {budget}")
+        return None
+
+    @cached_property
+    def source_hash(self) -> str:
+        h = hashlib.sha256()
+        for part in self.source_parts():
+            src = getattr(part, "src", None) or inspect.getsource(getattr(part, "fn", part))
+            h.update(src.encode())
+        return h.hexdigest()[:16]
+
+    @cached_property
+    def config_space_hash(self) -> str:
+        h = hashlib.sha256("\n".join(c.key() for c in self.configs()).encode())
+        return h.hexdigest()[:16]
+
+
+DTYPE_SIZES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1,
+               "int16": 2, "int32": 4, "int64": 8, "bool": 1}
+
+
+def dtype_size(name: str) -> int:
+    return DTYPE_SIZES[name]
+
+
+def seat_flags(**flags) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, str(v)) for k, v in flags.items()))
+
+
+# ----------------------------------------------------------------------------- seat keys
+# One text encoding of a seat's parts, shared by the store's columns, exported tables and
+# the launch-time read.
+
+Bucket = tuple[tuple[int, int], ...]
+
+
+def encode_dtypes(dtypes: Sequence[str]) -> str:
+    return ",".join(dtypes)
+
+
+def encode_flags(flags: Sequence[tuple[str, str]]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(flags)) or "-"
+
+
+def decode_flags(text: str) -> tuple[tuple[str, str], ...]:
+    if text in ("", "-"):
+        return ()
+    return tuple(sorted(tuple(p.split("=", 1)) for p in text.split(",")))
+
+
+def encode_bucket(key: Sequence[KeyDim], bucket: Bucket) -> str:
+    return ",".join(f"{d.name}={lo}" if lo == hi else f"{d.name}={lo}..{hi}"
+                    for d, (lo, hi) in zip(key, bucket))
+
+
+def decode_bucket(key: Sequence[KeyDim], text: str) -> Bucket:
+    parts = dict(p.split("=", 1) for p in text.split(","))
+    out = []
+    for d in key:
+        lo, sep, hi = parts[d.name].partition("..")
+        out.append((int(lo), int(hi) if sep else int(lo)))
+    return tuple(out)
+
+
+def bucket_of(profile, key: Sequence[KeyDim], dims: Sequence[int]) -> Bucket:
+    return tuple(profile.ladder(d.ladder).bucket(v) for d, v in zip(key, dims))
+
+
+def seat_label(kernel: str, dtypes, flags, key, bucket: Bucket) -> str:
+    """The human form of a seat: `matmul|float16|bias=0|B=1,M=497..512,N=4096,K=4096`."""
+    return "|".join((kernel, encode_dtypes(dtypes), encode_flags(flags), encode_bucket(key, bucket)))

@@ -1,0 +1,109 @@
+"""The certified table: the exported, read-only, deterministic form of a profile's
+certified configs (JSON: no pickle, no code), shipped inside wheels and read at launch.
+
+    {"format": "nbx-tune certified table", "format_version": 1,
+     "profile": "hopper", "architecture": "hopper", "profile_hash": "...",
+     "entries": [{"kernel", "dtypes", "flags", "bucket", "config", "median_ms", ...,
+                  "provenance": {...}}, ...],
+     "sha256": "<hash of the canonical entries>"}
+
+Entries are sorted by seat; the checksum catches an edited or truncated file. Everything
+here is plain data checked field by field: a broken file is a `TableError` naming the file
+and the position, and no entry of it is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from nbx_tune.errors import TableError
+
+FORMAT = "nbx-tune certified table"
+FORMAT_VERSION = 1
+
+PROVENANCE_KEYS = ("device_name", "device_target", "driver", "triton_version", "torch_version",
+                   "kernel_source_hash", "config_space_hash", "profile_hash", "certified_at")
+ENTRY_KEYS = {"kernel": str, "dtypes": str, "flags": str, "bucket": str, "config": str,
+              "median_ms": float, "spread_ms": list, "runner_up": (str, type(None)),
+              "runner_up_ms": (float, type(None)), "margin": (float, type(None)),
+              "screens": list, "screened_min": (str, type(None)), "screened_max": (str, type(None)),
+              "unscreened": (str, type(None)), "timing_method": str, "provenance": dict}
+
+
+def canonical(entries: list[dict]) -> str:
+    return json.dumps(entries, sort_keys=True, separators=(",", ":"))
+
+
+def checksum(entries: list[dict]) -> str:
+    return hashlib.sha256(canonical(entries).encode()).hexdigest()
+
+
+def seat_sort_key(e: dict) -> tuple:
+    return (e["kernel"], e["dtypes"], e["flags"], e["bucket"])
+
+
+def dumps(profile: str, architecture: str, profile_hash: str, entries: list[dict]) -> str:
+    entries = sorted(entries, key=seat_sort_key)
+    doc = {"format": FORMAT, "format_version": FORMAT_VERSION, "profile": profile,
+           "architecture": architecture, "profile_hash": profile_hash,
+           "entries": entries, "sha256": checksum(entries)}
+    return json.dumps(doc, sort_keys=True, indent=1) + "\n"
+
+
+def _check_entry(e: Any, where: str) -> dict:
+    if not isinstance(e, dict):
+        raise TableError(f"{where}: expected an object")
+    for k, types in ENTRY_KEYS.items():
+        if k not in e:
+            raise TableError(f"{where}.{k}: missing")
+        v = e[k]
+        if types is float and isinstance(v, int) and not isinstance(v, bool):
+            continue
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in (types if isinstance(types, tuple) else (types,))):
+            raise TableError(f"{where}.{k}: wrong type {type(v).__name__}")
+    unknown = set(e) - set(ENTRY_KEYS)
+    if unknown:
+        raise TableError(f"{where}.{sorted(unknown)[0]}: unknown key")
+    for k in PROVENANCE_KEYS:
+        if not isinstance(e["provenance"].get(k), str):
+            raise TableError(f"{where}.provenance.{k}: missing or not a string")
+    return e
+
+
+def loads(text: str, source: str) -> dict:
+    """Parse and check a table; returns the document with checked entries."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TableError(f"{source}: line {e.lineno}, column {e.colno}: not valid JSON ({e.msg}); "
+                         "is the file truncated?") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise TableError(f"{source}: not an nbx-tune certified table (no \"format\": \"{FORMAT}\")")
+    version = doc.get("format_version")
+    if version != FORMAT_VERSION:
+        raise TableError(f"{source}: format_version {version!r}; this nbx-tune reads version "
+                         f"{FORMAT_VERSION} (export the table again with a matching nbx-tune)")
+    for k in ("profile", "architecture", "profile_hash", "sha256"):
+        if not isinstance(doc.get(k), str):
+            raise TableError(f"{source}: {k}: missing or not a string")
+    entries = doc.get("entries")
+    if not isinstance(entries, list):
+        raise TableError(f"{source}: entries: missing or not a list")
+    for i, e in enumerate(entries):
+        _check_entry(e, f"{source}: entries[{i}]")
+    if checksum(entries) != doc["sha256"]:
+        raise TableError(f"{source}: sha256 does not match the entries: the file was edited or "
+                         "damaged after export (export it again)")
+    return doc
+
+
+def read(path: str | Path) -> dict:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TableError(f"{p}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    return loads(text, str(p))

@@ -1,0 +1,282 @@
+"""What the CLI's commands do, as library calls. The CLI parses arguments and draws
+results; everything else happens here (and below)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+from nbx_tune.errors import NbxError, ProfileError
+from nbx_tune.profiles import (builtin_profiles, current_target, device_info, get_profile,
+                               gpu_available, interpreter_enabled, match_profile)
+
+
+def ensure_device(notice=None) -> None:
+    """With no GPU and no TRITON_INTERPRET, switch to the interpreter and say so.
+
+    This must happen before triton is imported at all: Triton builds its own library
+    functions (tl.cdiv, ...) for the interpreter or for a GPU at import time. So the GPU is
+    looked for through torch, which does not import triton."""
+    if interpreter_enabled():
+        return
+    import torch
+
+    if torch.cuda.is_available():  # CUDA and ROCm builds alike
+        return
+    if "triton" in sys.modules:
+        if gpu_available():
+            return
+        raise NbxError("no GPU found and triton is already imported: set TRITON_INTERPRET=1 before "
+                       "starting Python to run on the CPU interpreter")
+    os.environ["TRITON_INTERPRET"] = "1"
+    if notice:
+        notice("no GPU found: running on Triton's CPU interpreter (TRITON_INTERPRET=1)")
+
+
+def load_plugins(plugins) -> None:
+    from nbx_tune.kernels.registry import load_plugin
+
+    for p in plugins or ():
+        load_plugin(p)
+
+
+def resolve_profile(name: str | None, for_tuning: bool):
+    """The profile a command works on: --profile, else the running device's. A census
+    that tunes must run on a device its profile claims."""
+    if name is None:
+        return match_profile(current_target(), builtin_profiles().values())
+    profile = get_profile(name)
+    if for_tuning:
+        target = current_target()
+        if not any(target.startswith(p) for p in profile.compute_capability_matches):
+            raise ProfileError(f"profile {profile.name} does not claim this device ({target}); a census "
+                               "tunes on the device it runs on (use --dry-run to plan for another profile)")
+    return profile
+
+
+def known_profiles(extra=None) -> dict:
+    profiles = dict(builtin_profiles())
+    if extra is not None:
+        profiles[extra.name] = extra
+    return profiles
+
+
+def census(model: str, db: str | None = None, profile: str | None = None, dry_run: bool = False,
+           reporter=None, strategy: str = "pruned", plugins=(), isolate: bool | None = None):
+    ensure_device(reporter.notice if reporter else None)  # before anything imports triton
+    from nbx_tune.tuner.census import load_plan, run_census
+    from nbx_tune.tuner.store import Store
+
+    load_plugins(plugins)
+    prof = resolve_profile(profile, for_tuning=not dry_run)
+    plan = load_plan(model, prof)  # a malformed trace fails here, before any database I/O
+    # A dry run reads the database if there is one, and never creates or writes it.
+    store = _existing_store(db) if dry_run else Store(db)
+    try:
+        if dry_run:
+            return run_census(plan, store, dry_run=True)
+        tuner = make_tuner(store, prof, strategy, isolate)
+        try:
+            return run_census(plan, store, tuner, reporter)
+        finally:
+            tuner.executor.close()
+    finally:
+        if store is not None:
+            store.close()
+
+
+def make_tuner(store, profile, strategy: str = "pruned", isolate: bool | None = None):
+    from nbx_tune.tuner.bench import for_profile
+    from nbx_tune.tuner.executor import InProcess
+    from nbx_tune.tuner.runner import SeatTuner
+    from nbx_tune.tuner.strategies import get_strategy
+
+    executor = InProcess(for_profile(profile))
+    return SeatTuner(store, profile, device_info(), executor, get_strategy(strategy))
+
+
+def _existing_store(db: str | None):
+    from nbx_tune import settings
+    from nbx_tune.tuner.store import Store
+
+    url = settings.db_url(db)
+    if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):
+        return None
+    return Store(url)
+
+
+# ----------------------------------------------------------------------------- queries
+
+@dataclass
+class SeatView:
+    id: int
+    profile: str
+    kernel: str
+    dtypes: str
+    flags: str
+    bucket: str
+    status: str
+    why: str
+    config: str | None
+    median_ms: float | None
+    launches: int
+    shapes: int
+    claimed_by: str | None
+
+    @property
+    def label(self) -> str:
+        return "|".join((self.kernel, self.dtypes, self.flags, self.bucket))
+
+    def to_dict(self) -> dict:
+        return {**self.__dict__, "label": self.label}
+
+
+def _status_profile(name: str, profiles: dict):
+    return profiles.get(name)
+
+
+def seat_views(db=None, status=None, kernel=None, profile=None, plugins=()) -> list[SeatView]:
+    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.tuner.status import STATUSES, seat_status
+    from nbx_tune.tuner.store import Store
+
+    if status:
+        bad = [s for s in status if s not in STATUSES]
+        if bad:
+            raise NbxError(f"unknown status {bad[0]!r}; known: {', '.join(STATUSES)}")
+    load_plugins(plugins)
+    specs = all_specs()
+    prof_name = get_profile(profile).name if profile else None
+    profiles = known_profiles(get_profile(profile) if profile else None)
+    store = Store(db)
+    try:
+        out = []
+        for r in store.seat_records(profile=prof_name, kernel=kernel):
+            st = seat_status(r.cert, r.cert_tuning, r.last_tuning, r.problems, specs.get(r.seat.kernel),
+                             profiles.get(r.seat.profile), r.seat_refusal)
+            if status and st.status not in status:
+                continue
+            out.append(SeatView(r.seat.id, r.seat.profile, r.seat.kernel, r.seat.dtypes, r.seat.flags,
+                                r.seat.bucket, st.status, st.why, r.cert.config if r.cert else None,
+                                r.cert.median_ms if r.cert else None, r.launches, len(r.problems),
+                                r.seat.claimed_by))
+        return out
+    finally:
+        store.close()
+
+
+def show_seat(ref: str, db=None, profile=None, plugins=()) -> dict:
+    from nbx_tune.tuner.export import iso_utc
+    from nbx_tune.tuner.store import Store
+
+    store = Store(db)
+    try:
+        seat = store.find_seat(ref, get_profile(profile).name if profile else None)
+        if seat is None:
+            raise NbxError(f"no seat {ref!r} (nbx-tune seats lists them; give an id or "
+                           "kernel|dtypes|flags|bucket)")
+        view = [v for v in seat_views(db, profile=seat.profile, kernel=seat.kernel, plugins=plugins)
+                if v.id == seat.id][0]
+        history = []
+        for t, cert, meas in store.history(seat.id):
+            h = {"tuning": t.id, "kind": t.kind, "outcome": t.outcome, "finished_at": iso_utc(t.finished_at),
+                 "worker": t.worker, "provenance": {k: getattr(t, k) for k in (
+                     "device_name", "device_target", "driver", "triton_version", "torch_version",
+                     "kernel_source_hash", "config_space_hash", "profile_hash")},
+                 "candidates": t.candidates, "survivors": t.survivors,
+                 "seconds": {"screen": round(t.screen_s, 3), "bench": round(t.bench_s, 3),
+                             "total": round(t.total_s, 3)},
+                 "measurements": [{"config": m.config, "median_ms": m.median_ms, "p20_ms": m.p20_ms,
+                                   "p80_ms": m.p80_ms, "method": m.method, "final": m.final} for m in meas]}
+            if cert is not None:
+                h["certificate"] = {
+                    "config": cert.config, "median_ms": cert.median_ms, "spread_ms": [cert.p20_ms, cert.p80_ms],
+                    "runner_up": cert.runner_up, "runner_up_ms": cert.runner_up_ms, "margin": cert.margin,
+                    "screens": json.loads(cert.screens), "unscreened": cert.unscreened,
+                    "timing_method": cert.timing_method, "current": cert.superseded_at is None,
+                    "superseded_reason": cert.superseded_reason}
+            history.append(h)
+        refusals = [{"tuning": t.id, "config": r.config, "reason": r.reason, "detail": r.detail}
+                    for r, _, t in store.refusals(seat_id=seat.id)]
+        return {"seat": view.to_dict(), "history": history, "refusals": refusals}
+    finally:
+        store.close()
+
+
+def refusal_rows(db=None, kernel=None, reason=None, profile=None, limit=None) -> list[dict]:
+    from nbx_tune.tuner.export import iso_utc
+    from nbx_tune.tuner.store import Store
+    from nbx_tune.tuner.store.models import REFUSAL_REASONS
+
+    if reason and reason not in REFUSAL_REASONS:
+        raise NbxError(f"unknown reason {reason!r}; known: {', '.join(REFUSAL_REASONS)}")
+    store = Store(db)
+    try:
+        return [{"id": r.id, "seat": seat.id, "profile": seat.profile,
+                 "label": "|".join((seat.kernel, seat.dtypes, seat.flags, seat.bucket)),
+                 "config": r.config, "reason": r.reason, "detail": r.detail, "tuning": t.id,
+                 "triton_version": t.triton_version, "kernel_source_hash": t.kernel_source_hash,
+                 "device": t.device_name, "at": iso_utc(r.created_at)}
+                for r, seat, t in store.refusals(kernel=kernel, reason=reason,
+                                                 profile=get_profile(profile).name if profile else None,
+                                                 limit=limit)]
+    finally:
+        store.close()
+
+
+def export(profile: str, out: str, db=None, plugins=()):
+    from nbx_tune.tuner.export import export_table
+    from nbx_tune.tuner.store import Store
+
+    load_plugins(plugins)
+    prof = get_profile(profile)
+    store = Store(db)
+    try:
+        return export_table(store, prof, out)
+    finally:
+        store.close()
+
+
+def import_(path: str, db=None, plugins=()):
+    from nbx_tune.kernels import table_format
+    from nbx_tune.tuner.export import import_table
+    from nbx_tune.tuner.store import Store
+
+    load_plugins(plugins)
+    table_format.read(path)  # a broken file fails before the database is opened
+    store = Store(db)
+    try:
+        return import_table(store, path, known_profiles())
+    finally:
+        store.close()
+
+
+def db_upgrade(db=None) -> tuple:
+    from nbx_tune import settings
+    from nbx_tune.tuner.store.db import make_engine, upgrade
+
+    engine = make_engine(settings.db_url(db))
+    try:
+        return upgrade(engine)
+    finally:
+        engine.dispose()
+
+
+def db_current(db=None) -> dict:
+    from nbx_tune import settings
+    from nbx_tune.tuner.store.db import current_revision, head_revision, make_engine, safe_url
+
+    url = settings.db_url(db)
+    engine = make_engine(url)
+    try:
+        return {"url": safe_url(url), "revision": current_revision(engine), "head": head_revision()}
+    except Exception as e:
+        from sqlalchemy.exc import OperationalError
+
+        if isinstance(e, OperationalError):
+            raise NbxError(f"cannot open database {safe_url(url)}: {str(e.orig).splitlines()[0]}") from None
+        raise
+    finally:
+        engine.dispose()

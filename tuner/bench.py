@@ -1,0 +1,78 @@
+"""Benchmarkers: how a screened survivor is timed. The tuner is handed one, so tests can
+pass a fake and the interpreter a wall clock.
+
+A benchmarker is `bench(fn, mode) -> Timing`, mode "quick" (a short first estimate, used
+to drop candidates far behind) or "full" (the profile's timing settings).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    method: str
+
+
+class Benchmarker(Protocol):
+    method: str
+
+    def __call__(self, fn: Callable[[], None], mode: str = "full") -> Timing: ...
+
+
+class DoBench:
+    """triton.testing.do_bench: CUDA/HIP events around the call, median of the repeats."""
+
+    method = "do_bench"
+
+    def __init__(self, warmup_ms: float, rep_ms: float):
+        self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
+
+    def __call__(self, fn, mode="full"):
+        from triton.testing import do_bench
+
+        scale = 0.2 if mode == "quick" else 1.0
+        med, p20, p80 = do_bench(fn, warmup=max(1.0, self.warmup_ms * scale),
+                                 rep=max(1.0, self.rep_ms * scale), quantiles=[0.5, 0.2, 0.8])
+        return Timing(float(med), float(p20), float(p80), f"{self.method}(rep={self.rep_ms * scale:g}ms)")
+
+
+class WallClock:
+    """Host wall clock, median of `repeats` calls after one warm-up (the interpreter)."""
+
+    method = "wall"
+
+    def __init__(self, repeats: int = 3, sync: Callable[[], None] | None = None):
+        self.repeats, self.sync = repeats, sync or (lambda: None)
+
+    def __call__(self, fn, mode="full"):
+        n = 1 if mode == "quick" else self.repeats
+        fn()
+        self.sync()
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            self.sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+        times.sort()
+        return Timing(statistics.median(times), _quantile(times, 0.2), _quantile(times, 0.8),
+                      f"wall(n={n})")
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[round(q * (len(sorted_values) - 1))]
+
+
+def for_profile(profile) -> Benchmarker:
+    t = profile.timing
+    if t.method == "do_bench":
+        return DoBench(t.warmup_ms, t.rep_ms)
+    return WallClock(t.repeats)

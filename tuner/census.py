@@ -1,0 +1,221 @@
+"""The census: one run over a model trace.
+
+    parse the trace (nothing is written if it is malformed)
+    -> map each row to a seat (or to "not covered" / "not servable", with launch counts)
+    -> record the plan (trace, seats, shapes, which trace needs which seat)
+    -> report coverage: certified, pending, refused, unscreened, stale
+    -> tune what is pending or stale, re-screen what a new shape made unscreened
+    -> report the result
+
+A second census of the same trace finds every seat certified and tunes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nbx_tune.errors import NbxError
+from nbx_tune.kernels.registry import spec_for_op
+from nbx_tune.kernels.spec import (NotServable, Problem, bucket_of, encode_bucket, encode_dtypes,
+                                   encode_flags)
+from nbx_tune.tuner.status import seat_status
+from nbx_tune.tuner.trace import Trace, read_trace
+
+
+@dataclass
+class SeatPlan:
+    kernel: str
+    dtypes: str
+    flags: str
+    bucket: str
+    problems: Counter = field(default_factory=Counter)  # Problem -> launches
+    rows: int = 0
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.kernel, self.dtypes, self.flags, self.bucket)
+
+    @property
+    def label(self) -> str:
+        return "|".join(self.key)
+
+    @property
+    def launches(self) -> int:
+        return sum(self.problems.values())
+
+
+@dataclass
+class Plan:
+    trace: Trace
+    sha256: str
+    profile: object
+    seats: dict = field(default_factory=dict)  # key -> SeatPlan
+    uncovered: Counter = field(default_factory=Counter)  # op -> launches
+    uncovered_rows: Counter = field(default_factory=Counter)  # op -> rows
+    not_servable: list = field(default_factory=list)  # (line, op, reason, launches)
+
+
+def plan(trace: Trace, sha256: str, profile) -> Plan:
+    p = Plan(trace, sha256, profile)
+    for row in trace.rows:
+        spec = spec_for_op(row.op)
+        if spec is None:
+            p.uncovered[row.op] += row.count
+            p.uncovered_rows[row.op] += 1
+            continue
+        try:
+            problem = spec.problem_from_row(row)
+        except (ValueError, KeyError, TypeError) as e:  # a param the kernel could not read
+            problem = NotServable(f"unreadable params: {e}")
+        if isinstance(problem, NotServable):
+            p.not_servable.append((row.line, row.op, problem.reason, row.count))
+            continue
+        try:
+            bucket = bucket_of(profile, spec.key, problem.dims)
+        except ValueError as e:
+            p.not_servable.append((row.line, row.op, str(e), row.count))
+            continue
+        key = (spec.name, encode_dtypes(problem.dtypes), encode_flags(problem.flags),
+               encode_bucket(spec.key, bucket))
+        sp = p.seats.get(key)
+        if sp is None:
+            sp = p.seats[key] = SeatPlan(*key)
+        sp.problems[problem] += row.count
+        sp.rows += 1
+    return p
+
+
+def load_plan(path: str | Path, profile) -> Plan:
+    trace = read_trace(path)
+    sha = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return plan(trace, sha, profile)
+
+
+@dataclass
+class SeatLine:
+    """One seat of a census report."""
+
+    id: int | None
+    label: str
+    kernel: str
+    status: str
+    why: str
+    launches: int
+    shapes: int
+    config: str | None = None
+    median_ms: float | None = None
+    action: str = ""  # tuned / rescreened / "" (nothing to do)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Report:
+    trace: str
+    profile: str
+    rows: int
+    launches: int
+    seats: list[SeatLine]
+    uncovered: dict
+    not_servable: list
+    run_id: int | None = None
+    dry_run: bool = False
+    seconds: float = 0.0
+
+    def counts(self) -> dict:
+        c = Counter(s.status for s in self.seats)
+        launches = Counter()
+        for s in self.seats:
+            launches[s.status] += s.launches
+        return {st: {"seats": c.get(st, 0), "launches": launches.get(st, 0)}
+                for st in ("certified", "unscreened", "pending", "refused", "stale")}
+
+    def to_dict(self) -> dict:
+        return {"trace": self.trace, "profile": self.profile, "rows": self.rows,
+                "launches": self.launches, "dry_run": self.dry_run, "run_id": self.run_id,
+                "seconds": round(self.seconds, 3), "coverage": self.counts(),
+                "seats": [s.to_dict() for s in self.seats],
+                "not_covered": [{"op": op, "launches": n} for op, n in sorted(self.uncovered.items())],
+                "not_servable": [{"line": ln, "op": op, "reason": why, "launches": n}
+                                 for ln, op, why, n in self.not_servable]}
+
+
+def report_lines(store, pl: Plan, ids: dict | None) -> list[SeatLine]:
+    """Each planned seat with its status now (from the store, if there is one)."""
+    from nbx_tune.kernels.registry import all_specs
+
+    specs = all_specs()
+    recs = {}
+    if store is not None and ids:
+        recs = {r.seat.id: r for r in store.seat_records(seat_ids=ids.values())}
+    lines = []
+    for key, sp in pl.seats.items():
+        sid = ids.get(key) if ids else None
+        rec = recs.get(sid)
+        problems = list(sp.problems)
+        if rec is None:
+            st = seat_status(None, None, None, problems, specs.get(sp.kernel), pl.profile)
+            cfg = ms = None
+        else:
+            st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, rec.problems,
+                             specs.get(sp.kernel), pl.profile, rec.seat_refusal)
+            cfg = rec.cert.config if rec.cert else None
+            ms = rec.cert.median_ms if rec.cert else None
+        lines.append(SeatLine(sid, sp.label, sp.kernel, st.status, st.why, sp.launches,
+                              len(sp.problems), cfg, ms))
+    return lines
+
+
+def _report(pl: Plan, lines, run_id, dry_run, t0) -> Report:
+    return Report(pl.trace.path, pl.profile.name, len(pl.trace.rows), pl.trace.launches, lines,
+                  dict(pl.uncovered), list(pl.not_servable), run_id, dry_run, time.perf_counter() - t0)
+
+
+def find_existing(store, pl: Plan) -> dict:
+    """Seat ids of planned seats that already exist (read-only: for --dry-run)."""
+    if store is None:
+        return {}
+    recs = store.seat_records(profile=pl.profile.name)
+    by_key = {(r.seat.kernel, r.seat.dtypes, r.seat.flags, r.seat.bucket): r.seat.id for r in recs}
+    return {k: by_key[k] for k in pl.seats if k in by_key}
+
+
+def run_census(pl: Plan, store, tuner=None, reporter=None, dry_run: bool = False) -> Report:
+    """Record and tune (or with dry_run, only report) a census of a planned trace.
+
+    `tuner` is a `SeatTuner` (tuner/runner.py) that certifies seats on this device; with
+    None, the census records the plan and reports coverage without tuning."""
+    t0 = time.perf_counter()
+    profile = pl.profile
+    if dry_run:
+        return _report(pl, report_lines(store, pl, find_existing(store, pl)), None, True, t0)
+    run_id, ids = store.record_census(pl.trace, pl.sha256, profile.name,
+                                      {k: sp.problems for k, sp in pl.seats.items()})
+    before = report_lines(store, pl, ids)
+    if reporter is not None:
+        reporter.coverage(_report(pl, before, run_id, False, t0))
+    status = "done"
+    try:
+        if tuner is not None:
+            todo = [ln for ln in before if ln.status in ("pending", "stale", "unscreened")]
+            tuner.run(todo, pl, ids, run_id, reporter)
+    except BaseException:
+        status = "failed"
+        raise
+    finally:
+        after = report_lines(store, pl, ids)
+        acted = {ln.label: ln.action for ln in before}
+        for ln in after:
+            ln.action = acted.get(ln.label, "")
+        rep = _report(pl, after, run_id, False, t0)
+        try:
+            store.finish_census(run_id, status, {"coverage": rep.counts(), "seconds": round(rep.seconds, 3)})
+        except NbxError:
+            if status == "done":
+                raise
+    return rep

@@ -1,0 +1,118 @@
+"""Where candidates run. The tuner asks an executor to screen a config or time it and gets
+a result back, never an exception: a config that fails to compile, runs out of resources
+or crashes becomes a refusal with the error text.
+
+`InProcess` runs in this process (the interpreter, tests, a trusted kernel). The
+subprocess executor (`tuner/isolation.py`) runs the same `SeatRunner` in a worker process
+so that a candidate that kills its process or hangs costs only itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nbx_tune.kernels.spec import Config, KernelSpec, Problem
+from nbx_tune.tuner import screen as screening
+from nbx_tune.tuner.bench import Benchmarker, Timing
+
+
+@dataclass
+class SeatJob:
+    """Everything needed to run a seat's candidates, in any process."""
+
+    kernel: str
+    profile_name: str
+    label: str
+    screen_problems: tuple[Problem, ...]  # screened (within the byte budget)
+    time_problem: Problem  # the largest shape seen in the bucket
+    rtol: float
+    device: str
+
+
+@dataclass
+class Outcome:
+    """What one screen or timing call produced: a value, or a refusal."""
+
+    screens: list | None = None  # [ScreenResult] for screen calls
+    timing: Timing | None = None
+    reason: str | None = None
+    detail: str = ""
+    problem: Problem | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+def classify_exception(e: BaseException) -> tuple[str, str]:
+    """A failure of a candidate's launch as a refusal reason with its text."""
+    name = type(e).__name__
+    text = f"{name}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}".rstrip(": ")
+    if name == "OutOfResources":
+        return "out_of_resources", text
+    if name in ("CompilationError", "CompileTimeAssertionFailure") or "Compilation" in name:
+        return "compile_error", text
+    return "launch_error", text
+
+
+class SeatRunner:
+    """Holds one seat's prepared cases (inputs and oracles, made once) and runs
+    candidates against them."""
+
+    def __init__(self, spec: KernelSpec, job: SeatJob, bench: Benchmarker):
+        self.spec, self.job, self.bench = spec, job, bench
+        self.cases = [screening.make_case(spec, p, job.device, screening.seed_for(job.label, p), True)
+                      for p in job.screen_problems]
+        timed = [c for c in self.cases if c.problem == job.time_problem]
+        self.time_case = timed[0] if timed else screening.make_case(
+            spec, job.time_problem, job.device, screening.seed_for(job.label, job.time_problem), False)
+
+    def screen(self, config: Config) -> Outcome:
+        results = []
+        for case in self.cases:
+            try:
+                r = screening.screen(self.spec, config, case, self.job.rtol, self.job.device)
+            except Exception as e:
+                reason, detail = classify_exception(e)
+                return Outcome(screens=results, reason=reason, detail=detail, problem=case.problem)
+            results.append(r)
+            if not r.ok:
+                return Outcome(screens=results, reason=r.reason, detail=r.detail, problem=case.problem)
+        return Outcome(screens=results)
+
+    def time(self, config: Config, mode: str) -> Outcome:
+        case = self.time_case
+        inputs = screening.fresh_inputs(case)
+        outputs = screening.alloc_outputs(self.spec, case.problem, self.job.device)
+
+        def fn():
+            self.spec.launch(config, case.problem, inputs, outputs)
+
+        try:
+            return Outcome(timing=self.bench(fn, mode))
+        except Exception as e:
+            reason, detail = classify_exception(e)
+            return Outcome(reason=reason, detail=detail, problem=case.problem)
+
+
+class InProcess:
+    """Runs candidates in this process."""
+
+    def __init__(self, bench: Benchmarker):
+        self.bench = bench
+        self.runner: SeatRunner | None = None
+
+    def start_seat(self, spec: KernelSpec, job: SeatJob) -> None:
+        self.runner = SeatRunner(spec, job, self.bench)
+
+    def screen(self, config: Config) -> Outcome:
+        return self.runner.screen(config)
+
+    def time(self, config: Config, mode: str = "full") -> Outcome:
+        return self.runner.time(config, mode)
+
+    def end_seat(self) -> None:
+        self.runner = None
+
+    def close(self) -> None:
+        self.runner = None

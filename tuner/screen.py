@@ -1,0 +1,147 @@
+"""The screen: run a candidate on fresh seeded random inputs with its outputs poisoned,
+and compare with the fp64 oracle.
+
+    err = max|out - ref| / max|ref|  must be <= the profile's autotune_screen_rtol[dtype]
+
+Integer and boolean outputs must be bit-identical. NaN or Inf where the oracle is finite
+fails (non_finite), and so does any element still holding the poison (unwritten_output):
+the poison is a NaN with a payload no arithmetic produces, so "never written" and "wrote a
+NaN" are told apart by bits, not guessed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from nbx_tune.kernels.spec import KernelSpec, Problem
+
+TORCH_DTYPES = {
+    "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+    "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16,
+    "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
+}
+
+# (integer view dtype, poison bits). Float poisons are NaNs with payloads that hardware
+# never generates (canonical NaNs are 0x7E00 / 0x7FC0 / 0x7FC00000 ...).
+POISON = {
+    torch.float16: (torch.int16, 0x7D5A),
+    torch.bfloat16: (torch.int16, 0x7FA5),
+    torch.float32: (torch.int32, 0x7FA5A5A5),
+    torch.float64: (torch.int64, 0x7FF5A5A5A5A5A5A5),
+    torch.int8: (torch.int8, -0x5B),
+    torch.uint8: (torch.uint8, 0xA5),
+    torch.int16: (torch.int16, -0x5A5B),
+    torch.int32: (torch.int32, -0x5A5A5A5B),
+    torch.int64: (torch.int64, -0x5A5A5A5A5A5A5A5B),
+    torch.bool: (torch.uint8, 0xA5),  # not a valid bool byte
+}
+
+
+@dataclass
+class Case:
+    """One problem's inputs (on the device, pristine) and its oracle, made once per seat."""
+
+    problem: Problem
+    inputs: dict  # name -> torch tensor on the device
+    ref: dict | None  # name -> fp64 numpy array; None when only timed
+
+
+@dataclass
+class ScreenResult:
+    problem: Problem
+    err: float | None
+    rtol: float
+    reason: str | None = None  # refusal reason when the candidate fails
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+def seed_for(label: str, problem: Problem) -> int:
+    return int.from_bytes(hashlib.sha256(f"{label}|{problem.to_json()}".encode()).digest()[:8], "little")
+
+
+def make_case(spec: KernelSpec, problem: Problem, device: str, seed: int, with_oracle: bool) -> Case:
+    rng = np.random.default_rng(seed)
+    inputs, rounded = {}, {}
+    for name, (values, dt) in spec.make_inputs(problem, rng).items():
+        t = torch.from_numpy(np.ascontiguousarray(values)).to(TORCH_DTYPES[dt])
+        # The oracle sees exactly the values the kernel sees, after rounding to dt.
+        if with_oracle:
+            rounded[name] = t.to(torch.float64).numpy() if t.is_floating_point() else t.numpy()
+        inputs[name] = t.to(device)
+    ref = spec.oracle(problem, rounded) if with_oracle else None
+    return Case(problem, inputs, ref)
+
+
+def alloc_outputs(spec: KernelSpec, problem: Problem, device: str) -> dict:
+    outs = {}
+    for name, (shape, dt) in spec.output_specs(problem).items():
+        t = torch.empty(shape, dtype=TORCH_DTYPES[dt], device=device)
+        view, bits = POISON[t.dtype]
+        t.view(view).fill_(bits)
+        outs[name] = t
+    return outs
+
+
+def fresh_inputs(case: Case) -> dict:
+    # A candidate that scribbles over its inputs must not corrupt the next one's.
+    return {k: v.clone() for k, v in case.inputs.items()}
+
+
+def compare(name: str, out: torch.Tensor, ref: np.ndarray, rtol: float, problem: Problem) -> ScreenResult:
+    view, bits = POISON[out.dtype]
+    poisoned = int((out.view(view) == bits).sum().item())
+    if out.dtype == torch.bool or not out.is_floating_point():
+        got = out.cpu().numpy()
+        if poisoned and not np.any(ref == bits):
+            return ScreenResult(problem, None, rtol, "unwritten_output",
+                                f"{name}: {poisoned} of {out.numel()} elements never written")
+        bad = int(np.count_nonzero(got != ref.astype(got.dtype)))
+        if bad:
+            return ScreenResult(problem, None, rtol, "wrong_answer",
+                                f"{name}: {bad} of {out.numel()} elements differ (integers must match exactly)")
+        return ScreenResult(problem, 0.0, rtol)
+    if poisoned:
+        return ScreenResult(problem, None, rtol, "unwritten_output",
+                            f"{name}: {poisoned} of {out.numel()} elements never written")
+    got = out.to(torch.float64).cpu().numpy()
+    ref = np.asarray(ref, dtype=np.float64)
+    finite = np.isfinite(ref)
+    bad = int(np.count_nonzero(~np.isfinite(got) & finite))
+    if bad:
+        return ScreenResult(problem, None, rtol, "non_finite",
+                            f"{name}: {bad} NaN/Inf elements where the oracle is finite")
+    # Where the oracle itself is NaN or Inf, the kernel must say the same.
+    mismatch = ~finite & ~((got == ref) | (np.isnan(got) & np.isnan(ref)))
+    if np.any(mismatch):
+        return ScreenResult(problem, None, rtol, "wrong_answer",
+                            f"{name}: {int(mismatch.sum())} elements differ where the oracle is NaN/Inf")
+    diff = np.abs(got[finite] - ref[finite])
+    scale = float(np.max(np.abs(ref[finite]))) if diff.size else 0.0
+    err = float(diff.max() / scale) if scale > 0 else float(diff.max(initial=0.0))
+    if not err <= rtol:
+        return ScreenResult(problem, err, rtol, "wrong_answer",
+                            f"{name}: err {err:.3g} > rtol {rtol:.3g}")
+    return ScreenResult(problem, err, rtol)
+
+
+def screen(spec: KernelSpec, config, case: Case, rtol: float, device: str) -> ScreenResult:
+    """Launch `config` on the case and judge every output; launch failures propagate."""
+    outputs = alloc_outputs(spec, case.problem, device)
+    spec.launch(config, case.problem, fresh_inputs(case), outputs)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    worst = None
+    for name, out in outputs.items():
+        r = compare(name, out, case.ref[name], rtol, case.problem)
+        if not r.ok:
+            return r
+        worst = r if worst is None or (r.err or 0) > (worst.err or 0) else worst
+    return worst or ScreenResult(case.problem, 0.0, rtol)

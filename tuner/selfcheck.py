@@ -1,0 +1,59 @@
+"""Kernel self-check: every example row of a kernel against its fp64 oracle, through the
+same screen the tuner uses, under several configs. The tests run it on the interpreter;
+bench/gpu_check.py runs it on a GPU, where bfloat16 is proven."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nbx_tune.kernels.spec import Config, KernelSpec, NotServable
+from nbx_tune.tuner import screen as screening
+from nbx_tune.tuner.tune import static_prune
+
+
+@dataclass
+class Check:
+    op: str
+    shapes: tuple
+    dtype: str
+    config: Config
+    err: float | None
+    rtol: float
+    reason: str | None  # None: passed
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+def configs_to_check(spec: KernelSpec, profile, problem, limit: int) -> list[Config]:
+    """The default config plus an even spread of the configs this profile would launch."""
+    keep, _ = static_prune(spec, profile, problem)
+    picked = [spec.default_config(profile, problem)]
+    if keep and limit > 1:
+        step = max(1, len(keep) // (limit - 1))
+        picked += [c for c in keep[::step] if c not in picked][: limit - 1]
+    return picked
+
+
+def check_kernel(spec: KernelSpec, profile, device: str, scale: str = "small",
+                 configs_per_row: int = 3) -> list[Check]:
+    out = []
+    for row in spec.example_rows(scale):
+        problem = spec.problem_from_row(row)
+        if isinstance(problem, NotServable):
+            raise AssertionError(f"{spec.name}: example row {row.op} {row.shapes} not servable: {problem.reason}")
+        dtype = problem.dtypes[0]
+        if any(dt in profile.screen_unsupported for dt in problem.dtypes):
+            continue
+        rtol = profile.rtol(dtype)
+        case = screening.make_case(spec, problem, device, screening.seed_for("selfcheck", problem), True)
+        for config in configs_to_check(spec, profile, problem, configs_per_row):
+            try:
+                r = screening.screen(spec, config, case, rtol, device)
+                out.append(Check(row.op, row.shapes, dtype, config, r.err, rtol, r.reason, r.detail))
+            except Exception as e:  # a failure to launch is a failed check, with its text
+                out.append(Check(row.op, row.shapes, dtype, config, None, rtol, "launch_error",
+                                 f"{type(e).__name__}: {e}"))
+    return out

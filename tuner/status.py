@@ -1,0 +1,56 @@
+"""A seat's status, derived from its records and this installation.
+
+    certified   a current certificate, valid here, screened over every shape seen
+    unscreened  a current certificate, valid here, serving a shape its winner was never
+                screened at (over the byte budget, or seen after it was screened)
+    refused     the last tuning, valid here, refused every candidate (or the dtype)
+    stale       a current certificate made under another kernel source, config space,
+                profile, Triton or device: never served, re-tuned by the next census
+    pending     nothing yet (or only records made under other provenance)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nbx_tune.kernels.spec import Problem
+from nbx_tune.tuner import provenance
+
+STATUSES = ("certified", "unscreened", "pending", "refused", "stale")
+
+
+@dataclass
+class Status:
+    status: str
+    why: str = ""
+    outside: tuple[Problem, ...] = ()  # shapes outside the screened range (unscreened)
+
+
+def seat_status(cert, cert_tuning, last_tuning, problems: list[Problem], spec, profile,
+                seat_refusal=None) -> Status:
+    if profile is None:
+        return Status("stale", "profile not known here") if cert is not None else Status("pending")
+    if cert is not None:
+        why = provenance.stale_reason(cert_tuning, spec, profile)
+        if why is None:
+            return _screened_status(cert, problems)
+    if last_tuning is not None and last_tuning.outcome == "refused":
+        if provenance.stale_reason(last_tuning, spec, profile) is None:
+            why = f"{seat_refusal.reason}: {seat_refusal.detail}" if seat_refusal else "every candidate refused"
+            return Status("refused", why)
+    if cert is not None:
+        return Status("stale", why)
+    return Status("pending")
+
+
+def _screened_status(cert, problems: list[Problem]) -> Status:
+    if cert.screened_max is None:
+        return Status("unscreened", cert.unscreened or "never screened")
+    lo = Problem.from_json(cert.screened_min).order()
+    hi = Problem.from_json(cert.screened_max).order()
+    outside = tuple(p for p in problems if not lo <= p.order() <= hi)
+    if outside:
+        return Status("unscreened", f"{len(outside)} shape(s) seen outside the screened range", outside)
+    if cert.unscreened:
+        return Status("unscreened", cert.unscreened)
+    return Status("certified")

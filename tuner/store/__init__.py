@@ -1,0 +1,300 @@
+"""The store: the one place the tuner reads and writes the database.
+
+Every write is one short transaction: a census's plan (trace, seats, shapes, needs) in
+one, each seat's tuning (tuning, measurements, refusals, certificate, superseding) in
+one. A killed process leaves either all of a seat or none of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from nbx_tune.errors import StoreError
+from nbx_tune.kernels.spec import Problem
+from nbx_tune.tuner.store.db import open_engine, safe_url
+from nbx_tune.tuner.store.models import (CensusRun, Certificate, Measurement, Refusal, Seat,
+                                         SeatShape, Trace, TraceNeed, Tuning, utcnow)
+
+LOCK_RETRIES = 8
+
+
+def holder_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class SeatRecord:
+    """A seat with what its status is derived from."""
+
+    seat: Seat
+    cert: Certificate | None = None
+    cert_tuning: Tuning | None = None
+    last_tuning: Tuning | None = None
+    problems: list[Problem] = field(default_factory=list)
+    launches: int = 0
+    seat_refusal: Refusal | None = None  # the last tuning's refusal of the whole seat
+
+
+def insert_ignore(session: Session, model, values: dict, keys: tuple[str, ...]) -> None:
+    """INSERT ... ON CONFLICT DO NOTHING, on SQLite and PostgreSQL alike."""
+    dialect = session.bind.dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    session.execute(insert(model).values(**values).on_conflict_do_nothing(index_elements=list(keys)))
+
+
+class Store:
+    def __init__(self, url: str | None = None):
+        self.engine = open_engine(url)
+        self.url = safe_url(self.engine.url)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def session(self):
+        """One transaction. Its BEGIN takes the write lock (SQLite: BEGIN IMMEDIATE, with a
+        busy timeout) and is retried while another writer holds it, so users never see
+        "database is locked"; once begun, the block runs to commit or rollback."""
+        s = self._sessions()
+        try:
+            self._begin(s)
+            yield s
+            s.commit()
+        except OperationalError as e:
+            s.rollback()
+            raise StoreError(f"database {self.url}: {str(e.orig).splitlines()[0]}") from None
+        except BaseException:
+            s.rollback()
+            raise
+        finally:
+            s.close()
+
+    def _begin(self, s: Session) -> None:
+        for attempt in range(LOCK_RETRIES):
+            try:
+                s.connection()
+                return
+            except OperationalError as e:
+                s.rollback()
+                if "locked" not in str(e) and "busy" not in str(e):
+                    raise
+                if attempt == LOCK_RETRIES - 1:
+                    raise StoreError(f"database {self.url} stayed locked by another writer; "
+                                     "try again when the other census finishes") from None
+                time.sleep(min(2.0, 0.1 * 2 ** attempt))
+
+    # ------------------------------------------------------------------ census writes
+
+    def record_census(self, trace, sha256: str, profile: str, seats: dict) -> tuple[int, dict]:
+        """Record a census plan: the trace, its run, each seat with the shapes and launch
+        counts the trace needs. `seats` maps (kernel, dtypes, flags, bucket) strings to
+        {problem: launches}. Returns (run id, {seat key: seat id})."""
+        ids = {}
+        with self.session() as s:
+            insert_ignore(s, Trace, {"sha256": sha256, "path": trace.path, "rows": len(trace.rows),
+                                      "launches": trace.launches, "first_seen": utcnow()}, ("sha256",))
+            trace_id = s.scalar(select(Trace.id).where(Trace.sha256 == sha256))
+            run = CensusRun(trace_id=trace_id, profile=profile, status="running",
+                            host=socket.gethostname(), pid=os.getpid(), started_at=utcnow())
+            s.add(run)
+            s.flush()
+            for key, problems in seats.items():
+                kernel, dtypes, flags, bucket = key
+                insert_ignore(s, Seat, {"profile": profile, "kernel": kernel, "dtypes": dtypes,
+                                         "flags": flags, "bucket": bucket, "created_at": utcnow()},
+                               ("profile", "kernel", "dtypes", "flags", "bucket"))
+                seat_id = s.scalar(select(Seat.id).where(
+                    Seat.profile == profile, Seat.kernel == kernel, Seat.dtypes == dtypes,
+                    Seat.flags == flags, Seat.bucket == bucket))
+                ids[key] = seat_id
+                for problem in problems:
+                    insert_ignore(s, SeatShape, {"seat_id": seat_id, "problem": problem.to_json(),
+                                                  "volume": problem.volume}, ("seat_id", "problem"))
+                rows, launches = len(problems), sum(problems.values())
+                need = s.get(TraceNeed, (trace_id, seat_id))
+                if need is None:
+                    s.add(TraceNeed(trace_id=trace_id, seat_id=seat_id, rows=rows, launches=launches))
+                else:
+                    need.rows, need.launches = rows, launches
+            return run.id, ids
+
+    def finish_census(self, run_id: int, status: str, summary: dict) -> None:
+        with self.session() as s:
+            run = s.get(CensusRun, run_id)
+            run.status, run.finished_at, run.summary = status, utcnow(), json.dumps(summary, sort_keys=True)
+
+    # ------------------------------------------------------------------ claims
+
+    def claim(self, seat_id: int, holder: str, ttl_s: float) -> bool:
+        """Take the seat for tuning unless a live holder has it; a dead one's claim expires."""
+        now = time.time()
+        with self.session() as s:
+            res = s.execute(update(Seat).where(
+                Seat.id == seat_id,
+                (Seat.claimed_by.is_(None)) | (Seat.claim_expires < now) | (Seat.claimed_by == holder),
+            ).values(claimed_by=holder, claim_expires=now + ttl_s))
+            return res.rowcount == 1
+
+    def extend_claim(self, seat_id: int, holder: str, ttl_s: float) -> bool:
+        with self.session() as s:
+            res = s.execute(update(Seat).where(Seat.id == seat_id, Seat.claimed_by == holder)
+                            .values(claim_expires=time.time() + ttl_s))
+            return res.rowcount == 1
+
+    def release(self, seat_id: int, holder: str) -> None:
+        with self.session() as s:
+            s.execute(update(Seat).where(Seat.id == seat_id, Seat.claimed_by == holder)
+                      .values(claimed_by=None, claim_expires=None))
+
+    # ------------------------------------------------------------------ tuning results
+
+    def write_result(self, seat_id: int, run_id: int | None, kind: str, result, prov: dict,
+                     worker: str, started_at: datetime) -> int:
+        """Record one tuning of a seat whole: its candidates, refusals and certificate.
+        The seat's previous certificate is superseded (kept, never deleted)."""
+        with self.session() as s:
+            t = Tuning(seat_id=seat_id, census_run_id=run_id, kind=kind, outcome=result.outcome,
+                       started_at=started_at, finished_at=utcnow(), worker=worker, **prov,
+                       candidates=len(result.records),
+                       survivors=sum(1 for r in result.records if r.reason is None),
+                       screen_s=result.screen_s, bench_s=result.bench_s, total_s=result.total_s)
+            s.add(t)
+            s.flush()
+            for r in result.records:
+                if r.reason:
+                    s.add(Refusal(tuning_id=t.id, seat_id=seat_id, config=r.config.key(), reason=r.reason,
+                                  detail=r.detail, problem=r.problem.to_json() if r.problem else None,
+                                  created_at=utcnow()))
+                elif r.timing is not None:
+                    s.add(Measurement(tuning_id=t.id, config=r.config.key(), median_ms=r.timing.median_ms,
+                                      p20_ms=r.timing.p20_ms, p80_ms=r.timing.p80_ms,
+                                      method=r.timing.method, final=r.final,
+                                      screens=_screens_json(r.screens)))
+            if result.seat_refusal:
+                s.add(Refusal(tuning_id=t.id, seat_id=seat_id, config=None, reason=result.seat_refusal[0],
+                              detail=result.seat_refusal[1], created_at=utcnow()))
+            current = s.scalar(select(Certificate).where(Certificate.seat_id == seat_id,
+                                                         Certificate.superseded_at.is_(None)))
+            if current is not None:
+                current.superseded_at = utcnow()
+                current.superseded_reason = f"{kind} tuning {t.id}: {result.outcome}"
+                s.flush()  # the partial unique index allows one current certificate
+            if result.winner is not None:
+                w, ru = result.winner, result.runner_up
+                screened = sorted(result.screened, key=Problem.order)
+                s.add(Certificate(
+                    seat_id=seat_id, tuning_id=t.id, config=w.config.key(), median_ms=w.timing.median_ms,
+                    p20_ms=w.timing.p20_ms, p80_ms=w.timing.p80_ms,
+                    runner_up=ru.config.key() if ru else None, runner_up_ms=ru.timing.median_ms if ru else None,
+                    margin=result.margin, screens=_screens_json(w.screens),
+                    screened_min=screened[0].to_json() if screened else None,
+                    screened_max=screened[-1].to_json() if screened else None,
+                    unscreened=result.unscreened, timing_method=w.timing.method, created_at=utcnow()))
+            s.execute(update(Seat).where(Seat.id == seat_id).values(claimed_by=None, claim_expires=None))
+            return t.id
+
+    # ------------------------------------------------------------------ reads
+
+    def seat_records(self, profile: str | None = None, kernel: str | None = None,
+                     seat_ids=None) -> list[SeatRecord]:
+        with self.session() as s:
+            q = select(Seat)
+            if profile:
+                q = q.where(Seat.profile == profile)
+            if kernel:
+                q = q.where(Seat.kernel == kernel)
+            if seat_ids is not None:
+                q = q.where(Seat.id.in_(list(seat_ids)))
+            seats = s.scalars(q.order_by(Seat.id)).all()
+            recs = {st.id: SeatRecord(st) for st in seats}
+            if not recs:
+                return []
+            ids = list(recs)
+            for c, t in s.execute(select(Certificate, Tuning).join(Tuning, Tuning.id == Certificate.tuning_id)
+                                  .where(Certificate.seat_id.in_(ids), Certificate.superseded_at.is_(None))):
+                recs[c.seat_id].cert, recs[c.seat_id].cert_tuning = c, t
+            last = (select(Tuning.seat_id, func.max(Tuning.id).label("tid"))
+                    .where(Tuning.seat_id.in_(ids)).group_by(Tuning.seat_id).subquery())
+            for t in s.scalars(select(Tuning).join(last, Tuning.id == last.c.tid)):
+                recs[t.seat_id].last_tuning = t
+            for r in s.scalars(select(Refusal).join(last, Refusal.tuning_id == last.c.tid)
+                               .where(Refusal.config.is_(None))):
+                recs[r.seat_id].seat_refusal = r
+            for sid, problem in s.execute(select(SeatShape.seat_id, SeatShape.problem)
+                                          .where(SeatShape.seat_id.in_(ids))):
+                recs[sid].problems.append(Problem.from_json(problem))
+            for sid, n in s.execute(select(TraceNeed.seat_id, func.sum(TraceNeed.launches))
+                                    .where(TraceNeed.seat_id.in_(ids)).group_by(TraceNeed.seat_id)):
+                recs[sid].launches = int(n or 0)
+            return list(recs.values())
+
+    def refusals(self, kernel=None, reason=None, profile=None, seat_id=None, limit=None):
+        """(Refusal, Seat, Tuning) rows, newest first."""
+        with self.session() as s:
+            q = (select(Refusal, Seat, Tuning).join(Seat, Seat.id == Refusal.seat_id)
+                 .join(Tuning, Tuning.id == Refusal.tuning_id))
+            if kernel:
+                q = q.where(Seat.kernel == kernel)
+            if reason:
+                q = q.where(Refusal.reason == reason)
+            if profile:
+                q = q.where(Seat.profile == profile)
+            if seat_id is not None:
+                q = q.where(Refusal.seat_id == seat_id)
+            q = q.order_by(Refusal.id.desc())
+            if limit:
+                q = q.limit(limit)
+            return s.execute(q).all()
+
+    def history(self, seat_id: int):
+        """Every tuning of a seat with its certificate (if any) and measurements."""
+        with self.session() as s:
+            tunings = s.scalars(select(Tuning).where(Tuning.seat_id == seat_id).order_by(Tuning.id)).all()
+            certs = {c.tuning_id: c for c in s.scalars(select(Certificate).where(Certificate.seat_id == seat_id))}
+            meas = {}
+            for m in s.scalars(select(Measurement).join(Tuning, Tuning.id == Measurement.tuning_id)
+                               .where(Tuning.seat_id == seat_id).order_by(Measurement.median_ms)):
+                meas.setdefault(m.tuning_id, []).append(m)
+            return [(t, certs.get(t.id), meas.get(t.id, [])) for t in tunings]
+
+    def find_seat(self, ref: str, profile: str | None = None) -> Seat | None:
+        """A seat by id or by its label `kernel|dtypes|flags|bucket`."""
+        with self.session() as s:
+            if ref.isdigit():
+                return s.get(Seat, int(ref))
+            parts = ref.split("|")
+            if len(parts) != 4:
+                return None
+            q = select(Seat).where(Seat.kernel == parts[0], Seat.dtypes == parts[1],
+                                   Seat.flags == parts[2], Seat.bucket == parts[3])
+            if profile:
+                q = q.where(Seat.profile == profile)
+            found = s.scalars(q).all()
+            if len(found) > 1:
+                raise StoreError(f"seat {ref} exists for profiles {', '.join(f.profile for f in found)}: "
+                                 "pass --profile or the seat's id")
+            return found[0] if found else None
+
+    def census_runs(self, limit: int = 20):
+        with self.session() as s:
+            return s.execute(select(CensusRun, Trace).join(Trace, Trace.id == CensusRun.trace_id)
+                             .order_by(CensusRun.id.desc()).limit(limit)).all()
+
+
+def _screens_json(screens) -> str:
+    return json.dumps([{"problem": json.loads(r.problem.to_json()), "err": r.err, "rtol": r.rtol}
+                       for r in screens], sort_keys=True)

@@ -1,0 +1,161 @@
+"""Opening the database: URL checks, SQLite settings, and the schema check at start.
+
+A fresh database is created at the migrations' head. An older schema is refused with the
+command that upgrades it; a newer one (written by a later nbx-tune) is refused too, since
+this code cannot know what it means. SQLite runs in WAL mode with a busy timeout, and every
+transaction takes the write lock up front (BEGIN IMMEDIATE) so that two writers queue
+instead of failing on a lock upgrade.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, event, inspect
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+
+from nbx_tune import settings
+from nbx_tune.errors import StoreError
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+BUSY_TIMEOUT_MS = 60_000
+
+
+def safe_url(url: str | URL) -> str:
+    """The URL as it may be printed: never with its password."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable URL>"
+
+
+def parse_url(url: str) -> URL:
+    try:
+        u = make_url(url)
+    except ArgumentError:
+        raise StoreError(f"bad database URL {safe_url(url)!r}: expected e.g. "
+                         "sqlite:///path/to/nbx.db or postgresql+psycopg://user@host/db") from None
+    if u.get_backend_name() not in ("sqlite", "postgresql"):
+        raise StoreError(f"database URL {safe_url(u)}: unsupported backend {u.get_backend_name()!r} "
+                         "(sqlite or postgresql)")
+    return u
+
+
+def _sqlite_setup(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves, below
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_engine(url: str) -> Engine:
+    u = parse_url(url)
+    try:
+        if u.get_backend_name() == "sqlite":
+            db = u.database
+            if db and db != ":memory:" and not db.startswith("file:"):
+                parent = Path(db).expanduser().parent
+                if not parent.exists():
+                    if Path(db) == settings.default_db_path():
+                        parent.mkdir(parents=True, exist_ok=True)
+                    else:
+                        raise StoreError(f"database URL {safe_url(u)}: directory {parent} does not exist")
+            engine = create_engine(u, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+            _sqlite_setup(engine)
+        else:
+            engine = create_engine(u, pool_pre_ping=True)
+    except NoSuchModuleError:
+        raise StoreError(f"database URL {safe_url(u)}: no driver for {u.drivername!r} "
+                         "(for PostgreSQL: pip install 'nbx-tune[postgres]')") from None
+    except ModuleNotFoundError as e:
+        raise StoreError(f"database URL {safe_url(u)}: driver not installed ({e.name}); "
+                         "for PostgreSQL: pip install 'nbx-tune[postgres]'") from None
+    return engine
+
+
+def _alembic_config(connection=None) -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    return ScriptDirectory.from_config(_alembic_config()).get_current_head()
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: Engine) -> tuple[str | None, str]:
+    """Apply every migration up to head; returns (before, after)."""
+    before = _checked_revision(engine, allow_old=True)
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "head")
+    return before, head_revision()
+
+
+def _connect_error(engine: Engine, e: Exception) -> StoreError:
+    msg = str(getattr(e, "orig", e)).splitlines()[0]
+    return StoreError(f"cannot open database {safe_url(engine.url)}: {msg}")
+
+
+def _checked_revision(engine: Engine, allow_old: bool) -> str | None:
+    """The database's revision after checking it is ours and not from the future."""
+    script = ScriptDirectory.from_config(_alembic_config())
+    try:
+        with engine.connect() as conn:
+            rev = MigrationContext.configure(conn).get_current_revision()
+            tables = set(inspect(conn).get_table_names())
+    except OperationalError as e:
+        raise _connect_error(engine, e) from None
+    known = {r.revision for r in script.walk_revisions()}
+    if rev is None:
+        if tables - {"alembic_version"}:
+            raise StoreError(f"database {safe_url(engine.url)} has tables but no nbx-tune schema "
+                             f"revision ({', '.join(sorted(tables)[:4])}...): use an empty database")
+        return None
+    if rev not in known:
+        raise StoreError(f"database {safe_url(engine.url)} is at schema revision {rev}, newer than "
+                         f"this nbx-tune knows (head {script.get_current_head()}): upgrade nbx-tune")
+    if rev != script.get_current_head() and not allow_old:
+        raise StoreError(f"database {safe_url(engine.url)} is at schema revision {rev}; this "
+                         f"nbx-tune needs {script.get_current_head()}: run "
+                         f"`nbx-tune db upgrade --db {safe_url(engine.url)}`")
+    return rev
+
+
+def open_engine(url: str | None = None) -> Engine:
+    """An engine on a database at head: created fresh if empty, refused if old or newer."""
+    engine = make_engine(settings.db_url(url))
+    for attempt in range(3):
+        rev = _checked_revision(engine, allow_old=False)
+        if rev is not None:
+            return engine
+        try:
+            with engine.begin() as conn:
+                command.upgrade(_alembic_config(conn), "head")
+            return engine
+        except OperationalError as e:
+            # Another process created the schema between our check and our upgrade.
+            if "already exists" not in str(e) or attempt == 2:
+                raise _connect_error(engine, e) from None
+            time.sleep(0.2)
+    return engine

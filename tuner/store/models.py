@@ -1,0 +1,197 @@
+"""The database schema, as SQLAlchemy 2 models. The migrations in `migrations/versions`
+create exactly this; `tests/test_store.py` checks the two agree.
+
+    traces ─< trace_needs >─ seats ─< seat_shapes
+    census_runs                 seats ─< tunings ─< measurements
+                                         tunings ─< refusals, certificates
+
+A seat is (profile, kernel, dtypes, flags, bucket); the kernel source hash, config-space
+hash, Triton version, profile hash and device it was tuned under live on its tunings, so a
+seat keeps its whole history when any of them changes. At most one certificate per seat is
+current (superseded_at IS NULL): a partial unique index holds that in the database itself.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import (BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text,
+                        UniqueConstraint)
+from sqlalchemy import text as sql_text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Trace(Base):
+    __tablename__ = "traces"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    path: Mapped[str] = mapped_column(Text)
+    rows: Mapped[int] = mapped_column(Integer)
+    launches: Mapped[int] = mapped_column(BigInteger)
+    first_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class CensusRun(Base):
+    __tablename__ = "census_runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trace_id: Mapped[int] = mapped_column(ForeignKey("traces.id"))
+    profile: Mapped[str] = mapped_column(String(64))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    status: Mapped[str] = mapped_column(String(16))  # running | done | failed
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    summary: Mapped[str | None] = mapped_column(Text)  # JSON: coverage and outcome counts
+
+
+class Seat(Base):
+    __tablename__ = "seats"
+    __table_args__ = (UniqueConstraint("profile", "kernel", "dtypes", "flags", "bucket",
+                                       name="uq_seats_identity"),
+                      Index("ix_seats_profile_kernel", "profile", "kernel"))
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    profile: Mapped[str] = mapped_column(String(64))
+    kernel: Mapped[str] = mapped_column(String(128))
+    dtypes: Mapped[str] = mapped_column(String(255))
+    flags: Mapped[str] = mapped_column(String(255))
+    bucket: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # A tuner claims a seat before tuning it; a claim whose holder died expires.
+    claimed_by: Mapped[str | None] = mapped_column(String(255))
+    claim_expires: Mapped[float | None] = mapped_column(Float)
+
+    shapes: Mapped[list["SeatShape"]] = relationship(back_populates="seat")
+
+
+class SeatShape(Base):
+    """A distinct problem (shape and params) a census saw in the seat's bucket."""
+
+    __tablename__ = "seat_shapes"
+    __table_args__ = (UniqueConstraint("seat_id", "problem", name="uq_seat_shapes"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seat_id: Mapped[int] = mapped_column(ForeignKey("seats.id"), index=True)
+    problem: Mapped[str] = mapped_column(Text)  # Problem.to_json()
+    volume: Mapped[int] = mapped_column(BigInteger)
+
+    seat: Mapped[Seat] = relationship(back_populates="shapes")
+
+
+class TraceNeed(Base):
+    """Which trace needs which seat, with its launch count."""
+
+    __tablename__ = "trace_needs"
+    trace_id: Mapped[int] = mapped_column(ForeignKey("traces.id"), primary_key=True)
+    seat_id: Mapped[int] = mapped_column(ForeignKey("seats.id"), primary_key=True)
+    rows: Mapped[int] = mapped_column(Integer)
+    launches: Mapped[int] = mapped_column(BigInteger)
+
+
+class Tuning(Base):
+    """One attempt at a seat (or one import of a certificate), with the provenance it was
+    made under."""
+
+    __tablename__ = "tunings"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seat_id: Mapped[int] = mapped_column(ForeignKey("seats.id"), index=True)
+    census_run_id: Mapped[int | None] = mapped_column(ForeignKey("census_runs.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # tune | rescreen | import
+    outcome: Mapped[str] = mapped_column(String(16))  # certified | unscreened | refused
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    worker: Mapped[str] = mapped_column(String(255))
+    device_name: Mapped[str] = mapped_column(String(255))
+    device_target: Mapped[str] = mapped_column(String(64))
+    driver: Mapped[str] = mapped_column(String(64))
+    triton_version: Mapped[str] = mapped_column(String(64))
+    torch_version: Mapped[str] = mapped_column(String(64))
+    kernel_source_hash: Mapped[str] = mapped_column(String(64))
+    config_space_hash: Mapped[str] = mapped_column(String(64))
+    profile_hash: Mapped[str] = mapped_column(String(64))
+    candidates: Mapped[int] = mapped_column(Integer, default=0)
+    survivors: Mapped[int] = mapped_column(Integer, default=0)
+    screen_s: Mapped[float] = mapped_column(Float, default=0.0)
+    bench_s: Mapped[float] = mapped_column(Float, default=0.0)
+    total_s: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class Measurement(Base):
+    """A candidate that survived the screen and was timed."""
+
+    __tablename__ = "measurements"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tuning_id: Mapped[int] = mapped_column(ForeignKey("tunings.id"), index=True)
+    config: Mapped[str] = mapped_column(String(512))
+    median_ms: Mapped[float] = mapped_column(Float)
+    p20_ms: Mapped[float] = mapped_column(Float)
+    p80_ms: Mapped[float] = mapped_column(Float)
+    method: Mapped[str] = mapped_column(String(64))
+    final: Mapped[bool] = mapped_column(Boolean)  # full timing; quick estimates cannot win
+    screens: Mapped[str] = mapped_column(Text)  # JSON [{problem, err, rtol}]
+
+
+class Refusal(Base):
+    """A config rejected at a seat (config NULL: the whole seat), with the reason and the
+    detail (measured error against the tolerance, or the error text)."""
+
+    __tablename__ = "refusals"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tuning_id: Mapped[int] = mapped_column(ForeignKey("tunings.id"), index=True)
+    seat_id: Mapped[int] = mapped_column(ForeignKey("seats.id"), index=True)
+    config: Mapped[str | None] = mapped_column(String(512))
+    reason: Mapped[str] = mapped_column(String(32), index=True)
+    detail: Mapped[str] = mapped_column(Text)
+    problem: Mapped[str | None] = mapped_column(Text)  # the shape it failed at, if any
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Certificate(Base):
+    __tablename__ = "certificates"
+    __table_args__ = (
+        Index("uq_certificates_current", "seat_id", unique=True,
+              sqlite_where=sql_text("superseded_at IS NULL"),
+              postgresql_where=sql_text("superseded_at IS NULL")),
+        Index("ix_certificates_seat_id", "seat_id"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seat_id: Mapped[int] = mapped_column(ForeignKey("seats.id"))
+    tuning_id: Mapped[int] = mapped_column(ForeignKey("tunings.id"))
+    config: Mapped[str] = mapped_column(String(512))
+    median_ms: Mapped[float] = mapped_column(Float)
+    p20_ms: Mapped[float] = mapped_column(Float)
+    p80_ms: Mapped[float] = mapped_column(Float)
+    runner_up: Mapped[str | None] = mapped_column(String(512))
+    runner_up_ms: Mapped[float | None] = mapped_column(Float)
+    margin: Mapped[float | None] = mapped_column(Float)  # (runner-up - winner) / winner
+    screens: Mapped[str] = mapped_column(Text)  # JSON [{problem, err, rtol}]
+    screened_min: Mapped[str | None] = mapped_column(Text)  # Problem JSON, None if unscreened
+    screened_max: Mapped[str | None] = mapped_column(Text)
+    unscreened: Mapped[str | None] = mapped_column(Text)  # why a served shape was never screened
+    timing_method: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    superseded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    superseded_reason: Mapped[str | None] = mapped_column(Text)
+
+
+REFUSAL_REASONS = {
+    "smem_over_budget": "estimated shared memory over the profile's budget (never launched)",
+    "stages_over_max": "num_stages over the profile's pipelining.max_num_stages (never launched)",
+    "equivalent": "same compiled code as another candidate on this profile (never launched)",
+    "out_of_resources": "the compiler or driver reported too few resources",
+    "compile_error": "failed to compile",
+    "launch_error": "failed to launch or run",
+    "crash": "killed the worker process (illegal address, trap, abort)",
+    "timeout": "ran past the profile's candidate_timeout_s",
+    "wrong_answer": "error against the fp64 oracle over the profile's tolerance",
+    "non_finite": "NaN or Inf where the oracle is finite",
+    "unwritten_output": "left output elements unwritten (still poisoned)",
+    "dtype_unscreenable": "the profile cannot screen this dtype (the whole seat)",
+    "all_refused": "every candidate was refused (the whole seat)",
+}

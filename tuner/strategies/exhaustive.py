@@ -1,0 +1,12 @@
+"""Time every survivor with the full settings."""
+
+from nbx_tune.tuner.strategies import Measured
+
+
+def run(candidates, measure):
+    out = []
+    for c in candidates:
+        t = measure(c, "full")
+        if t is not None:
+            out.append(Measured(c, t, True))
+    return out
