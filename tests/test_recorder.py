@@ -122,7 +122,8 @@ def test_conv_block_rows():
                  f"stride=2x2,padding=1x1,{conv}")] == 1
     assert rows[("aten.convolution", (f32,) * 2, ((1, 3, 16, 16), (8, 3, 1, 1)),
                  f"bias=None,stride=2x2,padding=0x0,{conv}")] == 1
-    assert rows[("aten.native_batch_norm", (f32,) * 5, ((1, 8, 8, 8),) + ((8,),) * 4,
+    # Recorded whole: CUDA would run cudnn_batch_norm inside it, the CPU native_batch_norm.
+    assert rows[("aten.batch_norm", (f32,) * 5, ((1, 8, 8, 8),) + ((8,),) * 4,
                  "training=False,momentum=0.1,eps=1e-05")] == 1
     assert rows[("aten.relu", (f32,), ((1, 8, 8, 8),), "")] == 1
     assert rows[("aten.add.Tensor", (f32,) * 2, ((1, 8, 8, 8),) * 2, "")] == 1

@@ -240,15 +240,14 @@ def export(profile: str, out: str, db=None, plugins=()):
 
 
 def import_(path: str, db=None, plugins=()):
-    from nbx_tune.kernels import table_format
-    from nbx_tune.tuner.export import import_table
+    from nbx_tune.tuner.export import check_table, import_table
     from nbx_tune.tuner.store import Store
 
     load_plugins(plugins)
-    table_format.read(path)  # a broken file fails before the database is opened
+    checked = check_table(path, known_profiles())  # a bad table fails before the database opens
     store = Store(db)
     try:
-        return import_table(store, path, known_profiles())
+        return import_table(store, checked)
     finally:
         store.close()
 

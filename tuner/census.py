@@ -162,7 +162,9 @@ def report_lines(store, pl: Plan, ids: dict | None) -> list[SeatLine]:
             st = seat_status(None, None, None, problems, specs.get(sp.kernel), pl.profile)
             cfg = ms = None
         else:
-            st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, rec.problems,
+            # A dry run has not recorded this trace's shapes: judge with them too.
+            seen = rec.problems + [p for p in problems if p not in rec.problems]
+            st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, seen,
                              specs.get(sp.kernel), pl.profile, rec.seat_refusal)
             cfg = rec.cert.config if rec.cert else None
             ms = rec.cert.median_ms if rec.cert else None

@@ -109,7 +109,16 @@ class ImportSummary:
     skipped: list = field(default_factory=list)  # (seat label, why)
 
 
-def import_table(store, path: str | Path, profiles: dict) -> ImportSummary:
+@dataclass
+class CheckedTable:
+    path: str
+    profile: object
+    usable: list
+    skipped: list
+
+
+def check_table(path: str | Path, profiles: dict) -> CheckedTable:
+    """Everything an import checks before it opens the database."""
     doc = table_format.read(path)
     name = doc["profile"]
     profile = profiles.get(name)
@@ -119,8 +128,7 @@ def import_table(store, path: str | Path, profiles: dict) -> ImportSummary:
         raise TableError(f"{path}: a table for architecture {doc['architecture']!r}, but profile "
                          f"{name} here is {profile.architecture!r}")
     specs = all_specs()
-    summary = ImportSummary(str(path), name)
-    usable = []
+    usable, skipped = [], []
     for i, e in enumerate(doc["entries"]):
         label = "|".join((e["kernel"], e["dtypes"], e["flags"], e["bucket"]))
         prov = e["provenance"]
@@ -129,9 +137,18 @@ def import_table(store, path: str | Path, profiles: dict) -> ImportSummary:
                              f"{name} does not claim (a table for another architecture?)")
         why = _code_stale(prov, specs.get(e["kernel"]), profile)
         if why:
-            summary.skipped.append((label, f"stale: {why}"))
+            skipped.append((label, f"stale: {why}"))
             continue
         usable.append(e)
+    return CheckedTable(str(path), profile, usable, skipped)
+
+
+def import_table(store, checked: CheckedTable) -> ImportSummary:
+    """Merge a checked table into the database in one transaction."""
+    specs = all_specs()
+    profile, name, path = checked.profile, checked.profile.name, checked.path
+    usable = checked.usable
+    summary = ImportSummary(path, name, skipped=list(checked.skipped))
     now = utcnow()
     with store.session() as s:
         for e in usable:

@@ -14,11 +14,14 @@ What a row holds
   autograd decomposes them into (`aten.addmm`, `aten.native_layer_norm`); under
   `torch.inference_mode()`, where autograd is bypassed, the recorder runs the same C++
   decomposition itself, so a trace does not depend on the grad mode.
-  One exception: `aten.scaled_dot_product_attention` is recorded whole. The backend it
-  picks depends on the device (flash or efficient attention on CUDA, flash_for_cpu on the
-  CPU, the math decomposition on meta); recorded before that choice, a trace made on the
-  meta device is the one a GPU run gives. On meta its output gets the memory order of the
-  fused kernels, so the copy a model makes after it (or does not) matches a real run.
+  Two exceptions are recorded whole, `aten.scaled_dot_product_attention` and
+  `aten.batch_norm`: the backend they pick inside depends on the device (SDPA: flash or
+  efficient attention on CUDA, flash_for_cpu on the CPU, the math decomposition on meta;
+  batch_norm: cudnn_batch_norm for float32 on CUDA, native_batch_norm elsewhere); recorded
+  before that choice, a trace made on the meta device is the one a GPU run gives. On meta
+  SDPA's output gets the memory order of the fused kernels, so the copy a model makes after
+  it (or does not) matches a real run. Other ops that choose a backend inside (RNNs) are
+  recorded as the device runs them.
 - dtypes and shapes: every tensor argument in schema order, the tensors of a list argument
   (`aten.cat`'s) in list order. A Python number where the schema says Tensor (`x * 0.5`
   reaches the dispatcher as `aten.mul.Tensor(x, 0.5)`) is what torch calls a wrapped
@@ -32,7 +35,7 @@ What a row holds
   (`bias=None`), defaulted or not, so a reader can tell which tensors the dtypes column
   holds; a list of optional tensors with a None in it (`aten.index.Tensor`'s indices) is
   written entry by entry, `indices=NonexTensor`. device, layout, pin_memory,
-  memory_format and generator are never written: a trace recorded on the meta device is
+  memory_format, generator and cudnn_enabled are never written: a trace recorded on the meta device is
   the one a GPU run gives. A value holding a tab, comma or newline cannot be written in
   trace v1 and is refused with a `TraceError` when the op runs.
 - skipped: views and metadata-only ops (outputs aliasing inputs per the schema, in-place
@@ -46,6 +49,7 @@ Only the thread that entered the recorder is recorded (dispatch modes are thread
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import re
 import shlex
@@ -79,8 +83,10 @@ _SKIPPED = frozenset({
     "aten.resize_",
 })
 
-# Arguments that say where or how a tensor is stored, not what is computed.
-_NEVER_WRITTEN = frozenset({"device", "layout", "pin_memory", "memory_format", "generator"})
+# Arguments that say where or how a tensor is stored, or which backend may run an op, not
+# what is computed.
+_NEVER_WRITTEN = frozenset({"device", "layout", "pin_memory", "memory_format", "generator",
+                            "cudnn_enabled"})
 
 # The dtype torch gives a Python number it wraps into a 0-d tensor.
 _WRAPPED_DTYPE = {bool: "bool", int: "int64", float: "float64", complex: "complex128"}
@@ -262,15 +268,26 @@ class _Dispatches(TorchDispatchMode):
         return out
 
 
+def _entry_points(op: torch._ops.OpOverloadPacket, *functions) -> dict:
+    return {f: op.default for f in (op, op.default, *functions)}
+
+
+# Composite ops that pick a device backend inside (SDPA: flash or efficient attention on
+# CUDA, flash_for_cpu on the CPU, the math decomposition on meta; batch_norm: cudnn for
+# float32 on CUDA), by every function that enters them.
+_WHOLE = {
+    **_entry_points(torch.ops.aten.scaled_dot_product_attention, F.scaled_dot_product_attention),
+    **_entry_points(torch.ops.aten.batch_norm, F.batch_norm),
+}
+
+
 class _WholeOps(TorchFunctionMode):
-    """Counts scaled_dot_product_attention as one op, before it picks a device backend.
+    """Counts the ops of `_WHOLE` as one op each, before they pick a device backend.
 
-    Which backend SDPA takes (flash or efficient on CUDA, flash_for_cpu on CPU, the math
-    decomposition on meta) depends on the device, and in grad mode autograd decomposes it
-    before the dispatch mode sees it: recorded whole, a meta trace is the one a GPU run gives.
+    Recorded whole, a trace made on meta or the CPU is the one a GPU run gives. This has to
+    happen at the torch-function level: in grad mode autograd decomposes a composite op
+    before the dispatch mode sees it.
     """
-
-    _SDPA = torch.ops.aten.scaled_dot_product_attention
 
     def __init__(self, recorder: Recorder):
         super().__init__()
@@ -278,13 +295,17 @@ class _WholeOps(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.recorder.is_paused or func not in (
-                F.scaled_dot_product_attention, self._SDPA, self._SDPA.default):
+        op = None if self.recorder.is_paused else _WHOLE.get(func)
+        if op is None:
             return func(*args, **kwargs)
-        key = describe(self._SDPA.default, args, kwargs)
+        if inspect.isfunction(func):  # a Python wrapper (F.batch_norm): its names are the schema's
+            key = describe(op, (), inspect.signature(func).bind(*args, **kwargs).arguments)
+        else:
+            key = describe(op, args, kwargs)
         with self.recorder.paused():
             out = func(*args, **kwargs)
-            if out.is_meta and out.dim() == 4:
+            if op is torch.ops.aten.scaled_dot_product_attention.default and out.is_meta \
+                    and out.dim() == 4:
                 # Meta runs the math path, whose output is contiguous; the fused CPU and CUDA
                 # kernels return (batch, seq, heads, dim) memory order. Mimic them, so the
                 # copy after SDPA (or its absence) is the one a real run makes.
@@ -330,7 +351,7 @@ USAGE = "nbx-tune trace -o trace.tsv -- python SCRIPT.py ARGS... (or python -m M
 
 @dataclass(frozen=True)
 class TraceSummary:
-    output: Path
+    path: Path
     rows: int
     launches: int
 

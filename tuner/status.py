@@ -49,8 +49,8 @@ def _screened_status(cert, problems: list[Problem]) -> Status:
     lo = Problem.from_json(cert.screened_min).order()
     hi = Problem.from_json(cert.screened_max).order()
     outside = tuple(p for p in problems if not lo <= p.order() <= hi)
+    if cert.unscreened:  # a shape the screen skipped for the byte budget says why
+        return Status("unscreened", cert.unscreened, outside)
     if outside:
         return Status("unscreened", f"{len(outside)} shape(s) seen outside the screened range", outside)
-    if cert.unscreened:
-        return Status("unscreened", cert.unscreened)
     return Status("certified")

@@ -137,7 +137,7 @@ def format_shape(shape: Iterable[int]) -> str:
 
 
 def _fail(path, line, col, problem):
-    where = f"{path}:{line}"
+    where = f"{path}: line {line}"
     if col is not None:
         where += f": column {col + 1} ({HEADER[col]})"
     raise TraceError(f"{where}: {problem}")
@@ -221,7 +221,7 @@ def read_trace(path: str | Path) -> Trace:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise TraceError(f"{p}:{line}: not UTF-8 (byte {data[e.start]:#04x})") from None
+        raise TraceError(f"{p}: line {line}: not UTF-8 (byte {data[e.start]:#04x})") from None
     return parse_trace_text(text, str(p))
 
 

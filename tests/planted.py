@@ -1,0 +1,90 @@
+"""Test-only kernels with planted faults: configs that leave output unwritten, compute a
+wrong answer, fail to compile, or need more shared memory than any device has. A tuner
+that ranked on speed alone would happily certify some of them."""
+
+from collections import Counter
+
+import triton
+import triton.language as tl
+
+from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
+
+LAUNCHES = Counter()  # config key -> launches, to prove a pruned config never ran
+
+
+@triton.jit
+def _double(x_ptr, y_ptr, n, BLOCK: tl.constexpr, SKIP_TAIL: tl.constexpr, WRONG: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    limit = n - 7 if SKIP_TAIL else n  # SKIP_TAIL: the last 7 elements are never written
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    y = 2.0 * x
+    if WRONG:  # a wrong answer at one element in 97
+        y = tl.where(offs % 97 == 5, y + 0.5, y)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=offs < limit)
+
+
+def launch_double(x, y, config):
+    n = x.numel()
+    _double[(triton.cdiv(n, config["BLOCK"]),)](x, y, n, **config.kwargs)
+
+
+def cfg(block, skip=0, wrong=0):
+    return Config.make(BLOCK=block, SKIP_TAIL=skip, WRONG=wrong, num_warps=4, num_stages=1)
+
+
+GOOD = (cfg(32), cfg(256))
+UNWRITTEN = cfg(64, skip=1)
+WRONG = cfg(128, wrong=1)
+NO_COMPILE = cfg(48)  # tl.arange needs a power of two
+HUGE = cfg(8192)  # its shared-memory estimate is over every budget
+
+
+class DoubleSpec(KernelSpec):
+    name = "test_double"
+    ops = ("test.double",)
+    key = (KeyDim("n", "elements"),)
+    dtypes = ("float16", "float32")
+
+    def __init__(self, configs=(*GOOD, UNWRITTEN, WRONG, NO_COMPILE, HUGE)):
+        self._configs = tuple(configs)
+
+    def configs(self):
+        return self._configs
+
+    def default_preference(self):
+        return GOOD
+
+    def smem_bytes(self, config, problem):
+        return 1 << 30 if config["BLOCK"] >= 8192 else 0
+
+    def source_parts(self):
+        return (_double, launch_double)
+
+    def problem_from_row(self, row):
+        if len(row.shapes) != 1 or row.dtypes[0] not in self.dtypes:
+            return NotServable("one float16/float32 tensor")
+        n = 1
+        for d in row.shapes[0]:
+            n *= d
+        if n == 0:
+            return NotServable("empty")
+        return Problem(self.name, (row.dtypes[0],), seat_flags(), (n,))
+
+    def input_shapes(self, problem):
+        return {"x": ((problem.dims[0],), problem.dtypes[0])}
+
+    def make_inputs(self, problem, rng):
+        return {"x": (rng.standard_normal(problem.dims[0]) * 3, problem.dtypes[0])}
+
+    def oracle(self, problem, inputs):
+        return {"y": 2.0 * inputs["x"]}
+
+    def output_specs(self, problem):
+        return {"y": ((problem.dims[0],), problem.dtypes[0])}
+
+    def launch(self, config, problem, inputs, outputs):
+        LAUNCHES[config.key()] += 1
+        launch_double(inputs["x"], outputs["y"], config)
+
+
+SPEC = DoubleSpec()

@@ -1,0 +1,150 @@
+"""A census end to end on the interpreter: coverage, tuning, the second census that tunes
+nothing, dry runs and bad traces that write nothing, unscreened and stale seats."""
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import planted
+from nbx_tune.errors import TraceError
+from nbx_tune.kernels import certified, mm
+from nbx_tune.kernels.registry import register
+from nbx_tune.profiles import builtin_profiles
+from nbx_tune.tuner import api
+
+register(planted.SPEC)
+
+HEAD = "# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
+
+
+def trace(tmp_path, body, name="t.tsv"):
+    p = tmp_path / name
+    p.write_text(HEAD + body)
+    return p
+
+
+def count(db_url, table):
+    with sqlite3.connect(db_url[len("sqlite:///"):]) as c:
+        return c.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+MATMUL_TRACE = (
+    "aten.mm\tfloat32,float32\t37x29;29x45\t\t3\n"
+    "aten.addmm\tfloat16,float16,float16\t45;33x29;29x45\tbeta=0.5\t4\n"
+    "aten.mm\tbfloat16,bfloat16\t16x16;16x16\t\t1\n"
+    "aten.relu\tfloat32\t16x16\t\t7\n"
+    "aten.mm\tfloat32,float32\t16x16;17x16\t\t2\n"
+)
+
+
+def test_census_certifies_then_the_second_tunes_nothing_and_launches_read_it(tmp_path, db_url):
+    t = trace(tmp_path, MATMUL_TRACE)
+    rep = api.census(str(t), db_url)
+    c = rep.counts()
+    assert (rep.rows, rep.launches) == (5, 17)
+    assert c["certified"] == {"seats": 2, "launches": 7}
+    assert c["refused"] == {"seats": 1, "launches": 1}  # bf16 cannot be screened here
+    assert rep.uncovered == {"aten.relu": 7}
+    assert [(ln, why) for ln, _, why, _ in rep.not_servable] == [(7, "shapes 1x16x16 and 1x17x16 do not multiply")]
+    tunings = count(db_url, "tunings")
+    assert tunings == 3 and count(db_url, "certificates") == 2
+
+    again = api.census(str(t), db_url)
+    assert again.counts() == c
+    assert count(db_url, "tunings") == tunings  # nothing tuned twice
+    assert all(s.action == "" for s in again.seats)
+
+    # The kernels read the certificate back at launch: no miss, and the certified config.
+    certified.reload()
+    a, b = torch.randn(37, 29), torch.randn(29, 45)
+    torch.testing.assert_close(mm(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    stats = certified.launch_stats()
+    assert stats["misses"] == {} and stats["certified_seats"] == 2 and stats["sources"] == ["database"]
+    seat = [s for s in rep.seats if s.label.startswith("matmul|float32")][0]
+    from nbx_tune.kernels.registry import get_spec
+
+    assert certified.config_for(get_spec("matmul"), ("float32",), (("bias", "0"),), (1, 37, 45, 29)).key() == seat.config
+    # A shape in no certified seat uses the default, and the miss is counted.
+    mm(torch.randn(5, 7), torch.randn(7, 3))
+    assert sum(certified.launch_stats()["misses"].values()) == 1
+
+
+def test_dry_run_and_bad_traces_write_nothing(tmp_path, db_url):
+    db_file = Path(db_url[len("sqlite:///"):])
+    rep = api.census(str(trace(tmp_path, MATMUL_TRACE)), db_url, dry_run=True)
+    assert rep.dry_run and rep.counts()["pending"]["seats"] == 3
+    assert not db_file.exists()
+    bad = trace(tmp_path, "aten.mm\tfloat32,float32\t4x4;4x4\t\t1\naten.mm\tfloat32\t4xq\t\t1\n", "bad.tsv")
+    with pytest.raises(TraceError, match=r"bad.tsv: line 4: column 3 \(shapes\)"):
+        api.census(str(bad), db_url)
+    assert not db_file.exists()
+    # With a database in place, a bad trace leaves it exactly as it was.
+    api.census(str(trace(tmp_path, "test.double\tfloat32\t100\t\t1\n", "ok.tsv")), db_url)
+    before = {t: count(db_url, t) for t in ("seats", "traces", "census_runs", "tunings")}
+    with pytest.raises(TraceError):
+        api.census(str(bad), db_url)
+    assert {t: count(db_url, t) for t in before} == before
+
+
+def _profile_with_budget(tmp_path, budget):
+    data = yaml.safe_load(Path(builtin_profiles()["interpreter"].source).read_text())
+    data["autotune_screen_max_bytes"] = budget
+    p = tmp_path / "tiny_budget.yml"
+    p.write_text(yaml.safe_dump(data))
+    return str(p)
+
+
+class Notes:
+    def __init__(self):
+        self.notes = []
+
+    def notice(self, text):
+        self.notes.append(text)
+
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
+def test_over_the_byte_budget_the_screen_is_skipped_announced_and_the_seat_unscreened(tmp_path, db_url):
+    profile = _profile_with_budget(tmp_path, 4000)  # 700 fp32 elements in + out = 5600 bytes
+    notes = Notes()
+    rep = api.census(str(trace(tmp_path, "test.double\tfloat32\t700\t\t1\ntest.double\tfloat32\t300\t\t1\n")),
+                     db_url, profile=profile, reporter=notes)
+    (seat,) = rep.seats
+    assert seat.status == "unscreened" and "autotune_screen_max_bytes 4000" in seat.why
+    assert any("screen skipped" in n and "the seat will be unscreened" in n for n in notes.notes)
+    views = api.seat_views(db_url, ["unscreened"], profile=profile)
+    assert [v.id for v in views] == [seat.id]
+    # The winner was still screened at the small shape, so it is no wrong config.
+    assert seat.config in {c.key() for c in planted.GOOD}
+
+
+def test_a_new_shape_outside_the_screened_range_makes_the_seat_unscreened_until_retuned(tmp_path, db_url):
+    api.census(str(trace(tmp_path, "test.double\tfloat32\t40000\t\t1\n", "a.tsv")), db_url)
+    b = trace(tmp_path, "test.double\tfloat32\t60000\t\t1\n", "b.tsv")  # same elements bucket
+    plan = api.census(str(b), db_url, dry_run=True)
+    assert plan.seats[0].status == "unscreened" and "outside the screened range" in plan.seats[0].why
+    rep = api.census(str(b), db_url)
+    assert rep.seats[0].status == "certified" and rep.seats[0].action == "tuned"
+    assert count(db_url, "certificates") == 2  # the first is kept, superseded
+
+
+def test_a_kernel_edit_makes_certificates_stale_never_served_and_retuned(tmp_path, db_url, monkeypatch):
+    t = trace(tmp_path, "test.double\tfloat32\t1000\t\t1\n")
+    first = api.census(str(t), db_url)
+    assert first.seats[0].status == "certified"
+    monkeypatch.setitem(planted.SPEC.__dict__, "source_hash", "edited-kernel")
+    stale = api.seat_views(db_url, ["stale"])
+    assert len(stale) == 1 and "kernel source changed" in stale[0].why
+    certified.reload()
+    st = certified.state()
+    assert not any(k[0] == "test_double" for k in st.entries)
+    assert any("kernel_source_hash" in why for _, _, why in st.stale)
+    rep = api.census(str(t), db_url)
+    assert rep.seats[0].status == "certified" and rep.seats[0].action == "tuned"
+    shown = api.show_seat(str(rep.seats[0].id), db_url)
+    certs = [h["certificate"] for h in shown["history"] if "certificate" in h]
+    assert [c["current"] for c in certs] == [False, True]  # history stays queryable

@@ -1,0 +1,131 @@
+"""The command line through Typer's CliRunner: every command has help, results come as
+tables or JSON, a user error is one line with exit code 1, misuse is exit code 2."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import planted
+from nbx_tune.cli.app import app
+from nbx_tune.kernels.registry import register
+
+register(planted.SPEC)
+HEAD = "# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
+runner = CliRunner()
+
+COMMANDS = [["census"], ["seats"], ["show"], ["refusals"], ["unscreened"], ["export"], ["import"],
+            ["trace"], ["profiles"], ["profiles", "list"], ["profiles", "show"], ["profiles", "check"],
+            ["db"], ["db", "upgrade"], ["db", "current"]]
+
+
+def run(*args, env=None):
+    return runner.invoke(app, list(args), env={"COLUMNS": "200", **(env or {})})
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c))
+def test_every_command_has_help(cmd):
+    r = run(*cmd, "--help")
+    assert r.exit_code == 0 and "Usage:" in r.output
+
+
+@pytest.fixture
+def trace_file(tmp_path):
+    p = tmp_path / "t.tsv"
+    p.write_text(HEAD + "test.double\tfloat32\t1000\t\t2\naten.relu\tfloat32\t10\t\t5\n")
+    return p
+
+
+def test_census_json_then_queries(tmp_path, trace_file, db_url):
+    r = run("census", "--model", str(trace_file), "--db", db_url, "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["coverage"]["certified"] == {"seats": 1, "launches": 2}
+    assert rep["not_covered"] == [{"op": "aten.relu", "launches": 5}]
+    seat_id = rep["seats"][0]["id"]
+
+    r = run("seats", "--db", db_url, "--json")
+    assert [s["status"] for s in json.loads(r.stdout)] == ["certified"]
+    r = run("seats", "--db", db_url, "--status", "pending", "--json")
+    assert json.loads(r.stdout) == []
+
+    r = run("show", str(seat_id), "--db", db_url, "--json")
+    shown = json.loads(r.stdout)
+    assert shown["seat"]["label"] == rep["seats"][0]["label"]
+    reasons = {x["reason"] for x in shown["refusals"]}
+    assert {"unwritten_output", "wrong_answer", "smem_over_budget"} <= reasons
+    r = run("show", rep["seats"][0]["label"], "--db", db_url)
+    assert r.exit_code == 0 and "certificate (current)" in r.stdout and "screened at" in r.stdout
+
+    r = run("refusals", "--db", db_url, "--reason", "wrong_answer", "--json")
+    rows = json.loads(r.stdout)
+    assert len(rows) == 1 and rows[0]["config"] == planted.WRONG.key() and "> rtol" in rows[0]["detail"]
+    r = run("refusals", "--db", db_url, "--kernel", "test_double")
+    assert r.exit_code == 0 and "unwritten_output" in r.stdout
+
+    r = run("unscreened", "--db", db_url, "--json")
+    assert json.loads(r.stdout) == []
+
+    out = tmp_path / "table.json"
+    r = run("export", "--profile", "interpreter", "-o", str(out), "--db", db_url)
+    assert r.exit_code == 0 and "wrote 1 certified configs" in r.stdout
+    r = run("import", str(out), "--db", f"sqlite:///{tmp_path / 'b.db'}")
+    assert r.exit_code == 0 and "1 certificates added" in r.stdout
+
+
+def test_census_draws_tables_and_progress(trace_file, db_url):
+    r = run("census", "--model", str(trace_file), "--db", db_url)
+    assert r.exit_code == 0, r.output
+    for text in ("Coverage of", "not covered", "Seats after census run 1", "certified", "aten.relu"):
+        assert text in r.stdout
+    r = run("census", "--model", str(trace_file), "--db", db_url, "--dry-run")
+    assert r.exit_code == 0 and "dry run: nothing written" in r.stdout
+
+
+@pytest.mark.parametrize("args,match", [
+    (["census", "--model", "/no/such/trace.tsv"], "/no/such/trace.tsv: cannot read"),
+    (["census", "--model", "{trace}", "--db", "mysql://x@y/z"], "unsupported backend 'mysql'"),
+    (["census", "--model", "{trace}", "--profile", "hopper"], "profile hopper does not claim this device"),
+    (["show", "999"], "no seat '999'"),
+    (["refusals", "--reason", "bad_luck"], "unknown reason 'bad_luck'"),
+    (["seats", "--status", "great"], "unknown status 'great'"),
+    (["profiles", "show", "pascal"], "unknown profile 'pascal'"),
+    (["import", "/no/such/table.json"], "cannot read"),
+    (["census", "--model", "{trace}", "--plugin", "no_such_module_xyz"], "plugin no_such_module_xyz: cannot import"),
+])
+def test_user_errors_are_one_line_with_exit_code_1(trace_file, args, match):
+    r = run(*[a.replace("{trace}", str(trace_file)) for a in args])
+    assert r.exit_code == 1, r.output
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0]
+
+
+def test_misuse_is_exit_code_2():
+    assert run("census").exit_code == 2  # --model missing
+    assert run("seats", "--frobnicate").exit_code == 2
+    assert run("no-such-command").exit_code == 2
+
+
+def test_bad_trace_line_is_named(tmp_path, db_url):
+    p = tmp_path / "bad.tsv"
+    p.write_text(HEAD + "aten.mm\tfloat32,float32\t4x4;4x4\t\t0\n")
+    r = run("census", "--model", str(p), "--db", db_url)
+    assert r.exit_code == 1
+    assert f"{p}: line 3: column 5 (count): count '0' is not a positive integer" in r.stderr
+
+
+def test_profiles_and_db_commands(tmp_path, db_url):
+    r = run("profiles", "list", "--json")
+    d = json.loads(r.stdout)
+    assert d["device_profile"] == "interpreter" and len(d["profiles"]) >= 12
+    r = run("profiles", "show", "hopper", "--json")
+    assert json.loads(r.stdout)["memory"]["max_shared_memory_per_block"] == 232448
+    assert "hopper.yml: ok" in run("profiles", "check", json.loads(r.stdout)["source"]).stdout
+    bad = tmp_path / "bad.yml"
+    bad.write_text("vendor: x\n")
+    r = run("profiles", "check", str(bad))
+    assert r.exit_code == 1 and f"{bad}: " in r.stderr
+    r = run("db", "current", "--db", db_url, "--json")
+    assert json.loads(r.stdout)["revision"] is None
+    assert "upgraded empty ->" in run("db", "upgrade", "--db", db_url).stdout
+    assert "already at head" in run("db", "upgrade", "--db", db_url).stdout

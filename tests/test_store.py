@@ -1,0 +1,119 @@
+"""The database: created at head, the models match the migrations, an older or newer
+schema is refused with the fix, SQLite runs in WAL mode, bad URLs are one-line errors."""
+
+import sqlite3
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect
+
+from nbx_tune.errors import StoreError
+from nbx_tune.tuner.store import Store
+from nbx_tune.tuner.store.db import current_revision, head_revision, make_engine, open_engine, safe_url
+from nbx_tune.tuner.store.models import Base
+
+
+def test_fresh_database_is_created_at_head_with_the_view(db_url):
+    engine = open_engine(db_url)
+    assert current_revision(engine) == head_revision()
+    names = set(inspect(engine).get_table_names())
+    assert {"seats", "certificates", "refusals", "tunings", "measurements", "trace_needs"} <= names
+    assert "certified_configs" in inspect(engine).get_view_names()
+    with engine.connect() as c:
+        assert compare_metadata(MigrationContext.configure(c), Base.metadata) == []
+
+
+def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(tmp_path, db_url):
+    store = Store(db_url)
+    with store.engine.connect() as c:
+        assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert c.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 10_000
+        assert c.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+
+
+def test_older_schema_is_refused_with_the_upgrade_command(tmp_path, db_url):
+    from alembic import command
+
+    from nbx_tune.tuner.store.db import _alembic_config
+
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "0001")
+    with pytest.raises(StoreError, match=r"revision 0001; this nbx-tune needs \w+: run `nbx-tune db upgrade --db"):
+        open_engine(db_url)
+    from nbx_tune.tuner.api import db_upgrade
+
+    assert db_upgrade(db_url) == ("0001", head_revision())
+    assert current_revision(open_engine(db_url)) == head_revision()
+
+
+def test_newer_schema_is_refused_and_nothing_is_written(tmp_path, db_url):
+    open_engine(db_url).dispose()
+    path = db_url[len("sqlite:///"):]
+    with sqlite3.connect(path) as c:
+        c.execute("UPDATE alembic_version SET version_num='9999_future'")
+    with pytest.raises(StoreError, match="revision 9999_future, newer than this nbx-tune knows"):
+        open_engine(db_url)
+    with sqlite3.connect(path) as c:
+        assert c.execute("SELECT version_num FROM alembic_version").fetchone()[0] == "9999_future"
+
+
+def test_foreign_database_is_refused(tmp_path):
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as c:
+        c.execute("CREATE TABLE invoices (id INTEGER)")
+    with pytest.raises(StoreError, match="has tables but no nbx-tune schema"):
+        open_engine(f"sqlite:///{path}")
+
+
+@pytest.mark.parametrize("url,match", [
+    ("not a url", "bad database URL"),
+    ("mysql://u@h/db", "unsupported backend 'mysql'"),
+    ("sqlite:////no/such/dir/x.db", "directory /no/such/dir does not exist"),
+])
+def test_bad_urls_are_one_line_errors(url, match):
+    with pytest.raises(StoreError, match=match) as e:
+        open_engine(url)
+    assert "\n" not in str(e.value)
+
+
+def test_passwords_are_never_printed():
+    assert "hunter2" not in safe_url("postgresql+psycopg://tuner:hunter2@db.example/nbx")
+    assert "***" in safe_url("postgresql+psycopg://tuner:hunter2@db.example/nbx")
+    with pytest.raises(StoreError) as e:
+        open_engine("postgresql+nosuchdriver://tuner:hunter2@127.0.0.1:1/nbx")
+    assert "hunter2" not in str(e.value)
+
+
+def test_one_current_certificate_per_seat_is_held_by_the_database(db_url):
+    """The partial unique index refuses a second current certificate, whatever the code does."""
+    from datetime import datetime, timezone
+
+    from sqlalchemy.exc import IntegrityError
+
+    from nbx_tune.tuner.store.models import Certificate, Seat, Tuning
+
+    store = Store(db_url)
+    now = datetime.now(timezone.utc)
+    with store.session() as s:
+        seat = Seat(profile="p", kernel="k", dtypes="float16", flags="-", bucket="n=1", created_at=now)
+        s.add(seat)
+        s.flush()
+        t = Tuning(seat_id=seat.id, kind="tune", outcome="certified", started_at=now, worker="w",
+                   device_name="d", device_target="t", driver="x", triton_version="v", torch_version="v",
+                   kernel_source_hash="h", config_space_hash="h", profile_hash="h", candidates=1,
+                   survivors=1, screen_s=0, bench_s=0, total_s=0)
+        s.add(t)
+        s.flush()
+        seat_id, tid = seat.id, t.id
+
+    def cert():
+        return Certificate(seat_id=seat_id, tuning_id=tid, config="B=1", median_ms=1, p20_ms=1, p80_ms=1,
+                           screens="[]", timing_method="m", created_at=now)
+
+    with store.session() as s:
+        s.add(cert())
+    with pytest.raises(IntegrityError):
+        with store.session() as s:
+            s.add(cert())

@@ -1,0 +1,138 @@
+"""The tuner on planted faults: wrong and unwritten configs are refused with their reason
+and never certified; a config over the shared-memory budget is refused without a launch;
+the screen tells an unwritten element from a computed NaN; strategies replay recorded
+measurements."""
+
+import numpy as np
+import pytest
+import torch
+
+import planted
+from nbx_tune.kernels.registry import register
+from nbx_tune.kernels.spec import Config, Problem, seat_flags
+from nbx_tune.profiles import get_profile
+from nbx_tune.tuner import screen as screening
+from nbx_tune.tuner.bench import Timing, WallClock
+from nbx_tune.tuner.executor import InProcess
+from nbx_tune.tuner.strategies import get_strategy
+from nbx_tune.tuner.tune import tune_seat
+
+register(planted.SPEC)
+PROFILE = get_profile("interpreter")
+
+
+def problem(n, dtype="float32"):
+    return Problem("test_double", (dtype,), seat_flags(), (n,))
+
+
+def test_planted_faults_are_refused_and_never_certified():
+    planted.LAUNCHES.clear()
+    res = tune_seat(planted.SPEC, PROFILE, "double", [problem(1001), problem(203)],
+                    InProcess(WallClock(3)), get_strategy("exhaustive"), "cpu")
+    reasons = {r.config: r.reason for r in res.records}
+    assert res.outcome == "certified"
+    assert res.winner.config in planted.GOOD
+    assert reasons[planted.UNWRITTEN] == "unwritten_output"
+    assert reasons[planted.WRONG] == "wrong_answer"
+    assert reasons[planted.NO_COMPILE] in ("compile_error", "launch_error")
+    assert reasons[planted.HUGE] == "smem_over_budget"
+    assert planted.LAUNCHES[planted.HUGE.key()] == 0  # refused statically, never launched
+    wrong = next(r for r in res.records if r.config == planted.WRONG)
+    assert "err" in wrong.detail and "> rtol" in wrong.detail
+    unwritten = next(r for r in res.records if r.config == planted.UNWRITTEN)
+    assert "7 of 1001 elements never written" in unwritten.detail
+    # The runner-up is the other good config, and the margin is measured between them.
+    assert res.runner_up.config in planted.GOOD and res.margin >= 0
+
+
+def test_wrong_config_faster_than_every_correct_one_is_still_refused():
+    # A benchmarker that reports the wrong config as fastest: speed never overrides the screen.
+    def fast_wrong(fn, mode="full"):
+        return Timing(0.001, 0.001, 0.001, "fake")
+
+    res = tune_seat(planted.SPEC, PROFILE, "double", [problem(500)], InProcess(fast_wrong),
+                    get_strategy("exhaustive"), "cpu")
+    assert res.winner.config in planted.GOOD
+    assert all(r.timing is None for r in res.records if r.config in (planted.WRONG, planted.UNWRITTEN))
+
+
+def test_screen_tells_unwritten_from_computed_nan():
+    p = problem(10)
+    ref = {"y": np.arange(10, dtype=np.float64)}
+    out = screening.alloc_outputs(planted.SPEC, p, "cpu")["y"]
+    assert screening.compare("y", out, ref["y"], 1e-4, p).reason == "unwritten_output"
+    out[:] = torch.arange(10, dtype=torch.float32)
+    out[3] = float("nan")
+    assert screening.compare("y", out, ref["y"], 1e-4, p).reason == "non_finite"
+    out[3] = 3.0
+    r = screening.compare("y", out, ref["y"], 1e-4, p)
+    assert r.ok and r.err == 0.0
+    out[9] = 9.01  # 0.01 / 9 = 1.1e-3 > 1e-4
+    r = screening.compare("y", out, ref["y"], 1e-4, p)
+    assert r.reason == "wrong_answer" and r.err == pytest.approx(0.01 / 9, rel=1e-3)
+
+
+def test_screen_integers_are_bit_exact_and_bool_poison_is_detected():
+    p = problem(4)
+    ints = torch.tensor([1, 2, 3, 2**40], dtype=torch.int64)
+    assert screening.compare("s", ints, np.array([1, 2, 3, 2**40]), 0.0, p).ok
+    assert screening.compare("s", ints, np.array([1, 2, 3, 2**40 + 1]), 0.0, p).reason == "wrong_answer"
+    b = torch.empty(4, dtype=torch.bool)
+    b.view(torch.uint8).fill_(0xA5)
+    assert screening.compare("b", b, np.array([True, False, True, True]), 0.0, p).reason == "unwritten_output"
+
+
+def test_oracle_sees_the_rounded_inputs():
+    case = screening.make_case(planted.SPEC, problem(300, "float16"), "cpu", 7, True)
+    x = case.inputs["x"]
+    assert x.dtype == torch.float16
+    np.testing.assert_array_equal(case.ref["y"], 2.0 * x.double().numpy())
+    assert np.count_nonzero(case.ref["y"]) > 290  # random, never zeros
+
+
+def test_bf16_seat_is_refused_on_the_interpreter_without_launching():
+    planted.LAUNCHES.clear()
+    p = Problem("test_double", ("bfloat16",), seat_flags(), (100,))
+    res = tune_seat(planted.SPEC, PROFILE, "double", [p], InProcess(WallClock()),
+                    get_strategy("exhaustive"), "cpu")
+    assert res.outcome == "refused" and res.seat_refusal[0] == "dtype_unscreenable"
+    assert sum(planted.LAUNCHES.values()) == 0
+
+
+def _t(ms):
+    return Timing(ms, ms * 0.98, ms * 1.02, "replay")
+
+
+# Recorded quick/full medians of six configs (ms): a replay, no device needed.
+RECORDED = {f"B={b}": {"quick": q, "full": f} for b, q, f in [
+    (1, 1.00, 0.98), (2, 1.05, 1.01), (3, 1.20, 1.19), (4, 2.50, 2.40), (5, 9.0, 8.8), (6, None, None)]}
+
+
+def replay(config, mode):
+    v = RECORDED[config.key().split(",")[0]][mode]
+    return None if v is None else _t(v)
+
+
+CANDS = [Config.make(B=i) for i in range(1, 7)]
+
+
+def test_strategy_exhaustive_times_everything_with_full_settings():
+    out = get_strategy("exhaustive")(CANDS, replay)
+    assert {m.config["B"] for m in out} == {1, 2, 3, 4, 5} and all(m.final for m in out)
+
+
+def test_strategy_pruned_drops_far_behind_candidates_but_keeps_two_finalists():
+    calls = []
+
+    def measure(c, mode):
+        calls.append((c["B"], mode))
+        return replay(c, mode)
+
+    out = get_strategy("pruned")(CANDS, measure)
+    finals = sorted(m.config["B"] for m in out if m.final)
+    assert finals == [1, 2, 3]  # within 30 % of the quick best
+    assert (4, "full") not in calls and (5, "full") not in calls
+    assert {m.config["B"] for m in out if not m.final} == {4, 5}  # kept on record, cannot win
+    # Even when one candidate is far ahead, the runner-up is timed in full.
+    lone = get_strategy("pruned")(CANDS[2:], replay)
+    assert sorted(m.config["B"] for m in lone if m.final) == [3, 4]
