@@ -58,6 +58,8 @@ def census(
     dry_run: bool = typer.Option(False, "--dry-run", help="Plan and report coverage only; write nothing."),
     json_out: bool = JsonOpt,
     strategy: str = typer.Option("pruned", "--strategy", help="Search strategy: pruned or exhaustive."),
+    isolate: bool = typer.Option(True, "--isolate/--no-isolate",
+                                 help="Run candidates in a worker process that a crash or hang cannot take down."),
     plugin: Optional[List[str]] = PluginOpt,
 ):
     """Map a trace to seats, report coverage, and certify what is pending."""
@@ -65,7 +67,7 @@ def census(
 
     console = err if json_out else out
     with render.RichReporter(console, show_tables=not json_out) as reporter:
-        rep = api.census(str(model), db, profile, dry_run, reporter, strategy, plugin or ())
+        rep = api.census(str(model), db, profile, dry_run, reporter, strategy, plugin or (), isolate)
     if json_out:
         render.print_json(rep.to_dict())
         return

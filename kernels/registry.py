@@ -20,6 +20,7 @@ ENTRY_POINT_GROUP = "nbx_tune.kernels"
 _specs: dict[str, KernelSpec] = {}
 _by_op: dict[str, KernelSpec] = {}
 _loaded = False
+_plugin_paths: set[str] = set()
 
 
 def _specs_of(obj, origin: str) -> list[KernelSpec]:
@@ -55,6 +56,14 @@ def register(spec: KernelSpec, origin: str = "") -> None:
         _by_op[op] = spec
 
 
+def plugin_modules() -> list[str]:
+    """Modules providing the registered kernels that are not built in: what a worker
+    process imports to see the same kernels as its parent."""
+    _ensure_loaded()
+    mods = {type(s).__module__ for s in _specs.values()} | set(_plugin_paths)
+    return sorted(m for m in mods if m not in BUILTIN_MODULES and m != "__main__")
+
+
 def load_plugin(path: str) -> list[KernelSpec]:
     """Import `module` or `module:attr` and register the kernels it provides."""
     module_name, _, attr = path.partition(":")
@@ -67,6 +76,7 @@ def load_plugin(path: str) -> list[KernelSpec]:
     specs = _specs_of(obj, path)
     for s in specs:
         register(s, path)
+    _plugin_paths.add(path)
     return specs
 
 

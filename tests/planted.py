@@ -88,3 +88,38 @@ class DoubleSpec(KernelSpec):
 
 
 SPEC = DoubleSpec()
+
+
+# ----------------------------------------------------------------------------- process faults
+# Only ever run in worker processes (tuner/isolation.py): they kill or hang the process that
+# launches them. Every launch is logged to $NBX_TEST_LAUNCH_LOG so a test can see what ran.
+
+CRASH = cfg(16)  # dies by SIGSEGV, as a GPU fault takes a process down
+HANG = cfg(512)  # never returns
+
+
+class FaultySpec(DoubleSpec):
+    name = "test_faulty"
+    ops = ("test.faulty",)
+
+    def __init__(self):
+        super().__init__((GOOD[0], CRASH, HANG, GOOD[1]))
+
+    def launch(self, config, problem, inputs, outputs):
+        import os
+        import signal
+        import time
+
+        log = os.environ.get("NBX_TEST_LAUNCH_LOG")
+        if log:
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()} {config['BLOCK']}\n")
+        if config == CRASH:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if config == HANG:
+            time.sleep(3600)
+        super().launch(config, problem, inputs, outputs)
+
+
+FAULTY = FaultySpec()
+SPECS = (SPEC, FAULTY)

@@ -17,6 +17,11 @@ from nbx_tune.tuner import api
 
 register(planted.SPEC)
 
+def census(*args, isolate=False, **kwargs):
+    """In-process candidates keep these tests fast; test_isolation.py runs the workers."""
+    return api.census(*args, isolate=isolate, **kwargs)
+
+
 HEAD = "# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
 
 
@@ -42,7 +47,7 @@ MATMUL_TRACE = (
 
 def test_census_certifies_then_the_second_tunes_nothing_and_launches_read_it(tmp_path, db_url):
     t = trace(tmp_path, MATMUL_TRACE)
-    rep = api.census(str(t), db_url)
+    rep = census(str(t), db_url, isolate=True)  # the default: candidates in a worker process
     c = rep.counts()
     assert (rep.rows, rep.launches) == (5, 17)
     assert c["certified"] == {"seats": 2, "launches": 7}
@@ -52,7 +57,7 @@ def test_census_certifies_then_the_second_tunes_nothing_and_launches_read_it(tmp
     tunings = count(db_url, "tunings")
     assert tunings == 3 and count(db_url, "certificates") == 2
 
-    again = api.census(str(t), db_url)
+    again = census(str(t), db_url)
     assert again.counts() == c
     assert count(db_url, "tunings") == tunings  # nothing tuned twice
     assert all(s.action == "" for s in again.seats)
@@ -74,18 +79,18 @@ def test_census_certifies_then_the_second_tunes_nothing_and_launches_read_it(tmp
 
 def test_dry_run_and_bad_traces_write_nothing(tmp_path, db_url):
     db_file = Path(db_url[len("sqlite:///"):])
-    rep = api.census(str(trace(tmp_path, MATMUL_TRACE)), db_url, dry_run=True)
+    rep = census(str(trace(tmp_path, MATMUL_TRACE)), db_url, dry_run=True)
     assert rep.dry_run and rep.counts()["pending"]["seats"] == 3
     assert not db_file.exists()
     bad = trace(tmp_path, "aten.mm\tfloat32,float32\t4x4;4x4\t\t1\naten.mm\tfloat32\t4xq\t\t1\n", "bad.tsv")
     with pytest.raises(TraceError, match=r"bad.tsv: line 4: column 3 \(shapes\)"):
-        api.census(str(bad), db_url)
+        census(str(bad), db_url)
     assert not db_file.exists()
     # With a database in place, a bad trace leaves it exactly as it was.
-    api.census(str(trace(tmp_path, "test.double\tfloat32\t100\t\t1\n", "ok.tsv")), db_url)
+    census(str(trace(tmp_path, "test.double\tfloat32\t100\t\t1\n", "ok.tsv")), db_url)
     before = {t: count(db_url, t) for t in ("seats", "traces", "census_runs", "tunings")}
     with pytest.raises(TraceError):
-        api.census(str(bad), db_url)
+        census(str(bad), db_url)
     assert {t: count(db_url, t) for t in before} == before
 
 
@@ -111,7 +116,7 @@ class Notes:
 def test_over_the_byte_budget_the_screen_is_skipped_announced_and_the_seat_unscreened(tmp_path, db_url):
     profile = _profile_with_budget(tmp_path, 4000)  # 700 fp32 elements in + out = 5600 bytes
     notes = Notes()
-    rep = api.census(str(trace(tmp_path, "test.double\tfloat32\t700\t\t1\ntest.double\tfloat32\t300\t\t1\n")),
+    rep = census(str(trace(tmp_path, "test.double\tfloat32\t700\t\t1\ntest.double\tfloat32\t300\t\t1\n")),
                      db_url, profile=profile, reporter=notes)
     (seat,) = rep.seats
     assert seat.status == "unscreened" and "autotune_screen_max_bytes 4000" in seat.why
@@ -123,18 +128,18 @@ def test_over_the_byte_budget_the_screen_is_skipped_announced_and_the_seat_unscr
 
 
 def test_a_new_shape_outside_the_screened_range_makes_the_seat_unscreened_until_retuned(tmp_path, db_url):
-    api.census(str(trace(tmp_path, "test.double\tfloat32\t40000\t\t1\n", "a.tsv")), db_url)
+    census(str(trace(tmp_path, "test.double\tfloat32\t40000\t\t1\n", "a.tsv")), db_url)
     b = trace(tmp_path, "test.double\tfloat32\t60000\t\t1\n", "b.tsv")  # same elements bucket
-    plan = api.census(str(b), db_url, dry_run=True)
+    plan = census(str(b), db_url, dry_run=True)
     assert plan.seats[0].status == "unscreened" and "outside the screened range" in plan.seats[0].why
-    rep = api.census(str(b), db_url)
+    rep = census(str(b), db_url)
     assert rep.seats[0].status == "certified" and rep.seats[0].action == "tuned"
     assert count(db_url, "certificates") == 2  # the first is kept, superseded
 
 
 def test_a_kernel_edit_makes_certificates_stale_never_served_and_retuned(tmp_path, db_url, monkeypatch):
     t = trace(tmp_path, "test.double\tfloat32\t1000\t\t1\n")
-    first = api.census(str(t), db_url)
+    first = census(str(t), db_url)
     assert first.seats[0].status == "certified"
     monkeypatch.setitem(planted.SPEC.__dict__, "source_hash", "edited-kernel")
     stale = api.seat_views(db_url, ["stale"])
@@ -143,7 +148,7 @@ def test_a_kernel_edit_makes_certificates_stale_never_served_and_retuned(tmp_pat
     st = certified.state()
     assert not any(k[0] == "test_double" for k in st.entries)
     assert any("kernel_source_hash" in why for _, _, why in st.stale)
-    rep = api.census(str(t), db_url)
+    rep = census(str(t), db_url)
     assert rep.seats[0].status == "certified" and rep.seats[0].action == "tuned"
     shown = api.show_seat(str(rep.seats[0].id), db_url)
     certs = [h["certificate"] for h in shown["history"] if "certificate" in h]

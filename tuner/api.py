@@ -64,7 +64,7 @@ def known_profiles(extra=None) -> dict:
 
 
 def census(model: str, db: str | None = None, profile: str | None = None, dry_run: bool = False,
-           reporter=None, strategy: str = "pruned", plugins=(), isolate: bool | None = None):
+           reporter=None, strategy: str = "pruned", plugins=(), isolate: bool = True):
     ensure_device(reporter.notice if reporter else None)  # before anything imports triton
     from nbx_tune.tuner.census import load_plan, run_census
     from nbx_tune.tuner.store import Store
@@ -87,13 +87,15 @@ def census(model: str, db: str | None = None, profile: str | None = None, dry_ru
             store.close()
 
 
-def make_tuner(store, profile, strategy: str = "pruned", isolate: bool | None = None):
+def make_tuner(store, profile, strategy: str = "pruned", isolate: bool = True):
+    """Candidates run in a worker process (isolate) or in this one (trusted kernels, tests)."""
     from nbx_tune.tuner.bench import for_profile
     from nbx_tune.tuner.executor import InProcess
+    from nbx_tune.tuner.isolation import Isolated
     from nbx_tune.tuner.runner import SeatTuner
     from nbx_tune.tuner.strategies import get_strategy
 
-    executor = InProcess(for_profile(profile))
+    executor = Isolated(profile) if isolate else InProcess(for_profile(profile))
     return SeatTuner(store, profile, device_info(), executor, get_strategy(strategy))
 
 

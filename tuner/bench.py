@@ -72,7 +72,10 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 
 def for_profile(profile) -> Benchmarker:
-    t = profile.timing
+    return for_timing(profile.timing)
+
+
+def for_timing(t) -> Benchmarker:
     if t.method == "do_bench":
         return DoBench(t.warmup_ms, t.rep_ms)
     return WallClock(t.repeats)

@@ -44,6 +44,10 @@ class Outcome:
         return self.reason is None
 
 
+class SeatPrepareError(Exception):
+    """A seat's inputs or oracle could not be made: the whole seat is refused."""
+
+
 def classify_exception(e: BaseException) -> tuple[str, str]:
     """A failure of a candidate's launch as a refusal reason with its text."""
     name = type(e).__name__
@@ -102,8 +106,13 @@ class InProcess:
         self.bench = bench
         self.runner: SeatRunner | None = None
 
+    generation = 0  # never replaced: see tuner/isolation.py
+
     def start_seat(self, spec: KernelSpec, job: SeatJob) -> None:
-        self.runner = SeatRunner(spec, job, self.bench)
+        try:
+            self.runner = SeatRunner(spec, job, self.bench)
+        except Exception as e:
+            raise SeatPrepareError(f"{type(e).__name__}: {e}") from e
 
     def screen(self, config: Config) -> Outcome:
         return self.runner.screen(config)

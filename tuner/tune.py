@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from nbx_tune.kernels.spec import Config, KernelSpec, Problem
 from nbx_tune.tuner.bench import Timing
-from nbx_tune.tuner.executor import SeatJob
+from nbx_tune.tuner.executor import SeatJob, SeatPrepareError
 from nbx_tune.tuner.screen import ScreenResult
 
 
@@ -123,23 +123,36 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
         reporter.candidate(label, r.config, r.reason)
 
     job = SeatJob(spec.name, profile.name, label, tuple(screen_at), largest, profile.rtol(dtype), device)
-    executor.start_seat(spec, job)
+    try:
+        executor.start_seat(spec, job)
+    except SeatPrepareError as e:
+        reporter.notice(f"{label}: not certified: {e}")
+        return SeatResult("refused", records, seat_refusal=("prepare_error", str(e)),
+                          total_s=time.perf_counter() - t0)
     try:
         ts = time.perf_counter()
-        survivors = []
-        for c in keep:
+        by_config: dict[Config, CandidateRecord] = {}
+        judged_in: dict[Config, int] = {}  # the worker generation whose screen passed it
+
+        def screen(c: Config) -> bool:
             out = executor.screen(c)
+            rec = by_config.setdefault(c, CandidateRecord(c))
             if out.ok:
-                survivors.append(c)
-                records.append(CandidateRecord(c, screens=out.screens))
+                rec.screens, judged_in[c] = out.screens, executor.generation
                 reporter.candidate(label, c, "screened")
-            else:
-                records.append(CandidateRecord(c, out.reason, out.detail, out.problem, out.screens or []))
-                reporter.candidate(label, c, out.reason)
+                return True
+            rec.reason, rec.detail, rec.problem, rec.screens = out.reason, out.detail, out.problem, out.screens or []
+            reporter.candidate(label, c, out.reason)
+            return False
+
+        survivors = [c for c in keep if screen(c)]
+        # A worker that died may have been corrupted before it died: what it passed is
+        # screened again in the worker that replaced it.
+        survivors = [c for c in survivors if judged_in[c] == executor.generation or screen(c)]
+        records += by_config.values()
         screen_s = time.perf_counter() - ts
 
         tb = time.perf_counter()
-        by_config = {r.config: r for r in records if r.reason is None}
 
         def measure(config: Config, mode: str):
             out = executor.time(config, mode)
@@ -151,23 +164,30 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
             return out.timing
 
         measured = strategy(survivors, measure)
+        for m in measured:
+            rec = by_config[m.config]
+            if rec.reason is None:
+                rec.timing, rec.final = m.timing, m.final
+
+        def finals():
+            return sorted((r for r in records if r.reason is None and r.final and r.timing),
+                          key=lambda r: r.timing.median_ms)
+
+        # The winner and runner-up must stand on the word of a worker that never died.
+        while any(judged_in[r.config] != executor.generation and not screen(r.config) for r in finals()[:2]):
+            pass
+        ranked = finals()
         bench_s = time.perf_counter() - tb
     finally:
         executor.end_seat()
 
-    for m in measured:
-        rec = by_config[m.config]
-        if rec.reason is None:
-            rec.timing, rec.final = m.timing, m.final
-    finals = sorted((r for r in records if r.reason is None and r.final and r.timing),
-                    key=lambda r: r.timing.median_ms)
     total = time.perf_counter() - t0
-    if not finals:
+    if not ranked:
         return SeatResult("refused", records, seat_refusal=(
             "all_refused", f"all {len(spec.configs())} candidates refused"),
             screened=tuple(screen_at), screen_s=screen_s, bench_s=bench_s, total_s=total)
-    winner = finals[0]
-    runner = finals[1] if len(finals) > 1 else None
+    winner = ranked[0]
+    runner = ranked[1] if len(ranked) > 1 else None
     margin = (runner.timing.median_ms - winner.timing.median_ms) / winner.timing.median_ms if runner else None
     unscreened = "; ".join(skipped) or None
     return SeatResult("unscreened" if unscreened else "certified", records, winner, runner, margin,

@@ -193,5 +193,6 @@ REFUSAL_REASONS = {
     "non_finite": "NaN or Inf where the oracle is finite",
     "unwritten_output": "left output elements unwritten (still poisoned)",
     "dtype_unscreenable": "the profile cannot screen this dtype (the whole seat)",
+    "prepare_error": "the seat's inputs or fp64 oracle could not be made (the whole seat)",
     "all_refused": "every candidate was refused (the whole seat)",
 }

@@ -1,0 +1,66 @@
+"""Candidates in worker processes: a candidate that kills its process or hangs is refused
+with reason crash / timeout, the tuner replaces the worker and goes on, and what the dead
+worker passed is screened again before anything is certified."""
+
+from collections import Counter
+from pathlib import Path
+
+import yaml
+
+import planted
+from nbx_tune.kernels.registry import register
+from nbx_tune.profiles import builtin_profiles, load_profile_file
+from nbx_tune.tuner import api
+from nbx_tune.tuner.isolation import Isolated
+from nbx_tune.tuner.strategies import get_strategy
+from nbx_tune.tuner.tune import tune_seat
+
+for s in planted.SPECS:
+    register(s)
+
+
+def quick_timeout_profile(tmp_path, seconds=8):
+    data = yaml.safe_load(Path(builtin_profiles()["interpreter"].source).read_text())
+    data["autotune"]["candidate_timeout_s"] = seconds
+    p = tmp_path / "quick_timeout.yml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_crash_and_hang_are_refused_and_the_tuner_goes_on(tmp_path, monkeypatch):
+    log = tmp_path / "launches.log"
+    monkeypatch.setenv("NBX_TEST_LAUNCH_LOG", str(log))
+    profile = load_profile_file(quick_timeout_profile(tmp_path))
+    ex = Isolated(profile)
+    try:
+        res = tune_seat(planted.FAULTY, profile, "faulty", [_problem(1000)], ex,
+                        get_strategy("exhaustive"), "cpu")
+    finally:
+        ex.close()
+    reasons = {r.config: (r.reason, r.detail) for r in res.records}
+    assert reasons[planted.CRASH][0] == "crash" and "signal 11" in reasons[planted.CRASH][1]
+    assert reasons[planted.HANG][0] == "timeout" and "8 s" in reasons[planted.HANG][1]
+    assert res.outcome == "certified" and res.winner.config in planted.GOOD
+    assert ex.restarts == 2
+    # GOOD[0] was passed by the worker that later crashed: it was screened again, by a new
+    # worker, before it could win. Three workers ran in all.
+    runs = [line.split() for line in log.read_text().splitlines()]
+    pids = list(dict.fromkeys(pid for pid, _ in runs))
+    assert len(pids) == 3
+    screened_by = Counter((pid, block) for pid, block in runs)
+    assert screened_by[(pids[0], "32")] >= 1 and any(screened_by[(p, "32")] for p in pids[1:])
+
+
+def _problem(n):
+    from nbx_tune.kernels.spec import Problem, seat_flags
+
+    return Problem("test_faulty", ("float32",), seat_flags(), (n,))
+
+
+def test_census_with_isolation_records_crash_refusals(tmp_path, db_url):
+    t = tmp_path / "t.tsv"
+    t.write_text("# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\ntest.faulty\tfloat32\t333\t\t1\n")
+    rep = api.census(str(t), db_url, profile=str(quick_timeout_profile(tmp_path, 6)), isolate=True)
+    assert rep.seats[0].status == "certified"
+    rows = api.refusal_rows(db_url, kernel="test_faulty")
+    assert {r["reason"] for r in rows} == {"crash", "timeout"}

@@ -1,0 +1,192 @@
+"""Candidates in worker processes: a fault costs the candidate, never the tuner.
+
+The parent sends a worker one seat's job, then one candidate at a time, and waits at most
+the profile's `candidate_timeout_s` for each answer. A worker that dies (an illegal
+address, a trap, `tl.device_assert`, a compiler crash) or hangs is killed and replaced,
+and the candidate in flight is refused with reason crash or timeout and the worker's last
+words. A GPU fault that leaves the CUDA context poisoned is reported by the worker, which
+then exits: nothing else runs in a poisoned context.
+
+Every replacement bumps `generation`; the tuner re-screens anything a dead worker judged
+before it certifies it (tuner/tune.py), so nothing of a dead worker's seat is certified
+on its word alone.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import tempfile
+import traceback
+
+from nbx_tune.tuner.executor import Outcome, SeatJob, SeatPrepareError, SeatRunner, classify_exception
+
+# Errors after which the process's CUDA context is unusable.
+FATAL_GPU_ERRORS = ("illegal memory access", "illegal address", "device-side assert", "unspecified launch failure",
+                    "misaligned address", "an illegal instruction", "CUDA error", "HIP error", "hipError")
+PREPARE_TIMEOUT_FACTOR = 10  # making a seat's inputs and fp64 oracles may take longer than one candidate
+
+
+def _fatal(e: BaseException) -> bool:
+    text = f"{type(e).__name__}: {e}"
+    return any(p in text for p in FATAL_GPU_ERRORS)
+
+
+def _worker_main(conn, plugins, timing, stderr_path):
+    # The parent reads these last words when the worker dies.
+    fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 2)
+    from nbx_tune.kernels.registry import get_spec, load_plugin
+    from nbx_tune.tuner.bench import for_timing
+
+    for p in plugins:
+        load_plugin(p)
+    bench = for_timing(timing)
+    runner = None
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        kind = msg[0]
+        try:
+            if kind == "stop":
+                return
+            if kind == "seat":
+                _, kernel, job = msg
+                runner = SeatRunner(get_spec(kernel), job, bench)
+                conn.send(("ready",))
+            elif kind == "screen":
+                conn.send(("outcome", runner.screen(msg[1])))
+            elif kind == "time":
+                conn.send(("outcome", runner.time(msg[1], msg[2])))
+        except BaseException as e:
+            reason, detail = classify_exception(e)
+            if _fatal(e) or kind == "seat":
+                conn.send(("fatal", "crash", detail, traceback.format_exc(limit=4)))
+                os._exit(3)
+            conn.send(("outcome", Outcome(reason=reason, detail=detail)))
+
+
+class Isolated:
+    """Runs a seat's candidates in a worker process, replacing it after a crash or hang."""
+
+    def __init__(self, profile, timeout_s: float | None = None):
+        from nbx_tune.kernels.registry import plugin_modules
+
+        self.timing = profile.timing
+        self.timeout = timeout_s or profile.candidate_timeout_s
+        self.plugins = plugin_modules()
+        self.ctx = mp.get_context("spawn")
+        self.proc = None
+        self.conn = None
+        self.stderr_path = None
+        self.generation = 0
+        self.spec = self.job = None
+        self.restarts = 0
+
+    # -- worker lifecycle
+    def _start(self) -> None:
+        fd, self.stderr_path = tempfile.mkstemp(prefix="nbx-tune-worker-", suffix=".log")
+        os.close(fd)
+        parent, child = self.ctx.Pipe()
+        self.proc = self.ctx.Process(target=_worker_main, daemon=True,
+                                     args=(child, self.plugins, self.timing, self.stderr_path))
+        self.proc.start()
+        child.close()
+        self.conn = parent
+
+    def _kill(self) -> None:
+        if self.proc is not None:
+            if self.proc.is_alive():
+                self.proc.kill()
+            self.proc.join(timeout=10)
+        if self.conn is not None:
+            self.conn.close()
+        self.proc = self.conn = None
+
+    def _last_words(self) -> str:
+        try:
+            with open(self.stderr_path, errors="replace") as f:
+                lines = [ln.strip() for ln in f.read().splitlines() if ln.strip()]
+        except (OSError, TypeError):
+            return ""
+        return " | ".join(lines[-3:])[-600:]
+
+    def _replace(self) -> None:
+        self._kill()
+        if self.stderr_path:
+            try:
+                os.unlink(self.stderr_path)
+            except OSError:
+                pass
+        self.generation += 1
+        self.restarts += 1
+        self._start()
+        if self.job is not None:
+            self._prepare()
+
+    def _call(self, msg, timeout: float):
+        """Send one request; (reply, None) or (None, (reason, detail)) when the worker died
+        or hung (it has been replaced by then)."""
+        if self.proc is None:
+            self._start()
+            if self.job is not None and msg[0] != "seat":
+                self._prepare()
+        try:
+            self.conn.send(msg)
+            if self.conn.poll(timeout):
+                reply = self.conn.recv()
+                if reply[0] != "fatal":
+                    return reply, None
+                self.proc.join(timeout=10)
+                failure = (reply[1], f"{reply[2]} (the worker's GPU context was unusable after it; replaced)")
+            else:
+                failure = ("timeout", f"no answer within {timeout:g} s (candidate_timeout_s); worker killed")
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            self.proc.join(timeout=10)
+            code = self.proc.exitcode
+            how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            failure = ("crash", f"worker died ({how}): {self._last_words() or 'no output'}")
+        self._replace()
+        return None, failure
+
+    def _prepare(self) -> None:
+        reply, failure = self._call(("seat", self.spec.name, self.job), self.timeout * PREPARE_TIMEOUT_FACTOR)
+        if failure is not None:
+            self.job = None
+            raise SeatPrepareError(f"making the seat's inputs and oracle killed the worker: {failure[1]}")
+
+    # -- the executor interface
+    def start_seat(self, spec, job: SeatJob) -> None:
+        self.spec, self.job = spec, job
+        self._prepare()
+
+    def screen(self, config) -> Outcome:
+        reply, failure = self._call(("screen", config), self.timeout)
+        if failure is not None:
+            return Outcome(reason=failure[0], detail=failure[1])
+        return reply[1]
+
+    def time(self, config, mode: str = "full") -> Outcome:
+        reply, failure = self._call(("time", config, mode), self.timeout)
+        if failure is not None:
+            return Outcome(reason=failure[0], detail=failure[1])
+        return reply[1]
+
+    def end_seat(self) -> None:
+        self.spec = self.job = None
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            try:
+                self.conn.send(("stop",))
+                self.proc.join(timeout=5)
+            except (BrokenPipeError, OSError):
+                pass
+        self._kill()
+        if self.stderr_path:
+            try:
+                os.unlink(self.stderr_path)
+            except OSError:
+                pass
