@@ -9,6 +9,7 @@ one transaction that also releases the claim. A claim whose holder died expires.
 from __future__ import annotations
 
 import threading
+import time
 from datetime import datetime, timezone
 
 from nbx_tune.kernels.registry import get_spec
@@ -18,6 +19,7 @@ from nbx_tune.tuner.store import holder_id
 from nbx_tune.tuner.tune import NullReporter, tune_seat
 
 CLAIM_TTL_S = 120.0  # a dead holder's seat is free again this long after its last heartbeat
+WAIT_POLL_S = 1.0
 
 
 class _Heartbeat:
@@ -61,28 +63,42 @@ class SeatTuner:
     def run(self, lines, plan, ids, run_id, reporter=None) -> None:
         reporter = reporter or NullReporter()
         todo = [ln for ln in lines if ln.id is not None]
+        held_elsewhere = []
         for i, ln in enumerate(todo):
-            spec = get_spec(ln.kernel)
-            if not self.store.claim(ln.id, self.holder, self.claim_ttl):
-                reporter.notice(f"{ln.label}: being tuned by another process; left to it")
-                continue
-            try:
-                rec = self.store.seat_records(seat_ids=[ln.id])[0]
-                st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, rec.problems, spec,
-                                 self.profile, rec.seat_refusal)
-                if not self._worth_it(rec, spec, st):
-                    self.store.release(ln.id, self.holder)
-                    continue
-                reporter.seat_start(ln.label, i, len(todo), len(spec.configs()))
-                started = datetime.now(timezone.utc)
-                with _Heartbeat(self.store, ln.id, self.holder, self.claim_ttl):
-                    result = tune_seat(spec, self.profile, ln.label, rec.problems, self.executor,
-                                       self.strategy, self.torch_device, reporter)
-                self.store.write_result(ln.id, run_id, "tune", result,
-                                        provenance.current(spec, self.profile, self.device),
-                                        self.holder, started)
-                ln.action = "tuned"
-                reporter.seat_done(ln.label, result)
-            except BaseException:
+            if not self._tune_one(ln, i, len(todo), run_id, reporter):
+                held_elsewhere.append(ln)
+        # Seats another process was tuning: wait for it to finish them, or to die (its
+        # claim then expires, or is seen dead on this host) and finish them here.
+        if held_elsewhere:
+            reporter.notice(f"{len(held_elsewhere)} seat(s) are being tuned by another process: waiting for them")
+        while held_elsewhere:
+            time.sleep(WAIT_POLL_S)
+            held_elsewhere = [ln for ln in held_elsewhere
+                              if not self._tune_one(ln, len(todo) - 1, len(todo), run_id, reporter)]
+
+    def _tune_one(self, ln, index, total, run_id, reporter) -> bool:
+        """Tune a seat if it still needs it; False while another live process holds it."""
+        spec = get_spec(ln.kernel)
+        if not self.store.claim(ln.id, self.holder, self.claim_ttl):
+            return False
+        try:
+            rec = self.store.seat_records(seat_ids=[ln.id])[0]
+            st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, rec.problems, spec,
+                             self.profile, rec.seat_refusal)
+            if not self._worth_it(rec, spec, st):
                 self.store.release(ln.id, self.holder)
-                raise
+                return True
+            reporter.seat_start(ln.label, index, total, len(spec.configs()))
+            started = datetime.now(timezone.utc)
+            with _Heartbeat(self.store, ln.id, self.holder, self.claim_ttl):
+                result = tune_seat(spec, self.profile, ln.label, rec.problems, self.executor,
+                                   self.strategy, self.torch_device, reporter)
+            self.store.write_result(ln.id, run_id, "tune", result,
+                                    provenance.current(spec, self.profile, self.device),
+                                    self.holder, started)
+            ln.action = "tuned"
+            reporter.seat_done(ln.label, result)
+            return True
+        except BaseException:
+            self.store.release(ln.id, self.holder)
+            raise

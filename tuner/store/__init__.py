@@ -32,6 +32,19 @@ def holder_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def _dead_local_holder(holder: str) -> bool:
+    host, _, pid = holder.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
+
+
 @dataclass
 class SeatRecord:
     """A seat with what its status is derived from."""
@@ -140,14 +153,27 @@ class Store:
     # ------------------------------------------------------------------ claims
 
     def claim(self, seat_id: int, holder: str, ttl_s: float) -> bool:
-        """Take the seat for tuning unless a live holder has it; a dead one's claim expires."""
+        """Take the seat for tuning unless a live holder has it. A claim expires ttl_s
+        after its holder's last heartbeat; a holder on this host whose process is gone
+        loses its claim at once."""
         now = time.time()
         with self.session() as s:
             res = s.execute(update(Seat).where(
                 Seat.id == seat_id,
                 (Seat.claimed_by.is_(None)) | (Seat.claim_expires < now) | (Seat.claimed_by == holder),
             ).values(claimed_by=holder, claim_expires=now + ttl_s))
+            if res.rowcount == 1:
+                return True
+            other = s.scalar(select(Seat.claimed_by).where(Seat.id == seat_id))
+            if other is None or not _dead_local_holder(other):
+                return False
+            res = s.execute(update(Seat).where(Seat.id == seat_id, Seat.claimed_by == other)
+                            .values(claimed_by=holder, claim_expires=now + ttl_s))
             return res.rowcount == 1
+
+    def claimed_by(self, seat_id: int) -> str | None:
+        with self.session() as s:
+            return s.scalar(select(Seat.claimed_by).where(Seat.id == seat_id, Seat.claim_expires >= time.time()))
 
     def extend_claim(self, seat_id: int, holder: str, ttl_s: float) -> bool:
         with self.session() as s:
