@@ -108,7 +108,7 @@ class InProcess:
 
     generation = 0  # never replaced: see tuner/isolation.py
 
-    def start_seat(self, spec: KernelSpec, job: SeatJob) -> None:
+    def start_seat(self, spec: KernelSpec, job: SeatJob, configs=()) -> None:
         try:
             self.runner = SeatRunner(spec, job, self.bench)
         except Exception as e:

@@ -71,7 +71,7 @@ def _worker_main(conn, plugins, timing, stderr_path):
 class Isolated:
     """Runs a seat's candidates in a worker process, replacing it after a crash or hang."""
 
-    def __init__(self, profile, timeout_s: float | None = None):
+    def __init__(self, profile, timeout_s: float | None = None, precompile: bool | None = None):
         from nbx_tune.kernels.registry import plugin_modules
 
         self.timing = profile.timing
@@ -84,6 +84,15 @@ class Isolated:
         self.generation = 0
         self.spec = self.job = None
         self.restarts = 0
+        # The interpreter compiles nothing; on a GPU, candidates compile on the CPU cores
+        # ahead of the worker (tuner/precompile.py).
+        if precompile is None:
+            precompile = profile.name != "interpreter" and profile.architecture != "interpreter"
+        self.precompiler = None
+        if precompile:
+            from nbx_tune.tuner.precompile import Precompiler
+
+            self.precompiler = Precompiler(self.plugins)
 
     # -- worker lifecycle
     def _start(self) -> None:
@@ -158,8 +167,11 @@ class Isolated:
             raise SeatPrepareError(f"making the seat's inputs and oracle killed the worker: {failure[1]}")
 
     # -- the executor interface
-    def start_seat(self, spec, job: SeatJob) -> None:
+    def start_seat(self, spec, job: SeatJob, configs=()) -> None:
         self.spec, self.job = spec, job
+        if self.precompiler is not None and configs:
+            problems = tuple(dict.fromkeys((*job.screen_problems, job.time_problem)))
+            self.precompiler.submit(spec.name, problems, configs, job.device)
         self._prepare()
 
     def screen(self, config) -> Outcome:
@@ -178,6 +190,8 @@ class Isolated:
         self.spec = self.job = None
 
     def close(self) -> None:
+        if self.precompiler is not None:
+            self.precompiler.close()
         if self.proc is not None and self.proc.is_alive():
             try:
                 self.conn.send(("stop",))

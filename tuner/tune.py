@@ -124,7 +124,7 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
 
     job = SeatJob(spec.name, profile.name, label, tuple(screen_at), largest, profile.rtol(dtype), device)
     try:
-        executor.start_seat(spec, job)
+        executor.start_seat(spec, job, keep)
     except SeatPrepareError as e:
         reporter.notice(f"{label}: not certified: {e}")
         return SeatResult("refused", records, seat_refusal=("prepare_error", str(e)),

@@ -1,0 +1,56 @@
+"""The baseline: triton.autotune over the matmul kernel's config space, tuning each
+matmul shape of a trace as a user of @triton.autotune would (key M, N, K). Run in its own
+process with a fresh Triton cache by bench/tuning_cost.py, which times it.
+
+    python bench/autotune_baseline.py TRACE RESULT.json
+"""
+
+import json
+import sys
+import time
+
+import torch
+import triton
+
+from nbx_tune.kernels.matmul import CONFIGS, SPEC, _matmul_kernel
+from nbx_tune.kernels.spec import NotServable
+from nbx_tune.tuner.screen import TORCH_DTYPES
+from nbx_tune.tuner.trace import read_trace
+
+TUNED = triton.autotune(
+    configs=[triton.Config(dict(c.meta), num_warps=c.num_warps, num_stages=c.num_stages) for c in CONFIGS],
+    key=["M", "N", "K"],
+)(_matmul_kernel)
+
+
+def run(problem):
+    B, M, N, K = problem.dims
+    dt = TORCH_DTYPES[problem.dtypes[0]]
+    a = torch.randn(B, M, K, device="cuda", dtype=dt)
+    b = torch.randn(B, K, N, device="cuda", dtype=dt)
+    c = torch.empty(B, M, N, device="cuda", dtype=dt)
+    has_bias = dict(problem.flags)["bias"] == "1"
+    x = torch.randn(N, device="cuda", dtype=dt).expand(B, M, N) if has_bias else c
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), B)  # noqa: E731
+    TUNED[grid](a, b, c, x, M, N, K, *a.stride(), *b.stride(), *c.stride(), *x.stride(),
+                problem.get("alpha", 1.0), problem.get("beta", 1.0), HAS_BIAS=has_bias,
+                INPUT_PRECISION="ieee" if dt == torch.float32 else "tf32")
+    torch.cuda.synchronize()
+    best = TUNED.best_config
+    return ",".join(f"{k}={v}" for k, v in best.kwargs.items()) + f",num_warps={best.num_warps},num_stages={best.num_stages}"
+
+
+def main(trace_path, out_path):
+    t0 = time.perf_counter()
+    picks = []
+    for row in read_trace(trace_path).rows:
+        p = SPEC.problem_from_row(row)
+        if isinstance(p, NotServable):
+            continue
+        t = time.perf_counter()
+        picks.append({"problem": p.to_json(), "config": run(p), "seconds": time.perf_counter() - t})
+    json.dump({"picks": picks, "seconds": time.perf_counter() - t0}, open(out_path, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,102 @@
+"""Certified matmul quality: against cuBLAS (torch.matmul) at sizes >= 2048 in fp16 and
+bf16, and the bucketing loss (the certified config against the per-shape best of every
+screened survivor, at several shapes inside one bucket).
+
+    python bench/kernel_quality.py
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import environment, save, table  # noqa: E402
+
+BLAS_SHAPES = [(2048, 2048, 2048), (3072, 3072, 3072), (4096, 4096, 4096), (4096, 11008, 4096),
+               (2048, 32000, 4096)]
+# Several shapes inside one bucket of the default ladder, top included.
+BUCKETS = [
+    ("float16", [(3970, 4096, 4096), (4033, 4096, 4096), (4096, 4096, 4096)]),  # M in 3969..4096
+    ("bfloat16", [(8200, 2048, 2048), (8450, 2048, 2048), (8704, 2048, 2048)]),  # M in 8193..8704
+    ("float16", [(260, 4096, 4096), (275, 4096, 4096), (288, 4096, 4096)]),  # M in 257..288
+    ("bfloat16", [(512, 11008, 4096), (512, 10753, 4096), (512, 11264, 4096)]),  # N in 10753..11264
+]
+
+
+def main() -> None:
+    import torch
+    from triton.testing import do_bench
+
+    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.matmul import SPEC, launch_matmul
+    from nbx_tune.kernels.spec import Config, bucket_of, seat_label
+    from nbx_tune.profiles import current_profile
+    from nbx_tune.tuner import api
+    from nbx_tune.tuner.trace import make_row, write_trace
+
+    work = Path(tempfile.mkdtemp(prefix="nbx-q-"))
+    db = f"sqlite:///{work / 'quality.db'}"
+    rows = []
+    for dt in ("float16", "bfloat16"):
+        rows += [make_row("aten.mm", [dt, dt], [(m, k), (k, n)]) for m, n, k in BLAS_SHAPES]
+    for dt, shapes in BUCKETS:
+        rows += [make_row("aten.mm", [dt, dt], [(m, k), (k, n)]) for m, n, k in shapes]
+    trace = work / "quality.tsv"
+    write_trace(trace, rows)
+    rep = api.census(str(trace), db)
+    profile = current_profile()
+    os.environ["NBX_TUNE_DB"] = db
+    certified.reload()
+
+    def mats(m, n, k, dt):
+        t = getattr(torch, dt)
+        return (torch.randn(m, k, device="cuda", dtype=t), torch.randn(k, n, device="cuda", dtype=t),
+                torch.empty(m, n, device="cuda", dtype=t))
+
+    blas = []
+    for dt in ("float16", "bfloat16"):
+        for m, n, k in BLAS_SHAPES:
+            a, b, c = mats(m, n, k, dt)
+            cfg = certified.config_for(SPEC, (dt,), (("bias", "0"),), (1, m, n, k))
+            t_cert = do_bench(lambda: launch_matmul(a, b, c, None, 1.0, 0.0, cfg), rep=300)
+            t_blas = do_bench(lambda: torch.matmul(a, b), rep=300)
+            tflops = 2 * m * n * k / t_cert / 1e9
+            blas.append([f"{m}x{n}x{k}", dt, f"{t_cert:.4f}", f"{t_blas:.4f}", f"{t_blas / t_cert:.3f}",
+                         f"{tflops:.0f}", str(cfg)])
+
+    labels = {s.label: s for s in rep.seats}
+    loss_rows, losses = [], []
+    for dt, shapes in BUCKETS:
+        m0, n0, k0 = shapes[-1]
+        cfg = certified.config_for(SPEC, (dt,), (("bias", "0"),), (1, m0, n0, k0))
+        label = seat_label("matmul", (dt,), (("bias", "0"),), SPEC.key,
+                           bucket_of(profile, SPEC.key, (1, m0, n0, k0)))
+        seat = next(s for s in rep.seats if s.label == label)
+        shown = api.show_seat(str(seat.id), db)
+        survivors = [Config.parse(m["config"]) for m in shown["history"][-1]["measurements"]]
+        for m, n, k in shapes:
+            a, b, c = mats(m, n, k, dt)
+            times = {s: do_bench(lambda s=s: launch_matmul(a, b, c, None, 1.0, 0.0, s), rep=60) for s in survivors}
+            best = min(times, key=times.get)
+            t_cert = do_bench(lambda: launch_matmul(a, b, c, None, 1.0, 0.0, cfg), rep=200)
+            t_best = do_bench(lambda: launch_matmul(a, b, c, None, 1.0, 0.0, best), rep=200)
+            loss = max(0.0, t_cert / t_best - 1)
+            losses.append(loss)
+            loss_rows.append([seat.label.split("|")[3], f"{m}x{n}x{k}", dt, f"{t_cert:.4f}", f"{t_best:.4f}",
+                              f"{100 * loss:.2f} %", len(survivors)])
+    env = environment()
+    save("kernel_quality.json", {"env": env, "blas": blas, "bucket_loss": loss_rows,
+                                 "loss_median": statistics.median(losses), "loss_max": max(losses)})
+    print(f"{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}")
+    print(table(blas, ["M x N x K", "dtype", "certified ms", "cuBLAS ms", "cuBLAS/cert (>= 0.9)", "TFLOP/s",
+                       "config"]))
+    print(table(loss_rows, ["bucket", "shape", "dtype", "certified ms", "best ms", "loss", "survivors"]))
+    print(f"bucketing loss: median {100 * statistics.median(losses):.2f} %, max {100 * max(losses):.2f} %")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Tuning cost: a census of a trace's matmul rows against triton.autotune over the same
+kernel, config space and shapes. Wall time includes compilation: each side runs in its own
+process with an empty Triton cache. Then the configs each picked are timed side by side,
+with torch.matmul (cuBLAS) beside them.
+
+    python bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import environment, out_dir, save, table  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+MATMUL_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
+
+
+def timed_process(cmd, env) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
+    return wall, r.stdout
+
+
+def main(trace: str) -> None:
+    from nbx_tune.tuner.trace import read_trace, write_trace
+
+    work = Path(tempfile.mkdtemp(prefix="nbx-tc-"))
+    rows = [r for r in read_trace(trace).rows if r.base_op in MATMUL_OPS]
+    mm_trace = work / "matmul_rows.tsv"
+    write_trace(mm_trace, rows, comments=[f"matmul rows of {trace}"])
+    base_env = {**os.environ}
+    base_env.pop("TRITON_INTERPRET", None)
+
+    db = f"sqlite:///{work / 'census.db'}"
+    env = {**base_env, "TRITON_CACHE_DIR": str(work / "cache_census"), "NBX_TUNE_DB": db}
+    census_s, out = timed_process([sys.executable, "-m", "nbx_tune.cli.app", "census", "--model", str(mm_trace),
+                                   "--json"], env)
+    rep = json.loads(out)
+
+    env = {**base_env, "TRITON_CACHE_DIR": str(work / "cache_autotune")}
+    auto_s, _ = timed_process([sys.executable, str(HERE / "autotune_baseline.py"), str(mm_trace),
+                               str(work / "autotune.json")], env)
+    auto = json.loads((work / "autotune.json").read_text())
+
+    # The picks, timed side by side in this process.
+    import torch
+    from triton.testing import do_bench
+
+    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.matmul import SPEC, launch_matmul
+    from nbx_tune.kernels.spec import Config, Problem
+    from nbx_tune.tuner.screen import TORCH_DTYPES
+
+    os.environ["NBX_TUNE_DB"] = db
+    certified.reload()
+    lines, ratios = [], []
+    for pick in auto["picks"]:
+        p = Problem.from_json(pick["problem"])
+        B, M, N, K = p.dims
+        dt = TORCH_DTYPES[p.dtypes[0]]
+        a = torch.randn(B, M, K, device="cuda", dtype=dt)
+        b = torch.randn(B, K, N, device="cuda", dtype=dt)
+        c = torch.empty(B, M, N, device="cuda", dtype=dt)
+        cert = certified.config_for(SPEC, p.dtypes, p.flags, p.dims)
+        at = Config.parse(pick["config"])
+        t_cert = do_bench(lambda: launch_matmul(a, b, c, None, 1.0, 0.0, cert), rep=200)
+        t_auto = do_bench(lambda: launch_matmul(a, b, c, None, 1.0, 0.0, at), rep=200)
+        t_blas = do_bench(lambda: torch.matmul(a, b), rep=200)
+        ratios.append(t_auto / t_cert)
+        lines.append([f"B={B} M={M} N={N} K={K} {p.dtypes[0]}", f"{t_cert:.4f}", f"{t_auto:.4f}",
+                      f"{t_blas:.4f}", f"{t_auto / t_cert:.3f}", f"{t_blas / t_cert:.3f}"])
+    misses = certified.launch_stats()["misses"]
+    env_info = environment()
+    result = {"env": env_info, "trace": trace, "matmul_rows": len(rows), "seats": len(rep["seats"]),
+              "census_s": census_s, "autotune_s": auto_s, "speedup": auto_s / census_s,
+              "census_coverage": rep["coverage"], "picks": lines, "misses": misses}
+    save("tuning_cost.json", result)
+    print(f"{env_info['date']} {env_info['gpu']} driver {env_info['driver']} Triton {env_info['triton']} "
+          f"torch {env_info['torch']}")
+    print(table([[f"{census_s:.1f}", f"{auto_s:.1f}", f"{auto_s / census_s:.2f}x", len(rows), len(rep["seats"])]],
+                ["census s (screens every candidate)", "triton.autotune s", "census faster by",
+                 "matmul rows", "seats"]))
+    print(table(lines, ["shape", "certified ms", "autotune pick ms", "cuBLAS ms", "autotune/cert",
+                        "cuBLAS/cert"]))
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "examples/traces/llama2_7b_seq512_bf16.tsv")
