@@ -12,6 +12,7 @@ _OPS = {
     "addmm": "nbx_tune.kernels.matmul",
     "bmm": "nbx_tune.kernels.matmul",
     "baddbmm": "nbx_tune.kernels.matmul",
+    "scaled_dot_product_attention": "nbx_tune.kernels.attention",
 }
 
 

@@ -14,7 +14,10 @@ from importlib.metadata import entry_points
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.spec import KernelSpec
 
-BUILTIN_MODULES = ("nbx_tune.kernels.matmul",)
+BUILTIN_MODULES = (
+    "nbx_tune.kernels.matmul",
+    "nbx_tune.kernels.attention",
+)
 ENTRY_POINT_GROUP = "nbx_tune.kernels"
 
 _specs: dict[str, KernelSpec] = {}
