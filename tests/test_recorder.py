@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import nbx_tune
 from nbx_tune.errors import NbxError, TraceError
 from nbx_tune.tuner.recorder import Recorder, _program, record, trace_command
 from nbx_tune.tuner.trace import read_trace
@@ -114,6 +115,17 @@ def test_decoder_layer_rows():
     assert not any(op == "aten.clone" for op, *_ in rows)
 
 
+def test_sdpa_inside_a_python_level_function_is_recorded_whole():
+    mha, x = nn.MultiheadAttention(32, 4, batch_first=True), torch.randn(2, 10, 32)
+    with Recorder() as rec:  # grad mode: autograd would pick the CPU backend before dispatch
+        mha(x, x, x, need_weights=False)
+    ops = [r.op for r in rec.rows]
+    assert ops.count("aten.scaled_dot_product_attention") == 1
+    assert not any("_scaled_dot_product_" in op for op in ops)
+    sdpa = next(r for r in rec.rows if r.op == "aten.scaled_dot_product_attention")
+    assert sdpa.shapes == ((2, 4, 10, 8),) * 3
+
+
 def test_conv_block_rows():
     rows = row_map(record_model().rows)
     f32 = "float32"
@@ -190,7 +202,7 @@ def test_record_writes_a_file_that_round_trips(tmp_path):
     out = tmp_path / "trace.tsv"
     torch.manual_seed(0)
     dec = DecoderLayer()
-    with torch.inference_mode(), record(out, comments=["decoder"]) as rec:
+    with torch.inference_mode(), nbx_tune.record(out, comments=["decoder"]) as rec:
         dec(torch.randn(2, 10, 32))
     trace = read_trace(out)
     assert trace.rows == rec.rows

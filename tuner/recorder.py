@@ -13,15 +13,15 @@ What a row holds
   Composite ops (`aten.linear`, `aten.layer_norm`, ...) are recorded as the ops eager
   autograd decomposes them into (`aten.addmm`, `aten.native_layer_norm`); under
   `torch.inference_mode()`, where autograd is bypassed, the recorder runs the same C++
-  decomposition itself, so a trace does not depend on the grad mode.
+  decomposition itself, so a trace does not depend on the grad mode (but see Limits).
   Two exceptions are recorded whole, `aten.scaled_dot_product_attention` and
   `aten.batch_norm`: the backend they pick inside depends on the device (SDPA: flash or
   efficient attention on CUDA, flash_for_cpu on the CPU, the math decomposition on meta;
   batch_norm: cudnn_batch_norm for float32 on CUDA, native_batch_norm elsewhere); recorded
   before that choice, a trace made on the meta device is the one a GPU run gives. On meta
-  SDPA's output gets the memory order of the fused kernels, so the copy a model makes after
-  it (or does not) matches a real run. Other ops that choose a backend inside (RNNs) are
-  recorded as the device runs them.
+  SDPA's output gets the memory order of CUDA's fused kernels, so the copy a model makes
+  after it (or does not) matches a GPU run. Other ops that choose a backend inside (RNNs)
+  are recorded as the device runs them.
 - dtypes and shapes: every tensor argument in schema order, the tensors of a list argument
   (`aten.cat`'s) in list order. A Python number where the schema says Tensor (`x * 0.5`
   reaches the dispatcher as `aten.mul.Tensor(x, 0.5)`) is what torch calls a wrapped
@@ -34,16 +34,23 @@ What a row holds
   exponent) is a param. An Optional Tensor that is None is always written `name=None`
   (`bias=None`), defaulted or not, so a reader can tell which tensors the dtypes column
   holds; a list of optional tensors with a None in it (`aten.index.Tensor`'s indices) is
-  written entry by entry, `indices=NonexTensor`. device, layout, pin_memory,
-  memory_format, generator and cudnn_enabled are never written: a trace recorded on the meta device is
-  the one a GPU run gives. A value holding a tab, comma or newline cannot be written in
-  trace v1 and is refused with a `TraceError` when the op runs.
+  written entry by entry, `indices=NonexTensor`. device, layout, pin_memory, memory_format,
+  generator and cudnn_enabled are never written: a trace recorded on the meta device is the
+  one a GPU run gives. A value holding a tab, comma or newline cannot be written in trace v1
+  and is refused with a `TraceError` when the op runs.
 - skipped: views and metadata-only ops (outputs aliasing inputs per the schema, in-place
   views such as `unsqueeze_`, `aten._unsafe_view`, size/stride queries, `_fused_sdp_choice`)
   and allocations that launch nothing (`aten.empty*`, `aten.resize_`): a trace lists
   compute and data movement only.
 
-Only the thread that entered the recorder is recorded (dispatch modes are thread-local).
+Limits: only the thread that entered the recorder is recorded (modes are thread-local).
+The recorder is a torch-function mode too, and torch turns off the fused fast path of
+`nn.MultiheadAttention` and `nn.TransformerEncoderLayer` while any such mode is active: they
+are recorded on their standard path (projections, SDPA, layer norms), not as
+`aten._native_multi_head_attention` / `aten._transformer_encoder_layer_fwd`. Where torch's
+own kernels branch on `requires_grad` (a matmul of a non-contiguous 3-D input by a weight
+folds to one `mm` only when the weight requires grad), a trace under `inference_mode`
+differs from one under `no_grad`, as the eager runs do.
 """
 
 from __future__ import annotations
@@ -251,7 +258,11 @@ class _Dispatches(TorchDispatchMode):
         self.recorder = recorder
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        # Calls made from here are below the torch-function level: keep `_WholeOps` out.
+        with torch._C.DisableTorchFunction():
+            return self._dispatch(func, args, kwargs or {})
+
+    def _dispatch(self, func, args, kwargs):
         if self.recorder.is_paused:
             return func(*args, **kwargs)
         # Under inference_mode the autograd key, where composite ops decompose, is skipped:
@@ -266,6 +277,9 @@ class _Dispatches(TorchDispatchMode):
         if key is not None:
             self.recorder.count(key)
         return out
+
+
+_redispatch = getattr(torch.overrides, "redispatch_function", None)
 
 
 def _entry_points(op: torch._ops.OpOverloadPacket, *functions) -> dict:
@@ -286,18 +300,23 @@ class _WholeOps(TorchFunctionMode):
 
     Recorded whole, a trace made on meta or the CPU is the one a GPU run gives. This has to
     happen at the torch-function level: in grad mode autograd decomposes a composite op
-    before the dispatch mode sees it.
+    before the dispatch mode sees it. Any other function runs with this mode still active
+    (`redispatch_function`, torch >= 2.13), so SDPA called inside a Python-level function
+    such as `F.multi_head_attention_forward` is seen too; older torch runs it unwatched.
     """
 
     def __init__(self, recorder: Recorder):
         super().__init__()
         self.recorder = recorder
+        self._watched: set = set()  # Python-level functions now running with this mode on
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        op = None if self.recorder.is_paused else _WHOLE.get(func)
-        if op is None:
+        if self.recorder.is_paused:
             return func(*args, **kwargs)
+        op = _WHOLE.get(func)
+        if op is None:
+            return self._run(func, types, args, kwargs)
         if inspect.isfunction(func):  # a Python wrapper (F.batch_norm): its names are the schema's
             key = describe(op, (), inspect.signature(func).bind(*args, **kwargs).arguments)
         else:
@@ -306,12 +325,28 @@ class _WholeOps(TorchFunctionMode):
             out = func(*args, **kwargs)
             if op is torch.ops.aten.scaled_dot_product_attention.default and out.is_meta \
                     and out.dim() == 4:
-                # Meta runs the math path, whose output is contiguous; the fused CPU and CUDA
-                # kernels return (batch, seq, heads, dim) memory order. Mimic them, so the
-                # copy after SDPA (or its absence) is the one a real run makes.
+                # Meta runs the math path, whose output is contiguous; CUDA's flash and
+                # efficient kernels return (batch, seq, heads, dim) memory order (the CPU's
+                # when the query is in that order, as in most models). Mimic CUDA, so the
+                # copy a model makes after SDPA (or does not) is the one a GPU run makes.
                 out = out.transpose(1, 2).contiguous().transpose(1, 2)
         self.recorder.count(key)
         return out
+
+    def _run(self, func, types, args, kwargs):
+        """Run `func`; a Python-level one with this mode kept on, to see the calls it makes.
+
+        Builtins make their calls in C++, out of sight anyway. A function already watched
+        (`Tensor.unflatten` comes back through its C base method) runs plainly the second time.
+        """
+        if _redispatch is None or not inspect.isfunction(func) or func in self._watched:
+            return func(*args, **kwargs)
+        self._watched.add(func)
+        try:
+            with self:
+                return _redispatch(func, types, args, kwargs)
+        finally:
+            self._watched.discard(func)
 
 
 def check_writable(path: str | Path) -> None:

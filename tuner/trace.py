@@ -255,6 +255,7 @@ def write_trace(path: str | Path, rows: Iterable[TraceRow], comments: Iterable[s
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.write(body)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 is for the temporary, not the trace
         os.replace(tmp, path)
     except OSError as e:
         try:
@@ -262,6 +263,12 @@ def write_trace(path: str | Path, rows: Iterable[TraceRow], comments: Iterable[s
         except OSError:
             pass
         raise TraceError(f"{path}: cannot write: {e.strerror or e}") from None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def make_row(op: str, dtypes, shapes, params: Mapping[str, str] | None = None, count: int = 1) -> TraceRow:
