@@ -78,6 +78,8 @@ def census(
         out.print(extra)
     title = "Seats (dry run: nothing written)" if dry_run else f"Seats after census run {rep.run_id}"
     out.print(render.seats_table(rep.seats, title))
+    for line in render.seat_notes(rep.seats):
+        out.print(line, highlight=False)
     c = rep.counts()
     out.print(f"{c['certified']['seats']} certified, {c['unscreened']['seats']} unscreened, "
               f"{c['refused']['seats']} refused, {c['pending']['seats']} pending, "
@@ -102,6 +104,8 @@ def seats(
         render.print_json([v.to_dict() for v in views])
         return
     out.print(render.seats_table(views, f"{len(views)} seats"))
+    for line in render.seat_notes(views):
+        out.print(line, highlight=False)
 
 
 @app.command()
@@ -201,6 +205,8 @@ def unscreened(
         render.print_json([v.to_dict() for v in views])
         return
     out.print(render.seats_table(views, f"{len(views)} unscreened seats"))
+    for line in render.seat_notes(views):
+        out.print(line, highlight=False)
 
 
 @app.command()

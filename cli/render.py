@@ -70,28 +70,35 @@ def uncovered_table(rep) -> Table | None:
 
 
 def seats_table(lines, title: str) -> Table:
+    """One row per seat; why a seat is not certified is in the notes printed under it."""
     t = Table(title=title)
-    t.add_column("id", justify="right")
-    t.add_column("kernel")
-    t.add_column("dtypes")
-    t.add_column("flags")
-    t.add_column("bucket", no_wrap=True)
-    t.add_column("status")
-    t.add_column("config")
-    t.add_column("ms", justify="right")
-    t.add_column("launches", justify="right")
-    t.add_column("note", overflow="ellipsis", max_width=48)
+    t.add_column("id", justify="right", no_wrap=True)
+    t.add_column("seat (kernel dtype flags)", overflow="fold")
+    t.add_column("bucket", overflow="fold")
+    t.add_column("status", no_wrap=True)
+    t.add_column("config", overflow="fold")
+    t.add_column("ms", justify="right", no_wrap=True)
+    t.add_column("launches", justify="right", no_wrap=True)
     for s in lines:
         kernel, dtypes, flags, bucket = s.label.split("|")
-        note = [getattr(s, "action", "") or ""]
-        if getattr(s, "claimed_by", None):
-            note.append(f"held by {s.claimed_by}")
-        if s.why:
-            note.append(s.why)
-        t.add_row(str(s.id or ""), kernel, dtypes, flags, bucket, status_text(s.status),
-                  short_config(s.config), ms(s.median_ms), str(s.launches),
-                  "; ".join(n for n in note if n), )
+        seat = f"{kernel} {dtypes}" + ("" if flags == "-" else f" {flags}")
+        t.add_row(str(s.id or ""), seat, bucket, status_text(s.status), short_config(s.config),
+                  ms(s.median_ms), str(s.launches))
     return t
+
+
+def seat_notes(lines) -> list[str]:
+    """Why each seat that is not plainly certified is what it is."""
+    out = []
+    for s in lines:
+        bits = []
+        if getattr(s, "claimed_by", None):
+            bits.append(f"held by {s.claimed_by}")
+        if s.why:
+            bits.append(s.why)
+        if bits:
+            out.append(f"  seat {s.id or '-'} {status_text(s.status)}: {'; '.join(bits)}")
+    return out
 
 
 class RichReporter:

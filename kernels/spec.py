@@ -225,10 +225,11 @@ class KernelSpec:
 
     @cached_property
     def source_hash(self) -> str:
+        # The Python source of each part: a JITFunction and the interpreter's
+        # InterpretedFunction both wrap it as `.fn`, so the hash is the same on either.
         h = hashlib.sha256()
         for part in self.source_parts():
-            src = getattr(part, "src", None) or inspect.getsource(getattr(part, "fn", part))
-            h.update(src.encode())
+            h.update(inspect.getsource(getattr(part, "fn", part)).encode())
         return h.hexdigest()[:16]
 
     @cached_property

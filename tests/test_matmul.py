@@ -1,0 +1,110 @@
+"""Matmul: the kernel against its fp64 oracle at odd shapes in every dtype the interpreter
+can check, the trace rows it serves and refuses, and its public ops."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from nbx_tune.errors import KernelError
+from nbx_tune.kernels import addmm, baddbmm, bmm, mm
+from nbx_tune.kernels.matmul import CONFIGS, SPEC
+from nbx_tune.kernels.spec import NotServable
+from nbx_tune.oracles import matmul as oracle
+from nbx_tune.profiles import get_profile
+from nbx_tune.tuner.selfcheck import check_kernel
+from nbx_tune.tuner.trace import make_row
+
+INTERP = get_profile("interpreter")
+
+
+def test_every_example_row_matches_the_oracle_under_several_configs():
+    checks = check_kernel(SPEC, INTERP, "cpu", scale="small", configs_per_row=3)
+    assert {c.dtype for c in checks} == {"float16", "float32"}  # bf16 is proven on a GPU
+    assert len(checks) == 30 and len({c.config for c in checks}) >= 3
+    bad = [c for c in checks if not c.ok]
+    assert not bad, bad[0]
+    assert max(c.err for c in checks if c.dtype == "float32") < 1e-5
+
+
+@pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+def test_public_ops_against_the_oracle_at_odd_shapes(dtype, rtol):
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(41, 23, generator=g).to(dtype), torch.randn(23, 57, generator=g).to(dtype)
+    x = torch.randn(57, generator=g).to(dtype)
+    A, B, X = (t.double().numpy() for t in (a, b, x))
+
+    def err(got, ref):
+        return np.abs(got.double().numpy() - ref).max() / np.abs(ref).max()
+
+    assert err(mm(a, b), oracle.mm(A, B)) < rtol
+    assert err(addmm(x, a, b, beta=0.5, alpha=-2.0), oracle.addmm(X, A, B, -2.0, 0.5)) < rtol
+    a3, b3 = torch.randn(3, 19, 23, generator=g).to(dtype), torch.randn(3, 23, 31, generator=g).to(dtype)
+    x3 = torch.randn(3, 1, 31, generator=g).to(dtype)
+    A3, B3, X3 = (t.double().numpy() for t in (a3, b3, x3))
+    assert err(bmm(a3, b3), oracle.bmm(A3, B3)) < rtol
+    assert err(baddbmm(x3, a3, b3, alpha=0.25), oracle.baddbmm(X3, A3, B3, 0.25, 1.0)) < rtol
+    # Transposed (non-contiguous) operands go through strides.
+    assert err(mm(b.t(), a.t()), oracle.mm(B.T, A.T)) < rtol
+
+
+def test_beta_zero_ignores_nan_in_the_input_as_torch_does():
+    a, b = torch.randn(9, 5), torch.randn(5, 7)
+    out = addmm(torch.full((7,), float("nan")), a, b, beta=0.0)
+    torch.testing.assert_close(out, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_refuses_to_run_on_the_interpreter():
+    a = torch.randn(8, 8).bfloat16()
+    with pytest.raises(KernelError, match="bfloat16 cannot run correctly on profile interpreter"):
+        mm(a, a)
+
+
+@pytest.mark.parametrize("row,reason", [
+    (make_row("aten.mm", ["float16", "float32"], [(4, 5), (5, 6)]), "mixed dtypes"),
+    (make_row("aten.mm", ["int64"] * 2, [(4, 5), (5, 6)]), "dtype int64 is not served"),
+    (make_row("aten.mm", ["float16"] * 2, [(4, 5), (6, 7)]), "do not multiply"),
+    (make_row("aten.mm", ["float16"] * 2, [(2, 4, 5), (5, 6)]), "rank-2"),
+    (make_row("aten.bmm", ["float16"] * 2, [(2, 4, 5), (3, 5, 6)]), "do not multiply"),
+    (make_row("aten.addmm", ["float16"] * 3, [(5,), (4, 5), (5, 6)]), "does not broadcast"),
+    (make_row("aten.addmm", ["float16"] * 2, [(4, 5), (5, 6)]), "takes 3 tensors"),
+    (make_row("aten.mm", ["float16"] * 2, [(0, 5), (5, 6)]), "empty product"),
+    (make_row("aten.mm", ["float16"] * 2, [(70000, 40000), (40000, 8)]), "2^31"),
+    (make_row("aten.addmm", ["float16"] * 3, [(6,), (4, 5), (5, 6)], {"beta": "lots"}), "bad alpha/beta"),
+])
+def test_rows_it_cannot_serve_are_not_servable_with_a_reason(row, reason):
+    p = SPEC.problem_from_row(row)
+    assert isinstance(p, NotServable) and reason in p.reason
+
+
+def test_rows_map_to_dims_and_flags():
+    p = SPEC.problem_from_row(make_row("aten.addmm", ["bfloat16"] * 3, [(11008,), (512, 4096), (4096, 11008)]))
+    assert (p.dims, dict(p.flags), p.dtypes) == ((1, 512, 11008, 4096), {"bias": "1"}, ("bfloat16",))
+    p = SPEC.problem_from_row(make_row("aten.addmm", ["float32"] * 3, [(7,), (3, 5), (5, 7)], {"beta": "0"}))
+    assert dict(p.flags) == {"bias": "0"}  # beta == 0 ignores the input: the no-bias code path
+    p = SPEC.problem_from_row(make_row("aten.baddbmm", ["float16"] * 3, [(1, 9), (4, 3, 5), (4, 5, 9)]))
+    assert p.dims == (4, 3, 9, 5)
+
+
+def test_shared_memory_estimate_and_the_hopper_prune():
+    hopper = get_profile("hopper")
+    p16 = SPEC.problem_from_row(make_row("aten.mm", ["float16"] * 2, [(4096, 4096), (4096, 4096)]))
+    p32 = SPEC.problem_from_row(make_row("aten.mm", ["float32"] * 2, [(4096, 4096), (4096, 4096)]))
+    deepest = [c for c in CONFIGS if c.kwargs["num_stages"] == 5 and c["BLOCK_N"] == 256][0]
+    assert SPEC.smem_bytes(deepest, p16) == 5 * (128 + 256) * 64 * 2
+    assert SPEC.static_refusal(hopper, deepest, p16)[0] == "smem_over_budget"
+    assert SPEC.static_refusal(hopper, CONFIGS[0], p16) is None
+    refused32 = sum(SPEC.static_refusal(hopper, c, p32) is not None for c in CONFIGS)
+    refused16 = sum(SPEC.static_refusal(hopper, c, p16) is not None for c in CONFIGS)
+    assert refused32 > refused16 >= 1  # fp32 tiles are twice the bytes
+    assert len(CONFIGS) >= 36
+
+
+def test_source_hash_is_the_same_with_and_without_the_interpreter():
+    code = "from nbx_tune.kernels.matmul import SPEC; print(SPEC.source_hash)"
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == SPEC.source_hash
