@@ -17,6 +17,11 @@ from nbx_tune.kernels.spec import KernelSpec
 BUILTIN_MODULES = (
     "nbx_tune.kernels.matmul",
     "nbx_tune.kernels.attention",
+    "nbx_tune.kernels.conv",
+    "nbx_tune.kernels.softmax",
+    "nbx_tune.kernels.norms",
+    "nbx_tune.kernels.elementwise",
+    "nbx_tune.kernels.reduce",
 )
 ENTRY_POINT_GROUP = "nbx_tune.kernels"
 

@@ -25,7 +25,7 @@ class SeatJob:
     label: str
     screen_problems: tuple[Problem, ...]  # screened (within the byte budget)
     time_problem: Problem  # the largest shape seen in the bucket
-    rtol: float
+    rtol: dict  # output name -> tolerance of its dtype
     device: str
 
 

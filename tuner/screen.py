@@ -132,16 +132,24 @@ def compare(name: str, out: torch.Tensor, ref: np.ndarray, rtol: float, problem:
     return ScreenResult(problem, err, rtol)
 
 
-def screen(spec: KernelSpec, config, case: Case, rtol: float, device: str) -> ScreenResult:
-    """Launch `config` on the case and judge every output; launch failures propagate."""
+def output_rtols(spec: KernelSpec, problem: Problem, profile) -> dict[str, float]:
+    """Each output is judged at the tolerance of its own dtype (an fp16 softmax's fp32
+    statistics at fp32's)."""
+    return {name: profile.rtol(dt) for name, (_, dt) in spec.output_specs(problem).items()}
+
+
+def screen(spec: KernelSpec, config, case: Case, rtol, device: str) -> ScreenResult:
+    """Launch `config` on the case and judge every output (rtol: one number, or one per
+    output name); launch failures propagate."""
     outputs = alloc_outputs(spec, case.problem, device)
     spec.launch(config, case.problem, fresh_inputs(case), outputs)
     if device != "cpu":
         torch.cuda.synchronize()
     worst = None
     for name, out in outputs.items():
-        r = compare(name, out, case.ref[name], rtol, case.problem)
+        tol = rtol[name] if isinstance(rtol, dict) else rtol
+        r = compare(name, out, case.ref[name], tol, case.problem)
         if not r.ok:
             return r
         worst = r if worst is None or (r.err or 0) > (worst.err or 0) else worst
-    return worst or ScreenResult(case.problem, 0.0, rtol)
+    return worst or ScreenResult(case.problem, 0.0, min(rtol.values()) if isinstance(rtol, dict) else rtol)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from nbx_tune.kernels.spec import Config, KernelSpec, Problem
 from nbx_tune.tuner.bench import Timing
+from nbx_tune.tuner import screen as screening
 from nbx_tune.tuner.executor import SeatJob, SeatPrepareError
 from nbx_tune.tuner.screen import ScreenResult
 
@@ -96,7 +97,6 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
     t0 = time.perf_counter()
     ordered = sorted(set(problems), key=Problem.order)
     largest, smallest = ordered[-1], ordered[0]
-    dtype = largest.dtypes[0]
 
     for dt in largest.dtypes:
         why = profile.screen_unsupported.get(dt)
@@ -122,7 +122,8 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
     for r in records:
         reporter.candidate(label, r.config, r.reason)
 
-    job = SeatJob(spec.name, profile.name, label, tuple(screen_at), largest, profile.rtol(dtype), device)
+    job = SeatJob(spec.name, profile.name, label, tuple(screen_at), largest,
+                  screening.output_rtols(spec, largest, profile), device)
     try:
         executor.start_seat(spec, job, keep)
     except SeatPrepareError as e:

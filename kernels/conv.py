@@ -1,0 +1,642 @@
+"""Convolutions: aten.convolution (not transposed), 1-D and 2-D, in fp16, bf16 and fp32.
+
+Two kernels share one config space (tiles of BLOCK_M output pixels x BLOCK_N output
+channels):
+
+- `_conv_gemm_kernel`, an implicit GEMM for every convolution whose groups see more than
+  one input channel each (groups=1 and grouped): M = N*H_out*W_out output pixels,
+  N = C_out / groups, K = (C_in / groups)*KH*KW. The input patches are gathered on the
+  fly (no im2col buffer): one loop runs over (filter tap, block of BLOCK_K input
+  channels), so a tap's row offsets and padding masks are computed once per tile and the
+  loop stays a single pipelined loop however small C_in is. A second grid axis runs over
+  the groups. The kernel is stride-generic; configs with NHWC=1 copy the input
+  channels-last (and the weight channels-innermost) first, which vectorizes the gathers.
+- `_conv_depthwise_kernel`, a direct kernel for depthwise convolutions (one input channel
+  per group: groups == C_in, C_out = groups * multiplier; also a C_in=1 convolution): a
+  tile of output pixels x channels accumulates KH*KW scaled input windows, no reduction
+  over channels and no tensor cores. It ignores BLOCK_K, GROUP_M and NHWC, so at a
+  depthwise seat configs that differ only there are refused as `equivalent` (the same code).
+
+A 1-D convolution (input N, C, W) is a 2-D one with H = KH = 1, launched on 4-D views.
+
+fp32 multiplies in IEEE fp32, not TF32. torch leaves `torch.backends.cudnn.allow_tf32`
+True, so torch's own fp32 GPU convolutions round inputs to TF32 (10-bit mantissa, errors
+near 1e-3 relative); the screen's fp32 tolerance is 1e-4 of max|ref| against an fp64
+oracle, which TF32 fails at real reduction lengths, so IEEE is the only certifiable choice.
+
+Launch key: dims (R, W, CI, CO, G) with R = N*H_out (output rows across the batch, the
+`default` ladder), W = W_out (the `W` ladder: a 1-D convolution is one row per batch
+entry, and its width is the sequence length), CI and CO the channel counts and G the
+groups (`default`). The GEMM's M = R*W, N = CO/G and K = CI/G * taps all follow from them.
+Flags: `kind` (gemm | depthwise: which kernel), `filter` (KHxKW) and `stride` (SHxSW), which
+are constexprs of the kernels (the tap loop and the input addressing are compiled for
+them, and they set the gather's memory pattern and arithmetic intensity), and `bias`.
+Padding and dilation are runtime values (masks and offsets): any config serves any of
+them correctly, so they stay out of the seat. Every load and store is masked, so one
+config is correct for every shape of a seat.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import triton
+import triton.language as tl
+
+from nbx_tune.errors import KernelError
+from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
+from nbx_tune.oracles import conv as oracle
+
+TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+INT32_MAX = 2**31 - 1
+MAX_GRID_Y = 65535  # the grid's second axis
+
+
+@triton.jit
+def _conv_gemm_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    M, H, W, OH, OW, CIG, COG,
+    sxn, sxc, sxh, sxw,
+    swo, swc, swh, sww,
+    syn, syc, syh, syw,
+    sb,
+    pad_h, pad_w, dil_h, dil_w,
+    KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    g = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(COG, BLOCK_N)
+    group = GROUP_M * num_pid_n
+    first_m = (pid // group) * GROUP_M
+    group_m = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % group_m
+    pid_n = (pid % group) // group_m
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    # Pixels and channels past the edge wrap to valid ones: the store is masked.
+    ram = rm % M
+    ohw = OH * OW
+    n = ram // ohw
+    pix = ram % ohw
+    oh = pix // OW
+    ow = pix % OW
+    ih0 = oh * STRIDE_H - pad_h
+    iw0 = ow * STRIDE_W - pad_w
+    co = g * COG + rn % COG
+    x_m = x_ptr + n * sxn + (g * CIG) * sxc + ih0 * sxh + iw0 * sxw  # tap (0, 0), channel 0
+    w_n = w_ptr + co * swo
+
+    cblocks = tl.cdiv(CIG, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in range(0, KH * KW * cblocks):
+        tap = t // cblocks
+        c0 = (t - tap * cblocks) * BLOCK_K
+        kh = tap // KW
+        kw = tap - kh * KW
+        ih = ih0 + kh * dil_h
+        iw = iw0 + kw * dil_w
+        m_ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        ci = c0 + rk
+        k_ok = ci < CIG
+        a = tl.load(x_m[:, None] + (kh * dil_h * sxh + kw * dil_w * sxw) + ci[None, :] * sxc,
+                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(w_n[None, :] + ci[:, None] * swc + (kh * swh + kw * sww),
+                    mask=k_ok[:, None], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + co * sb).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + (n * syn + oh * syh + ow * syw)[:, None] + (co * syc)[None, :]
+    mask = (rm < M)[:, None] & (rn < COG)[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _conv_depthwise_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    M, CO, H, W, OH, OW, MULT,
+    sxn, sxc, sxh, sxw,
+    swo, swh, sww,
+    syn, syc, syh, syw,
+    sb,
+    pad_h, pad_w, dil_h, dil_w,
+    KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_in = rm < M
+    n_in = rn < CO
+    ohw = OH * OW
+    n = rm // ohw
+    pix = rm % ohw
+    oh = pix // OW
+    ow = pix % OW
+    ih0 = oh * STRIDE_H - pad_h
+    iw0 = ow * STRIDE_W - pad_w
+    ci = rn // MULT  # output channel co reads input channel co // multiplier
+    x_m = x_ptr + n * sxn + ih0 * sxh + iw0 * sxw
+    x_c = ci * sxc
+    w_n = w_ptr + rn * swo
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kh in range(KH):
+        ih = ih0 + kh * dil_h
+        h_ok = m_in & (ih >= 0) & (ih < H)
+        for kw in tl.static_range(KW):
+            iw = iw0 + kw * dil_w
+            ok = h_ok & (iw >= 0) & (iw < W)
+            xv = tl.load(x_m[:, None] + (kh * dil_h * sxh + kw * dil_w * sxw) + x_c[None, :],
+                         mask=ok[:, None] & n_in[None, :], other=0.0)
+            wv = tl.load(w_n + (kh * swh + kw * sww), mask=n_in, other=0.0)
+            acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
+
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn * sb, mask=n_in, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + (n * syn + oh * syh + ow * syw)[:, None] + (rn * syc)[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_in[:, None] & n_in[None, :])
+
+
+def launch_conv_gemm(x, w, bias, y, stride, padding, dilation, groups: int, config: Config) -> None:
+    """y = conv(x, w) [+ bias] by implicit GEMM: x (N, C_in, H, W), w (C_out, C_in/groups,
+    KH, KW), y (N, C_out, H_out, W_out), any strides; bias (C_out,) or None.
+
+    A config with NHWC=1 first copies x channels-last and w to (KH, KW, C_in, C_out) order:
+    the kernel is stride-generic, and with unit channel strides its input and weight tiles
+    load as 16-byte vectors. The copies are part of what the config costs, so the tuner
+    weighs them (they win on large compute-bound convolutions, lose on small ones)."""
+    if config["NHWC"]:
+        x = x.contiguous(memory_format=torch.channels_last)
+        w = w.permute(2, 3, 1, 0).contiguous().permute(3, 2, 0, 1)
+    nb, _, h, wd = x.shape
+    co, cig, kh, kw = w.shape
+    oh, ow = y.shape[2], y.shape[3]
+    m = nb * oh * ow
+    cog = co // groups
+    grid = (triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(cog, config["BLOCK_N"]), groups)
+    _conv_gemm_kernel[grid](
+        x, w, y if bias is None else bias, y,
+        m, h, wd, oh, ow, cig, cog,
+        *x.stride(), *w.stride(), *y.stride(), 0 if bias is None else bias.stride(0),
+        padding[0], padding[1], dilation[0], dilation[1],
+        KH=kh, KW=kw, STRIDE_H=stride[0], STRIDE_W=stride[1],
+        HAS_BIAS=bias is not None,
+        INPUT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
+        GROUP_M=config["GROUP_M"], num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+
+
+def launch_conv_depthwise(x, w, bias, y, stride, padding, dilation, config: Config) -> None:
+    """y = conv(x, w) [+ bias] with one input channel per group: w (C_out, 1, KH, KW),
+    output channel co reads input channel co // (C_out / C_in)."""
+    nb, ci, h, wd = x.shape
+    co, _, kh, kw = w.shape
+    oh, ow = y.shape[2], y.shape[3]
+    m = nb * oh * ow
+    bm, bn = config["BLOCK_M"], config["BLOCK_N"]
+    grid = (triton.cdiv(m, bm), triton.cdiv(co, bn))
+    _conv_depthwise_kernel[grid](
+        x, w, y if bias is None else bias, y,
+        m, co, h, wd, oh, ow, co // ci,
+        *x.stride(), w.stride(0), w.stride(2), w.stride(3), *y.stride(),
+        0 if bias is None else bias.stride(0),
+        padding[0], padding[1], dilation[0], dilation[1],
+        KH=kh, KW=kw, STRIDE_H=stride[0], STRIDE_W=stride[1], HAS_BIAS=bias is not None,
+        BLOCK_M=bm, BLOCK_N=bn, num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+
+
+def _c(bm, bn, bk, warps, stages, nhwc=0, group=8):
+    return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, NHWC=nhwc,
+                       num_warps=warps, num_stages=stages)
+
+
+# GEMM tiles as matmul's, plus the tall-narrow ones a convolution needs: C_out of 16-64
+# against M = N*H_out*W_out in the hundreds of thousands (stems, early layers, UNet/VAE
+# heads), and BLOCK_K=16 for few input channels per tap (C_in = 3, grouped convs). The same
+# tall-narrow tiles are the depthwise kernel's good ones (many contiguous pixels of few
+# channels). 128x256x64 at 4 stages (192 KB in fp16) is refused by the shared-memory
+# prune outside Hopper/Blackwell: the space is the same on every device.
+# Measured on an H100 (Triton 3.6, 2026-12-02, fp16, NCHW): best of these vs cuDNN was
+# 0.024 vs 0.029 ms on (8,64,56,56) 3x3, 0.026 vs 0.035 ms on (8,256,56,56) 1x1/2,
+# 0.033 vs 0.052 ms on conv1d (4,80,3001) k3, but 0.166 vs 0.067 ms on (2,320,64,64) 3x3.
+CONFIGS = (
+    _c(32, 32, 16, 2, 2), _c(32, 32, 32, 4, 2), _c(64, 32, 32, 4, 2), _c(64, 64, 16, 4, 3),
+    _c(64, 64, 32, 4, 2), _c(64, 64, 32, 4, 3), _c(64, 64, 64, 4, 3), _c(128, 16, 32, 4, 2),
+    _c(128, 32, 16, 4, 3), _c(128, 32, 32, 4, 3), _c(256, 16, 32, 4, 3), _c(256, 32, 32, 8, 3),
+    _c(256, 32, 64, 8, 3), _c(512, 16, 32, 8, 2), _c(512, 32, 32, 8, 2), _c(64, 128, 32, 4, 3),
+    _c(128, 64, 16, 4, 3), _c(128, 64, 32, 4, 3), _c(128, 64, 32, 4, 4), _c(64, 128, 64, 4, 3),
+    _c(128, 64, 64, 4, 3), _c(128, 64, 64, 8, 4), _c(128, 128, 32, 4, 3), _c(128, 128, 32, 8, 3),
+    _c(128, 128, 32, 8, 4), _c(128, 128, 64, 4, 3), _c(128, 128, 64, 8, 3), _c(128, 128, 64, 8, 4),
+    _c(256, 64, 32, 8, 3), _c(256, 64, 64, 8, 3), _c(64, 256, 32, 8, 3), _c(256, 128, 32, 8, 3),
+    _c(256, 128, 64, 8, 3), _c(128, 256, 32, 8, 3), _c(128, 256, 64, 8, 3), _c(128, 256, 64, 8, 4),
+    # Channels-last copies first (NHWC=1): on an H200 (2026-12-02, fp16, copies included)
+    # (2,320,64,64) 3x3 took 0.087 ms at 128x256x64 (cuDNN 0.062 there; NCHW's best was
+    # 0.166 on an H100, cuDNN 0.067), while (8,64,56,56) 3x3 lost to NCHW (0.040 ms, of
+    # which the copies 0.019). The two smallest fit 64 KB of shared memory in fp32.
+    _c(64, 64, 32, 4, 3, 1), _c(128, 64, 32, 4, 3, 1), _c(64, 128, 64, 4, 3, 1),
+    _c(128, 128, 32, 4, 3, 1), _c(128, 128, 64, 4, 3, 1), _c(128, 128, 64, 8, 4, 1),
+    _c(256, 32, 32, 8, 3, 1), _c(256, 128, 64, 8, 3, 1), _c(128, 256, 32, 8, 3, 1),
+    _c(128, 256, 64, 8, 3, 1),
+)
+
+# Served when a seat has no certificate: the first that fits the device, after the one
+# `_gemm_defaults` picks for the seat's channels per group.
+DEFAULTS = (_c(128, 128, 32, 4, 3), _c(64, 64, 32, 4, 2), _c(32, 32, 32, 4, 2))
+# For depthwise seats (their equivalence class representative is served).
+DEPTHWISE_DEFAULTS = (_c(128, 32, 32, 4, 3), _c(64, 32, 32, 4, 2), _c(32, 32, 32, 4, 2))
+
+
+def _gemm_defaults(problem: Problem) -> tuple:
+    """A narrow tile for few output channels per group, BLOCK_K=16 for few input channels:
+    on an H100 (fp16) the (8,256,28,28) 32-group 3x3 took 0.117 ms with 128x128x32 and
+    0.032 ms with 128x32x16; the 64-channel ResNet 3x3 0.038 vs 0.024 ms at 128x64x64."""
+    _, _, ci, co, groups = problem.dims
+    cog, cig = co // groups, ci // groups
+    bk = 16 if cig < 32 else 32
+    if cog <= 16:
+        first = _c(128, 16, 32, 4, 2)
+    elif cog <= 32:
+        first = _c(128, 32, bk, 4, 3)
+    elif cog <= 64 or bk == 16:
+        first = _c(128, 64, 64 if bk == 32 else 16, 4, 3)
+    else:
+        first = _c(128, 128, 32, 4, 3)
+    return (first, *DEFAULTS)
+
+
+def _parse_pair(text: str) -> tuple[int, int]:
+    a, b = text.split("x")
+    return int(a), int(b)
+
+
+def _is_depthwise(problem: Problem) -> bool:
+    return dict(problem.flags).get("kind") == "depthwise"
+
+
+def _spatial(p, name: str, nd: int, default: int):
+    v = p.ints(name, (default,) * nd)
+    if len(v) == 1:
+        v = v * nd  # aten expands a one-element list to every spatial axis
+    if len(v) != nd:
+        raise ValueError(f"{name} has {len(v)} values for a {nd}-D convolution")
+    return v
+
+
+def _fmt(shape) -> str:
+    return "x".join(map(str, shape)) or "()"
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class ConvSpec(KernelSpec):
+    name = "conv"
+    ops = ("aten.convolution",)
+    key = (KeyDim("R"), KeyDim("W", "W"), KeyDim("CI"), KeyDim("CO"), KeyDim("G"))
+    dtypes = tuple(TORCH_DTYPES)
+    description = "1-D/2-D convolution: implicit GEMM (groups >= 1) and direct depthwise"
+
+    def configs(self):
+        return CONFIGS
+
+    def default_preference(self):
+        return DEFAULTS
+
+    def default_config(self, profile, problem):
+        if not _is_depthwise(problem):
+            for c in _gemm_defaults(problem):
+                if not self.static_refusal(profile, c, problem):
+                    return c
+            return DEFAULTS[-1]
+        for c in DEPTHWISE_DEFAULTS:
+            rep = self._representative(profile, c, problem)
+            if rep is not None:
+                return rep
+        return DEPTHWISE_DEFAULTS[-1]
+
+    def smem_bytes(self, config, problem):
+        if _is_depthwise(problem):
+            return 0  # element-wise tiles: no dot, no reduction, no layout exchange
+        # The software pipeliner keeps num_stages copies of an input tile and a weight tile.
+        esize = 4 if problem.dtypes[0] == "float32" else 2
+        return max(config.num_stages, 1) * (config["BLOCK_M"] + config["BLOCK_N"]) * config["BLOCK_K"] * esize
+
+    # The depthwise kernel compiles only BLOCK_M, BLOCK_N and the launch options (not
+    # BLOCK_K, GROUP_M, NHWC): configs
+    # that agree on those are one candidate there, served by the first that the profile admits.
+    @staticmethod
+    def _depthwise_ident(profile, c: Config) -> tuple:
+        return (c["BLOCK_M"], c["BLOCK_N"], *(getattr(c, o) for o in profile.launch_options))
+
+    def _representative(self, profile, config: Config, problem: Problem) -> Config | None:
+        ident = self._depthwise_ident(profile, config)
+        for c in CONFIGS:
+            if self._depthwise_ident(profile, c) == ident and super().static_refusal(profile, c, problem) is None:
+                return c
+        return None
+
+    def static_refusal(self, profile, config, problem):
+        why = super().static_refusal(profile, config, problem)
+        if why is not None or not _is_depthwise(problem):
+            return why
+        rep = self._representative(profile, config, problem)
+        if rep is not None and rep != config:
+            return ("equivalent",
+                    f"same code as {rep} at a depthwise seat on {profile.name}: the direct kernel "
+                    "compiles only BLOCK_M, BLOCK_N and the launch options "
+                    f"({', '.join(profile.launch_options) or 'none'})")
+        return None
+
+    def source_parts(self):
+        return (_conv_gemm_kernel, _conv_depthwise_kernel, launch_conv_gemm, launch_conv_depthwise)
+
+    def example_rows(self, scale):
+        from nbx_tune.tuner.trace import make_row
+
+        def conv(dt, x, w, bias, stride, padding, dilation, groups):
+            nd = len(x) - 2
+            shapes = [x, w] + ([(w[0],)] if bias else [])
+            sp = lambda v: "x".join([str(v)] * nd)  # noqa: E731
+            params = {} if bias else {"bias": "None"}
+            params.update(stride=sp(stride), padding=sp(padding), dilation=sp(dilation),
+                          transposed="False", output_padding=sp(0), groups=str(groups))
+            return make_row("aten.convolution", [dt] * len(shapes), shapes, params)
+
+        rows = []
+        for dt in self.dtypes:
+            if scale == "small":
+                rows += [
+                    conv(dt, (2, 3, 11, 13), (5, 3, 3, 3), True, 1, 1, 1, 1),
+                    conv(dt, (2, 3, 11, 13), (5, 3, 3, 3), False, 2, 1, 2, 1),
+                    conv(dt, (2, 7, 9, 10), (6, 7, 1, 1), True, 1, 0, 1, 1),
+                    conv(dt, (2, 6, 8, 9), (9, 2, 3, 3), True, 1, 1, 1, 3),
+                    conv(dt, (2, 6, 9, 10), (6, 1, 3, 3), False, 1, 1, 1, 6),
+                    conv(dt, (2, 4, 37), (7, 4, 5), True, 1, 2, 1, 1),
+                    conv(dt, (2, 5, 41), (10, 1, 4), True, 1, 3, 1, 5),
+                ]
+            else:
+                rows += [
+                    conv(dt, (8, 64, 56, 56), (64, 64, 3, 3), False, 1, 1, 1, 1),
+                    conv(dt, (8, 256, 56, 56), (512, 256, 1, 1), False, 2, 0, 1, 1),
+                    conv(dt, (2, 320, 64, 64), (320, 320, 3, 3), True, 1, 1, 1, 1),
+                    conv(dt, (8, 256, 28, 28), (256, 8, 3, 3), False, 1, 1, 1, 32),
+                    conv(dt, (8, 96, 112, 112), (96, 1, 3, 3), False, 1, 1, 1, 96),
+                    conv(dt, (4, 80, 3001), (384, 80, 3), True, 1, 1, 1, 1),
+                    conv(dt, (2, 1536, 1027), (1536, 1, 4), True, 1, 3, 1, 1536),
+                ]
+        return rows
+
+    # -- trace rows -> problems
+    def problem_from_row(self, row):
+        p = row.params
+        shapes = row.shapes
+        if len(shapes) not in (2, 3):
+            return NotServable(f"aten.convolution takes input, weight and bias, the row has {len(shapes)} tensors")
+        has_bias = len(shapes) == 3
+        if has_bias and p.get("bias") == "None":
+            return NotServable("bias=None but the row has a third tensor")
+        if len(set(row.dtypes)) != 1:
+            return NotServable(f"mixed dtypes {','.join(row.dtypes)}: the kernel takes one dtype")
+        dtype = row.dtypes[0]
+        if dtype not in TORCH_DTYPES:
+            return NotServable(f"dtype {dtype} is not served (float16, bfloat16, float32)")
+        x, w = shapes[0], shapes[1]
+        nd = len(x) - 2
+        if nd not in (1, 2):
+            return NotServable(f"input of rank {len(x)}: only 1-D (N, C, W) and 2-D (N, C, H, W) "
+                               "convolutions are served")
+        if len(w) != len(x):
+            return NotServable(f"weight {_fmt(w)} does not match a rank-{len(x)} input")
+        try:
+            if p.bool("transposed", False):
+                return NotServable("transposed convolution is not served")
+            stride = _spatial(p, "stride", nd, 1)
+            padding = _spatial(p, "padding", nd, 0)
+            dilation = _spatial(p, "dilation", nd, 1)
+            p.ints("output_padding", None)  # ignored by torch when not transposed
+            groups = p.int("groups", 1)
+        except ValueError as e:
+            return NotServable(f"bad params: {e}")
+        if min(stride) < 1 or min(dilation) < 1 or min(padding) < 0 or groups < 1:
+            return NotServable(f"stride {_fmt(stride)}, padding {_fmt(padding)}, dilation {_fmt(dilation)}, "
+                               f"groups {groups}: need stride >= 1, padding >= 0, dilation >= 1, groups >= 1")
+        nb, ci = x[0], x[1]
+        co, cig = w[0], w[1]
+        if min(x) == 0 or min(w) == 0:
+            return NotServable("an empty convolution: nothing to launch")
+        if ci % groups or cig * groups != ci or co % groups:
+            return NotServable(f"input {_fmt(x)} and weight {_fmt(w)} do not form {groups} groups "
+                               f"(need C_in = weight.shape[1] * groups and C_out divisible by groups)")
+        if has_bias and tuple(shapes[2]) != (co,):
+            return NotServable(f"bias {_fmt(shapes[2])} is not ({co},)")
+        if nd == 1:
+            (h, wd), (kh, kw) = (1, x[2]), (1, w[2])
+            stride, padding, dilation = (1, *stride), (0, *padding), (1, *dilation)
+        else:
+            h, wd, kh, kw = x[2], x[3], w[2], w[3]
+        oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+        ow = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+        if oh <= 0 or ow <= 0:
+            return NotServable(f"the filter ({kh}x{kw}, dilation {_fmt(dilation[2 - nd:])}) is larger than "
+                               f"the padded input: empty output")
+        if max(_numel(x), _numel(w), nb * co * oh * ow) > INT32_MAX:
+            return NotServable("a tensor of 2^31 elements or more (the kernel indexes in int32)")
+        depthwise = cig == 1
+        if depthwise and triton.cdiv(co, 16) > MAX_GRID_Y:
+            return NotServable(f"C_out {co} > {16 * MAX_GRID_Y} (the grid's second axis)")
+        if not depthwise and groups > MAX_GRID_Y:
+            return NotServable(f"groups {groups} > {MAX_GRID_Y} (the grid's second axis)")
+        flags = seat_flags(bias=int(has_bias), filter=f"{kh}x{kw}", kind="depthwise" if depthwise else "gemm",
+                           stride=f"{stride[0]}x{stride[1]}")
+        extra = (("batch", nb), ("dilation", tuple(dilation)), ("in_hw", (h, wd)),
+                 ("padding", tuple(padding)), ("rank", nd))
+        return Problem(self.name, (dtype,), flags, (nb * oh, ow, ci, co, groups), extra)
+
+    # -- geometry of a problem
+    @staticmethod
+    def _geometry(problem):
+        f = dict(problem.flags)
+        r, ow, ci, co, groups = problem.dims
+        nb = problem.get("batch")
+        h, wd = problem.get("in_hw")
+        kh, kw = _parse_pair(f["filter"])
+        return dict(nb=nb, oh=r // nb, ow=ow, ci=ci, co=co, groups=groups, h=h, w=wd, kh=kh, kw=kw,
+                    stride=_parse_pair(f["stride"]), padding=tuple(problem.get("padding")),
+                    dilation=tuple(problem.get("dilation")), rank=problem.get("rank"),
+                    bias=f["bias"] == "1")
+
+    def input_shapes(self, problem):
+        g = self._geometry(problem)
+        dt = problem.dtypes[0]
+        if g["rank"] == 1:
+            xs, ws = (g["nb"], g["ci"], g["w"]), (g["co"], g["ci"] // g["groups"], g["kw"])
+        else:
+            xs = (g["nb"], g["ci"], g["h"], g["w"])
+            ws = (g["co"], g["ci"] // g["groups"], g["kh"], g["kw"])
+        shapes = {"input": (xs, dt), "weight": (ws, dt)}
+        if g["bias"]:
+            shapes["bias"] = ((g["co"],), dt)
+        return shapes
+
+    def output_specs(self, problem):
+        g = self._geometry(problem)
+        shape = (g["nb"], g["co"], g["ow"]) if g["rank"] == 1 else (g["nb"], g["co"], g["oh"], g["ow"])
+        return {"out": (shape, problem.dtypes[0])}
+
+    def make_inputs(self, problem, rng):
+        shapes = self.input_shapes(problem)
+        ws, dt = shapes["weight"]
+        fan_in = _numel(ws[1:])
+        out = {"input": (rng.standard_normal(shapes["input"][0]), dt),
+               # scaled like a trained layer's so outputs stay O(1) in fp16 at any fan-in
+               "weight": (rng.standard_normal(ws) / fan_in ** 0.5, dt)}
+        if "bias" in shapes:
+            out["bias"] = (rng.standard_normal(shapes["bias"][0]), dt)
+        return out
+
+    def oracle(self, problem, inputs):
+        g = self._geometry(problem)
+        args = (inputs["input"], inputs["weight"], inputs.get("bias"))
+        if g["rank"] == 1:
+            out = oracle.conv1d(*args, g["stride"][1], g["padding"][1], g["dilation"][1], g["groups"])
+        else:
+            out = oracle.conv2d(*args, g["stride"], g["padding"], g["dilation"], g["groups"])
+        return {"out": out}
+
+    def launch(self, config, problem, inputs, outputs):
+        g = self._geometry(problem)
+        x, w, y = inputs["input"], inputs["weight"], outputs["out"]
+        if g["rank"] == 1:
+            x, w, y = x.unsqueeze(2), w.unsqueeze(2), y.unsqueeze(2)
+        if _is_depthwise(problem):
+            launch_conv_depthwise(x, w, inputs.get("bias"), y, g["stride"], g["padding"], g["dilation"], config)
+        else:
+            launch_conv_gemm(x, w, inputs.get("bias"), y, g["stride"], g["padding"], g["dilation"],
+                             g["groups"], config)
+
+
+SPEC = ConvSpec()
+
+
+# ----------------------------------------------------------------------------- public ops
+
+_DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+@lru_cache(maxsize=1024)
+def _flags(depthwise: bool, kh: int, kw: int, sh: int, sw: int, has_bias: bool):
+    return seat_flags(bias=int(has_bias), filter=f"{kh}x{kw}", kind="depthwise" if depthwise else "gemm",
+                      stride=f"{sh}x{sw}")
+
+
+def _span(t) -> int:
+    """The largest element offset a tensor's strides reach."""
+    return sum((d - 1) * abs(st) for d, st in zip(t.shape, t.stride()) if d > 0)
+
+
+def _tuple(v, nd: int, name: str) -> tuple:
+    if isinstance(v, int):
+        return (v,) * nd
+    v = tuple(int(e) for e in v)
+    if len(v) == 1:
+        return v * nd
+    if len(v) != nd:
+        raise KernelError(f"conv: {name} {v} has {len(v)} values for a {nd}-D convolution")
+    return v
+
+
+def _conv(x, w, bias, stride, padding, dilation, groups, nd):
+    unbatched = x.dim() == nd + 1
+    if unbatched:
+        x = x.unsqueeze(0)
+    if x.dim() != nd + 2 or w.dim() != nd + 2:
+        raise KernelError(f"conv{nd}d: expected a rank-{nd + 2} input and weight, got {tuple(x.shape)} "
+                          f"and {tuple(w.shape)}")
+    stride = _tuple(stride, nd, "stride")
+    dilation = _tuple(dilation, nd, "dilation")
+    taps = tuple(w.shape[2:])
+    size = tuple(x.shape[2:])
+    if isinstance(padding, str):
+        if padding == "valid":
+            pad = (0,) * nd
+            out = tuple((s - d * (k - 1) - 1) // st + 1 for s, d, k, st in zip(size, dilation, taps, stride))
+        elif padding == "same":
+            if any(s != 1 for s in stride):
+                raise KernelError(f"conv{nd}d: padding='same' needs stride 1, got {stride}")
+            # torch pads total // 2 before and the rest after (one more after for an odd total)
+            pad = tuple(d * (k - 1) // 2 for d, k in zip(dilation, taps))
+            out = size
+        else:
+            raise KernelError(f"conv{nd}d: padding {padding!r} is not 'valid', 'same' or numbers")
+    else:
+        pad = _tuple(padding, nd, "padding")
+        out = tuple((s + 2 * p - d * (k - 1) - 1) // st + 1
+                    for s, p, d, k, st in zip(size, pad, dilation, taps, stride))
+    nb, ci = x.shape[0], x.shape[1]
+    co, cig = w.shape[0], w.shape[1]
+    if groups < 1 or ci != cig * groups or co % groups:
+        raise KernelError(f"conv{nd}d: input {tuple(x.shape)} and weight {tuple(w.shape)} do not form "
+                          f"{groups} groups")
+    if bias is not None and tuple(bias.shape) != (co,):
+        raise KernelError(f"conv{nd}d: bias {tuple(bias.shape)} is not ({co},)")
+    if min(out) <= 0:
+        raise KernelError(f"conv{nd}d: the filter {taps} is larger than the padded input {size}")
+    try:
+        dtypes = (_DTYPE_NAMES[x.dtype],)
+    except KeyError:
+        raise KernelError(f"conv{nd}d: dtype {x.dtype} is not served (float16, bfloat16, float32)") from None
+    if w.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        raise KernelError(f"conv{nd}d: mixed dtypes {x.dtype}, {w.dtype}"
+                          + ("" if bias is None else f", {bias.dtype}"))
+    # The kernels index in int32: a view whose strides reach past 2^31 elements is copied.
+    if _span(x) > INT32_MAX:
+        x = x.contiguous()
+    if _span(w) > INT32_MAX:
+        w = w.contiguous()
+    if max(x.numel(), w.numel(), nb * co * _numel(out)) > INT32_MAX:
+        raise KernelError(f"conv{nd}d: a tensor of 2^31 elements or more (the kernels index in int32)")
+    y = torch.empty((nb, co, *out), device=x.device, dtype=x.dtype)
+    if nb == 0:
+        return y.squeeze(0) if unbatched else y
+    if nd == 1:
+        x4, w4, y4 = x.unsqueeze(2), w.unsqueeze(2), y.unsqueeze(2)
+        stride, pad, dilation = (1, stride[0]), (0, pad[0]), (1, dilation[0])
+    else:
+        x4, w4, y4 = x, w, y
+    kh, kw = w4.shape[2], w4.shape[3]
+    oh, ow = y4.shape[2], y4.shape[3]
+    depthwise = cig == 1
+    config = config_for(SPEC, dtypes, _flags(depthwise, kh, kw, stride[0], stride[1], bias is not None),
+                        (nb * oh, ow, ci, co, groups))
+    if depthwise:
+        launch_conv_depthwise(x4, w4, bias, y4, stride, pad, dilation, config)
+    else:
+        launch_conv_gemm(x4, w4, bias, y4, stride, pad, dilation, groups, config)
+    return y.squeeze(0) if unbatched else y
+
+
+def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride=1,
+           padding=0, dilation=1, groups: int = 1) -> torch.Tensor:
+    """torch.nn.functional.conv2d: input (N, C_in, H, W) or (C_in, H, W), weight (C_out,
+    C_in/groups, KH, KW), padding numbers or 'valid'/'same'; any input strides; the output is
+    contiguous NCHW."""
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 2)
+
+
+def conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride=1,
+           padding=0, dilation=1, groups: int = 1) -> torch.Tensor:
+    """torch.nn.functional.conv1d: input (N, C_in, W) or (C_in, W), weight (C_out, C_in/groups, K)."""
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 1)

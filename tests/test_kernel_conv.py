@@ -1,0 +1,358 @@
+"""Convolution family on the interpreter: every example row against the fp64 oracle under
+several configs (implicit GEMM and depthwise, 1-D and 2-D, grouped), the public ops
+(strides, padding 'same'/'valid', non-contiguous inputs, unbatched), trace rows recorded by
+the dispatcher to problems, NotServable rows, the depthwise config equivalence, and planted
+wrong results the screen must catch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nbx_tune.errors import KernelError
+from nbx_tune.kernels import conv as cv
+from nbx_tune.kernels.registry import register, spec_for_op
+from nbx_tune.kernels.spec import NotServable, Problem, bucket_of
+from nbx_tune.oracles import conv as oracle
+from nbx_tune.profiles import get_profile
+from nbx_tune.tuner import screen as screening
+from nbx_tune.tuner.selfcheck import check_kernel
+from nbx_tune.tuner.trace import make_row
+from nbx_tune.tuner.tune import static_prune
+
+SPEC = cv.SPEC
+ROW_PARAMS = ("stride", "padding", "dilation", "transposed", "output_padding", "groups")
+
+
+@pytest.fixture(scope="module")
+def interp():
+    return get_profile("interpreter")
+
+
+def _row(dtype, x, w, bias=True, stride="1x1", padding="0x0", dilation="1x1", groups=1, **more):
+    shapes = [x, w] + ([(w[0],)] if bias else [])
+    params = {} if bias else {"bias": "None"}
+    params.update(stride=stride, padding=padding, dilation=dilation, transposed="False",
+                  output_padding="0x0" if len(x) == 4 else "0", groups=str(groups))
+    params.update(more)
+    return make_row("aten.convolution", [dtype] * len(shapes), shapes, params)
+
+
+def _problem(*args, **kw):
+    p = SPEC.problem_from_row(_row(*args, **kw))
+    assert isinstance(p, Problem), p
+    return p
+
+
+def _screen(spec, problem, config, profile, seed=11):
+    case = screening.make_case(spec, problem, "cpu", seed, True)
+    return screening.screen(spec, config, case, profile.rtol(problem.dtypes[0]), "cpu")
+
+
+def _rel(out: torch.Tensor, ref: np.ndarray) -> float:
+    return float(np.abs(out.double().numpy() - ref).max() / np.abs(ref).max())
+
+
+# ----------------------------------------------------------------------------- correctness
+
+def test_selfcheck_small_rows(interp):
+    checks = check_kernel(SPEC, interp, "cpu", "small", configs_per_row=3)
+    bad = [c for c in checks if not c.ok]
+    assert not bad, [(c.shapes, c.dtype, str(c.config), c.reason, c.detail) for c in bad]
+    assert all(c.err is not None and c.err <= c.rtol for c in checks)
+    assert {c.dtype for c in checks} == {"float16", "float32"}  # bf16 is skipped here
+    # every kind of row ran: 2-D and 1-D, GEMM (dense and grouped) and depthwise
+    rows = {(r.shapes, r.dtypes[0]): r for r in SPEC.example_rows("small")}
+    seen = set()
+    for c in checks:
+        p = SPEC.problem_from_row(rows[(c.shapes, c.dtype)])
+        seen.add((p.get("rank"), dict(p.flags)["kind"], p.dims[-1] > 1))
+    assert {(2, "gemm", False), (2, "gemm", True), (2, "depthwise", True), (1, "gemm", False),
+            (1, "depthwise", True)} <= seen
+    per_row = {}
+    for c in checks:
+        per_row.setdefault((c.shapes, c.dtype), set()).add(c.config)
+    assert len(per_row) == 14 and all(len(v) >= 2 for v in per_row.values())
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("x,w,stride,padding,dilation,groups,bias", [
+    ((1, 5, 17, 6), (4, 5, 2, 3), "3x1", "2x0", "1x2", 1, True),     # anisotropic everything
+    ((3, 33, 5, 7), (19, 33, 3, 3), "1x1", "1x1", "1x1", 1, False),  # C_in over BLOCK_K
+    ((2, 4, 9, 8), (12, 1, 3, 3), "2x2", "1x1", "1x1", 4, True),     # depthwise, multiplier 3
+    ((1, 1, 13, 11), (6, 1, 5, 5), "1x1", "2x2", "1x1", 1, False),   # C_in=1: direct kernel
+    ((2, 8, 6, 7), (8, 2, 1, 3), "1x2", "0x1", "1x1", 4, False),     # grouped
+])
+def test_each_config_class(interp, dtype, x, w, stride, padding, dilation, groups, bias):
+    """Distinct tile shapes at awkward geometries, each against the oracle."""
+    p = _problem(dtype, x, w, bias, stride, padding, dilation, groups)
+    keep, _ = static_prune(SPEC, interp, p)
+    picked = [next(c for c in keep if (c["BLOCK_M"], c["BLOCK_N"]) == (32, 32)),
+              next(c for c in keep if (c["BLOCK_M"], c["BLOCK_N"]) == (128, 16))]
+    if dict(p.flags)["kind"] == "gemm":  # channels-last copies (the depthwise kernel ignores NHWC)
+        picked.append(next(c for c in keep if c["NHWC"] == 1))
+    else:
+        assert not any(c["NHWC"] for c in keep)
+    for c in picked:
+        r = _screen(SPEC, p, c, interp)
+        assert r.ok and r.err <= r.rtol, (str(c), r.reason, r.detail)
+
+
+def test_public_ops_match_oracle():
+    g = torch.Generator().manual_seed(3)
+    rn = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    for dt in (torch.float16, torch.float32):
+        tol = 2e-2 if dt == torch.float16 else 1e-4
+        x, w, b = rn(2, 6, 15, 12).to(dt), (rn(10, 6, 3, 3) / 7).to(dt), rn(10).to(dt)
+        xd, wd, bd = (t.double().numpy() for t in (x, w, b))
+        y = cv.conv2d(x, w, b, stride=(2, 1), padding=(1, 2), dilation=(1, 2))
+        assert y.dtype == dt and y.is_contiguous()
+        assert _rel(y, oracle.conv2d(xd, wd, bd, (2, 1), (1, 2), (1, 2))) <= tol
+        # channels-last and a sliced view: strides are honoured, the output is NCHW contiguous
+        ycl = cv.conv2d(x.contiguous(memory_format=torch.channels_last), w, b, padding=1)
+        assert ycl.is_contiguous() and _rel(ycl, oracle.conv2d(xd, wd, bd, 1, 1)) <= tol
+        xs = x[:, :, 1:, ::2]
+        assert _rel(cv.conv2d(xs, w), oracle.conv2d(xs.double().numpy(), wd)) <= tol
+        # padding='same' with an even filter pads one more after than before, like torch
+        we = (rn(4, 6, 4, 2) / 7).to(dt)
+        ys = cv.conv2d(x, we, padding="same")
+        ref = oracle.conv2d(np.pad(xd, ((0, 0), (0, 0), (1, 2), (0, 1))), we.double().numpy())
+        assert ys.shape == (2, 4, 15, 12) and _rel(ys, ref) <= tol
+        assert cv.conv2d(x, w, padding="valid").shape == (2, 10, 13, 10)
+        # unbatched, depthwise with multiplier 2 (the direct kernel)
+        wdw = (rn(12, 1, 3, 3) / 3).to(dt)
+        yu = cv.conv2d(x[0], wdw, None, stride=2, padding=1, groups=6)
+        assert yu.shape == (12, 8, 6)
+        assert _rel(yu, oracle.conv2d(xd[:1], wdw.double().numpy(), None, 2, 1, 1, 6)[0]) <= tol
+        # conv1d: plain, strided-dilated-grouped, 'same', unbatched
+        x1, w1, b1 = rn(3, 4, 37).to(dt), (rn(7, 4, 5) / 4).to(dt), rn(7).to(dt)
+        x1d, w1d, b1d = (t.double().numpy() for t in (x1, w1, b1))
+        assert _rel(cv.conv1d(x1, w1, b1, padding=2), oracle.conv1d(x1d, w1d, b1d, 1, 2)) <= tol
+        wg = (rn(6, 2, 3) / 3).to(dt)
+        assert _rel(cv.conv1d(x1, wg, None, 2, 1, 3, 2),
+                    oracle.conv1d(x1d, wg.double().numpy(), None, 2, 1, 3, 2)) <= tol
+        y1 = cv.conv1d(x1[1], w1, b1, padding="same")
+        assert y1.shape == (7, 37) and _rel(y1, oracle.conv1d(x1d[1:], w1d, b1d, 1, 2)[0]) <= tol
+
+
+def test_public_ops_agree_with_torch_shapes_and_refuse_bad_calls():
+    x, w = torch.randn(1, 4, 9, 9), torch.randn(8, 4, 3, 3)
+    assert cv.conv2d(x, w, stride=3, padding=2, dilation=2).shape == \
+        F.conv2d(x, w, stride=3, padding=2, dilation=2).shape
+    with pytest.raises(KernelError, match="groups"):
+        cv.conv2d(x, torch.randn(8, 3, 3, 3))
+    with pytest.raises(KernelError, match="mixed dtypes"):
+        cv.conv2d(x, w.half())
+    with pytest.raises(KernelError, match="not served"):
+        cv.conv2d(x.double(), w.double())
+    with pytest.raises(KernelError, match="same"):
+        cv.conv2d(x, w, stride=2, padding="same")
+    with pytest.raises(KernelError, match="larger"):
+        cv.conv2d(x, torch.randn(8, 4, 11, 3))
+    with pytest.raises(KernelError, match="rank"):
+        cv.conv1d(x, w)
+    with pytest.raises(KernelError, match="bias"):
+        cv.conv2d(x, w, torch.randn(7))
+
+
+# ----------------------------------------------------------------------------- trace rows
+
+def test_rows_recorded_by_the_dispatcher_map_to_problems():
+    from nbx_tune.tuner.recorder import Recorder
+
+    x = torch.randn(2, 3, 11, 13)
+    with torch.inference_mode(), Recorder() as rec:
+        F.conv2d(x, torch.randn(5, 3, 3, 3), torch.randn(5), padding=1)
+        F.conv2d(x, torch.randn(5, 3, 3, 3), stride=2, dilation=2)
+        F.conv2d(torch.randn(2, 6, 9, 10), torch.randn(12, 1, 3, 3), padding=1, groups=6)
+        F.conv1d(torch.randn(2, 4, 37), torch.randn(7, 4, 5), torch.randn(7), padding=2)
+        F.conv2d(torch.randn(1, 8, 6, 6), torch.randn(8, 2, 3, 3), groups=4)
+    rows = [r for r in rec.rows if r.op == "aten.convolution"]
+    assert len(rows) == 5
+    assert spec_for_op("aten.convolution") is None or spec_for_op("aten.convolution") is SPEC
+    register(SPEC)
+    assert spec_for_op("aten.convolution") is SPEC
+    ps = [SPEC.problem_from_row(r) for r in rows]
+    assert all(isinstance(p, Problem) for p in ps), ps
+    flags = [dict(p.flags) for p in ps]
+    assert [p.dims for p in ps] == [
+        (2 * 11, 13, 3, 5, 1),  # R = N*H_out, W = W_out, CI, CO, G
+        (2 * 4, 5, 3, 5, 1),
+        (2 * 9, 10, 6, 12, 6),
+        (2, 37, 4, 7, 1),  # 1-D: one row per batch entry, the width on the W ladder
+        (1 * 4, 4, 8, 8, 4),
+    ]
+    assert flags[0] == {"bias": "1", "filter": "3x3", "kind": "gemm", "stride": "1x1"}
+    assert flags[1] == {"bias": "0", "filter": "3x3", "kind": "gemm", "stride": "2x2"}
+    assert flags[2]["kind"] == "depthwise" and flags[4]["kind"] == "gemm"
+    assert flags[3] == {"bias": "1", "filter": "1x5", "kind": "gemm", "stride": "1x1"}
+    assert all(p.dtypes == ("float32",) for p in ps)
+    assert ps[1].get("dilation") == (2, 2) and ps[3].get("padding") == (0, 2) and ps[3].get("rank") == 1
+    # shapes round-trip: the inputs the screen builds are the recorded ones
+    for r, p in zip(rows, ps):
+        assert [s for s, _ in SPEC.input_shapes(p).values()] == [tuple(s) for s in r.shapes]
+    assert SPEC.output_specs(ps[3])["out"] == ((2, 7, 37), "float32")
+    # the 1-D width buckets on the W ladder: above 8192 it steps coarser than `default`
+    prof = get_profile("interpreter")
+    long1d = _problem("float16", (1, 64, 10007), (64, 64, 3), True, "1", "1", "1")
+    assert long1d.dims[1] == 10007
+    assert bucket_of(prof, SPEC.key, long1d.dims)[1] == prof.ladder("W").bucket(10007)
+    assert prof.ladder("W").bucket(10007) != prof.ladder("default").bucket(10007)
+
+
+@pytest.mark.parametrize("row,why", [
+    (_row("float32", (1, 4, 8, 8), (4, 4, 3, 3), transposed="True"), "transposed"),
+    (_row("float32", (1, 4, 4, 8, 8), (4, 4, 3, 3, 3), stride="1x1x1", padding="0x0x0",
+          dilation="1x1x1"), "rank 5"),
+    (_row("float32", (4, 8), (4, 4, 3)), "rank 2"),
+    (_row("float32", (1, 4, 8, 8), (4, 4, 3)), "does not match"),
+    (_row("float32", (1, 4, 8, 8), (6, 3, 3, 3)), "groups"),
+    (_row("float32", (1, 4, 8, 8), (6, 2, 3, 3), groups=3), "groups"),
+    (_row("float32", (1, 6, 8, 8), (4, 2, 3, 3), groups=3), "groups"),
+    (make_row("aten.convolution", ["float32"] * 3, [(1, 4, 8, 8), (6, 4, 3, 3), (5,)], {}), "bias"),
+    (make_row("aten.convolution", ["float32"] * 3, [(1, 4, 8, 8), (6, 4, 3, 3), (6,)],
+              {"bias": "None"}), "bias=None"),
+    (make_row("aten.convolution", ["float32"], [(1, 4, 8, 8)], {}), "tensors"),
+    (make_row("aten.convolution", ["float16", "float32"], [(1, 4, 8, 8), (6, 4, 3, 3)], {}), "mixed"),
+    (_row("float64", (1, 4, 8, 8), (6, 4, 3, 3)), "float64"),
+    (_row("int64", (1, 4, 8, 8), (6, 4, 3, 3)), "int64"),
+    (_row("float32", (1, 4, 8, 8), (6, 4, 3, 3), stride="0x1"), "stride >= 1"),
+    (_row("float32", (1, 4, 8, 8), (6, 4, 3, 3), padding="-1x0"), "padding >= 0"),
+    (_row("float32", (1, 4, 8, 8), (6, 4, 3, 3), dilation="1x1x1"), "3 values"),
+    (_row("float32", (1, 4, 8, 8), (6, 4, 3, 3), stride="axb"), "bad params"),
+    (_row("float32", (1, 4, 8, 8), (6, 4, 3, 3), groups="two"), "bad params"),
+    (_row("float32", (1, 4, 8, 8), (6, 4, 3, 3), transposed="maybe"), "bad params"),
+    (_row("float32", (1, 4, 8, 8), (6, 4, 9, 3)), "empty output"),
+    (_row("float32", (1, 4, 8, 8), (6, 4, 3, 3), dilation="4x1"), "empty output"),
+    (_row("float32", (0, 4, 8, 8), (6, 4, 3, 3)), "empty"),
+    (_row("float32", (1, 4, 8, 8), (0, 4, 3, 3)), "empty"),
+    (_row("float16", (64, 256, 512, 512), (256, 256, 3, 3), padding="1x1"), "2^31"),
+])
+def test_not_servable_rows(row, why):
+    p = SPEC.problem_from_row(row)
+    assert isinstance(p, NotServable), p
+    assert why in p.reason, p.reason
+
+
+def test_single_value_params_expand_and_missing_params_default():
+    p = _problem("float16", (1, 4, 9, 9), (6, 4, 3, 3), True, "2", "1", "1")
+    assert dict(p.flags)["stride"] == "2x2" and p.dims == (5, 5, 4, 6, 1)
+    bare = SPEC.problem_from_row(make_row("aten.convolution", ["float16"] * 2, [(1, 4, 9, 9), (6, 4, 3, 3)],
+                                          {"bias": "None"}))
+    assert isinstance(bare, Problem) and bare.dims == (7, 7, 4, 6, 1)
+    # output_padding is ignored by torch when not transposed
+    assert isinstance(SPEC.problem_from_row(_row("float16", (1, 4, 9, 9), (6, 4, 3, 3),
+                                                 output_padding="1x1")), Problem)
+
+
+# ----------------------------------------------------------------------------- config space
+
+def test_config_space_and_static_prune(interp):
+    hopper = get_profile("hopper")
+    configs = SPEC.configs()
+    assert 20 <= len(configs) <= 48 and len(set(configs)) == len(configs)
+    for c in configs:
+        for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+            assert c[k] >= 16 and c[k] & (c[k] - 1) == 0  # tl.dot needs >= 16, powers of two
+    gemm = _problem("float32", (2, 64, 20, 20), (64, 64, 3, 3), False, padding="1x1")
+    big = next(c for c in configs if (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c.num_stages) == (128, 256, 64, 4))
+    assert SPEC.smem_bytes(big, gemm) == 4 * (128 + 256) * 64 * 4
+    assert SPEC.static_refusal(interp, big, gemm)[0] == "smem_over_budget"
+    assert SPEC.static_refusal(hopper, big, gemm)[0] == "smem_over_budget"  # 393 KB in fp32
+    assert SPEC.default_config(interp, gemm) in configs
+    # Depthwise seats: configs that differ only in BLOCK_K / GROUP_M are one candidate.
+    dw = _problem("float16", (2, 8, 9, 9), (8, 1, 3, 3), False, padding="1x1", groups=8)
+    assert SPEC.smem_bytes(big, dw) == 0
+    for prof in (interp, hopper):
+        keep, refused = static_prune(SPEC, prof, dw)
+        ident = lambda c: (c["BLOCK_M"], c["BLOCK_N"], *(getattr(c, o) for o in prof.launch_options))  # noqa: E731
+        assert len({ident(c) for c in keep}) == len(keep)  # no two kept compile the same
+        assert {ident(c) for c in keep} == {ident(c) for c in configs}  # every class kept once
+        assert any(r.reason == "equivalent" for r in refused)
+        d = SPEC.default_config(prof, dw)
+        assert d in keep and d["BLOCK_M"] == 128 and d["BLOCK_N"] == 32
+        # the launch path resolves a default from flags and dims alone (no extra)
+        bare = Problem(SPEC.name, dw.dtypes, dw.flags, dw.dims)
+        assert SPEC.default_config(prof, bare) == d
+
+
+def test_source_hash_covers_both_kernels():
+    parts = SPEC.source_parts()
+    assert cv._conv_gemm_kernel in parts and cv._conv_depthwise_kernel in parts
+    assert cv.launch_conv_gemm in parts and cv.launch_conv_depthwise in parts
+
+
+# ----------------------------------------------------------------------------- planted faults
+
+class _NarrowStore(cv.ConvSpec):
+    """Writes all but the last output column: the screen must see the poison."""
+
+    def launch(self, config, problem, inputs, outputs):
+        super().launch(config, problem, inputs, {"out": outputs["out"][..., :-1]})
+
+
+class _WrongDilation(cv.ConvSpec):
+    """Launches with dilation 1 where the problem says 2."""
+
+    def launch(self, config, problem, inputs, outputs):
+        g = self._geometry(problem)
+        cv.launch_conv_gemm(inputs["input"], inputs["weight"], inputs.get("bias"), outputs["out"],
+                            g["stride"], g["padding"], (1, 1), g["groups"], config)
+
+
+class _NoBias(cv.ConvSpec):
+    """Drops the bias of a depthwise launch."""
+
+    def launch(self, config, problem, inputs, outputs):
+        super().launch(config, problem, {k: v for k, v in inputs.items() if k != "bias"}, outputs)
+
+
+def test_planted_faults_are_caught(interp):
+    p = _problem("float32", (1, 3, 10, 11), (4, 3, 3, 3), True, padding="1x1")
+    c = SPEC.default_config(interp, p)
+    assert _screen(SPEC, p, c, interp).ok
+    r = _screen(_NarrowStore(), p, c, interp)
+    assert r.reason == "unwritten_output", r
+    pd = _problem("float16", (1, 3, 12, 11), (4, 3, 3, 3), False, padding="2x2", dilation="2x2")
+    r = _screen(_WrongDilation(), pd, SPEC.default_config(interp, pd), interp)
+    assert r.reason == "wrong_answer", r
+    pw = _problem("float16", (1, 6, 7, 9), (6, 1, 3, 3), True, padding="1x1", groups=6)
+    assert _screen(SPEC, pw, SPEC.default_config(interp, pw), interp).ok
+    r = _screen(_NoBias(), pw, SPEC.default_config(interp, pw), interp)
+    assert r.reason == "wrong_answer", r
+
+
+def test_make_inputs_are_random_and_seeded():
+    p = _problem("float16", (2, 3, 5, 6), (4, 3, 3, 3), True)
+    a = SPEC.make_inputs(p, np.random.default_rng(1))
+    b = SPEC.make_inputs(p, np.random.default_rng(1))
+    for k in a:
+        assert np.array_equal(a[k][0], b[k][0]) and a[k][1] == "float16"
+        assert np.unique(a[k][0]).size > a[k][0].size // 2  # never constant
+
+
+def test_defaults_follow_channels_per_group(interp):
+    hopper = get_profile("hopper")
+    for x, w, groups, want in [
+        ((8, 256, 28, 28), (256, 8, 3, 3), 32, (128, 16, 32)),  # 8 out channels per group
+        ((8, 64, 56, 56), (64, 64, 3, 3), 1, (128, 64, 64)),
+        ((2, 3, 64, 64), (32, 3, 3, 3), 1, (128, 32, 16)),  # a stem: 3 input channels
+        ((2, 320, 64, 64), (320, 320, 3, 3), 1, (128, 128, 32)),
+    ]:
+        p = _problem("float16", x, w, False, padding="1x1", groups=groups)
+        d = SPEC.default_config(hopper, p)
+        assert d in SPEC.configs() and (d["BLOCK_M"], d["BLOCK_N"], d["BLOCK_K"]) == want
+        assert SPEC.static_refusal(hopper, d, p) is None
+        # a smaller device falls back to a default that fits it
+        d32 = SPEC.default_config(interp, _problem("float32", x, w, False, padding="1x1", groups=groups))
+        assert SPEC.smem_bytes(d32, p) * 2 <= interp.memory.max_shared_memory_per_block
+
+
+def test_stride_span_is_the_largest_offset():
+    x = torch.randn(2, 3, 4, 5)
+    assert cv._span(x) == x.numel() - 1
+    assert cv._span(x[:, :, ::2, 1:]) == 1 * 60 + 2 * 20 + 1 * 10 + 3 * 1
+    assert cv._span(x.contiguous(memory_format=torch.channels_last)) == x.numel() - 1
+    assert cv._span(torch.randn(3, 1).expand(3, 7)) == 2
