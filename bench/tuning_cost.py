@@ -37,7 +37,11 @@ def main(trace: str) -> None:
     from nbx_tune.tuner.trace import read_trace, write_trace
 
     work = Path(tempfile.mkdtemp(prefix="nbx-tc-"))
+    from nbx_tune.tuner.trace import make_row
+
     rows = [r for r in read_trace(trace).rows if r.base_op in MATMUL_OPS]
+    # Beside the model's shapes, one square size >= 2048 per half dtype for the cuBLAS goal.
+    rows += [make_row("aten.mm", [dt, dt], [(4096, 4096), (4096, 4096)]) for dt in ("float16", "bfloat16")]
     mm_trace = work / "matmul_rows.tsv"
     write_trace(mm_trace, rows, comments=[f"matmul rows of {trace}"])
     base_env = {**os.environ}
