@@ -123,3 +123,28 @@ class FaultySpec(DoubleSpec):
 
 FAULTY = FaultySpec()
 SPECS = (SPEC, FAULTY)
+
+
+# A candidate that leaves the (simulated) GPU context poisoned: it fails with a CUDA error,
+# and so does every later launch in the same process, as after an illegal memory access.
+POISON = cfg(1024)
+_POISONED = []
+
+
+class PoisonSpec(DoubleSpec):
+    name = "test_poison"
+    ops = ("test.poison",)
+
+    def __init__(self):
+        super().__init__((GOOD[0], POISON, GOOD[1]))
+
+    def launch(self, config, problem, inputs, outputs):
+        if config == POISON:
+            _POISONED.append(True)
+        if _POISONED:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        super().launch(config, problem, inputs, outputs)
+
+
+POISONING = PoisonSpec()
+SPECS = (SPEC, FAULTY, POISONING)

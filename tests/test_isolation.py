@@ -64,3 +64,23 @@ def test_census_with_isolation_records_crash_refusals(tmp_path, db_url):
     assert rep.seats[0].status == "certified"
     rows = api.refusal_rows(db_url, kernel="test_faulty")
     assert {r["reason"] for r in rows} == {"crash", "timeout"}
+
+
+def test_a_candidate_that_poisons_the_gpu_context_is_the_one_refused(tmp_path):
+    """Seen on an H200 (2026-12-02): after an illegal memory access every later call in the
+    process fails. The candidate that caused it is refused as a crash; the others are
+    screened again in a fresh worker and one of them is certified."""
+    from nbx_tune.kernels.spec import Problem, seat_flags
+
+    profile = load_profile_file(quick_timeout_profile(tmp_path, 60))
+    ex = Isolated(profile)
+    try:
+        res = tune_seat(planted.POISONING, profile, "poison", [Problem("test_poison", ("float32",), seat_flags(), (999,))],
+                        ex, get_strategy("exhaustive"), "cpu")
+    finally:
+        ex.close()
+    reasons = {r.config: r.reason for r in res.records}
+    assert reasons[planted.POISON] == "crash"
+    assert reasons[planted.GOOD[0]] is None and reasons[planted.GOOD[1]] is None
+    assert res.outcome == "certified" and res.winner.config in planted.GOOD
+    assert ex.restarts == 1

@@ -44,6 +44,21 @@ class Outcome:
         return self.reason is None
 
 
+# Errors after which a process's GPU context is unusable: every later call in it fails.
+FATAL_GPU_ERRORS = ("illegal memory access", "illegal address", "device-side assert",
+                    "unspecified launch failure", "misaligned address", "an illegal instruction",
+                    "CUDA error", "HIP error", "hipError")
+
+
+class ContextPoisoned(Exception):
+    """A candidate left the GPU context unusable: its process must not run another."""
+
+
+def is_fatal(e: BaseException) -> bool:
+    text = f"{type(e).__name__}: {e}"
+    return any(p in text for p in FATAL_GPU_ERRORS)
+
+
 class SeatPrepareError(Exception):
     """A seat's inputs or oracle could not be made: the whole seat is refused."""
 
@@ -77,6 +92,8 @@ class SeatRunner:
             try:
                 r = screening.screen(self.spec, config, case, self.job.rtol, self.job.device)
             except Exception as e:
+                if is_fatal(e):
+                    raise ContextPoisoned(classify_exception(e)[1]) from e
                 reason, detail = classify_exception(e)
                 return Outcome(screens=results, reason=reason, detail=detail, problem=case.problem)
             results.append(r)
@@ -86,15 +103,17 @@ class SeatRunner:
 
     def time(self, config: Config, mode: str) -> Outcome:
         case = self.time_case
-        inputs = screening.fresh_inputs(case)
-        outputs = screening.alloc_outputs(self.spec, case.problem, self.job.device)
-
-        def fn():
-            self.spec.launch(config, case.problem, inputs, outputs)
-
         try:
+            inputs = screening.fresh_inputs(case)
+            outputs = screening.alloc_outputs(self.spec, case.problem, self.job.device)
+
+            def fn():
+                self.spec.launch(config, case.problem, inputs, outputs)
+
             return Outcome(timing=self.bench(fn, mode))
         except Exception as e:
+            if is_fatal(e):
+                raise ContextPoisoned(classify_exception(e)[1]) from e
             reason, detail = classify_exception(e)
             return Outcome(reason=reason, detail=detail, problem=case.problem)
 
@@ -115,10 +134,16 @@ class InProcess:
             raise SeatPrepareError(f"{type(e).__name__}: {e}") from e
 
     def screen(self, config: Config) -> Outcome:
-        return self.runner.screen(config)
+        try:
+            return self.runner.screen(config)
+        except ContextPoisoned as e:  # in-process there is no fresh context to move to
+            return Outcome(reason="crash", detail=f"{e} (in-process: later candidates may fail; use isolation)")
 
     def time(self, config: Config, mode: str = "full") -> Outcome:
-        return self.runner.time(config, mode)
+        try:
+            return self.runner.time(config, mode)
+        except ContextPoisoned as e:
+            return Outcome(reason="crash", detail=f"{e} (in-process: later candidates may fail; use isolation)")
 
     def end_seat(self) -> None:
         self.runner = None

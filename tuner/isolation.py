@@ -19,17 +19,10 @@ import os
 import tempfile
 import traceback
 
-from nbx_tune.tuner.executor import Outcome, SeatJob, SeatPrepareError, SeatRunner, classify_exception
+from nbx_tune.tuner.executor import (ContextPoisoned, Outcome, SeatJob, SeatPrepareError, SeatRunner,
+                                      classify_exception, is_fatal)
 
-# Errors after which the process's CUDA context is unusable.
-FATAL_GPU_ERRORS = ("illegal memory access", "illegal address", "device-side assert", "unspecified launch failure",
-                    "misaligned address", "an illegal instruction", "CUDA error", "HIP error", "hipError")
 PREPARE_TIMEOUT_FACTOR = 10  # making a seat's inputs and fp64 oracles may take longer than one candidate
-
-
-def _fatal(e: BaseException) -> bool:
-    text = f"{type(e).__name__}: {e}"
-    return any(p in text for p in FATAL_GPU_ERRORS)
 
 
 def _worker_main(conn, plugins, timing, stderr_path):
@@ -61,9 +54,12 @@ def _worker_main(conn, plugins, timing, stderr_path):
             elif kind == "time":
                 conn.send(("outcome", runner.time(msg[1], msg[2])))
         except BaseException as e:
+            # A poisoned context (or a seat that cannot be prepared) ends this worker: the
+            # candidate in flight is refused as a crash and the parent starts a fresh one.
             reason, detail = classify_exception(e)
-            if _fatal(e) or kind == "seat":
-                conn.send(("fatal", "crash", detail, traceback.format_exc(limit=4)))
+            if isinstance(e, ContextPoisoned) or is_fatal(e) or kind == "seat":
+                conn.send(("fatal", "crash", str(e) if isinstance(e, ContextPoisoned) else detail,
+                           traceback.format_exc(limit=4)))
                 os._exit(3)
             conn.send(("outcome", Outcome(reason=reason, detail=detail)))
 
