@@ -533,12 +533,18 @@ _BINARY_OPS = {
     "aten.mul.Scalar": "mul", "aten.div.Scalar": "div",
     "aten.div.Tensor_mode": "div",
 }
+# In-place forms (a ResNet's residual `out += identity` records aten.add_.Tensor): the same
+# computation and seat as the out-of-place op, served when the result has self's shape and dtype.
+_INPLACE_OPS = {"aten.add_.Tensor": "aten.add.Tensor", "aten.sub_.Tensor": "aten.sub.Tensor",
+                "aten.mul_.Tensor": "aten.mul.Tensor", "aten.div_.Tensor": "aten.div.Tensor",
+                "aten.add_.Scalar": "aten.add.Scalar", "aten.sub_.Scalar": "aten.sub.Scalar",
+                "aten.mul_.Scalar": "aten.mul.Scalar", "aten.div_.Scalar": "aten.div.Scalar"}
 _ALPHA_FNS = ("add", "sub", "rsub")
 
 
 class ElementwiseBinarySpec(KernelSpec):
     name = "elementwise_binary"
-    ops = tuple(_BINARY_OPS)
+    ops = tuple(_BINARY_OPS) + tuple(_INPLACE_OPS)
     key = (KeyDim("N", "elements"),)
     dtypes = tuple(TORCH_DTYPES)
     description = "two-operand element-wise math with broadcasting: add, sub, mul, div, maximum, ..."
@@ -558,6 +564,8 @@ class ElementwiseBinarySpec(KernelSpec):
 
     def problem_from_row(self, row):
         op = row.op.removesuffix(".default")
+        inplace = op in _INPLACE_OPS
+        op = _INPLACE_OPS.get(op, op)
         fn = _BINARY_OPS.get(op)
         if fn is None:
             return NotServable(f"{op}: overload not served")
@@ -605,6 +613,9 @@ class ElementwiseBinarySpec(KernelSpec):
         out_shape = broadcast_shape(a_shape, b_shape or ())
         if out_shape is None:
             return NotServable(f"shapes {_pshape(a_shape)} and {_pshape(b_shape)} do not broadcast")
+        if inplace and (tuple(out_shape) != tuple(a_shape) or out_dt != a_dt):
+            return NotServable(f"in-place {fn}: the result ({_pshape(out_shape)}, {out_dt}) is not "
+                               f"self's ({_pshape(a_shape)}, {a_dt})")
         n = _numel(out_shape)
         if n == 0:
             return NotServable("an empty output: nothing to launch")

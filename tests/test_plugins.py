@@ -1,0 +1,86 @@
+"""Kernels users bring: the worked example of docs/plugins.md through the whole pipeline,
+from --plugin and from an entry point."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from nbx_tune.cli.app import app
+from nbx_tune.errors import KernelError
+from nbx_tune.kernels import certified, registry
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN_DIR = ROOT / "examples" / "plugin"
+HEAD = "# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
+
+
+@pytest.fixture
+def on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(PLUGIN_DIR))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")]))
+
+
+def test_the_worked_example_goes_through_census_export_and_launch(tmp_path, db_url, on_path):
+    t = tmp_path / "t.tsv"
+    t.write_text(HEAD + "mylib.swiglu\tfloat32,float32\t37x29;37x29\t\t4\n"
+                 "mylib.swiglu\tfloat16,float16\t999;998\t\t2\n"
+                 "mylib.swiglu\tfloat32,float16\t5;5\t\t1\n")
+    r = CliRunner().invoke(app, ["census", "--model", str(t), "--db", db_url, "--plugin", "nbx_swiglu", "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["coverage"]["certified"]["seats"] == 1
+    reasons = sorted(x["reason"] for x in rep["not_servable"])
+    assert reasons == ["dtypes float32,float16: one of float16, bfloat16, float32",
+                       "swiglu takes gate and up of one shape"]
+    out = tmp_path / "table.json"
+    r = CliRunner().invoke(app, ["export", "--profile", "interpreter", "-o", str(out), "--db", db_url,
+                                 "--plugin", "nbx_swiglu"])
+    assert r.exit_code == 0 and "wrote 1 certified" in r.stdout
+    import nbx_swiglu
+
+    certified.reload()
+    g, u = torch.randn(37, 29), torch.randn(37, 29)
+    got = nbx_swiglu.swiglu(g, u)
+    ref = nbx_swiglu.swiglu_fp64(g.double().numpy(), u.double().numpy())
+    assert np.abs(got.double().numpy() - ref).max() / np.abs(ref).max() < 1e-5
+    assert certified.launch_stats()["misses"] == {}  # served the certified config
+
+
+def test_an_entry_point_registers_a_kernel_without_flags(tmp_path):
+    site = tmp_path / "site"
+    dist = site / "nbx_swiglu_dist-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nbx-swiglu-dist\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[nbx_tune.kernels]\nswiglu = nbx_swiglu:SPEC\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(PLUGIN_DIR)]), "TRITON_INTERPRET": "1"}
+    code = "from nbx_tune.kernels.registry import spec_for_op; print(spec_for_op('mylib.swiglu').name)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "swiglu"
+
+
+def test_a_plugin_cannot_take_an_op_another_kernel_serves(on_path):
+    import nbx_swiglu
+
+    class Thief(nbx_swiglu.SwiGLUSpec):
+        name = "thief"
+        ops = ("aten.mm",)
+
+    with pytest.raises(KernelError, match="op aten.mm of kernel 'thief' .* is already served by 'matmul'"):
+        registry.register(Thief(), "test")
+    with pytest.raises(KernelError, match="plugin no_such_plugin: cannot import"):
+        registry.load_plugin("no_such_plugin")
+
+
+def test_the_docs_name_every_part_of_the_example():
+    doc = (ROOT / "docs" / "plugins.md").read_text()
+    src = (PLUGIN_DIR / "nbx_swiglu.py").read_text()
+    for name in ("_swiglu", "launch_swiglu", "swiglu_fp64", "problem_from_row", "source_parts", "nbx_tune.kernels"):
+        assert name in doc and (name in src or name == "nbx_tune.kernels")
