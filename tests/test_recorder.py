@@ -321,3 +321,25 @@ def test_python_options_stay_with_the_interpreter():
     prog = _program([PYTHON, "-u", "-W", "ignore", "-m", "pkg.mod", "--flag", "x"])
     assert (prog.options, prog.target, prog.args, prog.label) == (
         ["-u", "-W", "ignore"], ["-m", "pkg.mod"], ["--flag", "x"], "pkg.mod")
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def test_a_recorded_model_goes_through_a_census(tmp_path):
+    """Record a transformer layer and a conv block, then certify what the trace needs."""
+    from nbx_tune.tuner import api
+
+    out = tmp_path / "model.tsv"
+    torch.manual_seed(0)
+    dec, conv = DecoderLayer().eval(), ConvBlock().eval()
+    x, image = torch.randn(1, 7, 32), torch.randn(1, 3, 9, 9)
+    with torch.inference_mode(), record(out):
+        dec(x)
+        conv(image)
+    rep = api.census(str(out), f"sqlite:///{tmp_path / 'nbx.db'}", isolate=False)
+    kernels = {s.kernel for s in rep.seats}
+    assert {"matmul", "attention", "layer_norm", "conv", "elementwise_unary", "elementwise_binary"} <= kernels
+    assert all(s.status == "certified" for s in rep.seats), [(s.label, s.why) for s in rep.seats]
+    assert set(rep.uncovered) == {"aten.batch_norm"} and not rep.not_servable
+    assert rep.launches == sum(r.count for r in read_trace(out).rows)
