@@ -108,3 +108,11 @@ def test_source_hash_is_the_same_with_and_without_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == SPEC.source_hash
+
+
+def test_stages_over_the_profile_maximum_are_refused_unlaunched():
+    turing = get_profile("turing")  # max_num_stages 2
+    p = SPEC.problem_from_row(make_row("aten.mm", ["float16"] * 2, [(64, 64), (64, 64)]))
+    three = next(c for c in CONFIGS if c.num_stages == 3)
+    assert SPEC.static_refusal(turing, three, p) == (
+        "stages_over_max", "num_stages 3 > pipelining.max_num_stages 2")

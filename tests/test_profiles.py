@@ -165,3 +165,12 @@ def test_profile_hash_ignores_comments_and_timing_but_not_ladders(tmp_path):
     turing = builtin_profiles()["turing"]
     assert load_profile_file(tmp_path / "a.yml").hash == turing.hash
     assert load_profile_file(tmp_path / "b.yml").hash != turing.hash
+
+
+def test_yaml_is_never_executed(tmp_path):
+    marker = tmp_path / "pwned"
+    p = tmp_path / "evil.yml"
+    p.write_text(f'vendor: !!python/object/apply:os.system ["touch {marker}"]\n')
+    with pytest.raises(ProfileError, match="not valid YAML"):
+        load_profile_file(p)
+    assert not marker.exists()
