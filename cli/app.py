@@ -60,6 +60,7 @@ def census(
     strategy: str = typer.Option("pruned", "--strategy", help="Search strategy: pruned or exhaustive."),
     isolate: bool = typer.Option(True, "--isolate/--no-isolate",
                                  help="Run candidates in a worker process that a crash or hang cannot take down."),
+    enqueue: bool = typer.Option(False, "--enqueue", help="Record the seats for `nbx-tune worker`; tune nothing."),
     plugin: Optional[List[str]] = PluginOpt,
 ):
     """Map a trace to seats, report coverage, and certify what is pending."""
@@ -67,7 +68,7 @@ def census(
 
     console = err if json_out else out
     with render.RichReporter(console, show_tables=not json_out) as reporter:
-        rep = api.census(str(model), db, profile, dry_run, reporter, strategy, plugin or (), isolate)
+        rep = api.census(str(model), db, profile, dry_run, reporter, strategy, plugin or (), isolate, enqueue)
     if json_out:
         render.print_json(rep.to_dict())
         return
@@ -76,7 +77,9 @@ def census(
     extra = render.uncovered_table(rep)
     if extra is not None:
         out.print(extra)
-    title = "Seats (dry run: nothing written)" if dry_run else f"Seats after census run {rep.run_id}"
+    title = ("Seats (dry run: nothing written)" if dry_run else
+             f"Seats queued by census run {rep.run_id} (tuned by `nbx-tune worker`)" if enqueue else
+             f"Seats after census run {rep.run_id}")
     out.print(render.seats_table(rep.seats, title))
     for line in render.seat_notes(rep.seats):
         out.print(line, highlight=False)
@@ -84,6 +87,42 @@ def census(
     out.print(f"{c['certified']['seats']} certified, {c['unscreened']['seats']} unscreened, "
               f"{c['refused']['seats']} refused, {c['pending']['seats']} pending, "
               f"{c['stale']['seats']} stale seats in {rep.seconds:.1f} s")
+
+
+@app.command()
+@user_errors
+def worker(
+    db: Optional[str] = DbOpt,
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="Comma-separated GPU ids: one worker process per id."),
+    profile: Optional[str] = ProfileOpt,
+    max_seats: Optional[int] = typer.Option(None, "--max-seats", help="Stop after tuning this many seats."),
+    lease: Optional[float] = typer.Option(None, "--lease", help="Seconds a claim outlives its last heartbeat."),
+    strategy: str = typer.Option("pruned", "--strategy"),
+    isolate: bool = typer.Option(True, "--isolate/--no-isolate"),
+    json_out: bool = JsonOpt,
+    plugin: Optional[List[str]] = PluginOpt,
+):
+    """Tune queued seats of this device's profile until none is left (a fleet shares one --db)."""
+    from nbx_tune.tuner import api
+
+    if gpus:
+        from nbx_tune.tuner.fleet import spawn_workers, wait_workers
+
+        ids = [g.strip() for g in gpus.split(",") if g.strip()]
+        argv = [*(["--db", db] if db else []), *(["--profile", profile] if profile else []),
+                *(["--max-seats", str(max_seats)] if max_seats else []), *(["--lease", str(lease)] if lease else []),
+                "--strategy", strategy, "--isolate" if isolate else "--no-isolate", *(["--json"] if json_out else []),
+                *[x for p in plugin or () for x in ("--plugin", p)]]
+        wait_workers(spawn_workers(ids, argv))
+        return
+    console = err if json_out else out
+    with render.RichReporter(console, show_tables=False) as reporter:
+        rep = api.worker(db, profile, reporter, strategy, plugin or (), isolate, max_seats, lease)
+    if json_out:
+        render.print_json(rep.to_dict())
+        return
+    out.print(f"worker {rep.holder} ({rep.device}, {rep.profile}): {len(rep.tuned)} seats in {rep.seconds:.1f} s "
+              f"({rep.seats_per_hour:.0f} seats/hour)", highlight=False)
 
 
 @app.command()

@@ -26,3 +26,50 @@ def isolated_env(tmp_path, monkeypatch):
 @pytest.fixture
 def db_url(tmp_path):
     return f"sqlite:///{tmp_path / 'nbx.db'}"
+
+
+# ----------------------------------------------------------------------------- PostgreSQL
+# NBX_TUNE_TEST_PG names a PostgreSQL database whose role may CREATE DATABASE (.ci/run starts
+# a server on loopback and sets it). Each test gets a fresh database of its own. Without it
+# the PostgreSQL cases are skipped, unless NBX_TUNE_REQUIRE_PG=1 (CI) makes that a failure.
+
+import uuid  # noqa: E402
+
+PG_ADMIN = os.environ.get("NBX_TUNE_TEST_PG", "").strip()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_db(request, tmp_path):
+    """A fresh database URL on each engine."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'any.db'}"
+        return
+    if not PG_ADMIN:
+        if os.environ.get("NBX_TUNE_REQUIRE_PG") == "1":
+            pytest.fail("NBX_TUNE_REQUIRE_PG=1 but NBX_TUNE_TEST_PG is not set")
+        pytest.skip("no PostgreSQL server (set NBX_TUNE_TEST_PG)")
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"nbx_t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(PG_ADMIN).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def db_count(url: str, table: str, where: str = "") -> int:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as c:
+            return c.execute(text(f"SELECT count(*) FROM {table} {where}")).scalar()
+    finally:
+        engine.dispose()

@@ -1,7 +1,6 @@
 """A census end to end on the interpreter: coverage, tuning, the second census that tunes
 nothing, dry runs and bad traces that write nothing, unscreened and stale seats."""
 
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -9,6 +8,7 @@ import torch
 import yaml
 
 import planted
+from conftest import db_count
 from nbx_tune.errors import TraceError
 from nbx_tune.kernels import certified, mm
 from nbx_tune.kernels.registry import register
@@ -32,8 +32,7 @@ def trace(tmp_path, body, name="t.tsv"):
 
 
 def count(db_url, table):
-    with sqlite3.connect(db_url[len("sqlite:///"):]) as c:
-        return c.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    return db_count(db_url, table)
 
 
 MATMUL_TRACE = (
@@ -45,7 +44,9 @@ MATMUL_TRACE = (
 )
 
 
-def test_census_certifies_then_the_second_tunes_nothing_and_launches_read_it(tmp_path, db_url):
+def test_census_certifies_then_the_second_tunes_nothing_and_launches_read_it(tmp_path, any_db, monkeypatch):
+    db_url = any_db
+    monkeypatch.setenv("NBX_TUNE_DB", db_url)
     t = trace(tmp_path, MATMUL_TRACE)
     rep = census(str(t), db_url, isolate=True)  # the default: candidates in a worker process
     c = rep.counts()

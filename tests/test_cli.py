@@ -14,7 +14,7 @@ register(planted.SPEC)
 HEAD = "# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
 runner = CliRunner()
 
-COMMANDS = [["census"], ["seats"], ["show"], ["refusals"], ["unscreened"], ["export"], ["import"],
+COMMANDS = [["census"], ["worker"], ["seats"], ["show"], ["refusals"], ["unscreened"], ["export"], ["import"],
             ["trace"], ["profiles"], ["profiles", "list"], ["profiles", "show"], ["profiles", "check"],
             ["db"], ["db", "upgrade"], ["db", "current"]]
 

@@ -2,11 +2,11 @@
 refused whole, and imports that merge by keeping the faster certificate."""
 
 import json
-import sqlite3
 
 import pytest
 
 import planted
+from conftest import db_count
 from nbx_tune.errors import TableError
 from nbx_tune.kernels import certified, table_format
 from nbx_tune.kernels.registry import register
@@ -82,8 +82,8 @@ def test_broken_tables_are_refused_whole(table, damage, match, monkeypatch):
         certified.state()
 
 
-def test_import_merges_keeping_the_faster_certificate(tmp_path, db_url, table):
-    other = f"sqlite:///{tmp_path / 'other.db'}"
+def test_import_merges_keeping_the_faster_certificate(tmp_path, db_url, table, any_db):
+    other = any_db
     s = api.import_(str(table), other)
     assert (s.added, s.kept_existing) == (2, 0)
     s = api.import_(str(table), other)  # the same again: not faster, recorded but not current
@@ -95,10 +95,14 @@ def test_import_merges_keeping_the_faster_certificate(tmp_path, db_url, table):
     faster = tmp_path / "faster.json"
     faster.write_text(table_format.dumps(doc["profile"], doc["architecture"], doc["profile_hash"], doc["entries"]))
     assert api.import_(str(faster), other).added == 2
-    with sqlite3.connect(other[len("sqlite:///"):]) as c:
-        assert c.execute("SELECT count(*) FROM certificates").fetchone()[0] == 6
-        assert c.execute("SELECT count(*) FROM certificates WHERE superseded_at IS NULL").fetchone()[0] == 2
-        rows = c.execute("SELECT median_ms FROM certified_configs").fetchall()
+    assert db_count(other, "certificates") == 6
+    assert db_count(other, "certificates", "WHERE superseded_at IS NULL") == 2
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(other)
+    with engine.connect() as c:
+        rows = c.execute(text("SELECT median_ms FROM certified_configs")).all()
+    engine.dispose()
     assert sorted(r[0] for r in rows) == sorted(e["median_ms"] for e in doc["entries"])
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import planted
+from conftest import db_count
 from nbx_tune.kernels import certified
 from nbx_tune.kernels.registry import register
 from nbx_tune.tuner import api
@@ -36,7 +37,8 @@ def q(db_url, sql):
         return c.execute(sql).fetchall()
 
 
-def test_two_censuses_at_once_tune_each_seat_once(tmp_path, db_url):
+def test_two_censuses_at_once_tune_each_seat_once(tmp_path, any_db):
+    db_url = any_db
     t = tmp_path / "t.tsv"
     t.write_text(HEAD + MANY_SEATS)
     a, b = census_proc(t, db_url, "--json"), census_proc(t, db_url, "--json")
@@ -44,15 +46,16 @@ def test_two_censuses_at_once_tune_each_seat_once(tmp_path, db_url):
     for p, (out, err) in zip((a, b), outs):
         assert p.returncode == 0, err
         assert "locked" not in err.lower() and "Traceback" not in err
-    assert q(db_url, "SELECT count(*) FROM seats") == [(10,)]
+    assert db_count(db_url, "seats") == 10
     # Each seat tuned exactly once, by one census or the other, and certified.
-    assert q(db_url, "SELECT count(*), count(DISTINCT seat_id) FROM tunings") == [(10, 10)]
-    assert q(db_url, "SELECT count(*) FROM certified_configs") == [(10,)]
+    assert db_count(db_url, "tunings") == 10
+    assert db_count(db_url, "(SELECT DISTINCT seat_id FROM tunings) AS t") == 10
+    assert db_count(db_url, "certified_configs") == 10
     import json
 
     for out, _ in outs:
         assert json.loads(out)["coverage"]["certified"]["seats"] == 10
-    assert q(db_url, "SELECT count(*) FROM seats WHERE claimed_by IS NOT NULL") == [(0,)]
+    assert db_count(db_url, "seats", "WHERE claimed_by IS NOT NULL") == 0
 
 
 def test_kill_9_at_random_moments_loses_nothing_and_the_next_census_finishes(tmp_path, db_url):

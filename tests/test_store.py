@@ -14,8 +14,8 @@ from nbx_tune.tuner.store.db import current_revision, head_revision, make_engine
 from nbx_tune.tuner.store.models import Base
 
 
-def test_fresh_database_is_created_at_head_with_the_view(db_url):
-    engine = open_engine(db_url)
+def test_fresh_database_is_created_at_head_with_the_view(any_db):
+    engine = open_engine(any_db)
     assert current_revision(engine) == head_revision()
     names = set(inspect(engine).get_table_names())
     assert {"seats", "certificates", "refusals", "tunings", "measurements", "trace_needs"} <= names
@@ -86,7 +86,7 @@ def test_passwords_are_never_printed():
     assert "hunter2" not in str(e.value)
 
 
-def test_one_current_certificate_per_seat_is_held_by_the_database(db_url):
+def test_one_current_certificate_per_seat_is_held_by_the_database(any_db):
     """The partial unique index refuses a second current certificate, whatever the code does."""
     from datetime import datetime, timezone
 
@@ -94,7 +94,7 @@ def test_one_current_certificate_per_seat_is_held_by_the_database(db_url):
 
     from nbx_tune.tuner.store.models import Certificate, Seat, Tuning
 
-    store = Store(db_url)
+    store = Store(any_db)
     now = datetime.now(timezone.utc)
     with store.session() as s:
         seat = Seat(profile="p", kernel="k", dtypes="float16", flags="-", bucket="n=1", created_at=now)
@@ -117,3 +117,4 @@ def test_one_current_certificate_per_seat_is_held_by_the_database(db_url):
     with pytest.raises(IntegrityError):
         with store.session() as s:
             s.add(cert())
+    store.close()

@@ -64,19 +64,24 @@ def known_profiles(extra=None) -> dict:
 
 
 def census(model: str, db: str | None = None, profile: str | None = None, dry_run: bool = False,
-           reporter=None, strategy: str = "pruned", plugins=(), isolate: bool = True):
+           reporter=None, strategy: str = "pruned", plugins=(), isolate: bool = True,
+           enqueue: bool = False):
+    """dry_run: plan only, write nothing. enqueue: record the plan for workers, tune nothing
+    (any profile: the workers of its device tune it)."""
     ensure_device(reporter.notice if reporter else None)  # before anything imports triton
     from nbx_tune.tuner.census import load_plan, run_census
     from nbx_tune.tuner.store import Store
 
     load_plugins(plugins)
-    prof = resolve_profile(profile, for_tuning=not dry_run)
+    prof = resolve_profile(profile, for_tuning=not (dry_run or enqueue))
     plan = load_plan(model, prof)  # a malformed trace fails here, before any database I/O
     # A dry run reads the database if there is one, and never creates or writes it.
     store = _existing_store(db) if dry_run else Store(db)
     try:
         if dry_run:
             return run_census(plan, store, dry_run=True)
+        if enqueue:
+            return run_census(plan, store, None, reporter)
         tuner = make_tuner(store, prof, strategy, isolate)
         try:
             return run_census(plan, store, tuner, reporter)
@@ -85,6 +90,28 @@ def census(model: str, db: str | None = None, profile: str | None = None, dry_ru
     finally:
         if store is not None:
             store.close()
+
+
+def worker(db: str | None = None, profile: str | None = None, reporter=None, strategy: str = "pruned",
+           plugins=(), isolate: bool = True, max_seats: int | None = None, lease_s: float | None = None):
+    """One worker on this device: tune queued seats of its profile until none is left."""
+    ensure_device(reporter.notice if reporter else None)
+    from nbx_tune.tuner.fleet import run_worker
+    from nbx_tune.tuner.store import Store
+
+    load_plugins(plugins)
+    prof = resolve_profile(profile, for_tuning=True)
+    store = Store(db)
+    try:
+        tuner = make_tuner(store, prof, strategy, isolate)
+        if lease_s:
+            tuner.claim_ttl = lease_s
+        try:
+            return run_worker(tuner, reporter, max_seats)
+        finally:
+            tuner.executor.close()
+    finally:
+        store.close()
 
 
 def make_tuner(store, profile, strategy: str = "pruned", isolate: bool = True):

@@ -78,27 +78,53 @@ class SeatTuner:
 
     def _tune_one(self, ln, index, total, run_id, reporter) -> bool:
         """Tune a seat if it still needs it; False while another live process holds it."""
-        spec = get_spec(ln.kernel)
         if not self.store.claim(ln.id, self.holder, self.claim_ttl):
             return False
+        if self.tune_claimed(ln.id, ln.kernel, ln.label, index, total, run_id, reporter):
+            ln.action = "tuned"
+        return True
+
+    def tune_claimed(self, seat_id, kernel, label, index, total, run_id, reporter) -> bool:
+        """Tune a seat this process has claimed, if it still needs it (another process may
+        have certified it meanwhile); the result's transaction releases the claim."""
+        spec = get_spec(kernel)
         try:
-            rec = self.store.seat_records(seat_ids=[ln.id])[0]
+            rec = self.store.seat_records(seat_ids=[seat_id])[0]
             st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, rec.problems, spec,
                              self.profile, rec.seat_refusal)
             if not self._worth_it(rec, spec, st):
-                self.store.release(ln.id, self.holder)
-                return True
-            reporter.seat_start(ln.label, index, total, len(spec.configs()))
+                self.store.release(seat_id, self.holder)
+                return False
+            reporter.seat_start(label, index, total, len(spec.configs()))
             started = datetime.now(timezone.utc)
-            with _Heartbeat(self.store, ln.id, self.holder, self.claim_ttl):
-                result = tune_seat(spec, self.profile, ln.label, rec.problems, self.executor,
+            with _Heartbeat(self.store, seat_id, self.holder, self.claim_ttl):
+                result = tune_seat(spec, self.profile, label, rec.problems, self.executor,
                                    self.strategy, self.torch_device, reporter)
-            self.store.write_result(ln.id, run_id, "tune", result,
+            self.store.write_result(seat_id, run_id, "tune", result,
                                     provenance.current(spec, self.profile, self.device),
                                     self.holder, started)
-            ln.action = "tuned"
-            reporter.seat_done(ln.label, result)
+            reporter.seat_done(label, result)
             return True
         except BaseException:
-            self.store.release(ln.id, self.holder)
+            self.store.release(seat_id, self.holder)
             raise
+
+    def needing_work(self) -> list:
+        """Seats of this profile that a worker should tune, in id order: (id, kernel, label)."""
+        out = []
+        for rec in self.store.seat_records(profile=self.profile.name):
+            spec = _spec_or_none(rec.seat.kernel)
+            if spec is None:
+                continue
+            st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, rec.problems, spec,
+                             self.profile, rec.seat_refusal)
+            if self._worth_it(rec, spec, st):
+                s = rec.seat
+                out.append((s.id, s.kernel, "|".join((s.kernel, s.dtypes, s.flags, s.bucket))))
+        return out
+
+
+def _spec_or_none(kernel: str):
+    from nbx_tune.kernels.registry import all_specs
+
+    return all_specs().get(kernel)

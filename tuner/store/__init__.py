@@ -29,11 +29,20 @@ LOCK_RETRIES = 8
 
 
 def holder_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """Who holds a claim: host:pid, and the GPU a worker was given (NBX_TUNE_WORKER_ID
+    names it outright, for a fleet's own naming)."""
+    explicit = os.environ.get("NBX_TUNE_WORKER_ID")
+    if explicit:
+        return explicit
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES") or os.environ.get("HIP_VISIBLE_DEVICES")
+    return f"{socket.gethostname()}:{os.getpid()}" + (f":gpu{gpu}" if gpu else "")
 
 
 def _dead_local_holder(holder: str) -> bool:
-    host, _, pid = holder.rpartition(":")
+    parts = holder.split(":")
+    if len(parts) < 2:
+        return False
+    host, pid = parts[0], parts[1]
     if host != socket.gethostname() or not pid.isdigit():
         return False
     try:
@@ -138,11 +147,11 @@ class Store:
                     insert_ignore(s, SeatShape, {"seat_id": seat_id, "problem": problem.to_json(),
                                                   "volume": problem.volume}, ("seat_id", "problem"))
                 rows, launches = len(problems), sum(problems.values())
-                need = s.get(TraceNeed, (trace_id, seat_id))
-                if need is None:
-                    s.add(TraceNeed(trace_id=trace_id, seat_id=seat_id, rows=rows, launches=launches))
-                else:
-                    need.rows, need.launches = rows, launches
+                # Two censuses of one trace may record it at once: insert-or-keep, then set.
+                insert_ignore(s, TraceNeed, {"trace_id": trace_id, "seat_id": seat_id, "rows": rows,
+                                             "launches": launches}, ("trace_id", "seat_id"))
+                s.execute(update(TraceNeed).where(TraceNeed.trace_id == trace_id, TraceNeed.seat_id == seat_id)
+                          .values(rows=rows, launches=launches))
             return run.id, ids
 
     def finish_census(self, run_id: int, status: str, summary: dict) -> None:
@@ -170,6 +179,24 @@ class Store:
             res = s.execute(update(Seat).where(Seat.id == seat_id, Seat.claimed_by == other)
                             .values(claimed_by=holder, claim_expires=now + ttl_s))
             return res.rowcount == 1
+
+    def claim_next(self, seat_ids, holder: str, ttl_s: float) -> int | None:
+        """Claim the first of `seat_ids` that nobody live holds. Rows another worker is
+        claiming this instant are skipped, not waited for (SELECT ... FOR UPDATE SKIP
+        LOCKED on PostgreSQL; SQLite serializes writers with BEGIN IMMEDIATE)."""
+        ids = list(seat_ids)
+        if not ids:
+            return None
+        now = time.time()
+        with self.session() as s:
+            sid = s.scalar(select(Seat.id).where(
+                Seat.id.in_(ids),
+                (Seat.claimed_by.is_(None)) | (Seat.claim_expires < now) | (Seat.claimed_by == holder),
+            ).order_by(Seat.id).limit(1).with_for_update(skip_locked=True))
+            if sid is None:
+                return None
+            s.execute(update(Seat).where(Seat.id == sid).values(claimed_by=holder, claim_expires=now + ttl_s))
+            return sid
 
     def claimed_by(self, seat_id: int) -> str | None:
         with self.session() as s:

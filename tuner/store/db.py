@@ -9,14 +9,13 @@ instead of failing on a lock upgrade.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, event, inspect
+from sqlalchemy import create_engine, event, inspect, text
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 
@@ -25,6 +24,7 @@ from nbx_tune.errors import StoreError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 BUSY_TIMEOUT_MS = 60_000
+MIGRATION_LOCK = 0x6E6278  # the advisory lock key schema changes take on PostgreSQL
 
 
 def safe_url(url: str | URL) -> str:
@@ -107,8 +107,7 @@ def current_revision(engine: Engine) -> str | None:
 def upgrade(engine: Engine) -> tuple[str | None, str]:
     """Apply every migration up to head; returns (before, after)."""
     before = _checked_revision(engine, allow_old=True)
-    with engine.begin() as conn:
-        command.upgrade(_alembic_config(conn), "head")
+    _upgrade_locked(engine, only_if_empty=False)
     return before, head_revision()
 
 
@@ -142,20 +141,24 @@ def _checked_revision(engine: Engine, allow_old: bool) -> str | None:
     return rev
 
 
+def _upgrade_locked(engine: Engine, only_if_empty: bool) -> None:
+    """Migrate under a lock, deciding inside it: two processes opening one fresh database
+    at once create the schema once (PostgreSQL: an advisory lock; SQLite: BEGIN IMMEDIATE)."""
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
+        if only_if_empty and MigrationContext.configure(conn).get_current_revision() is not None:
+            return
+        command.upgrade(_alembic_config(conn), "head")
+
+
 def open_engine(url: str | None = None) -> Engine:
     """An engine on a database at head: created fresh if empty, refused if old or newer."""
     engine = make_engine(settings.db_url(url))
-    for attempt in range(3):
-        rev = _checked_revision(engine, allow_old=False)
-        if rev is not None:
-            return engine
+    if _checked_revision(engine, allow_old=False) is None:
         try:
-            with engine.begin() as conn:
-                command.upgrade(_alembic_config(conn), "head")
-            return engine
+            _upgrade_locked(engine, only_if_empty=True)
         except OperationalError as e:
-            # Another process created the schema between our check and our upgrade.
-            if "already exists" not in str(e) or attempt == 2:
-                raise _connect_error(engine, e) from None
-            time.sleep(0.2)
+            raise _connect_error(engine, e) from None
+        _checked_revision(engine, allow_old=False)
     return engine
