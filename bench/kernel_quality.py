@@ -68,7 +68,6 @@ def main() -> None:
             blas.append([f"{m}x{n}x{k}", dt, f"{t_cert:.4f}", f"{t_blas:.4f}", f"{t_blas / t_cert:.3f}",
                          f"{tflops:.0f}", str(cfg)])
 
-    labels = {s.label: s for s in rep.seats}
     loss_rows, losses = [], []
     for dt, shapes in BUCKETS:
         m0, n0, k0 = shapes[-1]

@@ -38,6 +38,7 @@ import triton.language as tl
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.rows import format_shape
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import attention as oracle
 
@@ -207,10 +208,6 @@ _PARAMS = {
 _MASK_PARAM = {SDPA: "attn_mask", EFFICIENT: "attn_bias", FLASH_CPU: "attn_mask"}
 
 
-def _fmt(shape) -> str:
-    return "x".join(map(str, shape)) or "()"
-
-
 class AttentionSpec(KernelSpec):
     name = "attention"
     ops = (SDPA, FLASH, EFFICIENT, FLASH_CPU)
@@ -245,7 +242,7 @@ class AttentionSpec(KernelSpec):
 
     # -- example rows
     def example_rows(self, scale):
-        from nbx_tune.tuner.trace import make_row
+        from nbx_tune.kernels.rows import make_row
 
         rows = []
         for dt in self.dtypes:
@@ -337,11 +334,11 @@ class AttentionSpec(KernelSpec):
         qs, ks, vs = row.shapes
         if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
             return NotServable(f"query, key and value must be 4-D (batch, heads, seq, dim), got "
-                               f"{_fmt(qs)}, {_fmt(ks)}, {_fmt(vs)}")
+                               f"{format_shape(qs)}, {format_shape(ks)}, {format_shape(vs)}")
         B, Hq, Lq, D = qs
         Bk, Hkv, Lk, Dk = ks
         if ks[:3] != vs[:3]:
-            return NotServable(f"key {_fmt(ks)} and value {_fmt(vs)} differ in batch, heads or length")
+            return NotServable(f"key {format_shape(ks)} and value {format_shape(vs)} differ in batch, heads or length")
         Dv = vs[3]
         if Bk != B:
             return NotServable(f"query batch {B} != key batch {Bk}")

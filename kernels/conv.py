@@ -46,6 +46,7 @@ import triton.language as tl
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import conv as oracle
 
@@ -291,17 +292,6 @@ def _spatial(p, name: str, nd: int, default: int):
     return v
 
 
-def _fmt(shape) -> str:
-    return "x".join(map(str, shape)) or "()"
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 class ConvSpec(KernelSpec):
     name = "conv"
     ops = ("aten.convolution",)
@@ -364,7 +354,7 @@ class ConvSpec(KernelSpec):
         return (_conv_gemm_kernel, _conv_depthwise_kernel, launch_conv_gemm, launch_conv_depthwise)
 
     def example_rows(self, scale):
-        from nbx_tune.tuner.trace import make_row
+        from nbx_tune.kernels.rows import make_row
 
         def conv(dt, x, w, bias, stride, padding, dilation, groups):
             nd = len(x) - 2
@@ -419,7 +409,7 @@ class ConvSpec(KernelSpec):
             return NotServable(f"input of rank {len(x)}: only 1-D (N, C, W) and 2-D (N, C, H, W) "
                                "convolutions are served")
         if len(w) != len(x):
-            return NotServable(f"weight {_fmt(w)} does not match a rank-{len(x)} input")
+            return NotServable(f"weight {format_shape(w)} does not match a rank-{len(x)} input")
         try:
             if p.bool("transposed", False):
                 return NotServable("transposed convolution is not served")
@@ -431,17 +421,17 @@ class ConvSpec(KernelSpec):
         except ValueError as e:
             return NotServable(f"bad params: {e}")
         if min(stride) < 1 or min(dilation) < 1 or min(padding) < 0 or groups < 1:
-            return NotServable(f"stride {_fmt(stride)}, padding {_fmt(padding)}, dilation {_fmt(dilation)}, "
+            return NotServable(f"stride {format_shape(stride)}, padding {format_shape(padding)}, dilation {format_shape(dilation)}, "
                                f"groups {groups}: need stride >= 1, padding >= 0, dilation >= 1, groups >= 1")
         nb, ci = x[0], x[1]
         co, cig = w[0], w[1]
         if min(x) == 0 or min(w) == 0:
             return NotServable("an empty convolution: nothing to launch")
         if ci % groups or cig * groups != ci or co % groups:
-            return NotServable(f"input {_fmt(x)} and weight {_fmt(w)} do not form {groups} groups "
+            return NotServable(f"input {format_shape(x)} and weight {format_shape(w)} do not form {groups} groups "
                                f"(need C_in = weight.shape[1] * groups and C_out divisible by groups)")
         if has_bias and tuple(shapes[2]) != (co,):
-            return NotServable(f"bias {_fmt(shapes[2])} is not ({co},)")
+            return NotServable(f"bias {format_shape(shapes[2])} is not ({co},)")
         if nd == 1:
             (h, wd), (kh, kw) = (1, x[2]), (1, w[2])
             stride, padding, dilation = (1, *stride), (0, *padding), (1, *dilation)
@@ -450,9 +440,9 @@ class ConvSpec(KernelSpec):
         oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
         ow = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
         if oh <= 0 or ow <= 0:
-            return NotServable(f"the filter ({kh}x{kw}, dilation {_fmt(dilation[2 - nd:])}) is larger than "
+            return NotServable(f"the filter ({kh}x{kw}, dilation {format_shape(dilation[2 - nd:])}) is larger than "
                                f"the padded input: empty output")
-        if max(_numel(x), _numel(w), nb * co * oh * ow) > INT32_MAX:
+        if max(numel(x), numel(w), nb * co * oh * ow) > INT32_MAX:
             return NotServable("a tensor of 2^31 elements or more (the kernel indexes in int32)")
         depthwise = cig == 1
         if depthwise and triton.cdiv(co, 16) > MAX_GRID_Y:
@@ -499,7 +489,7 @@ class ConvSpec(KernelSpec):
     def make_inputs(self, problem, rng):
         shapes = self.input_shapes(problem)
         ws, dt = shapes["weight"]
-        fan_in = _numel(ws[1:])
+        fan_in = numel(ws[1:])
         out = {"input": (rng.standard_normal(shapes["input"][0]), dt),
                # scaled like a trained layer's so outputs stay O(1) in fp16 at any fan-in
                "weight": (rng.standard_normal(ws) / fan_in ** 0.5, dt)}
@@ -606,7 +596,7 @@ def _conv(x, w, bias, stride, padding, dilation, groups, nd):
         x = x.contiguous()
     if _span(w) > INT32_MAX:
         w = w.contiguous()
-    if max(x.numel(), w.numel(), nb * co * _numel(out)) > INT32_MAX:
+    if max(x.numel(), w.numel(), nb * co * numel(out)) > INT32_MAX:
         raise KernelError(f"conv{nd}d: a tensor of 2^31 elements or more (the kernels index in int32)")
     y = torch.empty((nb, co, *out), device=x.device, dtype=x.dtype)
     if nb == 0:

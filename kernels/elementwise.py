@@ -30,6 +30,7 @@ import triton.language as tl
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import elementwise as oracle
 
@@ -343,17 +344,6 @@ CONFIGS = (
 DEFAULTS = (_c(1024, 4), _c(256, 4))
 
 
-def _pshape(shape) -> str:
-    return "x".join(map(str, shape)) or "()"
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def _promote(x: str, y: str) -> str:
     if x == y:
         return x
@@ -430,7 +420,7 @@ class ElementwiseUnarySpec(KernelSpec):
         if dtype not in TORCH_DTYPES:
             return NotServable(f"dtype {dtype} is not served (float16, bfloat16, float32)")
         shape = row.shapes[0]
-        n = _numel(shape)
+        n = numel(shape)
         if n == 0:
             return NotServable("an empty tensor: nothing to launch")
         extra = [("shape", tuple(shape))]
@@ -498,7 +488,7 @@ class ElementwiseUnarySpec(KernelSpec):
         launch_unary(inputs["x"], outputs["y"], fn, params, config)
 
     def example_rows(self, scale):
-        from nbx_tune.tuner.trace import make_row
+        from nbx_tune.kernels.rows import make_row
 
         rows = []
         if scale == "small":
@@ -612,11 +602,11 @@ class ElementwiseBinarySpec(KernelSpec):
             return out_dt
         out_shape = broadcast_shape(a_shape, b_shape or ())
         if out_shape is None:
-            return NotServable(f"shapes {_pshape(a_shape)} and {_pshape(b_shape)} do not broadcast")
+            return NotServable(f"shapes {format_shape(a_shape)} and {format_shape(b_shape)} do not broadcast")
         if inplace and (tuple(out_shape) != tuple(a_shape) or out_dt != a_dt):
-            return NotServable(f"in-place {fn}: the result ({_pshape(out_shape)}, {out_dt}) is not "
-                               f"self's ({_pshape(a_shape)}, {a_dt})")
-        n = _numel(out_shape)
+            return NotServable(f"in-place {fn}: the result ({format_shape(out_shape)}, {out_dt}) is not "
+                               f"self's ({format_shape(a_shape)}, {a_dt})")
+        n = numel(out_shape)
         if n == 0:
             return NotServable("an empty output: nothing to launch")
         try:
@@ -673,7 +663,7 @@ class ElementwiseBinarySpec(KernelSpec):
                       problem.get("alpha", 1.0), config)
 
     def example_rows(self, scale):
-        from nbx_tune.tuner.trace import make_row
+        from nbx_tune.kernels.rows import make_row
 
         rows = []
         if scale == "small":

@@ -151,7 +151,7 @@ class MatmulSpec(KernelSpec):
         return (_matmul_kernel, launch_matmul)
 
     def example_rows(self, scale):
-        from nbx_tune.tuner.trace import make_row
+        from nbx_tune.kernels.rows import make_row
 
         if scale == "small":
             M, N, K, B = 37, 45, 29, 3

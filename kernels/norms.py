@@ -31,6 +31,7 @@ import triton.language as tl
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import norms as oracle
 
@@ -243,17 +244,6 @@ def _norm_smem(config: Config, problem: Problem, reductions: int) -> int:
     return reductions * _rows_of(config) * config.num_warps * 4
 
 
-def _prod(dims) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n
-
-
-def _fmt(shape) -> str:
-    return "x".join(map(str, shape)) or "()"
-
-
 def _optional_tensors(row, names) -> dict[str, bool] | NotServable:
     """Which optional tensors the row holds: a None one is written `name=None` and is
     absent from the dtypes and shapes columns."""
@@ -308,7 +298,7 @@ class LayerNormSpec(KernelSpec):
         return (_row_norm_kernel, launch_row_norm)
 
     def example_rows(self, scale):
-        from nbx_tune.tuner.trace import make_row
+        from nbx_tune.kernels.rows import make_row
 
         if scale == "small":
             cases = [((5, 37), (37,)), ((3, 7, 11), (7, 11)), ((3, 1100), (1100,))]
@@ -318,7 +308,7 @@ class LayerNormSpec(KernelSpec):
         rows = []
         for dt in self.dtypes:
             for i, (shape, ns) in enumerate(cases):
-                p = {"normalized_shape": _fmt(ns), "eps": "1e-05"}
+                p = {"normalized_shape": format_shape(ns), "eps": "1e-05"}
                 rows.append(make_row("aten.native_layer_norm", [dt] * 3, [shape, ns, ns], p))
                 if i == 0:
                     rows.append(make_row("aten.native_layer_norm", [dt] * 2, [shape, ns],
@@ -345,18 +335,18 @@ class LayerNormSpec(KernelSpec):
         shape = row.shapes[0]
         k = len(ns)
         if k == 0 or k > len(shape) or tuple(shape[len(shape) - k:]) != tuple(ns):
-            return NotServable(f"normalized_shape {_fmt(ns)} is not the trailing dims of {_fmt(shape)}")
+            return NotServable(f"normalized_shape {format_shape(ns)} is not the trailing dims of {format_shape(shape)}")
         for t, s in zip((n for n in ("weight", "bias") if present[n]), row.shapes[1:]):
             if tuple(s) != tuple(ns):
-                return NotServable(f"{t} {_fmt(s)} is not shaped {_fmt(ns)}")
-        N = _prod(ns)
-        if _prod(shape) == 0:
+                return NotServable(f"{t} {format_shape(s)} is not shaped {format_shape(ns)}")
+        N = numel(ns)
+        if numel(shape) == 0:
             return NotServable("an empty tensor: nothing to launch")
         if N > INT32_MAX:
             return NotServable("a normalized row of 2^31 elements or more")
         # "M" (the row count) sorts first among the extras: of two problems with one row
         # length, the census screens and times the one with more rows as the larger.
-        extra = [("M", _prod(shape) // N), ("eps", eps), ("norm_ndim", k), ("shape", tuple(shape))]
+        extra = [("M", numel(shape) // N), ("eps", eps), ("norm_ndim", k), ("shape", tuple(shape))]
         return Problem(self.name, (dt,), seat_flags(weight=int(present["weight"]), bias=int(present["bias"])),
                        (N,), tuple(sorted(extra)))
 
@@ -418,7 +408,7 @@ class RMSNormSpec(KernelSpec):
         return (_row_norm_kernel, launch_row_norm)
 
     def example_rows(self, scale):
-        from nbx_tune.tuner.trace import make_row
+        from nbx_tune.kernels.rows import make_row
 
         if scale == "small":
             cases = [((5, 37), (37,)), ((3, 7, 11), (7, 11)), ((3, 1100), (1100,))]
@@ -428,12 +418,12 @@ class RMSNormSpec(KernelSpec):
         rows = []
         for dt in self.dtypes:
             for i, (shape, ns) in enumerate(cases):
-                p = {"normalized_shape": _fmt(ns), "eps": "None" if i % 2 else "1e-06"}
+                p = {"normalized_shape": format_shape(ns), "eps": "None" if i % 2 else "1e-06"}
                 rows.append(make_row("aten._fused_rms_norm", [dt] * 2, [shape, ns], p))
                 if i == 1:
                     rows.append(make_row("aten._fused_rms_norm", [dt], [shape], {**p, "weight": "None"}))
             rows.append(make_row("aten.rms_norm", [dt] * 2, [cases[0][0], cases[0][1]],
-                                 {"normalized_shape": _fmt(cases[0][1])}))
+                                 {"normalized_shape": format_shape(cases[0][1])}))
         return rows
 
     def problem_from_row(self, row):
@@ -453,15 +443,15 @@ class RMSNormSpec(KernelSpec):
         shape = row.shapes[0]
         k = len(ns)
         if k == 0 or k > len(shape) or tuple(shape[len(shape) - k:]) != tuple(ns):
-            return NotServable(f"normalized_shape {_fmt(ns)} is not the trailing dims of {_fmt(shape)}")
+            return NotServable(f"normalized_shape {format_shape(ns)} is not the trailing dims of {format_shape(shape)}")
         if present["weight"] and tuple(row.shapes[1]) != tuple(ns):
-            return NotServable(f"weight {_fmt(row.shapes[1])} is not shaped {_fmt(ns)}")
-        N = _prod(ns)
-        if _prod(shape) == 0:
+            return NotServable(f"weight {format_shape(row.shapes[1])} is not shaped {format_shape(ns)}")
+        N = numel(ns)
+        if numel(shape) == 0:
             return NotServable("an empty tensor: nothing to launch")
         if N > INT32_MAX:
             return NotServable("a normalized row of 2^31 elements or more")
-        extra = [("M", _prod(shape) // N), ("eps", eps), ("norm_ndim", k), ("shape", tuple(shape))]
+        extra = [("M", numel(shape) // N), ("eps", eps), ("norm_ndim", k), ("shape", tuple(shape))]
         return Problem(self.name, (dt,), seat_flags(weight=int(present["weight"])), (N,), tuple(sorted(extra)))
 
     def input_shapes(self, problem):
@@ -520,7 +510,7 @@ class GroupNormSpec(KernelSpec):
         return (_group_norm_kernel, launch_group_norm)
 
     def example_rows(self, scale):
-        from nbx_tune.tuner.trace import make_row
+        from nbx_tune.kernels.rows import make_row
 
         if scale == "small":
             cases = [((2, 6, 5, 7), 3), ((3, 4, 33), 2), ((2, 4, 30, 37), 2)]
@@ -530,7 +520,7 @@ class GroupNormSpec(KernelSpec):
         for dt in self.dtypes:
             for i, (shape, groups) in enumerate(cases):
                 n, c = shape[:2]
-                p = {"N": str(n), "C": str(c), "HxW": str(_prod(shape[2:])), "group": str(groups),
+                p = {"N": str(n), "C": str(c), "HxW": str(numel(shape[2:])), "group": str(groups),
                      "eps": "1e-05"}
                 rows.append(make_row("aten.native_group_norm", [dt] * 3, [shape, (c,), (c,)], p))
                 if i == 0:
@@ -555,14 +545,14 @@ class GroupNormSpec(KernelSpec):
         if None in (n, c, hw, groups, eps):
             return NotServable("native_group_norm row without N, C, HxW, group or eps")
         shape = row.shapes[0]
-        if len(shape) < 2 or shape[0] != n or shape[1] != c or _prod(shape[2:]) != hw:
-            return NotServable(f"input {_fmt(shape)} does not match N={n}, C={c}, HxW={hw}")
+        if len(shape) < 2 or shape[0] != n or shape[1] != c or numel(shape[2:]) != hw:
+            return NotServable(f"input {format_shape(shape)} does not match N={n}, C={c}, HxW={hw}")
         if groups <= 0 or c % groups:
             return NotServable(f"C={c} does not split into {groups} groups")
         for t, s in zip((k for k in ("weight", "bias") if present[k]), row.shapes[1:]):
             if tuple(s) != (c,):
-                return NotServable(f"{t} {_fmt(s)} is not shaped {c}")
-        if _prod(shape) == 0:
+                return NotServable(f"{t} {format_shape(s)} is not shaped {c}")
+        if numel(shape) == 0:
             return NotServable("an empty tensor: nothing to launch")
         D = (c // groups) * hw
         if D > INT32_MAX:
@@ -602,7 +592,7 @@ class GroupNormSpec(KernelSpec):
     def launch(self, config, problem, inputs, outputs):
         shape = tuple(problem.get("shape"))
         launch_group_norm(inputs["input"], inputs.get("weight"), inputs.get("bias"), outputs["out"],
-                          outputs["mean"], outputs["rstd"], shape[0], shape[1], _prod(shape[2:]),
+                          outputs["mean"], outputs["rstd"], shape[0], shape[1], numel(shape[2:]),
                           problem.get("groups"), problem.get("eps"), config)
 
 

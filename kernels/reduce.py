@@ -31,6 +31,7 @@ import triton.language as tl
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.rows import format_shape
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import reduce as oracle
 
@@ -289,10 +290,6 @@ _OUTER, _OUTER_SPLIT = _c(128, 8, 4), _c(64, 16, 4, 32)
 DEFAULTS = (_INNER, _OUTER, _c(8, 128, 4))
 
 
-def _pshape(shape) -> str:
-    return "x".join(map(str, shape)) or "()"
-
-
 def out_dtype_of(fn: str, in_dt: str, dtype: str | None) -> str | NotServable:
     """torch's output dtype of fn on `in_dt` with the `dtype=` argument (or NotServable)."""
     if in_dt not in TORCH_DTYPES:
@@ -425,7 +422,7 @@ class ReduceSpec(KernelSpec):
         for d in shape:
             numel *= d
         if numel == 0:
-            return NotServable(f"an empty input {_pshape(shape)}: nothing to launch")
+            return NotServable(f"an empty input {format_shape(shape)}: nothing to launch")
         try:
             O, R, inner, _, _ = reduce_plan(shape, _contiguous_strides(shape), red)
         except ValueError as e:
@@ -479,7 +476,7 @@ class ReduceSpec(KernelSpec):
         launch_reduce(x, outputs["out"], tuple(problem.get("dims")), dict(problem.flags)["fn"], config)
 
     def example_rows(self, scale):
-        from nbx_tune.tuner.trace import make_row
+        from nbx_tune.kernels.rows import make_row
 
         S, M, A = "aten.sum.dim_IntList", "aten.mean.dim", "aten.amax"
         rows = []

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import softmax as oracle
 
@@ -125,13 +126,6 @@ OPS = {"aten._softmax": (False, False), "aten._safe_softmax": (False, True),
        "aten._log_softmax": (True, False)}
 
 
-def _prod(dims) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n
-
-
 def row_defaults(configs, profile, problem, spec) -> Config | None:
     """The first of `configs` whose BLOCK holds the row (dims[0]) and that the profile
     admits; else the admitted one with the largest block."""
@@ -169,7 +163,7 @@ class SoftmaxSpec(KernelSpec):
         return (_softmax_kernel, launch_softmax)
 
     def example_rows(self, scale):
-        from nbx_tune.tuner.trace import make_row
+        from nbx_tune.kernels.rows import make_row
 
         rows = []
         h2f = {"half_to_float": "False"}
@@ -232,8 +226,8 @@ class SoftmaxSpec(KernelSpec):
                                    "(only float16/bfloat16 -> float32)")
             out = "float32"
         N = shape[dim]
-        inner = _prod(shape[dim + 1:])
-        if _prod(shape) == 0:
+        inner = numel(shape[dim + 1:])
+        if numel(shape) == 0:
             return NotServable("an empty tensor: nothing to launch")
         if N * inner > INT32_MAX:
             return NotServable("a slice of 2^31 elements or more along the dim (the kernel "
@@ -241,7 +235,7 @@ class SoftmaxSpec(KernelSpec):
         flags = seat_flags(log=int(log), safe=int(safe), strided=int(inner > 1))
         # "M" (the row count) sorts first among the extras, so that of two problems with one
         # row length the census screens and times the one with more rows as the larger.
-        extra = [("M", _prod(shape) // N), ("dim", dim), ("shape", tuple(shape))]
+        extra = [("M", numel(shape) // N), ("dim", dim), ("shape", tuple(shape))]
         return Problem(self.name, (dtype, out), flags, (N,), tuple(sorted(extra)))
 
     # -- inputs, oracle, outputs, launch

@@ -183,7 +183,7 @@ class KernelSpec:
         raise NotImplementedError
 
     def example_rows(self, scale: str) -> list:
-        """Trace rows (`nbx_tune.tuner.trace.make_row`) that exercise the kernel in every
+        """Trace rows (`nbx_tune.kernels.rows.make_row`) that exercise the kernel in every
         dtype it claims, at deliberately odd shapes: scale "small" runs in seconds on the
         interpreter, "gpu" sits around real sizes. The self-check runs them against the
         oracle (tests on the interpreter, bench/gpu_check.py on a GPU)."""

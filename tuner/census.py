@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nbx_tune.errors import NbxError
 from nbx_tune.kernels.registry import spec_for_op
-from nbx_tune.kernels.spec import (NotServable, Problem, bucket_of, encode_bucket, encode_dtypes,
-                                   encode_flags)
+from nbx_tune.kernels.spec import NotServable, bucket_of, encode_bucket, encode_dtypes, encode_flags
 from nbx_tune.tuner.status import seat_status
 from nbx_tune.tuner.trace import Trace, read_trace
 

@@ -1,0 +1,33 @@
+"""The certified tables shipped in the package hold for this code: an edit to a kernel,
+its config space or a profile makes their entries stale (never served), and this test says
+so, so that the tables are re-certified on the GPU or the entries removed."""
+
+from pathlib import Path
+
+import pytest
+
+from nbx_tune.kernels import table_format
+from nbx_tune.kernels.registry import all_specs
+from nbx_tune.profiles import get_profile
+
+TABLES = sorted((Path(__file__).resolve().parents[1] / "kernels" / "tables").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", TABLES, ids=lambda p: p.name)
+def test_shipped_table_entries_are_current(path):
+    doc = table_format.read(path)
+    profile = get_profile(doc["profile"])
+    assert doc["profile_hash"] == profile.hash and path.stem == profile.name
+    specs = all_specs()
+    for e in doc["entries"]:
+        spec, prov = specs[e["kernel"]], e["provenance"]
+        label = f"{e['kernel']}|{e['dtypes']}|{e['flags']}|{e['bucket']}"
+        assert prov["kernel_source_hash"] == spec.source_hash, f"{label}: kernel edited since certified"
+        assert prov["config_space_hash"] == spec.config_space_hash, f"{label}: config space changed"
+        assert prov["profile_hash"] == profile.hash
+        assert any(prov["device_target"].startswith(p) for p in profile.compute_capability_matches)
+        assert all(s["err"] <= s["rtol"] for s in e["screens"]) and e["screens"]
+
+
+def test_there_is_a_hopper_table():
+    assert [p.name for p in TABLES] == ["hopper.json"]
