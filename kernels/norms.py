@@ -273,14 +273,13 @@ def _affine_inputs(rng, shape, present: dict, dt: str) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------- layer norm
+# ----------------------------------------------------------------------------- row norms
 
-class LayerNormSpec(KernelSpec):
-    name = "layer_norm"
-    ops = ("aten.native_layer_norm",)
+class _RowNormSpec(KernelSpec):
+    """Layer norm and RMS norm: one row kernel and launcher, one config space."""
+
     key = (KeyDim("N", "row"),)
     dtypes = tuple(TORCH_DTYPES)
-    description = "layer norm over the trailing dims, returning (out, mean, rstd)"
 
     def configs(self):
         return ROW_CONFIGS
@@ -291,11 +290,20 @@ class LayerNormSpec(KernelSpec):
     def default_config(self, profile, problem):
         return _fitting_default(self, ROW_DEFAULTS, profile, problem)
 
+    def source_parts(self):
+        return (_row_norm_kernel, launch_row_norm)
+
+
+# ----------------------------------------------------------------------------- layer norm
+
+class LayerNormSpec(_RowNormSpec):
+    name = "layer_norm"
+    ops = ("aten.native_layer_norm",)
+    description = "layer norm over the trailing dims, returning (out, mean, rstd)"
+
     def smem_bytes(self, config, problem):
         return _norm_smem(config, problem, 3)
 
-    def source_parts(self):
-        return (_row_norm_kernel, launch_row_norm)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
@@ -385,27 +393,14 @@ class LayerNormSpec(KernelSpec):
 
 # ----------------------------------------------------------------------------- RMS norm
 
-class RMSNormSpec(KernelSpec):
+class RMSNormSpec(_RowNormSpec):
     name = "rms_norm"
     ops = ("aten._fused_rms_norm", "aten.rms_norm")
-    key = (KeyDim("N", "row"),)
-    dtypes = tuple(TORCH_DTYPES)
     description = "RMS norm over the trailing dims, returning (out, rstd)"
-
-    def configs(self):
-        return ROW_CONFIGS
-
-    def default_preference(self):
-        return ROW_DEFAULTS
-
-    def default_config(self, profile, problem):
-        return _fitting_default(self, ROW_DEFAULTS, profile, problem)
 
     def smem_bytes(self, config, problem):
         return _norm_smem(config, problem, 1)
 
-    def source_parts(self):
-        return (_row_norm_kernel, launch_row_norm)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
