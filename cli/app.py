@@ -35,6 +35,13 @@ PluginOpt = typer.Option(None, "--plugin", help="Import a module providing kerne
 ProfileOpt = typer.Option(None, "--profile", help="Profile name or .yml file (default: this device's).")
 
 
+def _print_seats(lines, title: str) -> None:
+    """The seats table, then why each seat that is not plainly certified is what it is."""
+    out.print(render.seats_table(lines, title))
+    for line in render.seat_notes(lines):
+        out.print(line, highlight=False)
+
+
 def user_errors(fn):
     """Print an NbxError on one line and exit 1."""
 
@@ -80,9 +87,7 @@ def census(
     title = ("Seats (dry run: nothing written)" if dry_run else
              f"Seats queued by census run {rep.run_id} (tuned by `nbx-tune worker`)" if enqueue else
              f"Seats after census run {rep.run_id}")
-    out.print(render.seats_table(rep.seats, title))
-    for line in render.seat_notes(rep.seats):
-        out.print(line, highlight=False)
+    _print_seats(rep.seats, title)
     c = rep.counts()
     out.print(f"{c['certified']['seats']} certified, {c['unscreened']['seats']} unscreened, "
               f"{c['refused']['seats']} refused, {c['pending']['seats']} pending, "
@@ -142,9 +147,7 @@ def seats(
     if json_out:
         render.print_json([v.to_dict() for v in views])
         return
-    out.print(render.seats_table(views, f"{len(views)} seats"))
-    for line in render.seat_notes(views):
-        out.print(line, highlight=False)
+    _print_seats(views, f"{len(views)} seats")
 
 
 @app.command()
@@ -243,9 +246,7 @@ def unscreened(
     if json_out:
         render.print_json([v.to_dict() for v in views])
         return
-    out.print(render.seats_table(views, f"{len(views)} unscreened seats"))
-    for line in render.seat_notes(views):
-        out.print(line, highlight=False)
+    _print_seats(views, f"{len(views)} unscreened seats")
 
 
 @app.command()
