@@ -37,6 +37,28 @@ def configs_to_check(spec: KernelSpec, profile, problem, limit: int) -> list[Con
     return picked
 
 
+def check_row(spec: KernelSpec, profile, device: str, row, configs_per_row: int = 3) -> list[Check]:
+    """One example row against its oracle under a spread of configs (none if the profile
+    cannot screen its dtype). The oracle is computed once for all the configs."""
+    problem = spec.problem_from_row(row)
+    if isinstance(problem, NotServable):
+        raise AssertionError(f"{spec.name}: example row {row.op} {row.shapes} not servable: {problem.reason}")
+    if any(dt in profile.screen_unsupported for dt in problem.dtypes):
+        return []
+    dtype = problem.dtypes[0]
+    rtol = screening.output_rtols(spec, problem, profile)
+    case = screening.make_case(spec, problem, device, screening.seed_for("selfcheck", problem), True)
+    out = []
+    for config in configs_to_check(spec, profile, problem, configs_per_row):
+        try:
+            r = screening.screen(spec, config, case, rtol, device)
+            out.append(Check(row.op, row.shapes, dtype, config, r.err, r.rtol, r.reason, r.detail))
+        except Exception as e:  # a failure to launch is a failed check, with its text
+            out.append(Check(row.op, row.shapes, dtype, config, None, min(rtol.values()), "launch_error",
+                             f"{type(e).__name__}: {e}"))
+    return out
+
+
 def check_kernel(spec: KernelSpec, profile, device: str, scale: str = "small",
                  configs_per_row: int = 3, deadline: float | None = None) -> list[Check]:
     """deadline (time.monotonic()): rows not started by then are left out, so a caller
@@ -47,19 +69,5 @@ def check_kernel(spec: KernelSpec, profile, device: str, scale: str = "small",
     for row in spec.example_rows(scale):
         if deadline is not None and time.monotonic() > deadline:
             break
-        problem = spec.problem_from_row(row)
-        if isinstance(problem, NotServable):
-            raise AssertionError(f"{spec.name}: example row {row.op} {row.shapes} not servable: {problem.reason}")
-        dtype = problem.dtypes[0]
-        if any(dt in profile.screen_unsupported for dt in problem.dtypes):
-            continue
-        rtol = screening.output_rtols(spec, problem, profile)
-        case = screening.make_case(spec, problem, device, screening.seed_for("selfcheck", problem), True)
-        for config in configs_to_check(spec, profile, problem, configs_per_row):
-            try:
-                r = screening.screen(spec, config, case, rtol, device)
-                out.append(Check(row.op, row.shapes, dtype, config, r.err, r.rtol, r.reason, r.detail))
-            except Exception as e:  # a failure to launch is a failed check, with its text
-                out.append(Check(row.op, row.shapes, dtype, config, None, min(rtol.values()), "launch_error",
-                                 f"{type(e).__name__}: {e}"))
+        out += check_row(spec, profile, device, row, configs_per_row)
     return out
