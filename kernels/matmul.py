@@ -258,35 +258,29 @@ _NO_BIAS = seat_flags(bias=0)
 _BIAS = seat_flags(bias=1)
 
 
-def _dtype_of(*tensors) -> tuple[str]:
-    dt = tensors[0].dtype
-    for t in tensors[1:]:
-        if t.dtype != dt:
-            raise KernelError(f"matmul: mixed dtypes {dt} and {t.dtype}")
-    try:
-        return (_DTYPE_NAMES[dt],)
-    except KeyError:
-        raise KernelError(f"matmul: dtype {dt} is not served (float16, bfloat16, float32)") from None
-
-
-def _product_dims(a, b, rank: int) -> tuple[int, int, int, int]:
-    if a.dim() != rank or b.dim() != rank:
-        raise KernelError(f"matmul: expected rank-{rank} operands, got {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.shape[-1] != b.shape[-2] or (rank == 3 and a.shape[0] != b.shape[0]):
-        raise KernelError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not multiply")
-    B = a.shape[0] if rank == 3 else 1
-    return (B, a.shape[-2], b.shape[-1], a.shape[-1])
-
-
 def _run(a, b, bias, alpha, beta, rank):
-    dims = _product_dims(a, b, rank)
-    dtypes = _dtype_of(a, b) if bias is None else _dtype_of(a, b, bias)
+    # Every launch passes here: shapes are read once as tuples, because each torch
+    # attribute access costs a fraction of a microsecond (bench/launch_overhead.py).
+    ash, bsh = tuple(a.shape), tuple(b.shape)
+    if len(ash) != rank or len(bsh) != rank:
+        raise KernelError(f"matmul: expected rank-{rank} operands, got {ash} and {bsh}")
+    if ash[-1] != bsh[-2] or (rank == 3 and ash[0] != bsh[0]):
+        raise KernelError(f"matmul: shapes {ash} and {bsh} do not multiply")
+    dt = a.dtype
+    for t in (b, bias):
+        if t is not None and t.dtype != dt:
+            raise KernelError(f"matmul: mixed dtypes {dt} and {t.dtype}")
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        raise KernelError(f"matmul: dtype {dt} is not served (float16, bfloat16, float32)")
+    M, K, N = ash[-2], ash[-1], bsh[-1]
+    dims = (ash[0] if rank == 3 else 1, M, N, K)
     has_bias = bias is not None and beta != 0
-    out_shape = (*a.shape[:-1], b.shape[-1])
-    c = torch.empty(out_shape, device=a.device, dtype=a.dtype)
+    out_shape = (*ash[:-1], N)
+    c = torch.empty(out_shape, device=a.device, dtype=dt)
     if 0 in dims:
         return c.zero_() if not has_bias else c.copy_(beta * bias.expand(out_shape))
-    config = config_for(SPEC, dtypes, _BIAS if has_bias else _NO_BIAS, dims)
+    config = config_for(SPEC, (name,), _BIAS if has_bias else _NO_BIAS, dims)
     launch_matmul(a, b, c, bias.expand(out_shape) if has_bias else None, alpha, beta, config)
     return c
 

@@ -38,9 +38,10 @@ class Config:
                 return v
         raise KeyError(name)
 
-    @property
+    @cached_property
     def kwargs(self) -> dict[str, int]:
-        """Keyword arguments for `kernel[grid](..., **config.kwargs)`."""
+        """Keyword arguments for `kernel[grid](..., **config.kwargs)`; built once per config
+        because it is on every launch's path (unpack it, never mutate it)."""
         return {**dict(self.meta), "num_warps": self.num_warps, "num_stages": self.num_stages}
 
     def key(self) -> str:
