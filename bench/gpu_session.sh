@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# One device session, in priority order, each stage under its own time limit so that a
-# slow stage costs only itself. Usage (on the GPU machine, from the repo root):
-#   bash bench/gpu_session.sh        (outputs and logs under $OUT)
+# One device session, in stages, each under its own time limit so that a slow stage costs
+# only itself. Usage (on the GPU machine, from the repo root; outputs and logs under $OUT):
+#   bash bench/gpu_session.sh                 every stage, in this order
+#   bash bench/gpu_session.sh fault check     only those (one device call each fits 600 s:
+#                                             "fault check", "census launch", "cost quality")
+# Limits are env overrides: FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S.
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
 LOG="$OUT/session.log"
@@ -14,12 +17,24 @@ export PYTHONPATH=/tmp/pkgroot:/tmp/site:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1 NBX_TUNE_DB=sqlite:////tmp/nbx-session.db
 unset TRITON_INTERPRET
 stage() { local secs=$1; shift; echo "=== $* (limit ${secs}s)" | tee -a "$LOG"
-  local t0=$(date +%s); timeout "$secs" "$@" 2>&1 | tee -a "$LOG" | grep -v '^  \|^$' | tail -n 60
+  local t0=$(date +%s); timeout "$secs" "$@" 2>&1 | tee -a "$LOG" | grep -v '^  \|^$' | tail -n 80
   echo "=== done in $(( $(date +%s) - t0 ))s: $*" | tee -a "$LOG"; }
+census() {  # census of one example trace into the session database, its report kept
+  stage "$1" sh -c "python3 -m nbx_tune.cli.app census --model examples/traces/$2.tsv --json > $OUT/census_$2.json"
+}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$LOG"
-stage ${FAULT_S:-30} python3 bench/gpu_check.py --skip-correctness
-stage ${CHECK_S:-80} python3 bench/gpu_check.py --skip-fault --seconds ${CHECK_RUN_S:-55} --configs-per-row 1
-stage ${COST_S:-110} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv
-stage ${CENSUS_S:-65} sh -c "python3 -m nbx_tune.cli.app census --model examples/traces/llama2_7b_seq512_bf16.tsv --json > $OUT/census_llama.json; python3 bench/screen_share.py"
-stage 12 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json"
-stage ${LAUNCH_S:-30} python3 bench/launch_overhead.py
+STAGES=${*:-fault check census launch cost quality}
+for s in $STAGES; do case $s in
+  fault) stage ${FAULT_S:-60} python3 bench/gpu_check.py --skip-correctness ;;
+  check) stage ${CHECK_S:-360} python3 bench/gpu_check.py --skip-fault --seconds ${CHECK_RUN_S:-300} \
+           --configs-per-row 2 --jobs 12 ;;
+  census) census ${CENSUS_S:-150} llama2_7b_seq512_bf16
+          census ${CENSUS_S:-150} gpt2_seq1024_bf16
+          census ${CENSUS_S:-150} resnet50_b8_bf16
+          stage 30 python3 bench/screen_share.py
+          stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
+  launch) stage ${LAUNCH_S:-100} python3 bench/launch_overhead.py ;;
+  cost) stage ${COST_S:-280} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv ;;
+  quality) stage ${QUALITY_S:-280} python3 bench/kernel_quality.py ;;
+  *) echo "unknown stage $s" | tee -a "$LOG" ;;
+esac; done

@@ -52,11 +52,13 @@ def main(trace: str) -> None:
     census_s, out = timed_process([sys.executable, "-m", "nbx_tune.cli.app", "census", "--model", str(mm_trace),
                                    "--json"], env)
     rep = json.loads(out)
+    print(f"census of {len(rows)} matmul rows: {census_s:.1f} s (cold Triton cache)", flush=True)
 
     env = {**base_env, "TRITON_CACHE_DIR": str(work / "cache_autotune")}
     auto_s, _ = timed_process([sys.executable, str(HERE / "autotune_baseline.py"), str(mm_trace),
                                str(work / "autotune.json")], env)
     auto = json.loads((work / "autotune.json").read_text())
+    print(f"triton.autotune over the same rows: {auto_s:.1f} s (cold Triton cache)", flush=True)
 
     # The picks, timed side by side in this process.
     import torch
