@@ -123,6 +123,15 @@ CONFIGS = (
 DEFAULTS = (_c(128, 128, 32, 4, 3), _c(64, 64, 32, 4, 2), _c(32, 32, 32, 4, 2))
 
 
+def alignment(strides_a, strides_b, n: int) -> int:
+    """1 when N (c's row stride) and every stride of a and b is 1 or a multiple of 16
+    elements, else 0. Triton specializes integer arguments on divisibility by 16 and
+    compiles a different kernel for each case (vector loads or not): on the H200 a bf16
+    GEMM with N=10753 ran 6x slower than at N=11008 under every config, and the best
+    config differed, so the two cases are different seats (docs/benchmarks.md)."""
+    return int(n % 16 == 0 and all(s == 1 or s % 16 == 0 for s in (*strides_a, *strides_b)))
+
+
 def _broadcastable(shape, target) -> bool:
     if len(shape) > len(target):
         return False
@@ -211,7 +220,9 @@ class MatmulSpec(KernelSpec):
             if not _broadcastable(bias_shape, target):
                 return NotServable(f"input {'x'.join(map(str, bias_shape)) or '()'} does not broadcast to {'x'.join(map(str, target))}")
             extra += [("beta", beta), ("bias_shape", tuple(bias_shape))]
-        return Problem(self.name, (dtype,), seat_flags(bias=int(has_bias)), (Bn, M, N, K),
+        # A trace's operands are contiguous: their strides follow from the shapes.
+        aligned = alignment((M * K, K, 1), (K * N, N, 1), N)
+        return Problem(self.name, (dtype,), seat_flags(bias=int(has_bias), aligned=aligned), (Bn, M, N, K),
                        tuple(sorted(extra)))
 
     # -- inputs, oracle, outputs, launch
@@ -254,8 +265,7 @@ SPEC = MatmulSpec()
 # ----------------------------------------------------------------------------- public ops
 
 _DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
-_NO_BIAS = seat_flags(bias=0)
-_BIAS = seat_flags(bias=1)
+_FLAGS = {(bias, aligned): seat_flags(bias=bias, aligned=aligned) for bias in (0, 1) for aligned in (0, 1)}
 
 
 def _run(a, b, bias, alpha, beta, rank):
@@ -277,10 +287,11 @@ def _run(a, b, bias, alpha, beta, rank):
     dims = (ash[0] if rank == 3 else 1, M, N, K)
     has_bias = bias is not None and beta != 0
     out_shape = (*ash[:-1], N)
-    c = torch.empty(out_shape, device=a.device, dtype=dt)
+    c = a.new_empty(out_shape)  # a's device and dtype: cheaper than torch.empty with both
     if 0 in dims:
         return c.zero_() if not has_bias else c.copy_(beta * bias.expand(out_shape))
-    config = config_for(SPEC, (name,), _BIAS if has_bias else _NO_BIAS, dims)
+    flags = _FLAGS[int(has_bias), alignment(a.stride(), b.stride(), N)]
+    config = config_for(SPEC, (name,), flags, dims)
     launch_matmul(a, b, c, bias.expand(out_shape) if has_bias else None, alpha, beta, config)
     return c
 

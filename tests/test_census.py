@@ -72,7 +72,7 @@ def test_census_certifies_then_the_second_tunes_nothing_and_launches_read_it(tmp
     seat = [s for s in rep.seats if s.label.startswith("matmul|float32")][0]
     from nbx_tune.kernels.registry import get_spec
 
-    assert certified.config_for(get_spec("matmul"), ("float32",), (("bias", "0"),), (1, 37, 45, 29)).key() == seat.config
+    assert certified.config_for(get_spec("matmul"), ("float32",), (("aligned", "0"), ("bias", "0")), (1, 37, 45, 29)).key() == seat.config
     # A shape in no certified seat uses the default, and the miss is counted.
     mm(torch.randn(5, 7), torch.randn(7, 3))
     assert sum(certified.launch_stats()["misses"].values()) == 1

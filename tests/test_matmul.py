@@ -82,11 +82,33 @@ def test_rows_it_cannot_serve_are_not_servable_with_a_reason(row, reason):
 
 def test_rows_map_to_dims_and_flags():
     p = SPEC.problem_from_row(make_row("aten.addmm", ["bfloat16"] * 3, [(11008,), (512, 4096), (4096, 11008)]))
-    assert (p.dims, dict(p.flags), p.dtypes) == ((1, 512, 11008, 4096), {"bias": "1"}, ("bfloat16",))
+    assert (p.dims, dict(p.flags), p.dtypes) == ((1, 512, 11008, 4096), {"aligned": "1", "bias": "1"},
+                                                 ("bfloat16",))
     p = SPEC.problem_from_row(make_row("aten.addmm", ["float32"] * 3, [(7,), (3, 5), (5, 7)], {"beta": "0"}))
-    assert dict(p.flags) == {"bias": "0"}  # beta == 0 ignores the input: the no-bias code path
+    assert dict(p.flags) == {"aligned": "0", "bias": "0"}  # beta == 0 ignores the input: the no-bias path
     p = SPEC.problem_from_row(make_row("aten.baddbmm", ["float16"] * 3, [(1, 9), (4, 3, 5), (4, 5, 9)]))
     assert p.dims == (4, 3, 9, 5)
+
+
+@pytest.mark.parametrize("m,n,k,aligned", [(512, 11008, 4096, "1"), (512, 10753, 4096, "0"),
+                                           (3, 4096, 4095, "0"), (3, 16, 32, "1")])
+def test_a_trace_row_is_aligned_only_if_n_and_k_are_multiples_of_16(m, n, k, aligned):
+    # M never enters a contiguous operand's strides: an odd token count stays aligned.
+    p = SPEC.problem_from_row(make_row("aten.mm", ["float16"] * 2, [(m, k), (k, n)]))
+    assert dict(p.flags)["aligned"] == aligned
+
+
+def test_a_launch_takes_its_alignment_from_the_real_strides(tmp_path, monkeypatch):
+    from nbx_tune.kernels import certified
+
+    monkeypatch.setenv("NBX_TUNE_DB", f"sqlite:///{tmp_path / 'none.db'}")  # no certificates: every seat misses
+    certified.reload()
+    wide = torch.randn(32, 50)
+    mm(torch.randn(5, 32), wide[:, :16])  # N=16 but b's row stride is 50
+    mm(torch.randn(5, 32), torch.randn(32, 16))  # the same dims, contiguous
+    misses = sorted(certified.launch_stats()["misses"])
+    assert [label.split("|")[2] for label in misses] == ["aligned=0,bias=0", "aligned=1,bias=0"]
+    certified.reload()
 
 
 def test_shared_memory_estimate_and_the_hopper_prune():
