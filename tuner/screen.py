@@ -7,12 +7,18 @@ Integer and boolean outputs must be bit-identical. NaN or Inf where the oracle i
 fails (non_finite), and so does any element still holding the poison (unwritten_output):
 the poison is a NaN with a payload no arithmetic produces, so "never written" and "wrote a
 NaN" are told apart by bits, not guessed.
+
+The oracle is computed on the host in numpy (fp64), once per case; its values are moved to
+the candidate's device once as well, and each candidate is judged there by a few fp64
+reductions. Copying every candidate's output to the host and judging it in numpy made the
+screen 80 % of a GEMM census on the H200 (docs/benchmarks.md); fp64 subtraction, abs and
+max are exact-rounded on either side, so the error is the same number.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -48,6 +54,36 @@ class Case:
     problem: Problem
     inputs: dict  # name -> torch tensor on the device
     ref: dict | None  # name -> fp64 numpy array; None when only timed
+    on_device: dict = field(default_factory=dict)  # (name, dtype) -> Reference, made on first use
+
+    def reference(self, name: str, like: torch.Tensor) -> "Reference":
+        key = (name, like.dtype, like.device)
+        if key not in self.on_device:
+            self.on_device[key] = Reference.of(self.ref[name], like)
+        return self.on_device[key]
+
+
+@dataclass
+class Reference:
+    """One output's oracle on the device of the output it judges."""
+
+    values: torch.Tensor  # float64 for float outputs, else the output's own dtype
+    finite: torch.Tensor | None  # where the oracle is finite; None when it is everywhere
+    scale: float  # max |ref| over the finite elements
+    holds_poison: bool = False  # an integer oracle that itself contains the poison bits
+
+    @classmethod
+    def of(cls, ref: np.ndarray, like: torch.Tensor) -> "Reference":
+        if like.dtype == torch.bool or not like.is_floating_point():
+            bits = POISON[like.dtype][1]
+            values = torch.from_numpy(np.ascontiguousarray(ref)).to(like.dtype).to(like.device)
+            return cls(values, None, 0.0, bool(np.any(ref == bits)))
+        values = torch.from_numpy(np.ascontiguousarray(ref, dtype=np.float64)).to(like.device)
+        finite = torch.isfinite(values)
+        everywhere = bool(finite.all())
+        kept = values if everywhere else values[finite]
+        scale = float(kept.abs().max()) if kept.numel() else 0.0
+        return cls(values, None if everywhere else finite, scale)
 
 
 @dataclass
@@ -95,15 +131,17 @@ def fresh_inputs(case: Case) -> dict:
     return {k: v.clone() for k, v in case.inputs.items()}
 
 
-def compare(name: str, out: torch.Tensor, ref: np.ndarray, rtol: float, problem: Problem) -> ScreenResult:
+def compare(name: str, out: torch.Tensor, ref, rtol: float, problem: Problem) -> ScreenResult:
+    """Judge one output against its oracle (a numpy array, or a Reference already on the
+    output's device)."""
+    r = ref if isinstance(ref, Reference) else Reference.of(np.asarray(ref), out)
     view, bits = POISON[out.dtype]
-    poisoned = int((out.view(view) == bits).sum().item())
+    poisoned = int((out.view(view) == bits).sum())
     if out.dtype == torch.bool or not out.is_floating_point():
-        got = out.cpu().numpy()
-        if poisoned and not np.any(ref == bits):
+        if poisoned and not r.holds_poison:
             return ScreenResult(problem, None, rtol, "unwritten_output",
                                 f"{name}: {poisoned} of {out.numel()} elements never written")
-        bad = int(np.count_nonzero(got != ref.astype(got.dtype)))
+        bad = int((out != r.values).sum())
         if bad:
             return ScreenResult(problem, None, rtol, "wrong_answer",
                                 f"{name}: {bad} of {out.numel()} elements differ (integers must match exactly)")
@@ -111,21 +149,24 @@ def compare(name: str, out: torch.Tensor, ref: np.ndarray, rtol: float, problem:
     if poisoned:
         return ScreenResult(problem, None, rtol, "unwritten_output",
                             f"{name}: {poisoned} of {out.numel()} elements never written")
-    got = out.to(torch.float64).cpu().numpy()
-    ref = np.asarray(ref, dtype=np.float64)
-    finite = np.isfinite(ref)
-    bad = int(np.count_nonzero(~np.isfinite(got) & finite))
+    got = out.to(torch.float64)
+    finite = r.finite
+    bad_here = ~torch.isfinite(got) if finite is None else ~torch.isfinite(got) & finite
+    bad = int(bad_here.sum())
     if bad:
         return ScreenResult(problem, None, rtol, "non_finite",
                             f"{name}: {bad} NaN/Inf elements where the oracle is finite")
-    # Where the oracle itself is NaN or Inf, the kernel must say the same.
-    mismatch = ~finite & ~((got == ref) | (np.isnan(got) & np.isnan(ref)))
-    if np.any(mismatch):
-        return ScreenResult(problem, None, rtol, "wrong_answer",
-                            f"{name}: {int(mismatch.sum())} elements differ where the oracle is NaN/Inf")
-    diff = np.abs(got[finite] - ref[finite])
-    scale = float(np.max(np.abs(ref[finite]))) if diff.size else 0.0
-    err = float(diff.max() / scale) if scale > 0 else float(diff.max(initial=0.0))
+    diff = (got - r.values).abs()
+    if finite is not None:
+        # Where the oracle itself is NaN or Inf, the kernel must say the same.
+        same = (got == r.values) | (torch.isnan(got) & torch.isnan(r.values))
+        mismatch = int((~finite & ~same).sum())
+        if mismatch:
+            return ScreenResult(problem, None, rtol, "wrong_answer",
+                                f"{name}: {mismatch} elements differ where the oracle is NaN/Inf")
+        diff = diff[finite]
+    worst = float(diff.max()) if diff.numel() else 0.0
+    err = worst / r.scale if r.scale > 0 else worst
     if not err <= rtol:
         return ScreenResult(problem, err, rtol, "wrong_answer",
                             f"{name}: err {err:.3g} > rtol {rtol:.3g}")
@@ -148,7 +189,7 @@ def screen(spec: KernelSpec, config, case: Case, rtol, device: str) -> ScreenRes
     worst = None
     for name, out in outputs.items():
         tol = rtol[name] if isinstance(rtol, dict) else rtol
-        r = compare(name, out, case.ref[name], tol, case.problem)
+        r = compare(name, out, case.reference(name, out), tol, case.problem)
         if not r.ok:
             return r
         worst = r if worst is None or (r.err or 0) > (worst.err or 0) else worst
