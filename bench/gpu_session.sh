@@ -4,7 +4,8 @@
 #   bash bench/gpu_session.sh                 every stage, in this order
 #   bash bench/gpu_session.sh fault check     only those (one device call each fits 600 s:
 #                                             "fault check", "census launch", "cost quality")
-# Limits are env overrides: FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S.
+# Limits are env overrides: FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S;
+# CENSUS_TRACES: the trace files of the census stage; QUALITY_ARGS: e.g. --buckets-only.
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
 LOG="$OUT/session.log"
@@ -19,8 +20,8 @@ unset TRITON_INTERPRET
 stage() { local secs=$1; shift; echo "=== $* (limit ${secs}s)" | tee -a "$LOG"
   local t0=$(date +%s); timeout "$secs" "$@" 2>&1 | tee -a "$LOG" | grep -v '^  \|^$' | tail -n 80
   echo "=== done in $(( $(date +%s) - t0 ))s: $*" | tee -a "$LOG"; }
-census() {  # census of one example trace into the session database, its report kept
-  stage "$1" sh -c "python3 -m nbx_tune.cli.app census --model examples/traces/$2.tsv --json > $OUT/census_$2.json"
+census() {  # census of one trace into the session database, its report kept
+  stage "$1" sh -c "python3 -m nbx_tune.cli.app census --model $2 --json > $OUT/census_$(basename $2 .tsv).json"
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$LOG"
 STAGES=${*:-fault check census launch cost quality}
@@ -28,13 +29,15 @@ for s in $STAGES; do case $s in
   fault) stage ${FAULT_S:-60} python3 bench/gpu_check.py --skip-correctness ;;
   check) stage ${CHECK_S:-360} python3 bench/gpu_check.py --skip-fault --seconds ${CHECK_RUN_S:-300} \
            --configs-per-row 2 --jobs 12 ;;
-  census) census ${CENSUS_S:-150} llama2_7b_seq512_bf16
-          census ${CENSUS_S:-150} gpt2_seq1024_bf16
-          census ${CENSUS_S:-150} resnet50_b8_bf16
+  import) for t in bench_out/*.json; do  # tables of an earlier call (carry bench_out), so a census resumes
+            [ -f "$t" ] && stage 30 python3 -m nbx_tune.cli.app import "$t"; done ;;
+  census) for t in ${CENSUS_TRACES:-examples/traces/llama2_7b_seq512_bf16.tsv examples/traces/gpt2_seq1024_bf16.tsv \
+                                   examples/traces/resnet50_b8_bf16.tsv}; do
+            census ${CENSUS_S:-150} $t; done
           stage 30 python3 bench/screen_share.py
           stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
   launch) stage ${LAUNCH_S:-100} python3 bench/launch_overhead.py ;;
   cost) stage ${COST_S:-280} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv ;;
-  quality) stage ${QUALITY_S:-280} python3 bench/kernel_quality.py ;;
+  quality) stage ${QUALITY_S:-280} python3 bench/kernel_quality.py ${QUALITY_ARGS:-} ;;
   *) echo "unknown stage $s" | tee -a "$LOG" ;;
 esac; done

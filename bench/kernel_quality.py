@@ -30,7 +30,7 @@ BUCKETS = [
 ]
 
 
-def main() -> None:
+def main(buckets_only: bool = False) -> None:
     import torch
     from triton.testing import do_bench
 
@@ -45,7 +45,7 @@ def main() -> None:
     db = f"sqlite:///{work / 'quality.db'}"
     rows = []
     for dt in ("float16", "bfloat16"):
-        rows += [make_row("aten.mm", [dt, dt], [(m, k), (k, n)]) for m, n, k in BLAS_SHAPES]
+        rows += [make_row("aten.mm", [dt, dt], [(m, k), (k, n)]) for m, n, k in BLAS_SHAPES if not buckets_only]
     for dt, shapes in BUCKETS:
         rows += [make_row("aten.mm", [dt, dt], [(m, k), (k, n)]) for m, n, k in shapes]
     trace = work / "quality.tsv"
@@ -69,7 +69,7 @@ def main() -> None:
         return p, seat_label("matmul", p.dtypes, p.flags, SPEC.key, bucket_of(profile, SPEC.key, p.dims))
 
     for dt in ("float16", "bfloat16"):
-        for m, n, k in BLAS_SHAPES:
+        for m, n, k in () if buckets_only else BLAS_SHAPES:
             a, b, c = mats(m, n, k, dt)
             p, _ = seat_of(m, n, k, dt)
             cfg = certified.config_for(SPEC, p.dtypes, p.flags, p.dims)
@@ -110,4 +110,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(buckets_only="--buckets-only" in sys.argv[1:])
