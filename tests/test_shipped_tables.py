@@ -29,5 +29,25 @@ def test_shipped_table_entries_are_current(path):
         assert all(s["err"] <= s["rtol"] for s in e["screens"]) and e["screens"]
 
 
+REAL_SCALE_TRACES = ("llama2_7b_seq512_bf16", "gpt2_seq1024_bf16", "resnet50_b8_bf16")
+
+
+def test_the_hopper_table_serves_every_seat_of_the_real_scale_examples_and_nothing_else():
+    # A change to a kernel's seat key (flags, ladders, trace mapping) leaves entries that
+    # no launch can find: they would be shipped dead weight, and the seats they were meant
+    # for would miss. Both directions are checked.
+    from nbx_tune.tuner.census import load_plan
+
+    profile = get_profile("hopper")
+    wanted = set()
+    for name in REAL_SCALE_TRACES:
+        trace = Path(__file__).resolve().parents[1] / "examples" / "traces" / f"{name}.tsv"
+        wanted |= set(load_plan(str(trace), profile).seats)
+    doc = table_format.read(TABLES[0])
+    shipped = {(e["kernel"], e["dtypes"], e["flags"], e["bucket"]) for e in doc["entries"]}
+    assert shipped - wanted == set(), "entries for seats no example trace has"
+    assert wanted - shipped == set(), "seats of the example traces not in the table"
+
+
 def test_there_is_a_hopper_table():
     assert [p.name for p in TABLES] == ["hopper.json"]
