@@ -82,6 +82,27 @@ def test_screen_integers_are_bit_exact_and_bool_poison_is_detected():
     assert screening.compare("b", b, np.array([True, False, True, True]), 0.0, p).reason == "unwritten_output"
 
 
+def test_where_the_oracle_is_nan_or_inf_the_kernel_must_agree():
+    p = problem(4)
+    ref = np.array([1.0, np.nan, np.inf, 4.0])
+    out = torch.tensor([1.0, float("nan"), float("inf"), 4.0])
+    r = screening.compare("y", out, ref, 1e-4, p)
+    assert r.ok and r.err == 0.0  # judged on the finite elements only
+    out[2] = -float("inf")
+    assert screening.compare("y", out, ref, 1e-4, p).reason == "wrong_answer"
+    out[2], out[3] = float("inf"), float("nan")  # NaN where the oracle is finite
+    assert screening.compare("y", out, ref, 1e-4, p).reason == "non_finite"
+
+
+def test_the_reference_moves_to_the_device_once_per_case_and_judges_every_candidate():
+    case = screening.make_case(planted.SPEC, problem(300), "cpu", 7, True)
+    first = screening.screen(planted.SPEC, planted.GOOD[0], case, 1e-4, "cpu")
+    kept = case.on_device[("y", torch.float32, torch.device("cpu"))]
+    wrong = screening.screen(planted.SPEC, planted.WRONG, case, 1e-4, "cpu")
+    assert first.ok and wrong.reason == "wrong_answer"
+    assert len(case.on_device) == 1 and next(iter(case.on_device.values())) is kept  # reused, not rebuilt
+
+
 def test_oracle_sees_the_rounded_inputs():
     case = screening.make_case(planted.SPEC, problem(300, "float16"), "cpu", 7, True)
     x = case.inputs["x"]
