@@ -58,7 +58,8 @@ def main() -> None:
     for m, n, k in shapes:
         a = torch.randn(m, k, device="cuda", dtype=torch.float16)
         b = torch.randn(k, n, device="cuda", dtype=torch.float16)
-        cfg = certified.config_for(SPEC, ("float16",), (("aligned", "1"), ("bias", "0")), (1, m, n, k))
+        p = SPEC.problem_from_row(make_row("aten.mm", ["float16"] * 2, [(m, k), (k, n)]))
+        cfg = certified.config_for(SPEC, p.dtypes, p.flags, p.dims)
 
         def plain():
             c = torch.empty(m, n, device="cuda", dtype=torch.float16)

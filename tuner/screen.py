@@ -54,7 +54,7 @@ class Case:
     problem: Problem
     inputs: dict  # name -> torch tensor on the device
     ref: dict | None  # name -> fp64 numpy array; None when only timed
-    on_device: dict = field(default_factory=dict)  # (name, dtype) -> Reference, made on first use
+    on_device: dict = field(default_factory=dict)  # (name, dtype, device) -> Reference, made on first use
 
     def reference(self, name: str, like: torch.Tensor) -> "Reference":
         key = (name, like.dtype, like.device)
