@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.certified import config_for, direct_launch, remember_direct
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import matmul as oracle
 
@@ -77,23 +77,27 @@ def _strides3(t):
     return s if len(s) == 3 else (0, *s)
 
 
-def launch_matmul(a, b, c, bias, alpha: float, beta: float, config: Config) -> None:
-    """c = alpha * (a @ b) [+ beta * bias]: a (B, M, K) or (M, K), b and c likewise; bias
-    already expanded to c's shape (any strides, zeros where broadcast) or None."""
+def matmul_args(a, b, c, x, alpha: float, beta: float, has_bias: bool, config: Config) -> tuple:
+    """(grid, every argument of `_matmul_kernel` in its order, constexprs included): a
+    launch through Triton and a direct launch of the compiled kernel pass exactly these."""
     M, K = a.shape[-2:]
     N = b.shape[-1]
     B = a.shape[0] if a.dim() == 3 else 1
-    x = c if bias is None else bias
     sa, sb, sc, sx = _strides3(a), _strides3(b), _strides3(c), _strides3(x)
     grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]), B)
-    _matmul_kernel[grid](
-        a, b, c, x, M, N, K,
-        sa[0], sa[1], sa[2], sb[0], sb[1], sb[2], sc[0], sc[1], sc[2], sx[0], sx[1], sx[2],
-        alpha, beta,
-        HAS_BIAS=bias is not None,
-        INPUT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
-        **config.kwargs,
-    )
+    args = (a, b, c, x, M, N, K, *sa, *sb, *sc, *sx, alpha, beta,
+            has_bias, "ieee" if a.dtype == torch.float32 else "tf32",
+            config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"])
+    return grid, args
+
+
+def launch_matmul(a, b, c, bias, alpha: float, beta: float, config: Config):
+    """c = alpha * (a @ b) [+ beta * bias]: a (B, M, K) or (M, K), b and c likewise; bias
+    already expanded to c's shape (any strides, zeros where broadcast) or None. Returns
+    (what Triton returned: the compiled kernel on a GPU, None under the interpreter; the
+    grid; the arguments)."""
+    grid, args = matmul_args(a, b, c, c if bias is None else bias, alpha, beta, bias is not None, config)
+    return _matmul_kernel[grid](*args, num_warps=config.num_warps, num_stages=config.num_stages), grid, args
 
 
 def _c(bm, bn, bk, warps, stages, group=8):
@@ -162,7 +166,7 @@ class MatmulSpec(KernelSpec):
         return max(config.num_stages, 1) * (config["BLOCK_M"] + config["BLOCK_N"]) * config["BLOCK_K"] * esize
 
     def source_parts(self):
-        return (_matmul_kernel, launch_matmul)
+        return (_matmul_kernel, matmul_args, launch_matmul)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
@@ -289,15 +293,33 @@ def _run(a, b, bias, alpha, beta, rank):
     if name is None:
         raise KernelError(f"matmul: dtype {dt} is not served (float16, bfloat16, float32)")
     M, K, N = ash[-2], ash[-1], bsh[-1]
-    dims = (ash[0] if rank == 3 else 1, M, N, K)
     has_bias = bias is not None and beta != 0
     out_shape = (*ash[:-1], N)
     c = a.new_empty(out_shape)  # a's device and dtype: cheaper than torch.empty with both
-    if 0 in dims:
+    if M == 0 or N == 0 or K == 0 or (rank == 3 and ash[0] == 0):
         return c.zero_() if not has_bias else c.copy_(beta * bias.expand(out_shape))
-    flags = _FLAGS[int(has_bias), alignment(a.stride(), b.stride(), N)]
+    # Triton passes a Python int as an integer and specializes on its value (1 becomes a
+    # constant), so alpha=1 and alpha=2 would need two compiled kernels; floats never do.
+    alpha, beta = float(alpha), float(beta)
+    sa, sb = a.stride(), b.stride()
+    x = bias if has_bias else c
+    # The exact launch. Every integer argument follows from the shapes and strides here
+    # (c is contiguous, an expanded bias's strides follow from its own); Triton 3.x also
+    # specializes a pointer on 16-byte alignment, which its low 4 address bits decide.
+    key = (dt, a.get_device(), ash, bsh, sa, sb, (tuple(x.shape), x.stride()) if has_bias else None,
+           a.data_ptr() & 15, b.data_ptr() & 15, c.data_ptr() & 15, x.data_ptr() & 15)
+    hit = direct_launch(key)
+    if hit is not None:
+        ints, consts = hit[1]
+        # An expanded view keeps the bias's address; its broadcast strides are in `ints`.
+        hit[0](a, b, c, x, *ints, alpha, beta, *consts)
+        return c
+    dims = (ash[0] if rank == 3 else 1, M, N, K)
+    flags = _FLAGS[int(has_bias), alignment(sa, sb, N)]
     config = config_for(SPEC, (name,), flags, dims)
-    launch_matmul(a, b, c, bias.expand(out_shape) if has_bias else None, alpha, beta, config)
+    compiled, grid, args = launch_matmul(a, b, c, bias.expand(out_shape) if has_bias else None,
+                                         alpha, beta, config)
+    remember_direct(key, compiled, grid, (args[4:19], args[21:]), SPEC, (name,), flags, dims)
     return c
 
 

@@ -1,0 +1,139 @@
+"""The direct launch of matmul: after the first launch of an exact argument set through
+Triton, later ones call the compiled kernel Triton returned, skipping its argument binding.
+
+The interpreter compiles nothing, so a fake stands in for Triton's compiled kernel here. It
+runs the real kernel under the interpreter with exactly the arguments the direct path
+passes (so their order is checked against the oracle), and it refuses a call whose
+arguments Triton would have compiled differently: integer values 1, divisibility by 16,
+32/64-bit range, pointer alignment, dtypes. The GPU half of the proof is
+bench/direct_launch_check.py.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from nbx_tune.kernels import addmm, baddbmm, bmm, certified, mm
+from nbx_tune.kernels import matmul as matmul_module
+from nbx_tune.oracles import matmul as oracle
+
+
+def specialization(args) -> tuple:
+    """What Triton's JIT keys a compile on, per argument (runtime/jit.py, specialize_impl)."""
+    out = []
+    for v in args:
+        if isinstance(v, torch.Tensor):
+            out.append((v.dtype, v.data_ptr() % 16 == 0))
+        elif isinstance(v, bool) or isinstance(v, str):
+            out.append(v)
+        elif isinstance(v, int):
+            out.append(("int", v == 1, v % 16 == 0, -2**31 <= v < 2**31))
+        elif isinstance(v, float):
+            out.append("fp32")
+        else:
+            raise TypeError(type(v))
+    return tuple(out)
+
+
+class FakeCompiled:
+    def __init__(self, real, spec, options, log):
+        self.real, self.spec, self.options, self.log = real, spec, options, log
+
+    def __getitem__(self, grid):
+        def runner(*args):
+            assert specialization(args) == self.spec, "a direct launch Triton would have compiled differently"
+            self.log.append("direct")
+            self.real[grid](*args, **self.options)
+        return runner
+
+
+class FakeJit:
+    """Triton's JITFunction as launch_matmul uses it, returning a FakeCompiled."""
+
+    def __init__(self, real):
+        self.real, self.log = real, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **options):
+            self.log.append("triton")
+            self.real[grid](*args, **options)
+            return FakeCompiled(self.real, specialization(args), options, self.log)
+        return launch
+
+
+@pytest.fixture
+def jit(monkeypatch):
+    fake = FakeJit(matmul_module._matmul_kernel)
+    monkeypatch.setattr(matmul_module, "_matmul_kernel", fake)
+    return fake
+
+
+def rel_err(got, ref):
+    return np.abs(got.double().numpy() - ref).max() / np.abs(ref).max()
+
+
+def fresh(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_second_launch_of_the_same_arguments_is_direct_and_right(jit):
+    a, b = torch.empty(37, 23), fresh(23, 45, seed=1)
+    for seed in range(3):  # new data in the same buffer each time: a stale output cannot pass
+        a.copy_(fresh(37, 23, seed=10 + seed))
+        assert rel_err(mm(a, b), oracle.mm(a.double().numpy(), b.double().numpy())) < 1e-5
+    assert jit.log == ["triton", "direct", "direct"]
+    assert certified.launch_stats()["direct_launches"] == 1
+
+
+def test_anything_triton_specializes_on_gets_its_own_compiled_kernel(jit):
+    buf = fresh(40 * 23 + 1, seed=2)
+    b = fresh(23, 45, seed=3)
+    B = b.double().numpy()
+    cases = [
+        buf[:37 * 23].view(37, 23),  # aligned
+        buf[1:1 + 37 * 23].view(37, 23),  # the same shape and strides, a 4-byte offset
+        buf[:1 * 23].view(1, 23),  # M = 1: Triton makes it a constant
+        buf[:32 * 23].view(32, 23),  # M = 32: divisible by 16
+        buf[:37 * 23].view(23, 37).t(),  # transposed strides
+    ]
+    for a in cases * 2:
+        assert rel_err(mm(a, b), oracle.mm(a.double().numpy(), B)) < 1e-5
+    assert jit.log == ["triton"] * len(cases) + ["direct"] * len(cases)
+
+
+def test_alpha_and_beta_pass_as_floats_so_integer_values_share_a_kernel(jit):
+    x, a, b = fresh(45, seed=4), fresh(37, 23, seed=5), fresh(23, 45, seed=6)
+    X, A, B = (t.double().numpy() for t in (x, a, b))
+    for alpha, beta in [(1, 1), (2, 1), (1, 3), (-1.5, 0.5)]:
+        assert rel_err(addmm(x, a, b, alpha=alpha, beta=beta), oracle.addmm(X, A, B, alpha, beta)) < 1e-5
+    assert jit.log == ["triton", "direct", "direct", "direct"]
+
+
+def test_a_broadcast_bias_launches_directly_from_its_own_address(jit):
+    a3, b3 = fresh(3, 19, 23, seed=7), fresh(3, 23, 31, seed=8)
+    A3, B3 = a3.double().numpy(), b3.double().numpy()
+    biases = (torch.empty(3, 1, 31), torch.empty(31), torch.empty(3, 19, 31))
+    for seed in range(2):
+        for x3 in biases:
+            x3.copy_(fresh(*x3.shape, seed=20 + seed))
+            got = baddbmm(x3, a3, b3, alpha=0.25)
+            assert rel_err(got, oracle.baddbmm(x3.double().numpy(), A3, B3, 0.25, 1.0)) < 1e-5
+    assert jit.log == ["triton"] * 3 + ["direct"] * 3
+    assert rel_err(bmm(a3, b3), oracle.bmm(A3, B3)) < 1e-5  # no bias: another launch
+
+
+def test_reload_forgets_direct_launches_and_misses_are_still_counted(jit):
+    a, b = fresh(37, 23, seed=9), fresh(23, 45, seed=10)
+    for _ in range(3):
+        mm(a, b)
+    assert sum(certified.launch_stats()["misses"].values()) == 3  # no certificate: every call a miss
+    certified.reload()
+    mm(a, b)
+    assert jit.log == ["triton", "direct", "direct", "triton"]
+
+
+def test_the_interpreter_compiles_nothing_so_every_launch_goes_through_triton():
+    a, b = fresh(37, 23, seed=11), fresh(23, 45, seed=12)
+    mm(a, b)
+    mm(a, b)
+    assert certified.launch_stats()["direct_launches"] == 0
