@@ -4,7 +4,10 @@
 #   bash bench/gpu_session.sh                 every stage, in this order
 #   bash bench/gpu_session.sh fault check     only those (one device call each fits 600 s:
 #                                             "fault check", "census launch", "cost quality")
-# Limits are env overrides: FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S;
+# Other stages: direct (the direct launch's GPU proof), profile (a census under cProfile),
+# schedules (GEMM schedules at 3072^3, exploratory).
+# Limits are env overrides: FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
+# DIRECT_S PROFILE_S SCHEDULES_S;
 # CENSUS_TRACES: the trace files of the census stage; QUALITY_ARGS: e.g. --buckets-only.
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
@@ -37,6 +40,10 @@ for s in $STAGES; do case $s in
           stage 30 python3 bench/screen_share.py
           stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
   launch) stage ${LAUNCH_S:-100} python3 bench/launch_overhead.py ;;
+  direct) stage ${DIRECT_S:-120} python3 bench/direct_launch_check.py ;;
+  profile) stage ${PROFILE_S:-150} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv \
+             --profile "$OUT/profile" ;;
+  schedules) stage ${SCHEDULES_S:-200} python3 bench/explore_gemm_schedules.py ;;
   cost) stage ${COST_S:-280} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv ;;
   quality) stage ${QUALITY_S:-280} python3 bench/kernel_quality.py ${QUALITY_ARGS:-} ;;
   *) echo "unknown stage $s" | tee -a "$LOG" ;;

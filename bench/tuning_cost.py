@@ -4,6 +4,8 @@ process with an empty Triton cache. Then the configs each picked are timed side 
 with torch.matmul (cuBLAS) beside them.
 
     python bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv
+    python bench/tuning_cost.py TRACE --profile DIR   census only, under cProfile (parent and
+                                                      worker), top functions printed
 """
 
 from __future__ import annotations
@@ -33,7 +35,18 @@ def timed_process(cmd, env) -> tuple[float, str]:
     return wall, r.stdout
 
 
-def main(trace: str) -> None:
+def print_profile(path: Path, title: str, n: int = 28) -> None:
+    import io
+    import pstats
+
+    out = io.StringIO()
+    pstats.Stats(str(path), stream=out).sort_stats("cumulative").print_stats(n)
+    text = out.getvalue()
+    print(f"--- {title}: {path.name}")
+    print(text[text.find("ncalls"):] if "ncalls" in text else text)
+
+
+def main(trace: str, profile_dir: str | None = None) -> None:
     from nbx_tune.tuner.trace import read_trace, write_trace
 
     work = Path(tempfile.mkdtemp(prefix="nbx-tc-"))
@@ -49,10 +62,26 @@ def main(trace: str) -> None:
 
     db = f"sqlite:///{work / 'census.db'}"
     env = {**base_env, "TRITON_CACHE_DIR": str(work / "cache_census"), "NBX_TUNE_DB": db}
-    census_s, out = timed_process([sys.executable, "-m", "nbx_tune.cli.app", "census", "--model", str(mm_trace),
+    prefix = [sys.executable]
+    if profile_dir:
+        prof = Path(profile_dir)
+        prof.mkdir(parents=True, exist_ok=True)
+        env["NBX_TUNE_WORKER_PROFILE"] = str(prof)
+        prefix += ["-m", "cProfile", "-o", str(prof / "parent.prof")]
+    census_s, out = timed_process([*prefix, "-m", "nbx_tune.cli.app", "census", "--model", str(mm_trace),
                                    "--json"], env)
     rep = json.loads(out)
     print(f"census of {len(rows)} matmul rows: {census_s:.1f} s (cold Triton cache)", flush=True)
+    if profile_dir:
+        from sqlalchemy import create_engine, text
+
+        with create_engine(db).connect() as conn:
+            for row in conn.execute(text("SELECT s.dtypes || ' ' || s.bucket, t.screen_s, t.bench_s, t.total_s FROM tunings t "
+                                         "JOIN seats s ON s.id = t.seat_id ORDER BY t.id")):
+                print(f"{row[0]}: screen {row[1]:.2f} s, timing {row[2]:.2f} s, total {row[3]:.2f} s")
+        for p in sorted(prof.glob("*.prof")):
+            print_profile(p, "census parent" if p.name == "parent.prof" else "candidate worker")
+        return
 
     env = {**base_env, "TRITON_CACHE_DIR": str(work / "cache_autotune")}
     auto_s, _ = timed_process([sys.executable, str(HERE / "autotune_baseline.py"), str(mm_trace),
@@ -104,4 +133,10 @@ def main(trace: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "examples/traces/llama2_7b_seq512_bf16.tsv")
+    args = sys.argv[1:]
+    prof_dir = None
+    if "--profile" in args:
+        i = args.index("--profile")
+        prof_dir = args[i + 1]
+        del args[i:i + 2]
+    main(args[0] if args else "examples/traces/llama2_7b_seq512_bf16.tsv", prof_dir)

@@ -84,3 +84,27 @@ def test_a_candidate_that_poisons_the_gpu_context_is_the_one_refused(tmp_path):
     assert reasons[planted.GOOD[0]] is None and reasons[planted.GOOD[1]] is None
     assert res.outcome == "certified" and res.winner.config in planted.GOOD
     assert ex.restarts == 1
+
+
+def test_a_worker_profile_is_written_when_asked_and_names_the_screen(tmp_path, monkeypatch):
+    import pstats
+
+    monkeypatch.setenv("NBX_TUNE_WORKER_PROFILE", str(tmp_path))
+    profile = builtin_profiles()["interpreter"]
+    ex = Isolated(profile)
+    try:
+        res = tune_seat(planted.SPEC, profile, "double", [_double_problem(300)], ex,
+                        get_strategy("exhaustive"), "cpu")
+    finally:
+        ex.close()
+    assert res.outcome == "certified"
+    dumps = list(tmp_path.glob("worker-*.prof"))
+    assert len(dumps) == 1
+    names = {fn for (_, _, fn) in pstats.Stats(str(dumps[0])).stats}
+    assert {"screen", "time"} <= names  # SeatRunner's two entry points were profiled
+
+
+def _double_problem(n):
+    from nbx_tune.kernels.spec import Problem, seat_flags
+
+    return Problem(planted.SPEC.name, ("float32",), seat_flags(), (n,))

@@ -29,6 +29,23 @@ def _worker_main(conn, plugins, timing, stderr_path):
     # The parent reads these last words when the worker dies.
     fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(fd, 2)
+    # Where a seat's time goes inside the worker (bench/tuning_cost.py --profile): a cProfile
+    # dump per worker, written when it is stopped.
+    profile_dir = os.environ.get("NBX_TUNE_WORKER_PROFILE")
+    if not profile_dir:
+        return _serve(conn, plugins, timing)
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        return _serve(conn, plugins, timing)
+    finally:
+        prof.disable()
+        prof.dump_stats(os.path.join(profile_dir, f"worker-{os.getpid()}.prof"))
+
+
+def _serve(conn, plugins, timing):
     from nbx_tune.kernels.registry import get_spec, load_plugin
     from nbx_tune.tuner.bench import for_timing
 
