@@ -40,6 +40,9 @@ class FakeCompiled:
         self.real, self.spec, self.options, self.log = real, spec, options, log
 
     def __getitem__(self, grid):
+        # Triton's launcher reads grid[0], grid[1] and grid[2] (an IndexError on 3.6 otherwise).
+        assert len(grid) == 3, grid
+
         def runner(*args):
             assert specialization(args) == self.spec, "a direct launch Triton would have compiled differently"
             self.log.append("direct")
