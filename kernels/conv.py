@@ -47,7 +47,8 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import format_shape, numel
-from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
+from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags,
+                                   uniform_inputs)
 from nbx_tune.oracles import conv as oracle
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -490,11 +491,11 @@ class ConvSpec(KernelSpec):
         shapes = self.input_shapes(problem)
         ws, dt = shapes["weight"]
         fan_in = numel(ws[1:])
-        out = {"input": (rng.standard_normal(shapes["input"][0]), dt),
+        out = {"input": (uniform_inputs(rng, shapes["input"][0]), dt),
                # scaled like a trained layer's so outputs stay O(1) in fp16 at any fan-in
-               "weight": (rng.standard_normal(ws) / fan_in ** 0.5, dt)}
+               "weight": (uniform_inputs(rng, ws, fan_in ** -0.5), dt)}
         if "bias" in shapes:
-            out["bias"] = (rng.standard_normal(shapes["bias"][0]), dt)
+            out["bias"] = (uniform_inputs(rng, shapes["bias"][0]), dt)
         return out
 
     def oracle(self, problem, inputs):

@@ -14,7 +14,8 @@ import triton.language as tl
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.certified import config_for, direct_launch, remember_direct
-from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
+from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags,
+                                   uniform_inputs)
 from nbx_tune.oracles import matmul as oracle
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -244,7 +245,7 @@ class MatmulSpec(KernelSpec):
         return shapes
 
     def make_inputs(self, problem, rng):
-        return {name: (rng.standard_normal(shape), dt)
+        return {name: (uniform_inputs(rng, shape), dt)
                 for name, (shape, dt) in self.input_shapes(problem).items()}
 
     def oracle(self, problem, inputs):

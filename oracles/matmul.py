@@ -1,16 +1,19 @@
-"""Matrix products in float64, from their definitions (torch.mm / addmm / bmm / baddbmm)."""
+"""Matrix products in float64, from their definitions (torch.mm / addmm / bmm / baddbmm).
+
+Inputs already in float64 are used as they are (np.asarray; astype always copies, which
+was 0.8 s of a six-seat GEMM census on the H200 host)."""
 
 import numpy as np
 
 
 def mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """(M, K) @ (K, N): out[i, j] = sum_k a[i, k] * b[k, j]."""
-    return np.matmul(a.astype(np.float64), b.astype(np.float64))
+    return np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
 
 
 def bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """(B, M, K) @ (B, K, N), one product per batch entry."""
-    return np.matmul(a.astype(np.float64), b.astype(np.float64))
+    return np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
 
 
 def addmm(bias: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0,
@@ -18,10 +21,10 @@ def addmm(bias: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0,
     """beta * bias + alpha * (a @ b), bias broadcast to the product's shape.
 
     As in torch, beta == 0 ignores `bias` entirely (NaN in it does not propagate)."""
-    prod = alpha * np.matmul(a.astype(np.float64), b.astype(np.float64))
+    prod = alpha * np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
     if beta == 0:
         return prod
-    return beta * np.broadcast_to(bias.astype(np.float64), prod.shape) + prod
+    return beta * np.broadcast_to(np.asarray(bias, np.float64), prod.shape) + prod
 
 
 baddbmm = addmm
