@@ -52,6 +52,10 @@ def _serve(conn, plugins, timing):
     for p in plugins:
         load_plugin(p)
     bench = for_timing(timing)
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.init()  # the device context, before the first seat is waiting for it
     runner = None
     while True:
         try:
@@ -97,6 +101,7 @@ class Isolated:
         self.generation = 0
         self.spec = self.job = None
         self.restarts = 0
+        self.served = False  # whether any request reached a worker
         # The interpreter compiles nothing; on a GPU, candidates compile on the CPU cores
         # ahead of the worker (tuner/precompile.py).
         if precompile is None:
@@ -106,6 +111,8 @@ class Isolated:
             from nbx_tune.tuner.precompile import Precompiler
 
             self.precompiler = Precompiler(self.plugins)
+        # Started now, so its imports and device set-up overlap the census's planning.
+        self._start()
 
     # -- worker lifecycle
     def _start(self) -> None:
@@ -155,6 +162,7 @@ class Isolated:
             self._start()
             if self.job is not None and msg[0] != "seat":
                 self._prepare()
+        self.served = True
         try:
             self.conn.send(msg)
             if self.conn.poll(timeout):
@@ -205,7 +213,9 @@ class Isolated:
     def close(self) -> None:
         if self.precompiler is not None:
             self.precompiler.close()
-        if self.proc is not None and self.proc.is_alive():
+        # A worker never sent a seat (every seat already certified) may still be importing:
+        # it has nothing to finish, so it is killed rather than waited for.
+        if self.proc is not None and self.proc.is_alive() and self.served:
             try:
                 self.conn.send(("stop",))
                 self.proc.join(timeout=5)

@@ -54,6 +54,10 @@ def _compile(kernel: str, problems, config, device: str) -> str | None:
     return None
 
 
+def _ready() -> None:
+    pass
+
+
 class Precompiler:
     """A pool that compiles configs ahead of the worker; one per census."""
 
@@ -61,6 +65,10 @@ class Precompiler:
         n = workers or max(1, min(16, (os.cpu_count() or 2) - 1))
         self.pool = ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_init,
                                         initargs=(plugins,))
+        # A spawned process takes seconds to import torch and Triton: start them all now,
+        # while the census plans, rather than on the first seat's submissions.
+        for _ in range(n):
+            self.pool.submit(_ready)
         self.futures = []
 
     def submit(self, kernel: str, problems, configs, device: str) -> None:
