@@ -1,0 +1,513 @@
+#!/usr/bin/env python3
+"""Exploratory: GEMM schedules against wave quantization at M=N=K=3072 (H200, 132 SMs).
+
+kernels/matmul.py reaches 0.91-0.98 of cuBLAS at 2048^3..8192^3 but 0.82 (fp16) / 0.83
+(bf16) at 3072^3: 576 tiles of 128x128 on 132 SMs are 4.36 waves, the last one 36 % full.
+This script checks each candidate schedule against fp32 torch.matmul, times every config of
+it beside cuBLAS (torch.matmul) in the same run, and writes all of it to
+$OUT/explore_gemm_schedules.json (./bench_out/ without OUT).
+
+    python bench/explore_gemm_schedules.py        # GPU; env EXPLORE_BUDGET_S=150, EXPLORE_JOBS
+    TRITON_INTERPRET=1 python bench/explore_gemm_schedules.py --smoke   # CPU: index math only
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import datetime
+import itertools
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SMOKE = "--smoke" in sys.argv
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported; no GPU in smoke mode
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+try:
+    import nbx_tune  # noqa: F401
+except ImportError:  # the repository root is the package: put a link named nbx_tune on the path
+    _pkg = Path(tempfile.mkdtemp())
+    (_pkg / "nbx_tune").symlink_to(Path(__file__).resolve().parents[1])
+    sys.path.insert(0, str(_pkg))
+try:
+    from nbx_tune.kernels.matmul import CONFIGS, launch_matmul
+    from nbx_tune.kernels.spec import Config
+    BASELINE_ERR = None
+except Exception as _e:  # the other variants still run
+    CONFIGS, launch_matmul, Config, BASELINE_ERR = (), None, None, first_line(_e)
+
+HAS_TMA = hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
+
+
+# ----------------------------------------------------------------------------- kernels
+
+@triton.jit
+def _coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped ordering as in kernels/matmul.py: GROUP_M row-blocks in turn share B tiles in L2."""
+    group = GROUP_M * num_pid_n
+    first_m = (tile // group) * GROUP_M
+    group_m = min(num_pid_m - first_m, GROUP_M)
+    return first_m + (tile % group) % group_m, (tile % group) // group_m
+
+
+@triton.jit
+def _acc_tile(a_src, b_src, pid_m, pid_n, k_lo, k_hi, M, N, K, sam, sak, sbk, sbn,
+              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, USE_TMA: tl.constexpr,
+              WS: tl.constexpr):
+    """fp32 sum over K blocks [k_lo, k_hi) of output tile (pid_m, pid_n). a_src and b_src are
+    pointers, or TMA descriptors (out-of-bounds boxes read as zeros: no masks needed)."""
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if USE_TMA:
+        for k in tl.range(k_lo, k_hi, warp_specialize=WS):
+            acc = tl.dot(a_src.load([pid_m * BM, k * BK]), b_src.load([k * BK, pid_n * BN]), acc)
+    else:
+        # Rows/columns past the edge wrap to valid ones (as kernels/matmul.py); stores mask them.
+        rm = (pid_m * BM + tl.arange(0, BM)) % M
+        rn = (pid_n * BN + tl.arange(0, BN)) % N
+        rk = tl.arange(0, BK)
+        a_ptrs = a_src + rm[:, None] * sam + (k_lo * BK + rk)[None, :] * sak
+        b_ptrs = b_src + (k_lo * BK + rk)[:, None] * sbk + rn[None, :] * sbn
+        for k in tl.range(k_lo, k_hi, warp_specialize=WS):
+            a = tl.load(a_ptrs, mask=rk[None, :] < K - k * BK, other=0.0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < K - k * BK, other=0.0)
+            acc = tl.dot(a, b, acc)
+            a_ptrs += BK * sak
+            b_ptrs += BK * sbk
+    return acc
+
+
+@triton.jit
+def _store_tile(c_ptr, c_desc, acc, pid_m, pid_n, M, N, scm, scn,
+                BM: tl.constexpr, BN: tl.constexpr, TMA_STORE: tl.constexpr):
+    out = acc.to(c_ptr.dtype.element_ty)
+    if TMA_STORE:
+        c_desc.store([pid_m * BM, pid_n * BN], out)  # the TMA unit clips at the edges
+    else:
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, out,
+                 mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def _owner(i, per, extra):
+    """The program whose stream-K run holds iteration i (programs below `extra` take per + 1)."""
+    cut = extra * (per + 1)
+    return tl.where(i < cut, i // (per + 1), extra + (i - cut) // max(per, 1))
+
+
+# dp_tiles/sk_* change with the shape: unspecialized so one binary serves 3072, 4096 and 2048.
+@triton.jit(do_not_specialize=["dp_tiles", "sk_per", "sk_extra"])
+def _persistent_kernel(
+    a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, a_hd, b_hd, c_hd,
+    M, N, K, sam, sak, sbk, sbn, scm, scn, dp_tiles, sk_per, sk_extra,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    NUM_PROGS: tl.constexpr, USE_TMA: tl.constexpr, HOST_DESC: tl.constexpr,
+    FLATTEN: tl.constexpr, WS: tl.constexpr, STREAM_K: tl.constexpr,
+):
+    """NUM_PROGS programs; each first does its stream-K run (if STREAM_K), then walks the
+    data-parallel tiles pid, pid + NUM_PROGS, ... < dp_tiles."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BM)
+    num_pid_n = tl.cdiv(N, BN)
+    k_tiles = tl.cdiv(K, BK)
+    a_src, b_src, c_desc = a_ptr, b_ptr, c_ptr
+    if USE_TMA:
+        if HOST_DESC:
+            a_src, b_src, c_desc = a_hd, b_hd, c_hd
+        else:  # built once per program, in the scratch given by triton.set_allocator
+            a_src = tl.make_tensor_descriptor(a_ptr, [M, K], [sam, 1], [BM, BK])
+            b_src = tl.make_tensor_descriptor(b_ptr, [K, N], [sbk, 1], [BK, BN])
+            c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [scm, 1], [BM, BN])
+    if STREAM_K:
+        # Iterations (tile t, k block) of the tail tiles, flattened t * k_tiles + k, split in
+        # contiguous runs of sk_per or sk_per + 1; a run may end one tile and start the next.
+        it = pid * sk_per + min(pid, sk_extra)
+        end = it + sk_per + (pid < sk_extra).to(tl.int32)
+        while it < end:
+            t = it // k_tiles
+            k0 = it - t * k_tiles
+            k1 = min(k_tiles, k0 + (end - it))
+            pid_m, pid_n = _coords(dp_tiles + t, num_pid_m, num_pid_n, GROUP_M)
+            acc = _acc_tile(a_src, b_src, pid_m, pid_n, k0, k1, M, N, K, sam, sak, sbk, sbn,
+                            BM, BN, BK, USE_TMA, WS)
+            if (k0 == 0) & (k1 == k_tiles):  # the whole tile is ours
+                _store_tile(c_ptr, c_desc, acc, pid_m, pid_n, M, N, scm, scn, BM, BN, USE_TMA)
+            else:
+                owners = (_owner(t * k_tiles + k_tiles - 1, sk_per, sk_extra)
+                          - _owner(t * k_tiles, sk_per, sk_extra) + 1)
+                w = ws_ptr + t * BM * BN + tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+                tl.atomic_add(w, acc, sem="relaxed")
+                tl.debug_barrier()  # every thread's adds precede the counter's release
+                if tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel") == owners - 1:
+                    # Last contributor: read the sum at L2 (an atomic, not a cached load), then
+                    # zero the slot so the next call needs no memset kernel.
+                    total = tl.atomic_add(w, tl.zeros((BM, BN), dtype=tl.float32), sem="acq_rel")
+                    tl.store(w, tl.zeros((BM, BN), dtype=tl.float32))
+                    _store_tile(c_ptr, c_desc, total, pid_m, pid_n, M, N, scm, scn, BM, BN, USE_TMA)
+                    tl.atomic_xchg(cnt_ptr + t, 0)
+            it += k1 - k0
+    for tile in tl.range(pid, dp_tiles, NUM_PROGS, flatten=FLATTEN):
+        pid_m, pid_n = _coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = _acc_tile(a_src, b_src, pid_m, pid_n, 0, k_tiles, M, N, K, sam, sak, sbk, sbn,
+                        BM, BN, BK, USE_TMA, WS)
+        _store_tile(c_ptr, c_desc, acc, pid_m, pid_n, M, N, scm, scn, BM, BN, USE_TMA)
+
+
+# ----------------------------------------------------------------------------- variants
+# Each takes (a, b, c, config, num_sms) and returns a no-argument function computing c = a @ b,
+# all of each call's GPU work inside it (there is no memset or cast: the stream-K workspace is
+# left zeroed by the kernel itself; allocating it is set-up, as a served kernel would cache it).
+
+def v_baseline(a, b, c, cfg, nsms):
+    """Ours as served: kernels/matmul.py, one program per tile (576 at 3072^3 = 4.36 waves)."""
+    if launch_matmul is None:
+        raise RuntimeError(f"nbx_tune not importable: {BASELINE_ERR}")
+    return lambda: launch_matmul(a, b, c, None, 1.0, 0.0, cfg)
+
+
+def _persistent(a, b, c, cfg, nsms, use_tma, stream_k):
+    (M, K), N, (BM, BN, BK) = a.shape, b.shape[1], (cfg["BM"], cfg["BN"], cfg["BK"])
+    tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
+    progs = min(tiles, cfg.get("OCC", 1) * nsms)
+    dp, per, extra, ws, cnt, hd = tiles, 0, 0, c, c, (None, None, None)
+    if stream_k:
+        dp = max(tiles // progs - cfg["SK_WAVES"], 0) * progs
+        per, extra = divmod((tiles - dp) * triton.cdiv(K, BK), progs)
+        # Zeroed once here: each tile's last contributor re-zeroes its slot and counter.
+        ws = torch.zeros(max(tiles - dp, 1) * BM * BN, device=a.device, dtype=torch.float32)
+        cnt = torch.zeros(max(tiles - dp, 1), device=a.device, dtype=torch.int32)
+    host = bool(cfg.get("HOST_DESC", 0))
+    if use_tma and not HAS_TMA:
+        raise RuntimeError("this Triton has no tl.make_tensor_descriptor / triton.set_allocator")
+    if use_tma and host:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        hd = (TensorDescriptor.from_tensor(a, [BM, BK]), TensorDescriptor.from_tensor(b, [BK, BN]),
+              TensorDescriptor.from_tensor(c, [BM, BN]))
+    args = (a, b, c, ws, cnt, *hd, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            c.stride(0), c.stride(1), dp, per, extra)
+    meta = dict(BM=BM, BN=BN, BK=BK, GROUP_M=cfg.get("G", 8), NUM_PROGS=progs, USE_TMA=use_tma,
+                HOST_DESC=host, FLATTEN=bool(cfg.get("FLATTEN", 1)), WS=bool(cfg.get("WS", 0)),
+                STREAM_K=stream_k, num_warps=cfg["w"], num_stages=cfg["s"])
+    return lambda: _persistent_kernel[(progs,)](*args, **meta)
+
+
+def v_persistent(a, b, c, cfg, nsms):
+    """Persistent data-parallel: OCC x SMs programs walk the tiles in grouped order. The tail is
+    as uneven (5 tiles on some SMs vs 4.36 average) but with flatten=True the pipeliner can
+    overlap one tile's epilogue with the next tile's loads; WS=1 asks for warp specialization."""
+    return _persistent(a, b, c, cfg, nsms, use_tma=False, stream_k=False)
+
+
+def v_tma_persistent(a, b, c, cfg, nsms):
+    """Persistent + TMA (the idea of Triton's tutorial 09): A/B loads and the C store go through
+    tensor descriptors (device-side tl.make_tensor_descriptor, or host-side TensorDescriptor if
+    HOST_DESC=1): asynchronous bulk copies, no address math or masks in registers."""
+    return _persistent(a, b, c, cfg, nsms, use_tma=True, stream_k=False)
+
+
+def v_streamk(a, b, c, cfg, nsms):
+    """Data-parallel + stream-K tail: (floor(tiles/P) - SK_WAVES) * P tiles run data-parallel on
+    P = OCC x SMs programs; the K iterations of the remaining tiles are split evenly across all
+    P. Partial tiles meet in an fp32 workspace via atomics; the last contributor (per-tile
+    counter, no spinning) reads the sum back, re-zeroes the slot and writes C. At 3072^3 with
+    128x128: 4 DP tiles per SM + 48 tiles x 48 k-blocks / 132 = 4.36 tiles of work on every SM."""
+    return _persistent(a, b, c, cfg, nsms, use_tma=bool(cfg.get("TMA", 0)), stream_k=True)
+
+
+def _rows(keys, rows, **fixed):
+    return [{**dict(zip(keys, r)), **fixed} for r in rows]
+
+
+P_KEYS = ("BM", "BN", "BK", "w", "s", "OCC", "FLATTEN", "WS")
+SK_KEYS = ("BM", "BN", "BK", "w", "s", "OCC", "SK_WAVES", "TMA")
+
+
+def variant_configs(smoke: bool) -> dict:
+    """name -> (builder, [config, ...]); at most ~12 each, likeliest first."""
+    if smoke:  # tiny tiles: 67x45x39 makes 15 tiles of 16x16 and 3 k-blocks
+        tiny = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=1, num_stages=1)
+        return {"baseline": (v_baseline, [Config.make(**tiny)] if Config else []),
+                "persistent": (v_persistent, _rows(P_KEYS, [(16, 16, 16, 1, 1, 1, 1, 0),
+                                                             (32, 16, 16, 1, 1, 2, 0, 0)], G=2)),
+                "streamk": (v_streamk, _rows(SK_KEYS, [(16, 16, 16, 1, 1, 1, 0, 0), (16, 32, 16, 1, 1, 1, 1, 0),
+                                                        (32, 16, 16, 1, 1, 2, 0, 0)], G=3))}
+    base = [c for c in CONFIGS if (c["BLOCK_M"], c["BLOCK_N"]) in ((128, 128), (128, 256), (256, 128))
+            and c["BLOCK_K"] == 64]
+    return {
+        "baseline": (v_baseline, base or [None]),
+        "persistent": (v_persistent, _rows(P_KEYS, [
+            (128, 128, 64, 8, 3, 1, 1, 0), (128, 128, 64, 4, 3, 2, 1, 0), (128, 128, 64, 8, 4, 1, 1, 0),
+            (128, 256, 64, 8, 3, 1, 1, 0), (128, 256, 64, 8, 4, 1, 1, 0), (256, 128, 64, 8, 3, 1, 1, 0),
+            (128, 128, 64, 8, 3, 1, 0, 0), (128, 128, 64, 4, 3, 2, 0, 0),  # flatten off: control
+            (128, 128, 64, 8, 3, 1, 1, 1), (128, 256, 64, 8, 3, 1, 1, 1)], G=8)),  # warp-specialized
+        "tma_persistent": (v_tma_persistent, _rows(P_KEYS + ("HOST_DESC",), [
+            (128, 128, 64, 8, 3, 1, 1, 0, 0), (128, 128, 64, 8, 4, 1, 1, 0, 0), (128, 128, 64, 8, 5, 1, 1, 0, 0),
+            (128, 128, 64, 4, 2, 2, 1, 0, 0),  # s2: two CTAs of 96 KB fit an SM, s3 (128 KB) does not
+            (128, 256, 64, 8, 3, 1, 1, 0, 0), (256, 128, 64, 8, 3, 1, 1, 0, 0),
+            (128, 128, 64, 8, 3, 1, 1, 0, 1), (128, 256, 64, 8, 3, 1, 1, 0, 1),  # host-side descriptors
+            (128, 128, 64, 8, 3, 1, 1, 1, 0), (128, 256, 64, 8, 3, 1, 1, 1, 0)], G=8)),
+        "streamk": (v_streamk, _rows(SK_KEYS, [
+            (128, 128, 64, 8, 3, 1, 0, 0), (128, 128, 64, 4, 3, 2, 0, 0), (128, 128, 64, 8, 3, 1, 1, 0),
+            (128, 256, 64, 8, 3, 1, 0, 0), (256, 128, 64, 8, 3, 1, 0, 0),
+            (128, 128, 64, 8, 3, 1, 0, 1), (128, 128, 64, 4, 2, 2, 0, 1), (128, 128, 64, 8, 3, 1, 1, 1),
+            (128, 256, 64, 8, 3, 1, 0, 1), (128, 256, 64, 8, 3, 1, 1, 1)], G=8)),
+    }
+
+
+def cfg_key(cfg) -> str:
+    return ",".join(f"{k}={v}" for k, v in cfg.items()) if isinstance(cfg, dict) else str(cfg)
+
+
+# ----------------------------------------------------------------------------- smoke (CPU)
+
+def main_smoke() -> int:
+    """Interpreter check of the index math: non-TMA variants, tiny shapes, fp32/fp16 (the
+    interpreter computes garbage for bf16 tl.dot). Each function runs twice: the second run
+    checks that the stream-K workspace was left clean."""
+    runs, fails, rng = 0, 0, np.random.default_rng(0)
+    for (M, N, K), dt, nsms in itertools.product(((67, 45, 39), (33, 70, 50)),
+                                                 (torch.float32, torch.float16), (4, 3)):
+        a = torch.from_numpy(rng.standard_normal((M, K))).to(dt)
+        b = torch.from_numpy(rng.standard_normal((K, N))).to(dt)
+        ref = a.double().numpy() @ b.double().numpy()
+        for name, (build, cfgs) in variant_configs(smoke=True).items():
+            for cfg in cfgs:
+                runs += 1
+                c = torch.empty(M, N, dtype=dt)
+                try:
+                    fn, errs = build(a, b, c, cfg, nsms), []
+                    for _ in range(2):
+                        c.fill_(float("nan"))  # a tile never written shows up as nan
+                        fn()
+                        errs.append(float(np.abs(c.double().numpy() - ref).max() / np.abs(ref).max()))
+                    ok, msg = all(e <= 2e-2 for e in errs), f"err={max(errs):.2e}"
+                except Exception as e:  # noqa: BLE001
+                    ok, msg = False, first_line(e)
+                fails += not ok
+                if not ok or nsms == 4:
+                    print(f"{'ok  ' if ok else 'FAIL'} {M}x{N}x{K} {str(dt)[6:]:8} SMs={nsms} {name:10} "
+                          f"{cfg_key(cfg)}  {msg}")
+    print(f"smoke: {runs - fails}/{runs} passed")
+    return 1 if fails else 0
+
+
+# ----------------------------------------------------------------------------- GPU
+
+SHAPES = ((3072, 3072, 3072), (4096, 4096, 4096), (2048, 2048, 2048), (3000, 3000, 3000))
+DTYPES = ("float16", "bfloat16")
+TOL = {"float16": 2e-2, "bfloat16": 4e-2}
+DEV = "cuda"
+_WORKER_TENSORS: dict = {}
+
+
+def _set_allocator():
+    if HAS_TMA:  # global scratch for the device-side TMA descriptors
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, device="cuda", dtype=torch.int8))
+
+
+def _warm(job):
+    """In a worker process: run one config once so that its binary lands in Triton's on-disk
+    cache and the timing process only loads it (serial compiles would not fit the budget)."""
+    name, idx, dtname, (M, N, K), nsms = job
+    try:
+        if (dtname, M, N, K) not in _WORKER_TENSORS:
+            _WORKER_TENSORS.clear()
+            new = lambda r, k: torch.zeros(r, k, device=DEV, dtype=getattr(torch, dtname))  # noqa: E731
+            _WORKER_TENSORS[(dtname, M, N, K)] = (new(M, K), new(K, N), new(M, N))
+        build, cfgs = variant_configs(False)[name]
+        build(*_WORKER_TENSORS[(dtname, M, N, K)], cfgs[idx], nsms)()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - reported again by the timing pass
+        return first_line(e)
+
+
+def precompile(variants, nsms, deadline) -> dict:
+    """Compile every config in EXPLORE_JOBS processes, one job per distinct binary: the dtype,
+    whether all dims are multiples of 16 (Triton specializes on it) and NUM_PROGS."""
+    jobs, seen = [], set()
+    for shape, dt in itertools.product(SHAPES, DTYPES):
+        for name, (_, cfgs) in variants.items():
+            for i, cfg in enumerate(cfgs):
+                progs = 0
+                if isinstance(cfg, dict) and "OCC" in cfg:
+                    tiles = triton.cdiv(shape[0], cfg["BM"]) * triton.cdiv(shape[1], cfg["BN"])
+                    progs = min(tiles, cfg["OCC"] * nsms)
+                key = (name, i, dt, all(d % 16 == 0 for d in shape), progs)
+                if key not in seen:
+                    seen.add(key)
+                    jobs.append((name, i, dt, shape, nsms))
+    n, t0 = int(os.environ.get("EXPLORE_JOBS", min(12, os.cpu_count() or 1))), time.time()
+    if n <= 1:
+        return {"skipped": "EXPLORE_JOBS <= 1"}
+    try:
+        ex = cf.ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_set_allocator)
+        futs = [ex.submit(_warm, j) for j in jobs]
+        done, _ = cf.wait(futs, timeout=max(1.0, deadline - time.time()))
+        ex.shutdown(wait=True, cancel_futures=True)  # no GPU work of theirs while we time
+    except Exception as e:  # noqa: BLE001 - a broken pool only means compiling in the timing pass
+        print(f"precompile failed ({first_line(e)}); compiling serially")
+        return {"error": first_line(e), "seconds": round(time.time() - t0, 1)}
+    print(f"precompiled {len(done)}/{len(jobs)} binaries in {time.time() - t0:.0f} s on {n} processes")
+    return {"jobs": len(jobs), "done": len(done), "processes": n, "seconds": round(time.time() - t0, 1)}
+
+
+def environment(nsms) -> dict:
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20).stdout.strip() or "n/a"
+    except Exception:  # noqa: BLE001
+        driver = "n/a"
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "host": platform.node(), "gpu": torch.cuda.get_device_name(), "driver": driver,
+            "capability": list(torch.cuda.get_device_capability()), "num_sms": nsms,
+            "triton": triton.__version__, "torch": torch.__version__, "python": platform.python_version(),
+            "has_tensor_descriptor": HAS_TMA, "baseline_import_error": BASELINE_ERR}
+
+
+def bench(fn) -> float:
+    try:
+        return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+    except TypeError:  # a do_bench without return_mode
+        return triton.testing.do_bench(fn, warmup=10, rep=40)
+
+
+def run_problem(shape, dtname, variants, nsms, deadline, state) -> dict:
+    M, N, K = shape
+    dt, flop = getattr(torch, dtname), 2.0 * M * N * K
+    g = torch.Generator(device=DEV).manual_seed(0)
+    a = torch.randn(M, K, device=DEV, dtype=dt, generator=g)
+    b = torch.randn(K, N, device=DEV, dtype=dt, generator=g)
+    ref = torch.matmul(a.float(), b.float())
+    scale = ref.abs().max().item()
+    c, c_blas = torch.empty(M, N, device=DEV, dtype=dt), torch.empty(M, N, device=DEV, dtype=dt)
+    blas_ms = bench(lambda: torch.matmul(a, b, out=c_blas))
+    prob = {"shape": [M, N, K], "dtype": dtname, "cublas_ms": blas_ms, "cublas_tflops": flop / blas_ms / 1e9,
+            "variants": {}}
+
+    def check(fn):
+        c.fill_(float("nan"))  # a tile never written shows up as nan
+        fn()
+        err = ((c.float() - ref).abs().max() / scale).item()
+        return err if math.isfinite(err) else 1e30  # nan/inf (1e30 keeps the JSON strict)
+
+    for name, (build, cfgs) in variants.items():
+        rows = []
+        for cfg in cfgs:
+            r = {"config": cfg_key(cfg)}
+            rows.append(r)
+            if time.time() > deadline:
+                if not state["over"]:
+                    print("time budget exceeded: the remaining configs and problems are skipped")
+                state["over"], r["status"] = True, "skipped (budget)"
+                continue
+            try:
+                t0 = time.time()
+                fn = build(a, b, c, cfg, nsms)
+                r["err"] = check(fn)
+                r["first_call_s"] = round(time.time() - t0, 2)  # seconds: it compiled here
+                if r["err"] <= TOL[dtname]:
+                    ms = bench(fn)
+                    r["err_after_bench"] = check(fn)  # a stream-K workspace left dirty shows here
+                    if r["err_after_bench"] <= TOL[dtname]:
+                        r.update(status="ok", ms=ms, tflops=flop / ms / 1e9, vs_cublas=blas_ms / ms)
+                        continue
+                r["status"] = "wrong"
+                print(f"  {name} {r['config']}: WRONG, max err {max(r['err'], r.get('err_after_bench', 0)):.3g}")
+            except Exception as e:  # noqa: BLE001 - compile error, unsupported API, out of resources
+                r.update(status="error", error=first_line(e))
+                print(f"  {name} {r['config']}: {r['error']}")
+                try:
+                    torch.cuda.synchronize()
+                except Exception as e2:  # noqa: BLE001 - a sticky CUDA error: nothing more can run
+                    state["context_lost"] = first_line(e2)
+                    break
+        ok = [r for r in rows if r.get("status") == "ok"]
+        best = min(ok, key=lambda r: r["ms"]) if ok else None
+        note = "skipped (budget)" if all(r.get("status") == "skipped (budget)" for r in rows) else "none valid"
+        prob["variants"][name] = {"best": best, "configs": rows, **({} if best else {"note": note})}
+        print(f"{M}x{N}x{K} {dtname:8} {name:15} " + (
+            f"{best['ms']:.4f} ms  x{best['vs_cublas']:.3f}  {best['config']}" if best else note))
+        if "context_lost" in state:
+            break
+    print(f"{M}x{N}x{K} {dtname:8} {'cuBLAS':15} {blas_ms:.4f} ms")
+    return prob
+
+
+def print_table(problems):
+    rows = [("shape", "dtype", "variant", "best config", "ms", "TFLOP/s", "vs cuBLAS")]
+    for p in problems:
+        if "variants" not in p:
+            continue
+        s, dt = "x".join(map(str, p["shape"])), p["dtype"]
+        rows.append((s, dt, "cuBLAS", "", f"{p['cublas_ms']:.4f}", f"{p['cublas_tflops']:.0f}", "1.000"))
+        for name, v in p["variants"].items():
+            b = v["best"]
+            rows.append((s, dt, name, b["config"], f"{b['ms']:.4f}", f"{b['tflops']:.0f}", f"{b['vs_cublas']:.3f}")
+                        if b else (s, dt, name, f"({v['note']})", "", "", ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    rows.insert(1, tuple("-" * w for w in widths))
+    print("\n" + "\n".join("  ".join(x.ljust(w) for x, w in zip(r, widths)) for r in rows))
+
+
+def main_gpu() -> int:
+    t_start = time.time()
+    budget = float(os.environ.get("EXPLORE_BUDGET_S", 150))
+    deadline = t_start + budget
+    nsms = torch.cuda.get_device_properties(0).multi_processor_count
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference stays IEEE
+    _set_allocator()
+    variants = variant_configs(False)
+    out = {"env": environment(nsms), "budget_s": budget, "problems": []}
+    e = out["env"]
+    print(f"{e['date']} {e['gpu']} ({nsms} SMs) driver {e['driver']} Triton {e['triton']} torch {e['torch']}")
+    out["precompile"] = precompile(variants, nsms, t_start + 0.6 * budget)
+    state = {"over": False}
+    for shape, dtname in itertools.product(SHAPES, DTYPES):
+        if "context_lost" in state or time.time() > deadline:
+            state["over"] |= "context_lost" not in state
+            out["problems"].append({"shape": list(shape), "dtype": dtname, "skipped": "budget or lost context"})
+            continue
+        try:
+            out["problems"].append(run_problem(shape, dtname, variants, nsms, deadline, state))
+        except Exception as e:  # noqa: BLE001
+            print(f"{shape} {dtname}: {first_line(e)}")
+            out["problems"].append({"shape": list(shape), "dtype": dtname, "error": first_line(e)})
+    if "context_lost" in state:
+        print(f"CUDA context lost ({state['context_lost']}): the run stopped there")
+    out.update(budget_exceeded=state["over"], context_lost=state.get("context_lost"),
+               elapsed_s=round(time.time() - t_start, 1))
+    print_table(out["problems"])
+    d = Path(os.environ.get("OUT") or "bench_out")
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "explore_gemm_schedules.json").write_text(json.dumps(out, indent=1, default=str))
+    print(f"\nwrote {d / 'explore_gemm_schedules.json'} ({out['elapsed_s']} s"
+          f"{', budget exceeded' if state['over'] else ''})")
+    return 0
+
+
+if __name__ == "__main__":
+    if SMOKE:
+        sys.exit(main_smoke())
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA device: run with --smoke (TRITON_INTERPRET=1) for the CPU check")
+    sys.exit(main_gpu())
