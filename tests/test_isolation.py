@@ -30,13 +30,7 @@ def quick_timeout_profile(tmp_path, seconds=8):
 def test_crash_and_hang_are_refused_and_the_tuner_goes_on(tmp_path, monkeypatch):
     log = tmp_path / "launches.log"
     monkeypatch.setenv("NBX_TEST_LAUNCH_LOG", str(log))
-    profile = load_profile_file(quick_timeout_profile(tmp_path))
-    ex = Isolated(profile)
-    try:
-        res = tune_seat(planted.FAULTY, profile, "faulty", [_problem(1000)], ex,
-                        get_strategy("exhaustive"), "cpu")
-    finally:
-        ex.close()
+    res, ex = tune_isolated(load_profile_file(quick_timeout_profile(tmp_path)), planted.FAULTY, 1000)
     reasons = {r.config: (r.reason, r.detail) for r in res.records}
     assert reasons[planted.CRASH][0] == "crash" and "signal 11" in reasons[planted.CRASH][1]
     assert reasons[planted.HANG][0] == "timeout" and "8 s" in reasons[planted.HANG][1]
@@ -51,10 +45,17 @@ def test_crash_and_hang_are_refused_and_the_tuner_goes_on(tmp_path, monkeypatch)
     assert screened_by[(pids[0], "32")] >= 1 and any(screened_by[(p, "32")] for p in pids[1:])
 
 
-def _problem(n):
+def tune_isolated(profile, spec, n):
+    """One seat of `spec` at size n, its candidates in worker processes: (result, executor)."""
     from nbx_tune.kernels.spec import Problem, seat_flags
 
-    return Problem("test_faulty", ("float32",), seat_flags(), (n,))
+    ex = Isolated(profile)
+    try:
+        res = tune_seat(spec, profile, spec.name, [Problem(spec.name, ("float32",), seat_flags(), (n,))], ex,
+                        get_strategy("exhaustive"), "cpu")
+    finally:
+        ex.close()
+    return res, ex
 
 
 def test_census_with_isolation_records_crash_refusals(tmp_path, db_url):
@@ -70,15 +71,7 @@ def test_a_candidate_that_poisons_the_gpu_context_is_the_one_refused(tmp_path):
     """Seen on an H200 (2026-12-02): after an illegal memory access every later call in the
     process fails. The candidate that caused it is refused as a crash; the others are
     screened again in a fresh worker and one of them is certified."""
-    from nbx_tune.kernels.spec import Problem, seat_flags
-
-    profile = load_profile_file(quick_timeout_profile(tmp_path, 60))
-    ex = Isolated(profile)
-    try:
-        res = tune_seat(planted.POISONING, profile, "poison", [Problem("test_poison", ("float32",), seat_flags(), (999,))],
-                        ex, get_strategy("exhaustive"), "cpu")
-    finally:
-        ex.close()
+    res, ex = tune_isolated(load_profile_file(quick_timeout_profile(tmp_path, 60)), planted.POISONING, 999)
     reasons = {r.config: r.reason for r in res.records}
     assert reasons[planted.POISON] == "crash"
     assert reasons[planted.GOOD[0]] is None and reasons[planted.GOOD[1]] is None
@@ -90,21 +83,9 @@ def test_a_worker_profile_is_written_when_asked_and_names_the_screen(tmp_path, m
     import pstats
 
     monkeypatch.setenv("NBX_TUNE_WORKER_PROFILE", str(tmp_path))
-    profile = builtin_profiles()["interpreter"]
-    ex = Isolated(profile)
-    try:
-        res = tune_seat(planted.SPEC, profile, "double", [_double_problem(300)], ex,
-                        get_strategy("exhaustive"), "cpu")
-    finally:
-        ex.close()
+    res, _ = tune_isolated(builtin_profiles()["interpreter"], planted.SPEC, 300)
     assert res.outcome == "certified"
     dumps = list(tmp_path.glob("worker-*.prof"))
     assert len(dumps) == 1
     names = {fn for (_, _, fn) in pstats.Stats(str(dumps[0])).stats}
     assert {"screen", "time"} <= names  # SeatRunner's two entry points were profiled
-
-
-def _double_problem(n):
-    from nbx_tune.kernels.spec import Problem, seat_flags
-
-    return Problem(planted.SPEC.name, ("float32",), seat_flags(), (n,))
