@@ -320,6 +320,8 @@ def _run(a, b, bias, alpha, beta, rank):
     config = config_for(SPEC, (name,), flags, dims)
     compiled, grid, args = launch_matmul(a, b, c, bias.expand(out_shape) if has_bias else None,
                                          alpha, beta, config)
+    # Fixed under this key: M, N, K and the 12 strides (args 4-18), and the constexprs
+    # (21 on). The tensors and alpha, beta (19, 20) are passed afresh on every call.
     remember_direct(key, compiled, grid, (args[4:19], args[21:]), SPEC, (name,), flags, dims)
     return c
 
