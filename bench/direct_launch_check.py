@@ -9,6 +9,7 @@ pointers off 16-byte alignment, transposed strides, broadcast biases, integer al
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def cases(torch, dt):
     from nbx_tune.kernels import addmm, baddbmm, bmm, mm
 
     def buf(*shape, offset=0):
-        flat = torch.empty(offset + int(torch.tensor(shape).prod()), device=DEV, dtype=dt)
+        flat = torch.empty(offset + math.prod(shape), device=DEV, dtype=dt)
         return flat[offset:].view(*shape)
 
     return [

@@ -14,14 +14,10 @@ $OUT/explore_gemm_schedules.json (./bench_out/ without OUT).
 from __future__ import annotations
 
 import concurrent.futures as cf
-import datetime
 import itertools
-import json
 import math
 import multiprocessing as mp
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +31,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import environment as common_environment, save  # noqa: E402
 
 
 def first_line(e: BaseException) -> str:
@@ -372,15 +371,7 @@ def precompile(variants, nsms, deadline) -> dict:
 
 
 def environment(nsms) -> dict:
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=20).stdout.strip() or "n/a"
-    except Exception:  # noqa: BLE001
-        driver = "n/a"
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "host": platform.node(), "gpu": torch.cuda.get_device_name(), "driver": driver,
-            "capability": list(torch.cuda.get_device_capability()), "num_sms": nsms,
-            "triton": triton.__version__, "torch": torch.__version__, "python": platform.python_version(),
+    return {**common_environment(), "capability": list(torch.cuda.get_device_capability()), "num_sms": nsms,
             "has_tensor_descriptor": HAS_TMA, "baseline_import_error": BASELINE_ERR}
 
 
@@ -497,10 +488,8 @@ def main_gpu() -> int:
     out.update(budget_exceeded=state["over"], context_lost=state.get("context_lost"),
                elapsed_s=round(time.time() - t_start, 1))
     print_table(out["problems"])
-    d = Path(os.environ.get("OUT") or "bench_out")
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "explore_gemm_schedules.json").write_text(json.dumps(out, indent=1, default=str))
-    print(f"\nwrote {d / 'explore_gemm_schedules.json'} ({out['elapsed_s']} s"
+    path = save("explore_gemm_schedules.json", out)
+    print(f"\nwrote {path} ({out['elapsed_s']} s"
           f"{', budget exceeded' if state['over'] else ''})")
     return 0
 

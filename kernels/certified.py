@@ -10,8 +10,9 @@ version; anything else is stale and is never served.
 After loading, a launch is one dict lookup on (kernel, dtypes, flags, dims); the ladder
 math runs once per distinct shape. A kernel may go further and remember the compiled kernel
 of each exact launch (`direct_launch`, `remember_direct`), skipping Triton's per-call
-argument binding; both memos are dropped by `reload()`, so a new certificate is served. A seat with no certificate gets the kernel's declared
-default config, the miss is counted (`launch_stats()`), and the log says so once per seat.
+argument binding; both memos are dropped by `reload()`, so a new certificate is served.
+A seat with no certificate gets the kernel's declared default config, the miss is counted
+(`launch_stats()`), and the log says so once per seat.
 """
 
 from __future__ import annotations
@@ -218,9 +219,8 @@ def remember_direct(key, compiled, grid, fixed: tuple, spec: KernelSpec, dtypes,
         st.direct.clear()
     # CompiledKernel[grid] is the launcher Triton's own tutorials use for a kernel compiled
     # ahead: it reads the current stream, honours launch hooks, and takes every argument,
-    # constexprs included, in the kernel's order.
-    # Its launcher indexes all three grid axes (Triton 3.6 raised IndexError on a 2-tuple
-    # on the H200), where kernel[grid] pads them.
+    # constexprs included, in the kernel's order. Unlike kernel[grid] it does not pad the
+    # grid: Triton 3.6 raised IndexError on a 2-tuple on the H200.
     grid3 = (*grid, 1, 1)[:3]
     st.direct[key] = (compiled[grid3], fixed, st.memo[(spec.name, dtypes, flags, dims)][1])
 

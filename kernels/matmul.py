@@ -307,8 +307,8 @@ def _run(a, b, bias, alpha, beta, rank):
     # The exact launch. Every integer argument follows from the shapes and strides here
     # (c is contiguous, an expanded bias's strides follow from its own); Triton 3.x also
     # specializes a pointer on 16-byte alignment, which its low 4 address bits decide.
-    key = (dt, a.get_device(), ash, bsh, sa, sb, (tuple(x.shape), x.stride()) if has_bias else None,
-           a.data_ptr() & 15, b.data_ptr() & 15, c.data_ptr() & 15, x.data_ptr() & 15)
+    key = (dt, a.get_device(), ash, bsh, sa, sb, a.data_ptr() & 15, b.data_ptr() & 15, c.data_ptr() & 15,
+           (tuple(x.shape), x.stride(), x.data_ptr() & 15) if has_bias else None)
     hit = direct_launch(key)
     if hit is not None:
         ints, consts = hit[1]
