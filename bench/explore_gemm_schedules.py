@@ -7,7 +7,8 @@ This script checks each candidate schedule against fp32 torch.matmul, times ever
 it beside cuBLAS (torch.matmul) in the same run, and writes all of it to
 $OUT/explore_gemm_schedules.json (./bench_out/ without OUT).
 
-    python bench/explore_gemm_schedules.py        # GPU; env EXPLORE_BUDGET_S=150, EXPLORE_JOBS
+    python bench/explore_gemm_schedules.py        # GPU; env EXPLORE_BUDGET_S=150, EXPLORE_JOBS,
+                                                  # EXPLORE_VARIANTS=baseline,split_rows (a subset)
     TRITON_INTERPRET=1 python bench/explore_gemm_schedules.py --smoke   # CPU: index math only
 """
 
@@ -233,11 +234,44 @@ def v_streamk(a, b, c, cfg, nsms):
     return _persistent(a, b, c, cfg, nsms, use_tma=bool(cfg.get("TMA", 0)), stream_k=True)
 
 
+def split_rows(M, N, cfg, nsms) -> int:
+    """The first row of the tail: the rows above it make whole waves of BMxBN tiles; the tail
+    rows go to a second launch of smaller TBMxTBN tiles if those fit in one wave (else M)."""
+    per_row, rows = triton.cdiv(N, cfg["BN"]), triton.cdiv(M, cfg["BM"])
+    big_rows = (rows * per_row // nsms) * nsms // per_row
+    tail_tiles = triton.cdiv(M - big_rows * cfg["BM"], cfg["TBM"]) * triton.cdiv(N, cfg["TBN"])
+    return big_rows * cfg["BM"] if 0 < big_rows < rows and tail_tiles <= nsms else M
+
+
+def v_split_rows(a, b, c, cfg, nsms):
+    """Two launches of kernels/matmul.py: rows that make whole waves of the big tiles, then the
+    tail rows in small tiles that fit one wave. At 3072^3 with 128x256: 264 tiles (2 waves on
+    132 SMs) over rows 0..2815, then 96 tiles of 128x64 over rows 2816..3071, where one launch
+    runs 288 tiles in 3 waves, the last one 18 % full."""
+    if launch_matmul is None:
+        raise RuntimeError(f"nbx_tune not importable: {BASELINE_ERR}")
+    M, N = c.shape
+    ms = split_rows(M, N, cfg, nsms)
+    big = Config.make(BLOCK_M=cfg["BM"], BLOCK_N=cfg["BN"], BLOCK_K=cfg["BK"], GROUP_M=cfg.get("G", 8),
+                      num_warps=cfg["w"], num_stages=cfg["s"])
+    small = Config.make(BLOCK_M=cfg["TBM"], BLOCK_N=cfg["TBN"], BLOCK_K=cfg["TBK"], GROUP_M=cfg.get("G", 8),
+                        num_warps=cfg["tw"], num_stages=cfg["ts"])
+    if ms == M:
+        return lambda: launch_matmul(a, b, c, None, 1.0, 0.0, big)
+    parts = ((a[:ms], c[:ms], big), (a[ms:], c[ms:], small))
+
+    def fn():
+        for a_part, c_part, conf in parts:
+            launch_matmul(a_part, b, c_part, None, 1.0, 0.0, conf)
+    return fn
+
+
 def _rows(keys, rows, **fixed):
     return [{**dict(zip(keys, r)), **fixed} for r in rows]
 
 
 P_KEYS = ("BM", "BN", "BK", "w", "s", "OCC", "FLATTEN", "WS")
+SR_KEYS = ("BM", "BN", "BK", "w", "s", "TBM", "TBN", "TBK", "tw", "ts")
 SK_KEYS = ("BM", "BN", "BK", "w", "s", "OCC", "SK_WAVES", "TMA")
 
 
@@ -246,6 +280,7 @@ def variant_configs(smoke: bool) -> dict:
     if smoke:  # tiny tiles: 67x45x39 makes 15 tiles of 16x16 and 3 k-blocks
         tiny = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=1, num_stages=1)
         return {"baseline": (v_baseline, [Config.make(**tiny)] if Config else []),
+                "split_rows": (v_split_rows, _rows(SR_KEYS, [(32, 16, 16, 1, 1, 16, 16, 16, 1, 1)], G=2)),
                 "persistent": (v_persistent, _rows(P_KEYS, [(16, 16, 16, 1, 1, 1, 1, 0),
                                                              (32, 16, 16, 1, 1, 2, 0, 0)], G=2)),
                 "streamk": (v_streamk, _rows(SK_KEYS, [(16, 16, 16, 1, 1, 1, 0, 0), (16, 32, 16, 1, 1, 1, 1, 0),
@@ -254,6 +289,12 @@ def variant_configs(smoke: bool) -> dict:
             and c["BLOCK_K"] == 64]
     return {
         "baseline": (v_baseline, base or [None]),
+        "split_rows": (v_split_rows, _rows(SR_KEYS, [
+            (128, 256, 64, 8, 3, 128, 64, 64, 4, 4), (128, 256, 64, 8, 3, 64, 128, 64, 4, 4),
+            (128, 256, 64, 8, 4, 128, 64, 64, 4, 4), (128, 256, 64, 8, 3, 128, 128, 64, 8, 3),
+            (256, 128, 64, 8, 3, 64, 128, 64, 4, 4), (256, 128, 64, 8, 3, 128, 64, 64, 4, 4),
+            (128, 256, 64, 8, 3, 64, 64, 64, 4, 4), (128, 128, 64, 8, 4, 64, 128, 64, 4, 4),
+            (128, 128, 64, 8, 4, 128, 64, 64, 4, 4), (128, 128, 64, 4, 4, 64, 64, 64, 4, 4)], G=8)),
         "persistent": (v_persistent, _rows(P_KEYS, [
             (128, 128, 64, 8, 3, 1, 1, 0), (128, 128, 64, 4, 3, 2, 1, 0), (128, 128, 64, 8, 4, 1, 1, 0),
             (128, 256, 64, 8, 3, 1, 1, 0), (128, 256, 64, 8, 4, 1, 1, 0), (256, 128, 64, 8, 3, 1, 1, 0),
@@ -468,6 +509,9 @@ def main_gpu() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference stays IEEE
     _set_allocator()
     variants = variant_configs(False)
+    only = [v for v in os.environ.get("EXPLORE_VARIANTS", "").split(",") if v]
+    if only:  # e.g. EXPLORE_VARIANTS=baseline,split_rows
+        variants = {k: v for k, v in variants.items() if k in only}
     out = {"env": environment(nsms), "budget_s": budget, "problems": []}
     e = out["env"]
     print(f"{e['date']} {e['gpu']} ({nsms} SMs) driver {e['driver']} Triton {e['triton']} torch {e['torch']}")
