@@ -4,8 +4,9 @@ process with an empty Triton cache. Then the configs each picked are timed side 
 with torch.matmul (cuBLAS) beside them.
 
     python bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv
-    python bench/tuning_cost.py TRACE --profile DIR   census only, under cProfile (parent and
-                                                      worker), top functions printed
+    python bench/tuning_cost.py TRACE --profile DIR   census only: its phases on a timeline
+                                                      (bench/census_timeline.py), the worker
+                                                      under cProfile
 """
 
 from __future__ import annotations
@@ -26,13 +27,24 @@ HERE = Path(__file__).resolve().parent
 MATMUL_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
 
 
-def timed_process(cmd, env) -> tuple[float, str]:
+def timed_process(cmd, env) -> tuple[float, str, str]:
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    r = subprocess.run(cmd, env={**env, "NBX_TUNE_LAUNCHED_AT": repr(time.time())}, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
-    return wall, r.stdout
+    return wall, r.stdout, r.stderr
+
+
+def _epoch(value) -> float:
+    """A DateTime column as read back by SQLite (text, UTC) or another database."""
+    import datetime as dt
+
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.timezone.utc)
+    return value.timestamp()
 
 
 def print_profile(path: Path, title: str, n: int = 28) -> None:
@@ -62,29 +74,38 @@ def main(trace: str, profile_dir: str | None = None) -> None:
 
     db = f"sqlite:///{work / 'census.db'}"
     env = {**base_env, "TRITON_CACHE_DIR": str(work / "cache_census"), "NBX_TUNE_DB": db}
-    prefix = [sys.executable]
+    prefix = [sys.executable, "-m", "nbx_tune.cli.app"]
     if profile_dir:
+        # The parent's phases on a timeline (a cProfile of it mostly shows waiting on children),
+        # the worker under cProfile.
         prof = Path(profile_dir)
         prof.mkdir(parents=True, exist_ok=True)
         env["NBX_TUNE_WORKER_PROFILE"] = str(prof)
-        prefix += ["-m", "cProfile", "-o", str(prof / "parent.prof")]
-    census_s, out = timed_process([*prefix, "-m", "nbx_tune.cli.app", "census", "--model", str(mm_trace),
-                                   "--json"], env)
+        prefix = [sys.executable, str(HERE / "census_timeline.py")]
+    started = time.time()
+    census_s, out, err = timed_process([*prefix, "census", "--model", str(mm_trace), "--json"], env)
     rep = json.loads(out)
     print(f"census of {len(rows)} matmul rows: {census_s:.1f} s (cold Triton cache)", flush=True)
     if profile_dir:
         from sqlalchemy import create_engine, text
 
         with create_engine(db).connect() as conn:
-            for row in conn.execute(text("SELECT s.dtypes || ' ' || s.bucket, t.screen_s, t.bench_s, t.total_s FROM tunings t "
+            # A timeline from the census process's start: where the seats begin and end, so the
+            # time before the first and after the last (start-up, shut-down) shows too.
+            for row in conn.execute(text("SELECT s.dtypes || ' ' || s.bucket, t.screen_s, t.bench_s, t.total_s, "
+                                         "t.started_at, t.finished_at FROM tunings t "
                                          "JOIN seats s ON s.id = t.seat_id ORDER BY t.id")):
-                print(f"{row[0]}: screen {row[1]:.2f} s, timing {row[2]:.2f} s, total {row[3]:.2f} s")
+                at = [_epoch(v) - started for v in row[4:6]]
+                print(f"{at[0]:5.1f} .. {at[1]:5.1f} s  {row[0]}: screen {row[1]:.2f} s, timing {row[2]:.2f} s, "
+                      f"total {row[3]:.2f} s, other {row[3] - row[1] - row[2]:.2f} s")
+        print(f"{census_s:5.1f} s  the census process ended")
+        print("\n".join(ln for ln in err.splitlines() if ln.startswith("[timeline]")))
         for p in sorted(prof.glob("*.prof")):
-            print_profile(p, "census parent" if p.name == "parent.prof" else "candidate worker")
+            print_profile(p, "candidate worker")
         return
 
     env = {**base_env, "TRITON_CACHE_DIR": str(work / "cache_autotune")}
-    auto_s, _ = timed_process([sys.executable, str(HERE / "autotune_baseline.py"), str(mm_trace),
+    auto_s, _, _ = timed_process([sys.executable, str(HERE / "autotune_baseline.py"), str(mm_trace),
                                str(work / "autotune.json")], env)
     auto = json.loads((work / "autotune.json").read_text())
     print(f"triton.autotune over the same rows: {auto_s:.1f} s (cold Triton cache)", flush=True)
