@@ -64,10 +64,13 @@ def register(spec: KernelSpec, origin: str = "") -> None:
         _by_op[op] = spec
 
 
-def plugin_modules() -> list[str]:
+def plugin_modules(load: bool = True) -> list[str]:
     """Modules providing the registered kernels that are not built in: what a worker
-    process imports to see the same kernels as its parent."""
-    _ensure_loaded()
+    process imports to see the same kernels as its parent. load=False: only those
+    registered so far, importing nothing (a worker loads the built-in kernels and the
+    entry points itself)."""
+    if load:
+        _ensure_loaded()
     mods = {type(s).__module__ for s in _specs.values()} | set(_plugin_paths)
     return sorted(m for m in mods if m not in BUILTIN_MODULES and m != "__main__")
 

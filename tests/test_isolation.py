@@ -89,3 +89,66 @@ def test_a_worker_profile_is_written_when_asked_and_names_the_screen(tmp_path, m
     assert len(dumps) == 1
     names = {fn for (_, _, fn) in pstats.Stats(str(dumps[0])).stats}
     assert {"screen", "time"} <= names  # SeatRunner's two entry points were profiled
+
+
+def _job(spec, n, label="seat"):
+    from nbx_tune.kernels.spec import Problem, seat_flags
+    from nbx_tune.tuner.tune import seat_job
+
+    problems = [Problem(spec.name, ("float32",), seat_flags(), (k,)) for k in (n // 3, n)]
+    return seat_job(spec, builtin_profiles()["interpreter"], label, problems, "cpu")[0], problems
+
+
+def test_a_prefetch_makes_the_same_cases_and_only_for_its_own_job():
+    import numpy as np
+    import pytest
+
+    from nbx_tune.tuner.executor import host_cases
+    from nbx_tune.tuner.isolation import _Prefetch
+
+    job, _ = _job(planted.SPEC, 301)
+    made = _Prefetch(planted.SPEC, job).take(job)
+    direct = host_cases(planted.SPEC, job)
+    assert [c.problem for c in made] == [c.problem for c in direct] == list(job.screen_problems)
+    for a, b in zip(made, direct):  # same seeds: the same inputs and the same oracle
+        assert all(bool((a.inputs[k] == b.inputs[k]).all()) for k in b.inputs)
+        assert all(np.array_equal(a.ref[k], b.ref[k]) for k in b.ref)
+    other, _ = _job(planted.SPEC, 302)
+    assert _Prefetch(planted.SPEC, job).take(other) is None
+
+    class Broken(type(planted.SPEC)):
+        def make_inputs(self, problem, rng):
+            raise MemoryError("no room for the inputs")
+
+    with pytest.raises(MemoryError, match="no room"):
+        _Prefetch(Broken(), job).take(job)
+
+
+def test_the_upcoming_seat_is_made_while_the_current_one_runs(tmp_path, monkeypatch):
+    """The worker makes the upcoming seat's cases on a side thread: its main thread (the
+    one profiled) makes only the first seat's, and both seats certify as they do alone."""
+    import pstats
+
+    from nbx_tune.tuner.executor import InProcess
+    from nbx_tune.tuner.bench import for_profile
+    from nbx_tune.tuner.tune import static_prune
+
+    monkeypatch.setenv("NBX_TUNE_WORKER_PROFILE", str(tmp_path))
+    profile = builtin_profiles()["interpreter"]
+    spec, strategy = planted.SPEC, get_strategy("exhaustive")
+    (job_a, seat_a), (job_b, seat_b) = _job(spec, 300, "a"), _job(spec, 700, "b")
+    ex = Isolated(profile)
+    try:
+        ex.expect(spec, job_b, static_prune(spec, profile, job_b.time_problem)[0])
+        got = [tune_seat(spec, profile, "a", seat_a, ex, strategy, "cpu"),
+               tune_seat(spec, profile, "b", seat_b, ex, strategy, "cpu")]
+    finally:
+        ex.close()
+    alone = [tune_seat(spec, profile, label, seat, InProcess(for_profile(profile)), strategy, "cpu")
+             for label, seat in (("a", seat_a), ("b", seat_b))]
+    for g, a in zip(got, alone):
+        assert g.outcome == a.outcome == "certified"
+        errs = lambda res: {r.config: [s.err for s in r.screens] for r in res.records}  # noqa: E731
+        assert errs(g) == errs(a)  # the same inputs and oracles, whichever thread made them
+    calls = {fn: st[1] for (_, _, fn), st in pstats.Stats(str(next(tmp_path.glob("worker-*.prof")))).stats.items()}
+    assert calls.get("host_cases") == 1 and calls.get("take") == 1

@@ -68,61 +68,86 @@ def census(model: str, db: str | None = None, profile: str | None = None, dry_ru
            enqueue: bool = False):
     """dry_run: plan only, write nothing. enqueue: record the plan for workers, tune nothing
     (any profile: the workers of its device tune it)."""
-    ensure_device(reporter.notice if reporter else None)  # before anything imports triton
-    from nbx_tune.tuner.census import load_plan, run_census
-    from nbx_tune.tuner.store import Store
-
-    load_plugins(plugins)
-    prof = resolve_profile(profile, for_tuning=not (dry_run or enqueue))
-    plan = load_plan(model, prof)  # a malformed trace fails here, before any database I/O
-    # A dry run reads the database if there is one, and never creates or writes it.
-    store = _existing_store(db) if dry_run else Store(db)
+    tunes = not (dry_run or enqueue)
+    executor = _early_executor(isolate and tunes, plugins)
     try:
-        if dry_run:
-            return run_census(plan, store, dry_run=True)
-        if enqueue:
-            return run_census(plan, store, None, reporter)
-        tuner = make_tuner(store, prof, strategy, isolate)
+        ensure_device(reporter.notice if reporter else None)  # before anything imports triton
+        load_plugins(plugins)
+        from nbx_tune.tuner.census import load_plan, run_census
+        from nbx_tune.tuner.store import Store
+
+        prof = resolve_profile(profile, for_tuning=tunes)
+        plan = load_plan(model, prof)  # a malformed trace fails here, before any database I/O
+        # A dry run reads the database if there is one, and never creates or writes it.
+        store = _existing_store(db) if dry_run else Store(db)
         try:
+            if dry_run:
+                return run_census(plan, store, dry_run=True)
+            if enqueue:
+                return run_census(plan, store, None, reporter)
+            tuner = make_tuner(store, prof, strategy, isolate, executor)
             return run_census(plan, store, tuner, reporter)
         finally:
-            tuner.executor.close()
+            if store is not None:
+                store.close()
     finally:
-        if store is not None:
-            store.close()
+        if executor is not None:
+            executor.close()
 
 
 def worker(db: str | None = None, profile: str | None = None, reporter=None, strategy: str = "pruned",
            plugins=(), isolate: bool = True, max_seats: int | None = None, lease_s: float | None = None):
     """One worker on this device: tune queued seats of its profile until none is left."""
-    ensure_device(reporter.notice if reporter else None)
-    from nbx_tune.tuner.fleet import run_worker
-    from nbx_tune.tuner.store import Store
-
-    load_plugins(plugins)
-    prof = resolve_profile(profile, for_tuning=True)
-    store = Store(db)
+    executor = _early_executor(isolate, plugins)
     try:
-        tuner = make_tuner(store, prof, strategy, isolate)
-        if lease_s:
-            tuner.claim_ttl = lease_s
+        ensure_device(reporter.notice if reporter else None)
+        load_plugins(plugins)
+        from nbx_tune.tuner.fleet import run_worker
+        from nbx_tune.tuner.store import Store
+
+        prof = resolve_profile(profile, for_tuning=True)
+        store = Store(db)
         try:
+            tuner = make_tuner(store, prof, strategy, isolate, executor)
+            if lease_s:
+                tuner.claim_ttl = lease_s
             return run_worker(tuner, reporter, max_seats)
         finally:
-            tuner.executor.close()
+            store.close()
     finally:
-        store.close()
+        if executor is not None:
+            executor.close()
 
 
-def make_tuner(store, profile, strategy: str = "pruned", isolate: bool = True):
-    """Candidates run in a worker process (isolate) or in this one (trusted kernels, tests)."""
+def _early_executor(isolate: bool, plugins=()):
+    """The worker process and the compile pool, started first: their imports of torch and
+    Triton and their device set-up (seconds each) then overlap this process's, and its
+    planning and database set-up. The worker looks for the GPU itself; the pool starts
+    unless TRITON_INTERPRET is set, and is closed if the profile turns out to be the
+    interpreter's (Isolated.use_profile). The caller closes the executor."""
+    if not isolate:
+        return None
+    from nbx_tune.tuner.isolation import Isolated
+
+    return Isolated(plugins=plugins)
+
+
+def make_tuner(store, profile, strategy: str = "pruned", isolate: bool = True, executor=None):
+    """Candidates run in a worker process (isolate) or in this one (trusted kernels, tests).
+    `executor`: an `Isolated` started early (see _early_executor), which the caller closes;
+    else the tuner's own executor is made here and closed by whoever closes the tuner's."""
     from nbx_tune.tuner.bench import for_profile
     from nbx_tune.tuner.executor import InProcess
     from nbx_tune.tuner.isolation import Isolated
     from nbx_tune.tuner.runner import SeatTuner
     from nbx_tune.tuner.strategies import get_strategy
 
-    executor = Isolated(profile) if isolate else InProcess(for_profile(profile))
+    if executor is not None:
+        executor.use_profile(profile)
+    elif isolate:
+        executor = Isolated(profile)
+    else:
+        executor = InProcess(for_profile(profile))
     return SeatTuner(store, profile, device_info(), executor, get_strategy(strategy))
 
 

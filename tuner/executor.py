@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nbx_tune.kernels.spec import Config, KernelSpec, Problem
-from nbx_tune.tuner import screen as screening
 from nbx_tune.tuner.bench import Benchmarker, Timing
 
 
@@ -74,23 +73,39 @@ def classify_exception(e: BaseException) -> tuple[str, str]:
     return "launch_error", text
 
 
+def host_cases(spec: KernelSpec, job: SeatJob) -> list:
+    """A seat's cases on the host: one per screened problem (with its oracle), then the
+    timed problem's if it is not screened (inputs only). Host work only: see HostCase."""
+    from nbx_tune.tuner import screen as screening  # torch: see SeatRunner
+
+    cases = [screening.make_host_case(spec, p, screening.seed_for(job.label, p), True)
+             for p in job.screen_problems]
+    if job.time_problem not in job.screen_problems:
+        cases.append(screening.make_host_case(spec, job.time_problem,
+                                              screening.seed_for(job.label, job.time_problem), False))
+    return cases
+
+
 class SeatRunner:
     """Holds one seat's prepared cases (inputs and oracles, made once) and runs
-    candidates against them."""
+    candidates against them. `host`: the seat's host_cases, if already made."""
 
-    def __init__(self, spec: KernelSpec, job: SeatJob, bench: Benchmarker):
+    def __init__(self, spec: KernelSpec, job: SeatJob, bench: Benchmarker, host: list | None = None):
+        # The screen imports torch, which takes seconds: this module is imported without it
+        # by a census that starts its worker before importing torch (tuner/api.py).
+        from nbx_tune.tuner import screen
+
+        self.screening = screen
         self.spec, self.job, self.bench = spec, job, bench
-        self.cases = [screening.make_case(spec, p, job.device, screening.seed_for(job.label, p), True)
-                      for p in job.screen_problems]
-        timed = [c for c in self.cases if c.problem == job.time_problem]
-        self.time_case = timed[0] if timed else screening.make_case(
-            spec, job.time_problem, job.device, screening.seed_for(job.label, job.time_problem), False)
+        cases = [c.to(job.device) for c in (host if host is not None else host_cases(spec, job))]
+        self.cases = cases[:len(job.screen_problems)]
+        self.time_case = next(c for c in cases if c.problem == job.time_problem)
 
     def screen(self, config: Config) -> Outcome:
         results = []
         for case in self.cases:
             try:
-                r = screening.screen(self.spec, config, case, self.job.rtol, self.job.device)
+                r = self.screening.screen(self.spec, config, case, self.job.rtol, self.job.device)
             except Exception as e:
                 if is_fatal(e):
                     raise ContextPoisoned(classify_exception(e)[1]) from e
@@ -104,8 +119,8 @@ class SeatRunner:
     def time(self, config: Config, mode: str) -> Outcome:
         case = self.time_case
         try:
-            inputs = screening.fresh_inputs(case)
-            outputs = screening.alloc_outputs(self.spec, case.problem, self.job.device)
+            inputs = self.screening.fresh_inputs(case)
+            outputs = self.screening.alloc_outputs(self.spec, case.problem, self.job.device)
 
             def fn():
                 self.spec.launch(config, case.problem, inputs, outputs)
@@ -126,6 +141,9 @@ class InProcess:
         self.runner: SeatRunner | None = None
 
     generation = 0  # never replaced: see tuner/isolation.py
+
+    def expect(self, spec: KernelSpec, job: SeatJob, configs=()) -> None:
+        pass  # one process: nothing to overlap the next seat's preparation with
 
     def start_seat(self, spec: KernelSpec, job: SeatJob, configs=()) -> None:
         try:

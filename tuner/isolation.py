@@ -16,47 +16,85 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sys
 import tempfile
+import threading
 import traceback
 
 from nbx_tune.tuner.executor import (ContextPoisoned, Outcome, SeatJob, SeatPrepareError, SeatRunner,
-                                      classify_exception, is_fatal)
+                                      classify_exception, host_cases, is_fatal)
 
 PREPARE_TIMEOUT_FACTOR = 10  # making a seat's inputs and fp64 oracles may take longer than one candidate
 
 
-def _worker_main(conn, plugins, timing, stderr_path):
+def _worker_main(conn, plugins, stderr_path):
     # The parent reads these last words when the worker dies.
     fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(fd, 2)
     # Where a seat's time goes inside the worker (bench/tuning_cost.py --profile): a cProfile
     # dump per worker, written when it is stopped.
     profile_dir = os.environ.get("NBX_TUNE_WORKER_PROFILE")
-    if not profile_dir:
-        return _serve(conn, plugins, timing)
-    import cProfile
+    if profile_dir:
+        import cProfile
 
-    prof = cProfile.Profile()
-    prof.enable()
-    try:
-        return _serve(conn, plugins, timing)
-    finally:
-        prof.disable()
-        prof.dump_stats(os.path.join(profile_dir, f"worker-{os.getpid()}.prof"))
+        prof = cProfile.Profile()
+        prof.enable()
+        try:
+            _serve(conn, plugins)
+        finally:
+            prof.disable()
+            prof.dump_stats(os.path.join(profile_dir, f"worker-{os.getpid()}.prof"))
+    else:
+        _serve(conn, plugins)
+    # Stopped: nothing is left to write, and the interpreter's own shut-down (torch's
+    # included) took 0.5 s or more that the census waited for.
+    sys.stderr.flush()
+    os._exit(0)
 
 
-def _serve(conn, plugins, timing):
+class _Prefetch:
+    """The next seat's host cases (inputs and fp64 oracles), made on a side thread while
+    this seat's candidates are screened and timed. Only host work runs there: copies to the
+    device would land in the stream being timed. numpy's BLAS and torch's casts release the
+    GIL, so the thread launching the timed kernels keeps it."""
+
+    def __init__(self, spec, job: SeatJob):
+        self.job, self.cases, self.error = job, None, None
+        self.thread = threading.Thread(target=self._make, args=(spec, job), daemon=True)
+        self.thread.start()
+
+    def _make(self, spec, job):
+        try:
+            self.cases = host_cases(spec, job)
+        except BaseException as e:  # raised again where the seat starts
+            self.error = e
+
+    def take(self, job: SeatJob):
+        """The cases, if they were made for this job (else None)."""
+        if job != self.job:
+            return None
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.cases
+
+
+def _serve(conn, plugins):
+    # This process may start before its parent has looked for a GPU (tuner/api.py): it
+    # looks for itself, the same way, before anything imports triton.
+    from nbx_tune.tuner.api import ensure_device
+
+    ensure_device()
     from nbx_tune.kernels.registry import get_spec, load_plugin
     from nbx_tune.tuner.bench import for_timing
 
     for p in plugins:
         load_plugin(p)
-    bench = for_timing(timing)
     import torch
 
     if torch.cuda.is_available():
         torch.cuda.init()  # the device context, before the first seat is waiting for it
-    runner = None
+    runner = prefetch = None
     while True:
         try:
             msg = conn.recv()
@@ -67,9 +105,13 @@ def _serve(conn, plugins, timing):
             if kind == "stop":
                 return
             if kind == "seat":
-                _, kernel, job = msg
-                runner = SeatRunner(get_spec(kernel), job, bench)
+                _, kernel, job, timing = msg
+                made, prefetch = (prefetch.take(job) if prefetch else None), None
+                runner = SeatRunner(get_spec(kernel), job, for_timing(timing), made)
                 conn.send(("ready",))
+            elif kind == "prefetch":
+                prefetch = _Prefetch(get_spec(msg[1]), msg[2])
+                conn.send(("ok",))
             elif kind == "screen":
                 conn.send(("outcome", runner.screen(msg[1])))
             elif kind == "time":
@@ -86,33 +128,51 @@ def _serve(conn, plugins, timing):
 
 
 class Isolated:
-    """Runs a seat's candidates in a worker process, replacing it after a crash or hang."""
+    """Runs a seat's candidates in a worker process, replacing it after a crash or hang.
 
-    def __init__(self, profile, timeout_s: float | None = None, precompile: bool | None = None):
+    Made without a profile (`Isolated(plugins=...)`, then `use_profile` before the first
+    seat), it can start before this process has imported torch: the worker's and the
+    compile pool's imports and device set-up then overlap this process's (tuner/api.py).
+    It imports nothing heavy itself, so that it can."""
+
+    def __init__(self, profile=None, timeout_s: float | None = None, precompile: bool | None = None,
+                 plugins=()):
         from nbx_tune.kernels.registry import plugin_modules
+        from nbx_tune.profiles import interpreter_enabled
 
-        self.timing = profile.timing
-        self.timeout = timeout_s or profile.candidate_timeout_s
-        self.plugins = plugin_modules()
+        self.timing = self.timeout = None
+        self.timeout_s = timeout_s
+        self.plugins = sorted({*plugin_modules(load=profile is not None), *plugins})
         self.ctx = mp.get_context("spawn")
         self.proc = None
         self.conn = None
         self.stderr_path = None
         self.generation = 0
         self.spec = self.job = None
+        self.upcoming = None  # (spec, job, configs) of the seat after this one
         self.restarts = 0
         self.served = False  # whether any request reached a worker
         # The interpreter compiles nothing; on a GPU, candidates compile on the CPU cores
         # ahead of the worker (tuner/precompile.py).
         if precompile is None:
-            precompile = profile.name != "interpreter" and profile.architecture != "interpreter"
+            precompile = (not interpreter_enabled() if profile is None else
+                          profile.name != "interpreter" and profile.architecture != "interpreter")
         self.precompiler = None
         if precompile:
             from nbx_tune.tuner.precompile import Precompiler
 
             self.precompiler = Precompiler(self.plugins)
-        # Started now, so its imports and device set-up overlap the census's planning.
         self._start()
+        if profile is not None:
+            self.use_profile(profile)
+
+    def use_profile(self, profile) -> None:
+        """The timing method and the per-candidate time limit of the profile tuned for."""
+        self.timing = profile.timing
+        self.timeout = self.timeout_s or profile.candidate_timeout_s
+        if self.precompiler is not None and (profile.name == "interpreter" or profile.architecture == "interpreter"):
+            self.precompiler.close()  # started on a bet that there was a GPU: there is none
+            self.precompiler = None
 
     # -- worker lifecycle
     def _start(self) -> None:
@@ -120,7 +180,7 @@ class Isolated:
         os.close(fd)
         parent, child = self.ctx.Pipe()
         self.proc = self.ctx.Process(target=_worker_main, daemon=True,
-                                     args=(child, self.plugins, self.timing, self.stderr_path))
+                                     args=(child, self.plugins, self.stderr_path))
         self.proc.start()
         child.close()
         self.conn = parent
@@ -182,18 +242,35 @@ class Isolated:
         return None, failure
 
     def _prepare(self) -> None:
-        reply, failure = self._call(("seat", self.spec.name, self.job), self.timeout * PREPARE_TIMEOUT_FACTOR)
+        reply, failure = self._call(("seat", self.spec.name, self.job, self.timing),
+                                    self.timeout * PREPARE_TIMEOUT_FACTOR)
         if failure is not None:
             self.job = None
             raise SeatPrepareError(f"making the seat's inputs and oracle killed the worker: {failure[1]}")
 
     # -- the executor interface
-    def start_seat(self, spec, job: SeatJob, configs=()) -> None:
-        self.spec, self.job = spec, job
+    def expect(self, spec, job: SeatJob, configs=()) -> None:
+        """The seat that follows the next one: its compiles and its host cases are made
+        while the next one runs (see start_seat)."""
+        self.upcoming = (spec, job, tuple(configs))
+
+    def _precompile(self, spec, job: SeatJob, configs) -> None:
         if self.precompiler is not None and configs:
             problems = tuple(dict.fromkeys((*job.screen_problems, job.time_problem)))
             self.precompiler.submit(spec.name, problems, configs, job.device)
+
+    def start_seat(self, spec, job: SeatJob, configs=()) -> None:
+        self.spec, self.job = spec, job
+        self._precompile(spec, job, configs)
         self._prepare()
+        # While this seat is screened and timed: the upcoming seat's compiles queue behind
+        # this one's, and the worker makes its inputs and oracles on a side thread.
+        upcoming, self.upcoming = self.upcoming, None
+        if upcoming is not None and upcoming[1] != job:
+            self._precompile(*upcoming)
+            # A worker lost here is replaced (and this seat prepared again) by _call: the
+            # upcoming seat is then only prepared when it starts.
+            self._call(("prefetch", upcoming[0].name, upcoming[1]), self.timeout)
 
     def screen(self, config) -> Outcome:
         reply, failure = self._call(("screen", config), self.timeout)
@@ -211,16 +288,21 @@ class Isolated:
         self.spec = self.job = None
 
     def close(self) -> None:
+        # Every process is told to go before any is waited for: each exit waits on its GPU
+        # context's teardown, and these overlap.
         if self.precompiler is not None:
-            self.precompiler.close()
+            self.precompiler.stop()
         # A worker never sent a seat (every seat already certified) may still be importing:
         # it has nothing to finish, so it is killed rather than waited for.
         if self.proc is not None and self.proc.is_alive() and self.served:
             try:
                 self.conn.send(("stop",))
-                self.proc.join(timeout=5)
             except (BrokenPipeError, OSError):
                 pass
+        if self.precompiler is not None:
+            self.precompiler.join()
+        if self.proc is not None and self.served:
+            self.proc.join(timeout=5)
         self._kill()
         if self.stderr_path:
             try:

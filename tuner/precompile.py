@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from concurrent.futures import ProcessPoolExecutor
 
 
 def _compile_only():
@@ -28,11 +27,18 @@ def _compile_only():
 
 
 def _init(plugins):
+    # Compiling is background work: the worker timing candidates on the same cores must not
+    # wait for a compile to be descheduled (a late launch is counted in its timing).
+    try:
+        os.nice(10)
+    except OSError:
+        pass
     _compile_only()
     from nbx_tune.kernels.registry import load_plugin
 
     for p in plugins:
         load_plugin(p)
+    import torch  # noqa: F401  (imported now, while nothing waits for this process)
 
 
 def _compile(kernel: str, problems, config, device: str) -> str | None:
@@ -54,27 +60,54 @@ def _compile(kernel: str, problems, config, device: str) -> str | None:
     return None
 
 
-def _ready() -> None:
-    pass
+def _serve_compiles(jobs, plugins) -> None:
+    _init(plugins)
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        _compile(*job)
 
 
 class Precompiler:
-    """A pool that compiles configs ahead of the worker; one per census."""
+    """Processes that compile configs ahead of the worker; one set per census. They start
+    (and import torch and Triton) when it is made, take compile jobs in the order they are
+    queued, and are killed when it is closed: a compile cut short costs nothing (Triton
+    writes its cache entries whole), and nothing waits on a job's result."""
 
     def __init__(self, plugins, workers: int | None = None):
+        # One core is left to the worker that screens and times.
         n = workers or max(1, min(16, (os.cpu_count() or 2) - 1))
-        self.pool = ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_init,
-                                        initargs=(plugins,))
-        # A spawned process takes seconds to import torch and Triton: start them all now,
-        # while the census plans, rather than on the first seat's submissions.
-        for _ in range(n):
-            self.pool.submit(_ready)
-        self.futures = []
+        ctx = mp.get_context("spawn")
+        self.jobs = ctx.SimpleQueue()
+        self.procs = [ctx.Process(target=_serve_compiles, args=(self.jobs, plugins), daemon=True)
+                      for _ in range(n)]
+        for proc in self.procs:
+            proc.start()
+        self.submitted = set()
 
     def submit(self, kernel: str, problems, configs, device: str) -> None:
-        self.futures = [self.pool.submit(_compile, kernel, tuple(problems), c, device) for c in configs]
+        """Queue compiles behind those already queued; a (kernel, problems, config) already
+        submitted in this census is not queued again."""
+        for c in configs:
+            job = (kernel, tuple(problems), c, device)
+            if job not in self.submitted:
+                self.submitted.add(job)
+                self.jobs.put(job)
+
+    def stop(self) -> None:
+        """Kill every process, without waiting for them to go (see join)."""
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+
+    def join(self) -> None:
+        # An exit takes a while when a process holds a GPU context: after stop(), these
+        # waits overlap with each other's and with the candidate worker's.
+        for proc in self.procs:
+            proc.join()
+        self.jobs.close()
 
     def close(self) -> None:
-        for f in self.futures:
-            f.cancel()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.stop()
+        self.join()

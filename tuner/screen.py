@@ -103,7 +103,21 @@ def seed_for(label: str, problem: Problem) -> int:
     return int.from_bytes(hashlib.sha256(f"{label}|{problem.to_json()}".encode()).digest()[:8], "little")
 
 
-def make_case(spec: KernelSpec, problem: Problem, device: str, seed: int, with_oracle: bool) -> Case:
+@dataclass
+class HostCase:
+    """A case before its inputs reach the device: host work only (random inputs, rounding,
+    the fp64 oracle), so it can be made on a side thread while the device times something
+    else (tuner/isolation.py makes the next seat's this way)."""
+
+    problem: Problem
+    inputs: dict  # name -> torch CPU tensor in the kernel's dtype
+    ref: dict | None
+
+    def to(self, device: str) -> Case:
+        return Case(self.problem, {k: v.to(device) for k, v in self.inputs.items()}, self.ref)
+
+
+def make_host_case(spec: KernelSpec, problem: Problem, seed: int, with_oracle: bool) -> HostCase:
     rng = np.random.default_rng(seed)
     inputs, rounded = {}, {}
     for name, (values, dt) in spec.make_inputs(problem, rng).items():
@@ -111,9 +125,13 @@ def make_case(spec: KernelSpec, problem: Problem, device: str, seed: int, with_o
         # The oracle sees exactly the values the kernel sees, after rounding to dt.
         if with_oracle:
             rounded[name] = t.to(torch.float64).numpy() if t.is_floating_point() else t.numpy()
-        inputs[name] = t.to(device)
+        inputs[name] = t
     ref = spec.oracle(problem, rounded) if with_oracle else None
-    return Case(problem, inputs, ref)
+    return HostCase(problem, inputs, ref)
+
+
+def make_case(spec: KernelSpec, problem: Problem, device: str, seed: int, with_oracle: bool) -> Case:
+    return make_host_case(spec, problem, seed, with_oracle).to(device)
 
 
 def alloc_outputs(spec: KernelSpec, problem: Problem, device: str) -> dict:

@@ -91,39 +91,58 @@ def static_prune(spec: KernelSpec, profile, problem: Problem):
     return keep, refused
 
 
-def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], executor,
-              strategy, device: str, reporter=None) -> SeatResult:
-    reporter = reporter or NullReporter()
-    t0 = time.perf_counter()
-    ordered = sorted(set(problems), key=Problem.order)
-    largest, smallest = ordered[-1], ordered[0]
-
+def unscreenable(spec: KernelSpec, profile, problems: list[Problem]) -> tuple[str, str] | None:
+    """(dtype, why) when the profile cannot screen a dtype of the seat (bf16 under the
+    interpreter): such a seat is refused, never tuned."""
+    largest = max(problems, key=Problem.order)
     for dt in largest.dtypes:
         why = profile.screen_unsupported.get(dt)
         if why:
-            reporter.notice(f"{label}: not certified: profile {profile.name} cannot screen {dt}")
-            return SeatResult("refused", [], seat_refusal=("dtype_unscreenable", why),
-                              total_s=time.perf_counter() - t0)
+            return dt, why
+    return None
 
-    # Screened at the largest and the smallest shapes, each only within the byte budget.
+
+def seat_job(spec: KernelSpec, profile, label: str, problems: list[Problem], device: str):
+    """(the job a seat's candidates run, the shapes whose screen is skipped and why): screened
+    at the largest and the smallest shapes, each only within the byte budget; timed at the
+    largest."""
+    ordered = sorted(set(problems), key=Problem.order)
+    largest, smallest = ordered[-1], ordered[0]
     screen_at, skipped = [], []
     for p in dict.fromkeys((largest, smallest)):
         nbytes = spec.operand_bytes(p)
         if nbytes > profile.screen_max_bytes:
-            skipped.append(f"{_dims(spec, p)}: {nbytes} bytes > autotune_screen_max_bytes "
-                           f"{profile.screen_max_bytes}")
-            reporter.notice(f"{label}: screen skipped at {_dims(spec, p)} ({nbytes / 2**20:.0f} MiB of "
-                            f"operands > the profile's {profile.screen_max_bytes / 2**20:.0f} MiB budget): "
-                            "the seat will be unscreened")
+            skipped.append((p, nbytes))
         else:
             screen_at.append(p)
+    job = SeatJob(spec.name, profile.name, label, tuple(screen_at), largest,
+                  screening.output_rtols(spec, largest, profile), device)
+    return job, skipped
+
+
+def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], executor,
+              strategy, device: str, reporter=None) -> SeatResult:
+    reporter = reporter or NullReporter()
+    t0 = time.perf_counter()
+    bad = unscreenable(spec, profile, problems)
+    if bad:
+        reporter.notice(f"{label}: not certified: profile {profile.name} cannot screen {bad[0]}")
+        return SeatResult("refused", [], seat_refusal=("dtype_unscreenable", bad[1]),
+                          total_s=time.perf_counter() - t0)
+
+    job, skipped_at = seat_job(spec, profile, label, problems, device)
+    screen_at, largest, skipped = list(job.screen_problems), job.time_problem, []
+    for p, nbytes in skipped_at:
+        skipped.append(f"{_dims(spec, p)}: {nbytes} bytes > autotune_screen_max_bytes "
+                       f"{profile.screen_max_bytes}")
+        reporter.notice(f"{label}: screen skipped at {_dims(spec, p)} ({nbytes / 2**20:.0f} MiB of "
+                        f"operands > the profile's {profile.screen_max_bytes / 2**20:.0f} MiB budget): "
+                        "the seat will be unscreened")
 
     keep, records = static_prune(spec, profile, largest)
     for r in records:
         reporter.candidate(label, r.config, r.reason)
 
-    job = SeatJob(spec.name, profile.name, label, tuple(screen_at), largest,
-                  screening.output_rtols(spec, largest, profile), device)
     try:
         executor.start_seat(spec, job, keep)
     except SeatPrepareError as e:
