@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
+import shutil
 import sys
 import tempfile
-import threading
 import traceback
 
 from nbx_tune.tuner.executor import (ContextPoisoned, Outcome, SeatJob, SeatPrepareError, SeatRunner,
-                                      classify_exception, host_cases, is_fatal)
+                                      classify_exception, is_fatal)
 
 PREPARE_TIMEOUT_FACTOR = 10  # making a seat's inputs and fp64 oracles may take longer than one candidate
 
@@ -52,31 +53,19 @@ def _worker_main(conn, plugins, stderr_path):
     os._exit(0)
 
 
-class _Prefetch:
-    """The next seat's host cases (inputs and fp64 oracles), made on a side thread while
-    this seat's candidates are screened and timed. Only host work runs there: copies to the
-    device would land in the stream being timed. numpy's BLAS and torch's casts release the
-    GIL, so the thread launching the timed kernels keeps it."""
-
-    def __init__(self, spec, job: SeatJob):
-        self.job, self.cases, self.error = job, None, None
-        self.thread = threading.Thread(target=self._make, args=(spec, job), daemon=True)
-        self.thread.start()
-
-    def _make(self, spec, job):
-        try:
-            self.cases = host_cases(spec, job)
-        except BaseException as e:  # raised again where the seat starts
-            self.error = e
-
-    def take(self, job: SeatJob):
-        """The cases, if they were made for this job (else None)."""
-        if job != self.job:
-            return None
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.cases
+def _load_cases(path: str | None, job: SeatJob):
+    """The seat's host cases from the compile pool's file (tuner/precompile.py), if it made
+    them in time; else None (the worker makes them itself). The file is removed. It is
+    unpickled: only this census's own pool writes into its private (mkdtemp) directory."""
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            cases = pickle.load(f)
+    finally:
+        os.unlink(path)
+    want = [*job.screen_problems, *([] if job.time_problem in job.screen_problems else [job.time_problem])]
+    return cases if [c.problem for c in cases] == want else None
 
 
 def _serve(conn, plugins):
@@ -94,7 +83,7 @@ def _serve(conn, plugins):
 
     if torch.cuda.is_available():
         torch.cuda.init()  # the device context, before the first seat is waiting for it
-    runner = prefetch = None
+    runner = None
     while True:
         try:
             msg = conn.recv()
@@ -105,13 +94,9 @@ def _serve(conn, plugins):
             if kind == "stop":
                 return
             if kind == "seat":
-                _, kernel, job, timing = msg
-                made, prefetch = (prefetch.take(job) if prefetch else None), None
-                runner = SeatRunner(get_spec(kernel), job, for_timing(timing), made)
+                _, kernel, job, timing, cases_path = msg
+                runner = SeatRunner(get_spec(kernel), job, for_timing(timing), _load_cases(cases_path, job))
                 conn.send(("ready",))
-            elif kind == "prefetch":
-                prefetch = _Prefetch(get_spec(msg[1]), msg[2])
-                conn.send(("ok",))
             elif kind == "screen":
                 conn.send(("outcome", runner.screen(msg[1])))
             elif kind == "time":
@@ -136,10 +121,12 @@ class Isolated:
     It imports nothing heavy itself, so that it can."""
 
     def __init__(self, profile=None, timeout_s: float | None = None, precompile: bool | None = None,
-                 plugins=()):
+                 plugins=(), prefetch: bool | None = None):
+        from nbx_tune import settings
         from nbx_tune.kernels.registry import plugin_modules
         from nbx_tune.profiles import interpreter_enabled
 
+        self.prefetch = settings.prefetch() if prefetch is None else prefetch
         self.timing = self.timeout = None
         self.timeout_s = timeout_s
         self.plugins = sorted({*plugin_modules(load=profile is not None), *plugins})
@@ -149,11 +136,14 @@ class Isolated:
         self.stderr_path = None
         self.generation = 0
         self.spec = self.job = None
-        self.upcoming = None  # (spec, job, configs) of the seat after this one
+        self.upcoming = None  # (spec, job, configs) of the seat after the next one
+        self.prepared = None  # (job, file) whose host cases the pool is making
+        self.cases_dir = None
         self.restarts = 0
         self.served = False  # whether any request reached a worker
         # The interpreter compiles nothing; on a GPU, candidates compile on the CPU cores
         # ahead of the worker (tuner/precompile.py).
+        self.on_a_bet = precompile is None and profile is None  # that there is a GPU: see use_profile
         if precompile is None:
             precompile = (not interpreter_enabled() if profile is None else
                           profile.name != "interpreter" and profile.architecture != "interpreter")
@@ -170,7 +160,8 @@ class Isolated:
         """The timing method and the per-candidate time limit of the profile tuned for."""
         self.timing = profile.timing
         self.timeout = self.timeout_s or profile.candidate_timeout_s
-        if self.precompiler is not None and (profile.name == "interpreter" or profile.architecture == "interpreter"):
+        interpreter = profile.name == "interpreter" or profile.architecture == "interpreter"
+        if self.precompiler is not None and self.on_a_bet and interpreter:
             self.precompiler.close()  # started on a bet that there was a GPU: there is none
             self.precompiler = None
 
@@ -242,7 +233,9 @@ class Isolated:
         return None, failure
 
     def _prepare(self) -> None:
-        reply, failure = self._call(("seat", self.spec.name, self.job, self.timing),
+        made = self.prepared[1] if self.prepared is not None and self.prepared[0] == self.job else None
+        self.prepared = None  # a worker that replaces this one makes the cases itself
+        reply, failure = self._call(("seat", self.spec.name, self.job, self.timing, made),
                                     self.timeout * PREPARE_TIMEOUT_FACTOR)
         if failure is not None:
             self.job = None
@@ -250,7 +243,7 @@ class Isolated:
 
     # -- the executor interface
     def expect(self, spec, job: SeatJob, configs=()) -> None:
-        """The seat that follows the next one: its compiles and its host cases are made
+        """The seat that follows the next one: its host cases and its compiles are made
         while the next one runs (see start_seat)."""
         self.upcoming = (spec, job, tuple(configs))
 
@@ -263,14 +256,19 @@ class Isolated:
         self.spec, self.job = spec, job
         self._precompile(spec, job, configs)
         self._prepare()
-        # While this seat is screened and timed: the upcoming seat's compiles queue behind
-        # this one's, and the worker makes its inputs and oracles on a side thread.
+        # With NBX_TUNE_PREFETCH=1 (settings.prefetch), while this seat is screened and
+        # timed, the pool makes the upcoming seat's host cases (inputs and fp64 oracles)
+        # into a file, then compiles its candidates. Not the worker on a side thread: that
+        # thread's GIL and BLAS threads held up the thread launching the kernels being
+        # timed (for up to 38 ms on a 2-core host).
         upcoming, self.upcoming = self.upcoming, None
-        if upcoming is not None and upcoming[1] != job:
+        if upcoming is not None and upcoming[1] != job and self.precompiler is not None and self.prefetch:
+            if self.cases_dir is None:
+                self.cases_dir = tempfile.mkdtemp(prefix="nbx-tune-cases-")
+            path = os.path.join(self.cases_dir, f"seat-{os.getpid()}-{id(upcoming[1])}.pkl")
+            self.precompiler.make_cases(upcoming[0].name, upcoming[1], path)
+            self.prepared = (upcoming[1], path)
             self._precompile(*upcoming)
-            # A worker lost here is replaced (and this seat prepared again) by _call: the
-            # upcoming seat is then only prepared when it starts.
-            self._call(("prefetch", upcoming[0].name, upcoming[1]), self.timeout)
 
     def screen(self, config) -> Outcome:
         reply, failure = self._call(("screen", config), self.timeout)
@@ -304,6 +302,8 @@ class Isolated:
         if self.proc is not None and self.served:
             self.proc.join(timeout=5)
         self._kill()
+        if self.cases_dir is not None:
+            shutil.rmtree(self.cases_dir, ignore_errors=True)
         if self.stderr_path:
             try:
                 os.unlink(self.stderr_path)
