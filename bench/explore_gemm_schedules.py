@@ -8,7 +8,7 @@ it beside cuBLAS (torch.matmul) in the same run, and writes all of it to
 $OUT/explore_gemm_schedules.json (./bench_out/ without OUT).
 
     python bench/explore_gemm_schedules.py        # GPU; env EXPLORE_BUDGET_S=150, EXPLORE_JOBS,
-                                                  # EXPLORE_VARIANTS=baseline,split_rows (a subset)
+                                                  # EXPLORE_VARIANTS=baseline,splitk_tail (a subset)
     TRITON_INTERPRET=1 python bench/explore_gemm_schedules.py --smoke   # CPU: index math only
 """
 
@@ -173,6 +173,40 @@ def _persistent_kernel(
         _store_tile(c_ptr, c_desc, acc, pid_m, pid_n, M, N, scm, scn, BM, BN, USE_TMA)
 
 
+@triton.jit(do_not_specialize=["k_per"])
+def _splitk_partial_kernel(a_ptr, b_ptr, ws_ptr, M, N, K, sam, sak, sbk, sbn, k_per,
+                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Program (tile, s): the fp32 sum over K blocks [s * k_per, (s + 1) * k_per) of one BMxBN
+    tile of a (M, K) @ (K, N), stored plainly into slice s of ws (S, M, N): no atomics, no
+    counters, every element of every slice written exactly once."""
+    tile = tl.program_id(0)
+    s = tl.program_id(1)
+    num_pid_n = tl.cdiv(N, BN)
+    pid_m = tile // num_pid_n
+    pid_n = tile % num_pid_n
+    k_lo = s * k_per
+    k_hi = min(tl.cdiv(K, BK), k_lo + k_per)
+    acc = _acc_tile(a_ptr, b_ptr, pid_m, pid_n, k_lo, k_hi, M, N, K, sam, sak, sbk, sbn,
+                    BM, BN, BK, False, False)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    w = ws_ptr + s.to(tl.int64) * M * N + rm[:, None] * N + rn[None, :]
+    tl.store(w, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def _splitk_reduce_kernel(ws_ptr, c_ptr, M, N, scm, scn, S: tl.constexpr,
+                          RM: tl.constexpr, RN: tl.constexpr):
+    """c = the sum of the S slices of ws (S, M, N), in c's dtype."""
+    rm = tl.program_id(0) * RM + tl.arange(0, RM)
+    rn = tl.program_id(1) * RN + tl.arange(0, RN)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    acc = tl.zeros((RM, RN), dtype=tl.float32)
+    for s in tl.static_range(S):
+        acc += tl.load(ws_ptr + s * M * N + rm[:, None] * N + rn[None, :], mask=mask, other=0.0)
+    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
 # ----------------------------------------------------------------------------- variants
 # Each takes (a, b, c, config, num_sms) and returns a no-argument function computing c = a @ b,
 # all of each call's GPU work inside it (there is no memset or cast: the stream-K workspace is
@@ -234,13 +268,20 @@ def v_streamk(a, b, c, cfg, nsms):
     return _persistent(a, b, c, cfg, nsms, use_tma=bool(cfg.get("TMA", 0)), stream_k=True)
 
 
+def whole_waves(M, N, BM, BN, nsms) -> int:
+    """The first row past the rows whose BMxBN tiles make whole waves on nsms SMs (M when
+    there are none, or no rows are left over)."""
+    per_row, rows = triton.cdiv(N, BN), triton.cdiv(M, BM)
+    big_rows = (rows * per_row // nsms) * nsms // per_row
+    return big_rows * BM if 0 < big_rows < rows else M
+
+
 def split_rows(M, N, cfg, nsms) -> int:
     """The first row of the tail: the rows above it make whole waves of BMxBN tiles; the tail
     rows go to a second launch of smaller TBMxTBN tiles if those fit in one wave (else M)."""
-    per_row, rows = triton.cdiv(N, cfg["BN"]), triton.cdiv(M, cfg["BM"])
-    big_rows = (rows * per_row // nsms) * nsms // per_row
-    tail_tiles = triton.cdiv(M - big_rows * cfg["BM"], cfg["TBM"]) * triton.cdiv(N, cfg["TBN"])
-    return big_rows * cfg["BM"] if 0 < big_rows < rows and tail_tiles <= nsms else M
+    ms = whole_waves(M, N, cfg["BM"], cfg["BN"], nsms)
+    tail_tiles = triton.cdiv(M - ms, cfg["TBM"]) * triton.cdiv(N, cfg["TBN"])
+    return ms if tail_tiles <= nsms else M
 
 
 def v_split_rows(a, b, c, cfg, nsms):
@@ -266,12 +307,47 @@ def v_split_rows(a, b, c, cfg, nsms):
     return fn
 
 
+def v_splitk_tail(a, b, c, cfg, nsms):
+    """Rows that make whole waves of BMxBN tiles through kernels/matmul.py, then the tail
+    rows' tiles split along K so that they fill one wave: S = SMs // tail tiles partial
+    products stored plainly into an fp32 workspace, and a reduction into C (three launches,
+    no atomics). At 3072^3 with 128x256: 264 tiles in 2 waves, then 24 tail tiles x 5 K
+    slices of about 10 K blocks each, where split_rows' small tail tiles kept all 48."""
+    if launch_matmul is None:
+        raise RuntimeError(f"nbx_tune not importable: {BASELINE_ERR}")
+    (M, K), N = a.shape, b.shape[1]
+    BM, BN, BK = cfg["BM"], cfg["BN"], cfg["BK"]
+    big = Config.make(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=cfg.get("G", 8),
+                      num_warps=cfg["w"], num_stages=cfg["s"])
+    ms = whole_waves(M, N, BM, BN, nsms)
+    if ms == M:
+        return lambda: launch_matmul(a, b, c, None, 1.0, 0.0, big)
+    mt, k_tiles = M - ms, triton.cdiv(K, BK)
+    tail_tiles = triton.cdiv(mt, BM) * triton.cdiv(N, BN)
+    slices = max(1, min(k_tiles, nsms // tail_tiles))
+    k_per = triton.cdiv(k_tiles, slices)
+    slices = triton.cdiv(k_tiles, k_per)  # none of them empty
+    ws = torch.empty(slices, mt, N, device=a.device, dtype=torch.float32)  # set-up, as a served kernel would keep it
+    a_tail, c_tail = a[ms:], c[ms:]
+    RM, RN = cfg.get("RM", 32), cfg.get("RN", 128)
+
+    def fn():
+        launch_matmul(a[:ms], b, c[:ms], None, 1.0, 0.0, big)
+        _splitk_partial_kernel[(tail_tiles, slices)](
+            a_tail, b, ws, mt, N, K, a_tail.stride(0), a_tail.stride(1), b.stride(0), b.stride(1), k_per,
+            BM=BM, BN=BN, BK=BK, num_warps=cfg["tw"], num_stages=cfg["ts"])
+        _splitk_reduce_kernel[(triton.cdiv(mt, RM), triton.cdiv(N, RN))](
+            ws, c_tail, mt, N, c_tail.stride(0), c_tail.stride(1), S=slices, RM=RM, RN=RN, num_warps=4)
+    return fn
+
+
 def _rows(keys, rows, **fixed):
     return [{**dict(zip(keys, r)), **fixed} for r in rows]
 
 
 P_KEYS = ("BM", "BN", "BK", "w", "s", "OCC", "FLATTEN", "WS")
 SR_KEYS = ("BM", "BN", "BK", "w", "s", "TBM", "TBN", "TBK", "tw", "ts")
+SKT_KEYS = ("BM", "BN", "BK", "w", "s", "tw", "ts")
 SK_KEYS = ("BM", "BN", "BK", "w", "s", "OCC", "SK_WAVES", "TMA")
 
 
@@ -281,6 +357,8 @@ def variant_configs(smoke: bool) -> dict:
         tiny = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=1, num_stages=1)
         return {"baseline": (v_baseline, [Config.make(**tiny)] if Config else []),
                 "split_rows": (v_split_rows, _rows(SR_KEYS, [(32, 16, 16, 1, 1, 16, 16, 16, 1, 1)], G=2)),
+                "splitk_tail": (v_splitk_tail, _rows(SKT_KEYS, [(16, 32, 16, 1, 1, 1, 1), (16, 16, 16, 1, 1, 1, 1)],
+                                                     G=2, RM=16, RN=16)),
                 "persistent": (v_persistent, _rows(P_KEYS, [(16, 16, 16, 1, 1, 1, 1, 0),
                                                              (32, 16, 16, 1, 1, 2, 0, 0)], G=2)),
                 "streamk": (v_streamk, _rows(SK_KEYS, [(16, 16, 16, 1, 1, 1, 0, 0), (16, 32, 16, 1, 1, 1, 1, 0),
@@ -289,6 +367,10 @@ def variant_configs(smoke: bool) -> dict:
             and c["BLOCK_K"] == 64]
     return {
         "baseline": (v_baseline, base or [None]),
+        "splitk_tail": (v_splitk_tail, _rows(SKT_KEYS, [
+            (128, 256, 64, 8, 3, 8, 3), (128, 256, 64, 8, 4, 8, 3), (128, 256, 64, 8, 3, 8, 4),
+            (256, 128, 64, 8, 3, 8, 3), (128, 128, 64, 4, 3, 4, 3), (128, 128, 64, 8, 4, 8, 4),
+            (128, 256, 64, 8, 3, 4, 3)], G=8)),
         "split_rows": (v_split_rows, _rows(SR_KEYS, [
             (128, 256, 64, 8, 3, 128, 64, 64, 4, 4), (128, 256, 64, 8, 3, 64, 128, 64, 4, 4),
             (128, 256, 64, 8, 4, 128, 64, 64, 4, 4), (128, 256, 64, 8, 3, 128, 128, 64, 8, 3),
