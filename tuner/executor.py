@@ -73,17 +73,19 @@ def classify_exception(e: BaseException) -> tuple[str, str]:
     return "launch_error", text
 
 
+def case_problems(job: SeatJob) -> list[Problem]:
+    """The problems of a seat's cases, in order: each screened problem, then the timed one
+    if it is not screened."""
+    return [*job.screen_problems, *([] if job.time_problem in job.screen_problems else [job.time_problem])]
+
+
 def host_cases(spec: KernelSpec, job: SeatJob) -> list:
-    """A seat's cases on the host: one per screened problem (with its oracle), then the
-    timed problem's if it is not screened (inputs only). Host work only: see HostCase."""
+    """A seat's cases on the host, one per case_problems (with its oracle where it is
+    screened; the timed-only problem needs inputs only). Host work only: see HostCase."""
     from nbx_tune.tuner import screen as screening  # torch: see SeatRunner
 
-    cases = [screening.make_host_case(spec, p, screening.seed_for(job.label, p), True)
-             for p in job.screen_problems]
-    if job.time_problem not in job.screen_problems:
-        cases.append(screening.make_host_case(spec, job.time_problem,
-                                              screening.seed_for(job.label, job.time_problem), False))
-    return cases
+    return [screening.make_host_case(spec, p, screening.seed_for(job.label, p), p in job.screen_problems)
+            for p in case_problems(job)]
 
 
 class SeatRunner:
@@ -141,9 +143,7 @@ class InProcess:
         self.runner: SeatRunner | None = None
 
     generation = 0  # never replaced: see tuner/isolation.py
-
-    def expect(self, spec: KernelSpec, job: SeatJob, configs=()) -> None:
-        pass  # one process: nothing to overlap the next seat's preparation with
+    wants_upcoming = False  # one process: nothing to overlap the next seat's preparation with
 
     def start_seat(self, spec: KernelSpec, job: SeatJob, configs=()) -> None:
         try:

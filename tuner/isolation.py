@@ -23,7 +23,7 @@ import tempfile
 import traceback
 
 from nbx_tune.tuner.executor import (ContextPoisoned, Outcome, SeatJob, SeatPrepareError, SeatRunner,
-                                      classify_exception, is_fatal)
+                                      case_problems, classify_exception, is_fatal)
 
 PREPARE_TIMEOUT_FACTOR = 10  # making a seat's inputs and fp64 oracles may take longer than one candidate
 
@@ -64,8 +64,7 @@ def _load_cases(path: str | None, job: SeatJob):
             cases = pickle.load(f)
     finally:
         os.unlink(path)
-    want = [*job.screen_problems, *([] if job.time_problem in job.screen_problems else [job.time_problem])]
-    return cases if [c.problem for c in cases] == want else None
+    return cases if [c.problem for c in cases] == case_problems(job) else None
 
 
 def _serve(conn, plugins):
@@ -242,6 +241,11 @@ class Isolated:
             raise SeatPrepareError(f"making the seat's inputs and oracle killed the worker: {failure[1]}")
 
     # -- the executor interface
+    @property
+    def wants_upcoming(self) -> bool:
+        """Whether `expect` is acted on (NBX_TUNE_PREFETCH and a compile pool)."""
+        return self.prefetch and self.precompiler is not None
+
     def expect(self, spec, job: SeatJob, configs=()) -> None:
         """The seat that follows the next one: its host cases and its compiles are made
         while the next one runs (see start_seat)."""
@@ -262,7 +266,7 @@ class Isolated:
         # thread's GIL and BLAS threads held up the thread launching the kernels being
         # timed (for up to 38 ms on a 2-core host).
         upcoming, self.upcoming = self.upcoming, None
-        if upcoming is not None and upcoming[1] != job and self.precompiler is not None and self.prefetch:
+        if upcoming is not None and upcoming[1] != job and self.wants_upcoming:
             if self.cases_dir is None:
                 self.cases_dir = tempfile.mkdtemp(prefix="nbx-tune-cases-")
             path = os.path.join(self.cases_dir, f"seat-{os.getpid()}-{id(upcoming[1])}.pkl")

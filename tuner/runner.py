@@ -65,7 +65,7 @@ class SeatTuner:
         todo = [ln for ln in lines if ln.id is not None]
         held_elsewhere = []
         for i, ln in enumerate(todo):
-            if i + 1 < len(todo):
+            if i + 1 < len(todo) and self.executor.wants_upcoming:
                 self._expect(todo[i + 1])
             if not self._tune_one(ln, i, len(todo), run_id, reporter):
                 held_elsewhere.append(ln)
