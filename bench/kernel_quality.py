@@ -22,11 +22,16 @@ BLAS_SHAPES = [(2048, 2048, 2048), (3072, 3072, 3072), (4096, 4096, 4096), (4096
 # Several shapes inside one bucket of the default ladder, top included.
 BUCKETS = [
     ("float16", [(3970, 4096, 4096), (4033, 4096, 4096), (4096, 4096, 4096)]),  # M in 3969..4096
-    ("bfloat16", [(8200, 2048, 2048), (8450, 2048, 2048), (8704, 2048, 2048)]),  # M in 8193..8704
+    # Just past a power of two, where a 128-row tile adds a partial row of tiles: these
+    # buckets were M 8193..8704 and 16385..17408 until they lost 5 to 9 % at 8200 and 16900.
+    ("bfloat16", [(8200, 2048, 2048), (8260, 2048, 2048), (8320, 2048, 2048)]),  # M in 8193..8320
+    ("bfloat16", [(16900, 2048, 2048), (16960, 2048, 2048), (17024, 2048, 2048)]),  # M in 16897..17024
+    # The first bucket above the steps of 128 (2048 wide), measured for the next ladder change.
+    ("bfloat16", [(32800, 2048, 2048), (33800, 2048, 2048), (34816, 2048, 2048)]),  # M in 32769..34816
     ("float16", [(260, 4096, 4096), (275, 4096, 4096), (288, 4096, 4096)]),  # M in 257..288
-    ("bfloat16", [(512, 11008, 4096), (512, 11264, 4096)]),  # N in 10753..11264
+    ("bfloat16", [(512, 10896, 4096), (512, 11008, 4096)]),  # N in 10881..11008
     # The same bucket with N not a multiple of 16: a seat of its own (flag aligned=0).
-    ("bfloat16", [(512, 10753, 4096), (512, 11001, 4096)]),
+    ("bfloat16", [(512, 10883, 4096), (512, 11001, 4096)]),
 ]
 
 

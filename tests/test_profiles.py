@@ -73,7 +73,10 @@ def test_ladder_math_matches_the_definition():
     assert lad.bucket(65) == (65, 80)
     assert lad.bucket(257) == (257, 288)
     assert lad.bucket(4096) == (3969, 4096)
-    assert lad.bucket(8193) == (8193, 8704)
+    assert lad.bucket(8193) == (8193, 8320)
+    assert lad.bucket(16384) == (16257, 16384)
+    assert lad.bucket(16900) == (16897, 17024)
+    assert lad.bucket(32769) == (32769, 34816)
     assert lad.bucket(70000) == (65537, 81920)
     with pytest.raises(ValueError):
         lad.bucket(0)
