@@ -99,75 +99,12 @@ def _job(spec, n, label="seat"):
     return seat_job(spec, builtin_profiles()["interpreter"], label, problems, "cpu")[0], problems
 
 
-def test_cases_made_by_the_pool_are_the_cases_the_worker_would_make(tmp_path):
-    import numpy as np
-
-    from nbx_tune.tuner.executor import host_cases
-    from nbx_tune.tuner.isolation import _load_cases
-    from nbx_tune.tuner.precompile import _make_cases
-
-    job, _ = _job(planted.SPEC, 301)
-    path = str(tmp_path / "cases.pkl")
-    _make_cases(planted.SPEC.name, job, path)
-    made, direct = _load_cases(path, job), host_cases(planted.SPEC, job)
-    assert not (tmp_path / "cases.pkl").exists()  # taken once
-    assert [c.problem for c in made] == [c.problem for c in direct] == list(job.screen_problems)
-    for a, b in zip(made, direct):  # same seeds: the same inputs and the same oracle
-        assert all(bool((a.inputs[k] == b.inputs[k]).all()) for k in b.inputs)
-        assert all(np.array_equal(a.ref[k], b.ref[k]) for k in b.ref)
-    # Another seat's file is not taken for this one, and a missing file is no error.
-    other, _ = _job(planted.SPEC, 302)
-    _make_cases(planted.SPEC.name, other, path)
-    assert _load_cases(path, job) is None and _load_cases(path, job) is None
-    # Cases that cannot be made leave no file: the worker meets the error itself.
-    _make_cases("no_such_kernel", job, path)
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_the_upcoming_seat_is_made_while_the_current_one_runs(tmp_path, monkeypatch):
-    """The pool makes the upcoming seat's cases: the worker (profiled) makes only the first
-    seat's, and both seats certify exactly as they do alone."""
-    import pstats
-    import time
-
-    from nbx_tune.tuner.bench import for_profile
-    from nbx_tune.tuner.executor import InProcess
-
-    monkeypatch.setenv("NBX_TUNE_WORKER_PROFILE", str(tmp_path))
-    profile = builtin_profiles()["interpreter"]
-    spec, strategy = planted.SPEC, get_strategy("exhaustive")
-    (job_a, seat_a), (job_b, seat_b) = _job(spec, 300, "a"), _job(spec, 700, "b")
-    ex = Isolated(profile, precompile=True, prefetch=True)
-    try:
-        ex.expect(spec, job_b)
-        got = [tune_seat(spec, profile, "a", seat_a, ex, strategy, "cpu")]
-        path = ex.prepared[1]
-        deadline = time.time() + 120  # the pool's process may still be importing torch
-        while not Path(path).exists() and time.time() < deadline:
-            time.sleep(0.1)
-        got.append(tune_seat(spec, profile, "b", seat_b, ex, strategy, "cpu"))
-        assert not Path(path).exists()  # the worker took it
-    finally:
-        ex.close()
-    alone = [tune_seat(spec, profile, label, seat, InProcess(for_profile(profile)), strategy, "cpu")
-             for label, seat in (("a", seat_a), ("b", seat_b))]
-    for g, a in zip(got, alone):
-        assert g.outcome == a.outcome == "certified"
-        errs = lambda res: {r.config: [s.err for s in r.screens] for r in res.records}  # noqa: E731
-        assert errs(g) == errs(a)  # the same inputs and oracles, whichever process made them
-    calls = {fn: st[1] for (_, _, fn), st in pstats.Stats(str(next(tmp_path.glob("worker-*.prof")))).stats.items()}
-    assert calls.get("host_cases") == 1 and calls.get("_load_cases") == 2
-
-
 class _FakePool:
     def __init__(self):
         self.events = []
 
     def submit(self, kernel, problems, configs, device):
         self.events.append(("submit", len(configs)))
-
-    def make_cases(self, kernel, job, path):
-        self.events.append(("cases", job.label))
 
     def stop(self):
         self.events.append(("stop",))
@@ -180,25 +117,21 @@ class _FakePool:
         self.join()
 
 
-def test_the_pool_makes_the_upcoming_seats_cases_then_compiles_it_when_asked(monkeypatch):
+def test_a_seat_queues_its_own_compiles_only_and_close_stops_the_pool_before_joining_it():
+    """A seat's candidates are queued once for compiling ahead of the worker (the one the
+    static prune refuses is not), and close tells the pool to go before it waits for it."""
     profile = builtin_profiles()["interpreter"]
     spec = planted.SPEC
-    (job_a, seat_a), (job_b, seat_b) = _job(spec, 300, "a"), _job(spec, 700, "b")
-    for asked in ("1", ""):
-        monkeypatch.setenv("NBX_TUNE_PREFETCH", asked)
-        ex = Isolated(profile, precompile=False)
-        ex.precompiler = pool = _FakePool()
-        try:
-            ex.expect(spec, job_b, [planted.GOOD[0]])
-            tune_seat(spec, profile, "a", seat_a, ex, get_strategy("exhaustive"), "cpu")
-            assert pool.events[0] == ("submit", len(spec.configs()) - 1)  # a's own compiles first
-            if asked:  # then b's cases, then b's compiles
-                assert pool.events[1:3] == [("cases", "b"), ("submit", 1)] and ex.prepared[0] == job_b
-            else:  # off by default: nothing of b's runs while a is timed
-                assert pool.events[1:] == [] and ex.prepared is None
-        finally:
-            ex.close()
-        assert pool.events[-2:] == [("stop",), ("join",)]
+    _, seat_a = _job(spec, 300, "a")
+    ex = Isolated(profile, precompile=False)
+    ex.precompiler = pool = _FakePool()
+    try:
+        res = tune_seat(spec, profile, "a", seat_a, ex, get_strategy("exhaustive"), "cpu")
+        assert res.outcome == "certified"
+        assert pool.events == [("submit", len(spec.configs()) - 1)]  # a's compiles, once
+    finally:
+        ex.close()
+    assert pool.events[1:] == [("stop",), ("join",)]
 
 
 def test_a_stopped_precompiler_queues_nothing_and_its_processes_are_gone():

@@ -90,16 +90,16 @@ def host_cases(spec: KernelSpec, job: SeatJob) -> list:
 
 class SeatRunner:
     """Holds one seat's prepared cases (inputs and oracles, made once) and runs
-    candidates against them. `host`: the seat's host_cases, if already made."""
+    candidates against them."""
 
-    def __init__(self, spec: KernelSpec, job: SeatJob, bench: Benchmarker, host: list | None = None):
+    def __init__(self, spec: KernelSpec, job: SeatJob, bench: Benchmarker):
         # The screen imports torch, which takes seconds: this module is imported without it
         # by a census that starts its worker before importing torch (tuner/api.py).
         from nbx_tune.tuner import screen
 
         self.screening = screen
         self.spec, self.job, self.bench = spec, job, bench
-        cases = [c.to(job.device) for c in (host if host is not None else host_cases(spec, job))]
+        cases = [c.to(job.device) for c in host_cases(spec, job)]
         self.cases = cases[:len(job.screen_problems)]
         self.time_case = next(c for c in cases if c.problem == job.time_problem)
 
@@ -143,7 +143,6 @@ class InProcess:
         self.runner: SeatRunner | None = None
 
     generation = 0  # never replaced: see tuner/isolation.py
-    wants_upcoming = False  # one process: nothing to overlap the next seat's preparation with
 
     def start_seat(self, spec: KernelSpec, job: SeatJob, configs=()) -> None:
         try:

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import pickle
-import shutil
 import sys
 import tempfile
 import traceback
 
 from nbx_tune.tuner.executor import (ContextPoisoned, Outcome, SeatJob, SeatPrepareError, SeatRunner,
-                                      case_problems, classify_exception, is_fatal)
+                                      classify_exception, is_fatal)
 
 PREPARE_TIMEOUT_FACTOR = 10  # making a seat's inputs and fp64 oracles may take longer than one candidate
 
@@ -53,20 +51,6 @@ def _worker_main(conn, plugins, stderr_path):
     os._exit(0)
 
 
-def _load_cases(path: str | None, job: SeatJob):
-    """The seat's host cases from the compile pool's file (tuner/precompile.py), if it made
-    them in time; else None (the worker makes them itself). The file is removed. It is
-    unpickled: only this census's own pool writes into its private (mkdtemp) directory."""
-    if not path or not os.path.exists(path):
-        return None
-    try:
-        with open(path, "rb") as f:
-            cases = pickle.load(f)
-    finally:
-        os.unlink(path)
-    return cases if [c.problem for c in cases] == case_problems(job) else None
-
-
 def _serve(conn, plugins):
     # This process may start before its parent has looked for a GPU (tuner/api.py): it
     # looks for itself, the same way, before anything imports triton.
@@ -93,8 +77,8 @@ def _serve(conn, plugins):
             if kind == "stop":
                 return
             if kind == "seat":
-                _, kernel, job, timing, cases_path = msg
-                runner = SeatRunner(get_spec(kernel), job, for_timing(timing), _load_cases(cases_path, job))
+                _, kernel, job, timing = msg
+                runner = SeatRunner(get_spec(kernel), job, for_timing(timing))
                 conn.send(("ready",))
             elif kind == "screen":
                 conn.send(("outcome", runner.screen(msg[1])))
@@ -120,12 +104,10 @@ class Isolated:
     It imports nothing heavy itself, so that it can."""
 
     def __init__(self, profile=None, timeout_s: float | None = None, precompile: bool | None = None,
-                 plugins=(), prefetch: bool | None = None):
-        from nbx_tune import settings
+                 plugins=()):
         from nbx_tune.kernels.registry import plugin_modules
         from nbx_tune.profiles import interpreter_enabled
 
-        self.prefetch = settings.prefetch() if prefetch is None else prefetch
         self.timing = self.timeout = None
         self.timeout_s = timeout_s
         self.plugins = sorted({*plugin_modules(load=profile is not None), *plugins})
@@ -135,9 +117,6 @@ class Isolated:
         self.stderr_path = None
         self.generation = 0
         self.spec = self.job = None
-        self.upcoming = None  # (spec, job, configs) of the seat after the next one
-        self.prepared = None  # (job, file) whose host cases the pool is making
-        self.cases_dir = None
         self.restarts = 0
         self.served = False  # whether any request reached a worker
         # The interpreter compiles nothing; on a GPU, candidates compile on the CPU cores
@@ -232,25 +211,13 @@ class Isolated:
         return None, failure
 
     def _prepare(self) -> None:
-        made = self.prepared[1] if self.prepared is not None and self.prepared[0] == self.job else None
-        self.prepared = None  # a worker that replaces this one makes the cases itself
-        reply, failure = self._call(("seat", self.spec.name, self.job, self.timing, made),
+        reply, failure = self._call(("seat", self.spec.name, self.job, self.timing),
                                     self.timeout * PREPARE_TIMEOUT_FACTOR)
         if failure is not None:
             self.job = None
             raise SeatPrepareError(f"making the seat's inputs and oracle killed the worker: {failure[1]}")
 
     # -- the executor interface
-    @property
-    def wants_upcoming(self) -> bool:
-        """Whether `expect` is acted on (NBX_TUNE_PREFETCH and a compile pool)."""
-        return self.prefetch and self.precompiler is not None
-
-    def expect(self, spec, job: SeatJob, configs=()) -> None:
-        """The seat that follows the next one: its host cases and its compiles are made
-        while the next one runs (see start_seat)."""
-        self.upcoming = (spec, job, tuple(configs))
-
     def _precompile(self, spec, job: SeatJob, configs) -> None:
         if self.precompiler is not None and configs:
             problems = tuple(dict.fromkeys((*job.screen_problems, job.time_problem)))
@@ -259,20 +226,11 @@ class Isolated:
     def start_seat(self, spec, job: SeatJob, configs=()) -> None:
         self.spec, self.job = spec, job
         self._precompile(spec, job, configs)
+        # The next seat's inputs and oracles are not made while this one is timed: made by
+        # a thread of the worker, they held up its launches by up to 38 ms; by the pool's
+        # niced processes, they slowed an H200 census and mis-ranked a short GEMM's
+        # candidates (docs/benchmarks.md, 2026-12-03). do_bench counts a late launch.
         self._prepare()
-        # With NBX_TUNE_PREFETCH=1 (settings.prefetch), while this seat is screened and
-        # timed, the pool makes the upcoming seat's host cases (inputs and fp64 oracles)
-        # into a file, then compiles its candidates. Not the worker on a side thread: that
-        # thread's GIL and BLAS threads held up the thread launching the kernels being
-        # timed (for up to 38 ms on a 2-core host).
-        upcoming, self.upcoming = self.upcoming, None
-        if upcoming is not None and upcoming[1] != job and self.wants_upcoming:
-            if self.cases_dir is None:
-                self.cases_dir = tempfile.mkdtemp(prefix="nbx-tune-cases-")
-            path = os.path.join(self.cases_dir, f"seat-{os.getpid()}-{id(upcoming[1])}.pkl")
-            self.precompiler.make_cases(upcoming[0].name, upcoming[1], path)
-            self.prepared = (upcoming[1], path)
-            self._precompile(*upcoming)
 
     def screen(self, config) -> Outcome:
         reply, failure = self._call(("screen", config), self.timeout)
@@ -306,8 +264,6 @@ class Isolated:
         if self.proc is not None and self.served:
             self.proc.join(timeout=5)
         self._kill()
-        if self.cases_dir is not None:
-            shutil.rmtree(self.cases_dir, ignore_errors=True)
         if self.stderr_path:
             try:
                 os.unlink(self.stderr_path)

@@ -8,11 +8,6 @@ on empty tensors of the seat's shapes, so every specialization the worker will n
 already in Triton's on-disk cache when it gets there. A compile that crashes or fails here
 costs nothing: the worker compiles that config itself and the tuner refuses it there, with
 the error text. Nothing compiled here is trusted for anything but speed.
-
-With NBX_TUNE_PREFETCH=1 the same processes also make the next seat's host cases (inputs
-and fp64 oracles) while the worker times this one: niced and apart from the worker, they
-hold no lock of its and yield the cores to it (tuner/isolation.py says how a thread in the
-worker held up its launches).
 """
 
 from __future__ import annotations
@@ -65,30 +60,13 @@ def _compile(kernel: str, problems, config, device: str) -> str | None:
     return None
 
 
-def _make_cases(kernel: str, job, path: str) -> None:
-    """A seat's host cases (inputs and fp64 oracles) into `path`, for the worker to load
-    when the seat starts (tuner/isolation.py). Written whole or not at all."""
-    import pickle
-
-    from nbx_tune.kernels.registry import get_spec
-    from nbx_tune.tuner.executor import host_cases
-
-    try:
-        cases = host_cases(get_spec(kernel), job)
-        with open(path + ".part", "wb") as f:
-            pickle.dump(cases, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(path + ".part", path)
-    except Exception:  # the worker makes them itself, and meets the error there
-        pass
-
-
 def _serve_compiles(jobs, plugins) -> None:
     _init(plugins)
     while True:
         job = jobs.get()
         if job is None:
             return
-        (_make_cases if job[0] == "cases" else _compile)(*job[1:])
+        _compile(*job)
 
 
 class Precompiler:
@@ -115,15 +93,10 @@ class Precompiler:
         if self.stopped:
             return
         for c in configs:
-            job = ("compile", kernel, tuple(problems), c, device)
+            job = (kernel, tuple(problems), c, device)
             if job not in self.submitted:
                 self.submitted.add(job)
                 self.jobs.put(job)
-
-    def make_cases(self, kernel: str, job, path: str) -> None:
-        """Queue the making of a seat's host cases into `path` (see _make_cases)."""
-        if not self.stopped:
-            self.jobs.put(("cases", kernel, job, path))
 
     def stop(self) -> None:
         """Kill every process, without waiting for them to go (see join)."""

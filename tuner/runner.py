@@ -16,7 +16,7 @@ from nbx_tune.kernels.registry import get_spec
 from nbx_tune.tuner import provenance
 from nbx_tune.tuner.status import seat_status
 from nbx_tune.tuner.store import holder_id
-from nbx_tune.tuner.tune import NullReporter, seat_job, static_prune, tune_seat, unscreenable
+from nbx_tune.tuner.tune import NullReporter, tune_seat
 
 CLAIM_TTL_S = 120.0  # a dead holder's seat is free again this long after its last heartbeat
 WAIT_POLL_S = 1.0
@@ -65,8 +65,6 @@ class SeatTuner:
         todo = [ln for ln in lines if ln.id is not None]
         held_elsewhere = []
         for i, ln in enumerate(todo):
-            if i + 1 < len(todo) and self.executor.wants_upcoming:
-                self._expect(todo[i + 1])
             if not self._tune_one(ln, i, len(todo), run_id, reporter):
                 held_elsewhere.append(ln)
         # Seats another process was tuning: wait for it to finish them, or to die (its
@@ -77,21 +75,6 @@ class SeatTuner:
             time.sleep(WAIT_POLL_S)
             held_elsewhere = [ln for ln in held_elsewhere
                               if not self._tune_one(ln, len(todo) - 1, len(todo), run_id, reporter)]
-
-    def _expect(self, ln) -> None:
-        """Tell the executor which seat comes after the next one, so that it can compile its
-        candidates and make its inputs and oracles while the next one is timed. Only a
-        head start: the seat is still checked, claimed and prepared when its turn comes."""
-        try:
-            spec = get_spec(ln.kernel)
-            rec = self.store.seat_records(seat_ids=[ln.id])[0]
-            if unscreenable(spec, self.profile, rec.problems):
-                return
-            job, _ = seat_job(spec, self.profile, ln.label, rec.problems, self.torch_device)
-            keep, _ = static_prune(spec, self.profile, job.time_problem)
-            self.executor.expect(spec, job, keep)
-        except Exception:  # noqa: BLE001 - a head start lost costs only time
-            pass
 
     def _tune_one(self, ln, index, total, run_id, reporter) -> bool:
         """Tune a seat if it still needs it; False while another live process holds it."""

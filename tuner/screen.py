@@ -105,9 +105,8 @@ def seed_for(label: str, problem: Problem) -> int:
 
 @dataclass
 class HostCase:
-    """A case before its inputs reach the device: host work only (random inputs, rounding,
-    the fp64 oracle), so it can be made on a side thread while the device times something
-    else (tuner/isolation.py makes the next seat's this way)."""
+    """A case before its inputs reach the device: the host's part (random inputs, rounding,
+    the fp64 oracle), made once per seat and copied to the device (executor.SeatRunner)."""
 
     problem: Problem
     inputs: dict  # name -> torch CPU tensor in the kernel's dtype
