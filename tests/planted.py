@@ -147,4 +147,40 @@ class PoisonSpec(DoubleSpec):
 
 
 POISONING = PoisonSpec()
-SPECS = (SPEC, FAULTY, POISONING)
+
+
+class UnpreparableSpec(DoubleSpec):
+    """Making its inputs kills the process: at n = 13 always, and at any n once
+    $NBX_TEST_PREPARE_LOG is not empty (so every preparation after the first dies). Its
+    CRASH candidate kills the worker as FaultySpec's does."""
+
+    name = "test_unpreparable"
+    ops = ("test.unpreparable",)
+
+    def __init__(self):
+        super().__init__((GOOD[0], CRASH, GOOD[1]))
+
+    def make_inputs(self, problem, rng):
+        import os
+        import signal
+
+        log = os.environ.get("NBX_TEST_PREPARE_LOG")
+        earlier = bool(log and os.path.exists(log) and os.path.getsize(log))
+        if log:
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()}\n")
+        if problem.dims[0] == 13 or earlier:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return super().make_inputs(problem, rng)
+
+    def launch(self, config, problem, inputs, outputs):
+        import os
+        import signal
+
+        if config == CRASH:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        super().launch(config, problem, inputs, outputs)
+
+
+UNPREPARABLE = UnpreparableSpec()
+SPECS = (SPEC, FAULTY, POISONING, UNPREPARABLE)

@@ -79,6 +79,46 @@ def test_a_candidate_that_poisons_the_gpu_context_is_the_one_refused(tmp_path):
     assert ex.restarts == 1
 
 
+def _seat(spec, n):
+    from nbx_tune.kernels.spec import Problem, seat_flags
+
+    return [Problem(spec.name, ("float32",), seat_flags(), (n,))]
+
+
+def test_a_seat_whose_preparation_kills_the_worker_is_refused_and_the_next_seat_certifies(tmp_path):
+    profile = load_profile_file(quick_timeout_profile(tmp_path, 60))
+    ex = Isolated(profile)
+    try:
+        bad = tune_seat(planted.UNPREPARABLE, profile, "bad", _seat(planted.UNPREPARABLE, 13), ex,
+                        get_strategy("exhaustive"), "cpu")
+        good = tune_seat(planted.SPEC, profile, "good", _seat(planted.SPEC, 77), ex,
+                         get_strategy("exhaustive"), "cpu")
+    finally:
+        ex.close()
+    assert bad.outcome == "refused" and bad.seat_refusal[0] == "prepare_error"
+    assert "killed the worker" in bad.seat_refusal[1] and "signal 11" in bad.seat_refusal[1]
+    assert ex.restarts == 1  # one worker lost, not one per retry: the seat is not prepared again
+    assert good.outcome == "certified" and good.winner.config in planted.GOOD
+
+
+def test_a_replacement_worker_that_cannot_prepare_the_seat_refuses_it_without_looping(tmp_path, monkeypatch):
+    """A candidate kills the worker; its replacement dies preparing the seat again. The
+    seat is refused (prepare_error) once, where the executor used to recurse forever."""
+    monkeypatch.setenv("NBX_TEST_PREPARE_LOG", str(tmp_path / "prepared.log"))
+    profile = load_profile_file(quick_timeout_profile(tmp_path, 60))
+    ex = Isolated(profile)
+    try:
+        res = tune_seat(planted.UNPREPARABLE, profile, "seat", _seat(planted.UNPREPARABLE, 200), ex,
+                        get_strategy("exhaustive"), "cpu")
+    finally:
+        ex.close()
+    assert res.outcome == "refused" and res.seat_refusal[0] == "prepare_error"
+    assert "killed the worker" in res.seat_refusal[1]
+    assert ex.restarts == 2  # the candidate's crash, then the failed preparation
+    assert {r.config: r.reason for r in res.records}[planted.CRASH] == "crash"  # still on record
+    assert len((tmp_path / "prepared.log").read_text().split()) == 2
+
+
 def test_a_worker_profile_is_written_when_asked_and_names_the_screen(tmp_path, monkeypatch):
     import pstats
 

@@ -117,6 +117,7 @@ class Isolated:
         self.stderr_path = None
         self.generation = 0
         self.spec = self.job = None
+        self.broken = None  # the SeatPrepareError of a replacement worker, raised at the next request
         self.restarts = 0
         self.served = False  # whether any request reached a worker
         # The interpreter compiles nothing; on a GPU, candidates compile on the CPU cores
@@ -171,7 +172,9 @@ class Isolated:
             return ""
         return " | ".join(lines[-3:])[-600:]
 
-    def _replace(self) -> None:
+    def _replace(self, prepare: bool = True) -> None:
+        """A fresh worker for a dead one; it is given the seat in progress unless `prepare`
+        is False (the seat's preparation is what killed the last one)."""
         self._kill()
         if self.stderr_path:
             try:
@@ -181,8 +184,11 @@ class Isolated:
         self.generation += 1
         self.restarts += 1
         self._start()
-        if self.job is not None:
-            self._prepare()
+        if prepare and self.job is not None:
+            try:
+                self._prepare()
+            except SeatPrepareError as e:
+                self.broken = e
 
     def _call(self, msg, timeout: float):
         """Send one request; (reply, None) or (None, (reason, detail)) when the worker died
@@ -207,7 +213,9 @@ class Isolated:
             code = self.proc.exitcode
             how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
             failure = ("crash", f"worker died ({how}): {self._last_words() or 'no output'}")
-        self._replace()
+        # Preparing the seat again in the fresh worker may kill it too: this candidate keeps
+        # its own refusal, and the next request refuses the seat (tuner/tune.py), never a loop.
+        self._replace(prepare=msg[0] != "seat")
         return None, failure
 
     def _prepare(self) -> None:
@@ -224,7 +232,7 @@ class Isolated:
             self.precompiler.submit(spec.name, problems, configs, job.device)
 
     def start_seat(self, spec, job: SeatJob, configs=()) -> None:
-        self.spec, self.job = spec, job
+        self.spec, self.job, self.broken = spec, job, None
         self._precompile(spec, job, configs)
         # The next seat's inputs and oracles are not made while this one is timed: made by
         # a thread of the worker, they held up its launches by up to 38 ms; by the pool's
@@ -233,19 +241,23 @@ class Isolated:
         self._prepare()
 
     def screen(self, config) -> Outcome:
+        if self.broken is not None:
+            raise self.broken
         reply, failure = self._call(("screen", config), self.timeout)
         if failure is not None:
             return Outcome(reason=failure[0], detail=failure[1])
         return reply[1]
 
     def time(self, config, mode: str = "full") -> Outcome:
+        if self.broken is not None:
+            raise self.broken
         reply, failure = self._call(("time", config, mode), self.timeout)
         if failure is not None:
             return Outcome(reason=failure[0], detail=failure[1])
         return reply[1]
 
     def end_seat(self) -> None:
-        self.spec = self.job = None
+        self.spec = self.job = self.broken = None
 
     def close(self) -> None:
         # Every process is told to go before any is waited for: each exit waits on its GPU

@@ -198,6 +198,11 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
             pass
         ranked = finals()
         bench_s = time.perf_counter() - tb
+    except SeatPrepareError as e:  # a worker that replaced a dead one could not prepare the seat
+        reporter.notice(f"{label}: not certified: {e}")
+        kept = {id(r) for r in records}  # the candidates judged before it, with their reasons
+        return SeatResult("refused", records + [r for r in by_config.values() if id(r) not in kept],
+                          seat_refusal=("prepare_error", str(e)), total_s=time.perf_counter() - t0)
     finally:
         executor.end_seat()
 
