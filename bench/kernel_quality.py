@@ -35,6 +35,15 @@ BUCKETS = [
 ]
 
 
+def census_said(measurements: list[dict], config) -> str:
+    """What the census measured for `config` at the seat's timed shape: its median and
+    whether that was a full timing or only the quick estimate (strategies/pruned.py)."""
+    for m in measurements:
+        if m["config"] == str(config):
+            return f"{m['median_ms']:.4f} {'full' if m['final'] else 'quick'}"
+    return "not timed"
+
+
 def main(buckets_only: bool = False) -> None:
     import torch
     from triton.testing import do_bench
@@ -85,13 +94,18 @@ def main(buckets_only: bool = False) -> None:
                          f"{tflops:.0f}", str(cfg)])
             print("  " + "  ".join(blas[-1]), flush=True)
 
-    loss_rows, losses = [], []
+    # Where a shape loses more than 2 %: what the census itself measured for the certified
+    # config and for the per-shape best at the seat's timed shape (the bucket's largest),
+    # to tell a ranking error there (best only quick-estimated, or timed slower) from a
+    # bucket too wide (the best differs away from the timed shape).
+    loss_rows, losses, ranking = [], [], []
     for dt, shapes in BUCKETS:
         p, label = seat_of(*shapes[-1], dt)
         cfg = certified.config_for(SPEC, p.dtypes, p.flags, p.dims)
         seat = next(s for s in rep.seats if s.label == label)
         shown = api.show_seat(str(seat.id), db)
-        survivors = [Config.parse(m["config"]) for m in shown["history"][-1]["measurements"]]
+        measured = shown["history"][-1]["measurements"]
+        survivors = [Config.parse(m["config"]) for m in measured]
         for m, n, k in shapes:
             a, b, c = mats(m, n, k, dt)
             times = {s: do_bench(lambda s=s: launch_matmul(a, b, c, None, 1.0, 0.0, s), rep=40) for s in survivors}
@@ -103,15 +117,21 @@ def main(buckets_only: bool = False) -> None:
             loss_rows.append([seat.label.split("|", 2)[2], f"{m}x{n}x{k}", dt, f"{t_cert:.4f}", f"{t_best:.4f}",
                               f"{100 * loss:.2f} %", len(survivors)])
             print("  " + "  ".join(map(str, loss_rows[-1])), flush=True)
-            save("kernel_quality.json", {"blas": blas, "bucket_loss": loss_rows})  # kept if cut short
+            if loss > 0.02:
+                ranking.append([f"{m}x{n}x{k}", dt, f"{100 * loss:.2f} %", str(cfg), census_said(measured, cfg),
+                                str(best), census_said(measured, best)])
+            save("kernel_quality.json", {"blas": blas, "bucket_loss": loss_rows,  # kept if cut short
+                                         "ranking": ranking})
     env = environment()
-    save("kernel_quality.json", {"env": env, "blas": blas, "bucket_loss": loss_rows,
+    save("kernel_quality.json", {"env": env, "blas": blas, "bucket_loss": loss_rows, "ranking": ranking,
                                  "loss_median": statistics.median(losses), "loss_max": max(losses)})
     print(f"{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}")
     print(table(blas, ["M x N x K", "dtype", "certified ms", "cuBLAS ms", "cuBLAS/cert (>= 0.9)", "TFLOP/s",
                        "config"]))
     print(table(loss_rows, ["bucket", "shape", "dtype", "certified ms", "best ms", "loss", "survivors"]))
     print(f"bucketing loss: median {100 * statistics.median(losses):.2f} %, max {100 * max(losses):.2f} %")
+    if ranking:
+        print(table(ranking, ["shape", "dtype", "loss", "certified", "census ms", "per-shape best", "census ms"]))
 
 
 if __name__ == "__main__":
