@@ -149,7 +149,7 @@ class PoisonSpec(DoubleSpec):
 POISONING = PoisonSpec()
 
 
-class UnpreparableSpec(DoubleSpec):
+class UnpreparableSpec(FaultySpec):
     """Making its inputs kills the process: at n = 13 always, and at any n once
     $NBX_TEST_PREPARE_LOG is not empty (so every preparation after the first dies). Its
     CRASH candidate kills the worker as FaultySpec's does."""
@@ -158,7 +158,7 @@ class UnpreparableSpec(DoubleSpec):
     ops = ("test.unpreparable",)
 
     def __init__(self):
-        super().__init__((GOOD[0], CRASH, GOOD[1]))
+        DoubleSpec.__init__(self, (GOOD[0], CRASH, GOOD[1]))
 
     def make_inputs(self, problem, rng):
         import os
@@ -172,14 +172,6 @@ class UnpreparableSpec(DoubleSpec):
         if problem.dims[0] == 13 or earlier:
             os.kill(os.getpid(), signal.SIGSEGV)
         return super().make_inputs(problem, rng)
-
-    def launch(self, config, problem, inputs, outputs):
-        import os
-        import signal
-
-        if config == CRASH:
-            os.kill(os.getpid(), signal.SIGSEGV)
-        super().launch(config, problem, inputs, outputs)
 
 
 UNPREPARABLE = UnpreparableSpec()

@@ -73,21 +73,6 @@ def classify_exception(e: BaseException) -> tuple[str, str]:
     return "launch_error", text
 
 
-def case_problems(job: SeatJob) -> list[Problem]:
-    """The problems of a seat's cases, in order: each screened problem, then the timed one
-    if it is not screened."""
-    return [*job.screen_problems, *([] if job.time_problem in job.screen_problems else [job.time_problem])]
-
-
-def host_cases(spec: KernelSpec, job: SeatJob) -> list:
-    """A seat's cases on the host, one per case_problems (with its oracle where it is
-    screened; the timed-only problem needs inputs only). Host work only: see HostCase."""
-    from nbx_tune.tuner import screen as screening  # torch: see SeatRunner
-
-    return [screening.make_host_case(spec, p, screening.seed_for(job.label, p), p in job.screen_problems)
-            for p in case_problems(job)]
-
-
 class SeatRunner:
     """Holds one seat's prepared cases (inputs and oracles, made once) and runs
     candidates against them."""
@@ -99,9 +84,13 @@ class SeatRunner:
 
         self.screening = screen
         self.spec, self.job, self.bench = spec, job, bench
-        cases = [c.to(job.device) for c in host_cases(spec, job)]
-        self.cases = cases[:len(job.screen_problems)]
-        self.time_case = next(c for c in cases if c.problem == job.time_problem)
+        # Each screened problem with its oracle; the timed one reuses its screen case, or
+        # gets inputs of its own when it is not screened (over the byte budget).
+        self.cases = [screen.make_case(spec, p, job.device, screen.seed_for(job.label, p), True)
+                      for p in job.screen_problems]
+        timed = [c for c in self.cases if c.problem == job.time_problem]
+        self.time_case = timed[0] if timed else screen.make_case(
+            spec, job.time_problem, job.device, screen.seed_for(job.label, job.time_problem), False)
 
     def screen(self, config: Config) -> Outcome:
         results = []

@@ -103,20 +103,7 @@ def seed_for(label: str, problem: Problem) -> int:
     return int.from_bytes(hashlib.sha256(f"{label}|{problem.to_json()}".encode()).digest()[:8], "little")
 
 
-@dataclass
-class HostCase:
-    """A case before its inputs reach the device: the host's part (random inputs, rounding,
-    the fp64 oracle), made once per seat and copied to the device (executor.SeatRunner)."""
-
-    problem: Problem
-    inputs: dict  # name -> torch CPU tensor in the kernel's dtype
-    ref: dict | None
-
-    def to(self, device: str) -> Case:
-        return Case(self.problem, {k: v.to(device) for k, v in self.inputs.items()}, self.ref)
-
-
-def make_host_case(spec: KernelSpec, problem: Problem, seed: int, with_oracle: bool) -> HostCase:
+def make_case(spec: KernelSpec, problem: Problem, device: str, seed: int, with_oracle: bool) -> Case:
     rng = np.random.default_rng(seed)
     inputs, rounded = {}, {}
     for name, (values, dt) in spec.make_inputs(problem, rng).items():
@@ -124,13 +111,9 @@ def make_host_case(spec: KernelSpec, problem: Problem, seed: int, with_oracle: b
         # The oracle sees exactly the values the kernel sees, after rounding to dt.
         if with_oracle:
             rounded[name] = t.to(torch.float64).numpy() if t.is_floating_point() else t.numpy()
-        inputs[name] = t
+        inputs[name] = t.to(device)
     ref = spec.oracle(problem, rounded) if with_oracle else None
-    return HostCase(problem, inputs, ref)
-
-
-def make_case(spec: KernelSpec, problem: Problem, device: str, seed: int, with_oracle: bool) -> Case:
-    return make_host_case(spec, problem, seed, with_oracle).to(device)
+    return Case(problem, inputs, ref)
 
 
 def alloc_outputs(spec: KernelSpec, problem: Problem, device: str) -> dict:

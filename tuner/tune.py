@@ -143,16 +143,11 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
     for r in records:
         reporter.candidate(label, r.config, r.reason)
 
+    by_config: dict[Config, CandidateRecord] = {}
+    judged_in: dict[Config, int] = {}  # the worker generation whose screen passed it
     try:
         executor.start_seat(spec, job, keep)
-    except SeatPrepareError as e:
-        reporter.notice(f"{label}: not certified: {e}")
-        return SeatResult("refused", records, seat_refusal=("prepare_error", str(e)),
-                          total_s=time.perf_counter() - t0)
-    try:
         ts = time.perf_counter()
-        by_config: dict[Config, CandidateRecord] = {}
-        judged_in: dict[Config, int] = {}  # the worker generation whose screen passed it
 
         def screen(c: Config) -> bool:
             out = executor.screen(c)
@@ -198,7 +193,7 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
             pass
         ranked = finals()
         bench_s = time.perf_counter() - tb
-    except SeatPrepareError as e:  # a worker that replaced a dead one could not prepare the seat
+    except SeatPrepareError as e:  # at the start, or in a worker that replaced a dead one
         reporter.notice(f"{label}: not certified: {e}")
         kept = {id(r) for r in records}  # the candidates judged before it, with their reasons
         return SeatResult("refused", records + [r for r in by_config.values() if id(r) not in kept],
