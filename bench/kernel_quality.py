@@ -2,7 +2,8 @@
 bf16, and the bucketing loss (the certified config against the per-shape best of every
 screened survivor, at several shapes inside one bucket).
 
-    python bench/kernel_quality.py
+    python bench/kernel_quality.py [--buckets-only]
+    BENCH_STRATEGY=interleaved python bench/kernel_quality.py   the census with another strategy
 """
 
 from __future__ import annotations
@@ -65,8 +66,11 @@ def main(buckets_only: bool = False) -> None:
     trace = work / "quality.tsv"
     write_trace(trace, rows)
     t0 = time.perf_counter()
-    rep = api.census(str(trace), db)
-    print(f"census of {len(rows)} rows, {len(rep.seats)} seats: {time.perf_counter() - t0:.0f} s", flush=True)
+    strategy = os.environ.get("BENCH_STRATEGY", "pruned")
+    rep = api.census(str(trace), db, strategy=strategy)
+    print(f"census ({strategy}) of {len(rows)} rows, {len(rep.seats)} seats: {time.perf_counter() - t0:.0f} s",
+          flush=True)
+    name = "kernel_quality.json" if strategy == "pruned" else f"kernel_quality-{strategy}.json"
     profile = current_profile()
     os.environ["NBX_TUNE_DB"] = db
     certified.reload()
@@ -120,10 +124,10 @@ def main(buckets_only: bool = False) -> None:
             if loss > 0.02:
                 ranking.append([f"{m}x{n}x{k}", dt, f"{100 * loss:.2f} %", str(cfg), census_said(measured, cfg),
                                 str(best), census_said(measured, best)])
-            save("kernel_quality.json", {"blas": blas, "bucket_loss": loss_rows,  # kept if cut short
+            save(name, {"strategy": strategy, "blas": blas, "bucket_loss": loss_rows,  # kept if cut short
                                          "ranking": ranking})
     env = environment()
-    save("kernel_quality.json", {"env": env, "blas": blas, "bucket_loss": loss_rows, "ranking": ranking,
+    save(name, {"env": env, "strategy": strategy, "blas": blas, "bucket_loss": loss_rows, "ranking": ranking,
                                  "loss_median": statistics.median(losses), "loss_max": max(losses)})
     print(f"{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}")
     print(table(blas, ["M x N x K", "dtype", "certified ms", "cuBLAS ms", "cuBLAS/cert (>= 0.9)", "TFLOP/s",

@@ -4,6 +4,7 @@ process with an empty Triton cache. Then the configs each picked are timed side 
 with torch.matmul (cuBLAS) beside them.
 
     python bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv
+    BENCH_STRATEGY=interleaved python bench/tuning_cost.py TRACE   the census with another strategy
     python bench/tuning_cost.py TRACE --profile DIR   census only: its phases on a timeline
                                                       (bench/census_timeline.py), the worker
                                                       under cProfile
@@ -83,9 +84,11 @@ def main(trace: str, profile_dir: str | None = None) -> None:
         env["NBX_TUNE_WORKER_PROFILE"] = str(prof)
         prefix = [sys.executable, str(HERE / "census_timeline.py")]
     started = time.time()
-    census_s, out, err = timed_process([*prefix, "census", "--model", str(mm_trace), "--json"], env)
+    strategy = os.environ.get("BENCH_STRATEGY", "pruned")
+    census_s, out, err = timed_process([*prefix, "census", "--model", str(mm_trace), "--json",
+                                        "--strategy", strategy], env)
     rep = json.loads(out)
-    print(f"census of {len(rows)} matmul rows: {census_s:.1f} s (cold Triton cache)", flush=True)
+    print(f"census ({strategy}) of {len(rows)} matmul rows: {census_s:.1f} s (cold Triton cache)", flush=True)
     if profile_dir:
         from sqlalchemy import create_engine, text
 
@@ -139,10 +142,10 @@ def main(trace: str, profile_dir: str | None = None) -> None:
                       f"{t_blas:.4f}", f"{t_auto / t_cert:.3f}", f"{t_blas / t_cert:.3f}"])
     misses = certified.launch_stats()["misses"]
     env_info = environment()
-    result = {"env": env_info, "trace": trace, "matmul_rows": len(rows), "seats": len(rep["seats"]),
+    result = {"env": env_info, "strategy": strategy, "trace": trace, "matmul_rows": len(rows), "seats": len(rep["seats"]),
               "census_s": census_s, "autotune_s": auto_s, "speedup": auto_s / census_s,
               "census_coverage": rep["coverage"], "picks": lines, "misses": misses}
-    save("tuning_cost.json", result)
+    save("tuning_cost.json" if strategy == "pruned" else f"tuning_cost-{strategy}.json", result)
     print(f"{env_info['date']} {env_info['gpu']} driver {env_info['driver']} Triton {env_info['triton']} "
           f"torch {env_info['torch']}")
     print(table([[f"{census_s:.1f}", f"{auto_s:.1f}", f"{auto_s / census_s:.2f}x", len(rows), len(rep["seats"])]],

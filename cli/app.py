@@ -64,7 +64,9 @@ def census(
     profile: Optional[str] = ProfileOpt,
     dry_run: bool = typer.Option(False, "--dry-run", help="Plan and report coverage only; write nothing."),
     json_out: bool = JsonOpt,
-    strategy: str = typer.Option("pruned", "--strategy", help="Search strategy: pruned or exhaustive."),
+    strategy: str = typer.Option(
+        "pruned", "--strategy",
+        help="Search strategy: pruned, interleaved (pruned, contenders timed in turned rounds) or exhaustive."),
     isolate: bool = typer.Option(True, "--isolate/--no-isolate",
                                  help="Run candidates in a worker process that a crash or hang cannot take down."),
     enqueue: bool = typer.Option(False, "--enqueue", help="Record the seats for `nbx-tune worker`; tune nothing."),

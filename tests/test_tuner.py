@@ -157,3 +157,28 @@ def test_strategy_pruned_drops_far_behind_candidates_but_keeps_two_finalists():
     # Even when one candidate is far ahead, the runner-up is timed in full.
     lone = get_strategy("pruned")(CANDS[2:], replay)
     assert sorted(m.config["B"] for m in lone if m.final) == [3, 4]
+
+
+def test_strategy_interleaved_times_contenders_in_turned_rounds_and_drops_a_failure():
+    calls = []
+    fails_in_round = {3: 2}  # B=3 fails in its third round
+
+    def measure(c, mode):
+        calls.append((c["B"], mode))
+        if mode.startswith("round:"):
+            if fails_in_round.get(c["B"]) == sum(1 for b, m in calls if b == c["B"] and m == mode) - 1:
+                return None
+            # Each round slower than the last (a GPU warming up): the order must not decide.
+            r = sum(1 for b, m in calls if m == mode) / 3
+            return _t(RECORDED[f"B={c['B']}"]["full"] * (1 + 0.01 * r))
+        return replay(c, mode)
+
+    out = get_strategy("interleaved")(CANDS, measure)
+    rounds = [b for b, m in calls if m == "round:4"]
+    # Contenders 1, 2, 3 (within 30 % of the quick best); each round starts one further on.
+    assert rounds[:3] == [1, 2, 3] and rounds[3:6] == [2, 3, 1] and rounds[6:9] == [3, 1, 2]
+    assert rounds[9:] == [2, 1]  # B=3 failed in round 3 and leaves the rest
+    finals = {m.config["B"]: m.timing for m in out if m.final}
+    assert sorted(finals) == [1, 2]
+    assert finals[1].median_ms < finals[2].median_ms and "x4 rounds" in finals[1].method
+    assert {m.config["B"] for m in out if not m.final} == {4, 5}

@@ -2,7 +2,9 @@
 pass a fake and the interpreter a wall clock.
 
 A benchmarker is `bench(fn, mode) -> Timing`, mode "quick" (a short first estimate, used
-to drop candidates far behind) or "full" (the profile's timing settings).
+to drop candidates far behind), "full" (the profile's timing settings) or "round:N" (one
+of N interleaved shares of a full timing: the strategy times every contender once per
+round, so a drift of the GPU's clocks over a seat reaches all of them alike).
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ class DoBench:
             # 2 ms of warm-up, a tenth of a full timing's cost. 5 ms after 1 ms (with the
             # narrower net of pruned.py) certified a 2048^3 GEMM at 0.58 of cuBLAS on the H200.
             warmup, rep = min(self.warmup_ms, 2.0), min(self.rep_ms, 10.0)
+        elif mode.startswith("round:"):
+            # The GPU is already warm from the contender timed just before; a short warm-up
+            # covers this kernel's own first launches.
+            n = rounds_of(mode)
+            warmup, rep = min(self.warmup_ms, 2.0), self.rep_ms / n
         else:
             warmup, rep = self.warmup_ms, self.rep_ms
         med, p20, p80 = do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5, 0.2, 0.8])
@@ -58,7 +65,8 @@ class WallClock:
         self.repeats, self.sync = repeats, sync or (lambda: None)
 
     def __call__(self, fn, mode="full"):
-        n = 1 if mode == "quick" else self.repeats
+        n = 1 if mode == "quick" else (
+            max(1, self.repeats // rounds_of(mode)) if mode.startswith("round:") else self.repeats)
         fn()
         self.sync()
         times = []
@@ -70,6 +78,20 @@ class WallClock:
         times.sort()
         return Timing(statistics.median(times), _quantile(times, 0.2), _quantile(times, 0.8),
                       f"wall(n={n})")
+
+
+def rounds_of(mode: str) -> int:
+    n = int(mode.split(":", 1)[1])
+    if n < 1:
+        raise ValueError(f"bad timing mode {mode!r}: rounds must be >= 1")
+    return n
+
+
+def combine(rounds: list[Timing]) -> Timing:
+    """One contender's timing from its interleaved rounds: the median of each statistic
+    across rounds, so one round hit by a neighbour's burst does not move it."""
+    return Timing(statistics.median(t.median_ms for t in rounds), statistics.median(t.p20_ms for t in rounds),
+                  statistics.median(t.p80_ms for t in rounds), f"{rounds[0].method} x{len(rounds)} rounds")
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:

@@ -5,6 +5,7 @@ behind that a full timing would not change the winner; they stay on record with 
 quick time. At most TOP_K contenders get the full timing.
 """
 
+from nbx_tune.tuner.bench import combine
 from nbx_tune.tuner.strategies import Measured
 
 # Quick estimates on a shared GPU spread by a few percent, and a neighbour's burst can cost
@@ -18,9 +19,10 @@ from nbx_tune.tuner.strategies import Measured
 SLACK = 0.30
 TOP_K = 8
 MIN_K = 2
+ROUNDS = 4  # the "interleaved" strategy's rounds of full timing
 
 
-def run(candidates, measure, slack: float = SLACK, top_k: int = TOP_K):
+def run(candidates, measure, slack: float = SLACK, top_k: int = TOP_K, rounds: int = 1):
     quick = []
     for c in candidates:
         t = measure(c, "quick")
@@ -33,8 +35,24 @@ def run(candidates, measure, slack: float = SLACK, top_k: int = TOP_K):
     contenders = [m for i, m in enumerate(quick)
                   if i < MIN_K or m.timing.median_ms <= best * (1 + slack)][:top_k]
     out = [m for m in quick if m not in contenders]
-    for m in contenders:
-        t = measure(m.config, "full")
-        if t is not None:
-            out.append(Measured(m.config, t, True))
+    if rounds == 1:
+        for m in contenders:
+            t = measure(m.config, "full")
+            if t is not None:
+                out.append(Measured(m.config, t, True))
+        return out
+    # Interleaved: every contender once per round, the order turned by one each round so
+    # that no contender is always timed first (coolest GPU) or last.
+    alive = [m.config for m in contenders]
+    got: dict = {c: [] for c in alive}
+    for r in range(rounds):
+        k = r % len(alive) if alive else 0
+        for c in alive[k:] + alive[:k]:
+            t = measure(c, f"round:{rounds}")
+            if t is None:
+                got.pop(c)  # failed: the tuner has recorded why; it leaves the next rounds
+            else:
+                got[c].append(t)
+        alive = [c for c in alive if c in got]
+    out += [Measured(c, combine(ts), True) for c, ts in got.items()]
     return out
