@@ -19,7 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment, save, table  # noqa: E402
 
 BLAS_SHAPES = [(2048, 2048, 2048), (3072, 3072, 3072), (4096, 4096, 4096), (4096, 11008, 4096),
-               (2048, 32000, 4096)]
+               (2048, 32000, 4096),
+               # Unaligned (aligned=0 seats, operands staged through padded copies): a square
+               # size whose rows are 8, not 16, elements apart, and GPT-2's LM head (N = 50257).
+               (3000, 3000, 3000), (1024, 50257, 768)]
 # Several shapes inside one bucket of the default ladder, top included.
 BUCKETS = [
     ("float16", [(3970, 4096, 4096), (4033, 4096, 4096), (4096, 4096, 4096)]),  # M in 3969..4096

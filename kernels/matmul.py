@@ -26,7 +26,7 @@ MAX_BATCH = 65535  # the grid's second axis
 @triton.jit
 def _matmul_kernel(
     a_ptr, b_ptr, c_ptr, bias_ptr,
-    M, N, K,
+    M, N, K, NB,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
     stride_cb, stride_cm, stride_cn,
@@ -49,9 +49,10 @@ def _matmul_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     # Rows and columns past the edge wrap to valid ones: loads need no M/N mask, and the
-    # store below is masked, so the wrapped results are never written.
+    # store below is masked, so the wrapped results are never written. B's columns wrap at
+    # NB, its row length: N itself, or N padded to 16 when B was staged (stage_unaligned).
     ram = rm % M
-    rbn = rn % N
+    rbn = rn % NB
     a_ptrs = a_ptr + batch * stride_ab + ram[:, None] * stride_am + rk[None, :] * stride_ak
     b_ptrs = b_ptr + batch * stride_bb + rk[:, None] * stride_bk + rbn[None, :] * stride_bn
 
@@ -80,23 +81,46 @@ def _strides3(t):
 
 def matmul_args(a, b, c, x, alpha: float, beta: float, has_bias: bool, config: Config) -> tuple:
     """(grid, every argument of `_matmul_kernel` in its order, constexprs included): a
-    launch through Triton and a direct launch of the compiled kernel pass exactly these."""
+    launch through Triton and a direct launch of the compiled kernel pass exactly these.
+    a and b may be staged copies, wider than the product (stage_unaligned): N is c's."""
     M, K = a.shape[-2:]
-    N = b.shape[-1]
+    N, NB = c.shape[-1], b.shape[-1]
     B = a.shape[0] if a.dim() == 3 else 1
     sa, sb, sc, sx = _strides3(a), _strides3(b), _strides3(c), _strides3(x)
     grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]), B)
-    args = (a, b, c, x, M, N, K, *sa, *sb, *sc, *sx, alpha, beta,
+    args = (a, b, c, x, M, N, K, NB, *sa, *sb, *sc, *sx, alpha, beta,
             has_bias, "ieee" if a.dtype == torch.float32 else "tf32",
             config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"])
     return grid, args
 
 
+def stage_unaligned(a, b):
+    """Copies of a and b, contiguous, with K and N padded with zeros to multiples of 16.
+
+    Triton vectorizes a load only where it can prove 16-element alignment: with a row
+    stride like 3000 or 50257 it loads one element at a time, without software
+    pipelining, and ran 3000^3 at 0.09 of cuBLAS on the H200 (docs/benchmarks.md). The
+    copies cost one pass over the operands; the zeros add nothing to the sums."""
+    *batch, M, K = a.shape
+    N = b.shape[-1]
+    Kp, Np = -(-K // 16) * 16, -(-N // 16) * 16
+    a2 = a.new_empty((*batch, M, Kp))
+    a2[..., :K].copy_(a)
+    a2[..., K:].zero_()
+    b2 = b.new_empty((*batch, Kp, Np))
+    b2[..., :K, :N].copy_(b)
+    b2[..., :K, N:].zero_()
+    b2[..., K:, :].zero_()
+    return a2, b2
+
+
 def launch_matmul(a, b, c, bias, alpha: float, beta: float, config: Config):
     """c = alpha * (a @ b) [+ beta * bias]: a (B, M, K) or (M, K), b and c likewise; bias
-    already expanded to c's shape (any strides, zeros where broadcast) or None. Returns
-    (what Triton returned: the compiled kernel on a GPU, None under the interpreter; the
-    grid; the arguments)."""
+    already expanded to c's shape (any strides, zeros where broadcast) or None. Operands
+    of an unaligned seat (`alignment`) are staged first. Returns (what Triton returned: the
+    compiled kernel on a GPU, None under the interpreter; the grid; the arguments)."""
+    if not alignment(a.stride(), b.stride(), b.shape[-1]):
+        a, b = stage_unaligned(a, b)
     grid, args = matmul_args(a, b, c, c if bias is None else bias, alpha, beta, bias is not None, config)
     return _matmul_kernel[grid](*args, num_warps=config.num_warps, num_stages=config.num_stages), grid, args
 
@@ -167,7 +191,7 @@ class MatmulSpec(KernelSpec):
         return max(config.num_stages, 1) * (config["BLOCK_M"] + config["BLOCK_N"]) * config["BLOCK_K"] * esize
 
     def source_parts(self):
-        return (_matmul_kernel, matmul_args, launch_matmul)
+        return (_matmul_kernel, matmul_args, stage_unaligned, launch_matmul)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
@@ -316,13 +340,16 @@ def _run(a, b, bias, alpha, beta, rank):
         hit[0](a, b, c, x, *ints, alpha, beta, *consts)
         return c
     dims = (ash[0] if rank == 3 else 1, M, N, K)
-    flags = _FLAGS[int(has_bias), alignment(sa, sb, N)]
+    aligned = alignment(sa, sb, N)
+    flags = _FLAGS[int(has_bias), aligned]
     config = config_for(SPEC, (name,), flags, dims)
     compiled, grid, args = launch_matmul(a, b, c, bias.expand(out_shape) if has_bias else None,
                                          alpha, beta, config)
-    # Fixed under this key: M, N, K and the 12 strides (args 4-18), and the constexprs
-    # (21 on). The tensors and alpha, beta (19, 20) are passed afresh on every call.
-    remember_direct(key, compiled, grid, (args[4:19], args[21:]), SPEC, (name,), flags, dims)
+    # Fixed under this key: M, N, K, NB and the 12 strides (args 4-19), and the constexprs
+    # (22 on). The tensors and alpha, beta (20, 21) are passed afresh on every call. An
+    # unaligned launch goes through its staging copies every time: not remembered.
+    if aligned:
+        remember_direct(key, compiled, grid, (args[4:20], args[22:]), SPEC, (name,), flags, dims)
     return c
 
 

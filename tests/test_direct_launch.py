@@ -79,25 +79,27 @@ def fresh(*shape, seed):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
+# K = 32 and N = 48: aligned seats (strides multiples of 16), launched without staging
+# copies; M stays odd. Unaligned launches are the last test's.
 def test_the_second_launch_of_the_same_arguments_is_direct_and_right(jit):
-    a, b = torch.empty(37, 23), fresh(23, 45, seed=1)
+    a, b = torch.empty(37, 32), fresh(32, 48, seed=1)
     for seed in range(3):  # new data in the same buffer each time: a stale output cannot pass
-        a.copy_(fresh(37, 23, seed=10 + seed))
+        a.copy_(fresh(37, 32, seed=10 + seed))
         assert rel_err(mm(a, b), oracle.mm(a.double().numpy(), b.double().numpy())) < 1e-5
     assert jit.log == ["triton", "direct", "direct"]
     assert certified.launch_stats()["direct_launches"] == 1
 
 
 def test_anything_triton_specializes_on_gets_its_own_compiled_kernel(jit):
-    buf = fresh(40 * 23 + 1, seed=2)
-    b = fresh(23, 45, seed=3)
+    buf = fresh(48 * 32 + 1, seed=2)
+    b = fresh(32, 48, seed=3)
     B = b.double().numpy()
     cases = [
-        buf[:37 * 23].view(37, 23),  # aligned
-        buf[1:1 + 37 * 23].view(37, 23),  # the same shape and strides, a 4-byte offset
-        buf[:1 * 23].view(1, 23),  # M = 1: Triton makes it a constant
-        buf[:32 * 23].view(32, 23),  # M = 32: divisible by 16
-        buf[:37 * 23].view(23, 37).t(),  # transposed strides
+        buf[:37 * 32].view(37, 32),  # aligned
+        buf[1:1 + 37 * 32].view(37, 32),  # the same shape and strides, a 4-byte offset
+        buf[:1 * 32].view(1, 32),  # M = 1: Triton makes it a constant
+        buf[:32 * 32].view(32, 32),  # M = 32: divisible by 16
+        buf[:48 * 32].view(32, 48).t(),  # transposed strides
     ]
     for a in cases * 2:
         assert rel_err(mm(a, b), oracle.mm(a.double().numpy(), B)) < 1e-5
@@ -105,7 +107,7 @@ def test_anything_triton_specializes_on_gets_its_own_compiled_kernel(jit):
 
 
 def test_alpha_and_beta_pass_as_floats_so_integer_values_share_a_kernel(jit):
-    x, a, b = fresh(45, seed=4), fresh(37, 23, seed=5), fresh(23, 45, seed=6)
+    x, a, b = fresh(48, seed=4), fresh(37, 32, seed=5), fresh(32, 48, seed=6)
     X, A, B = (t.double().numpy() for t in (x, a, b))
     for alpha, beta in [(1, 1), (2, 1), (1, 3), (-1.5, 0.5)]:
         assert rel_err(addmm(x, a, b, alpha=alpha, beta=beta), oracle.addmm(X, A, B, alpha, beta)) < 1e-5
@@ -113,9 +115,9 @@ def test_alpha_and_beta_pass_as_floats_so_integer_values_share_a_kernel(jit):
 
 
 def test_a_broadcast_bias_launches_directly_from_its_own_address(jit):
-    a3, b3 = fresh(3, 19, 23, seed=7), fresh(3, 23, 31, seed=8)
+    a3, b3 = fresh(3, 19, 32, seed=7), fresh(3, 32, 48, seed=8)
     A3, B3 = a3.double().numpy(), b3.double().numpy()
-    biases = (torch.empty(3, 1, 31), torch.empty(31), torch.empty(3, 19, 31))
+    biases = (torch.empty(3, 1, 48), torch.empty(48), torch.empty(3, 19, 48))
     for seed in range(2):
         for x3 in biases:
             x3.copy_(fresh(*x3.shape, seed=20 + seed))
@@ -126,7 +128,7 @@ def test_a_broadcast_bias_launches_directly_from_its_own_address(jit):
 
 
 def test_reload_forgets_direct_launches_and_misses_are_still_counted(jit):
-    a, b = fresh(37, 23, seed=9), fresh(23, 45, seed=10)
+    a, b = fresh(37, 32, seed=9), fresh(32, 48, seed=10)
     for _ in range(3):
         mm(a, b)
     assert sum(certified.launch_stats()["misses"].values()) == 3  # no certificate: every call a miss
@@ -139,4 +141,15 @@ def test_the_interpreter_compiles_nothing_so_every_launch_goes_through_triton():
     a, b = fresh(37, 23, seed=11), fresh(23, 45, seed=12)
     mm(a, b)
     mm(a, b)
+    assert certified.launch_stats()["direct_launches"] == 0
+
+
+def test_an_unaligned_launch_is_staged_every_time_and_never_direct(jit):
+    # N = 45 and K = 23: b's and a's rows are not multiples of 16 elements, so each launch
+    # copies them into padded buffers (fresh addresses): a remembered launch would be wrong.
+    a, b = torch.empty(37, 23), fresh(23, 45, seed=13)
+    for seed in range(3):
+        a.copy_(fresh(37, 23, seed=30 + seed))
+        assert rel_err(mm(a, b), oracle.mm(a.double().numpy(), b.double().numpy())) < 1e-5
+    assert jit.log == ["triton"] * 3
     assert certified.launch_stats()["direct_launches"] == 0

@@ -111,6 +111,26 @@ def test_a_launch_takes_its_alignment_from_the_real_strides(tmp_path, monkeypatc
     certified.reload()
 
 
+def test_unaligned_operands_are_staged_into_zero_padded_rows_of_16():
+    from nbx_tune.kernels.matmul import alignment, launch_matmul, stage_unaligned
+
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(3, 23, 37, generator=g).transpose(1, 2)  # (3, 37, 23), K = 23 strided
+    b = torch.randn(3, 23, 45, generator=g)
+    a2, b2 = stage_unaligned(a, b)
+    assert a2.shape == (3, 37, 32) and b2.shape == (3, 32, 48)
+    assert a2.is_contiguous() and b2.is_contiguous() and alignment(a2.stride(), b2.stride(), 48) == 1
+    assert torch.equal(a2[..., :23], a) and torch.equal(b2[:, :23, :45], b)
+    assert not a2[..., 23:].any() and not b2[:, 23:].any() and not b2[:, :, 45:].any()
+    # Through the kernel: a bias of c's shape, c only N = 45 wide (the store masks at N, not
+    # at b2's 48), and a padded column of b2 that would leak into c if it were not zero.
+    c = torch.full((3, 37, 45), float("nan"))
+    x = torch.randn(3, 37, 45, generator=g)
+    launch_matmul(a, b, c, x, 2.0, 0.5, SPEC.configs()[1])
+    ref = oracle.baddbmm(x.double().numpy(), a.double().numpy(), b.double().numpy(), 2.0, 0.5)
+    assert np.abs(c.double().numpy() - ref).max() / np.abs(ref).max() < 1e-5
+
+
 def test_shared_memory_estimate_and_the_hopper_prune():
     hopper = get_profile("hopper")
     p16 = SPEC.problem_from_row(make_row("aten.mm", ["float16"] * 2, [(4096, 4096), (4096, 4096)]))
