@@ -32,7 +32,7 @@ def run(problem):
     has_bias = dict(problem.flags)["bias"] == "1"
     x = torch.randn(N, device="cuda", dtype=dt).expand(B, M, N) if has_bias else c
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), B)  # noqa: E731
-    TUNED[grid](a, b, c, x, M, N, K, *a.stride(), *b.stride(), *c.stride(), *x.stride(),
+    TUNED[grid](a, b, c, x, M, N, K, N, *a.stride(), *b.stride(), *c.stride(), *x.stride(),
                 problem.get("alpha", 1.0), problem.get("beta", 1.0), HAS_BIAS=has_bias,
                 INPUT_PRECISION="ieee" if dt == torch.float32 else "tf32")
     torch.cuda.synchronize()
