@@ -66,7 +66,7 @@ def census(
     json_out: bool = JsonOpt,
     strategy: str = typer.Option(
         "pruned", "--strategy",
-        help="Search strategy: pruned, interleaved (pruned, contenders timed in turned rounds) or exhaustive."),
+        help="Search strategy: pruned (quick estimates, then the contenders timed in turned rounds) or exhaustive."),
     isolate: bool = typer.Option(True, "--isolate/--no-isolate",
                                  help="Run candidates in a worker process that a crash or hang cannot take down."),
     enqueue: bool = typer.Option(False, "--enqueue", help="Record the seats for `nbx-tune worker`; tune nothing."),

@@ -3,8 +3,8 @@ pass a fake and the interpreter a wall clock.
 
 A benchmarker is `bench(fn, mode) -> Timing`, mode "quick" (a short first estimate, used
 to drop candidates far behind), "full" (the profile's timing settings) or "round:N" (one
-of N interleaved shares of a full timing: the strategy times every contender once per
-round, so a drift of the GPU's clocks over a seat reaches all of them alike).
+of N interleaved shares of a full timing: strategies/pruned.py times every contender once
+per round, so a drift of the GPU's clocks over a seat reaches all of them alike).
 """
 
 from __future__ import annotations
@@ -65,10 +65,13 @@ class WallClock:
         self.repeats, self.sync = repeats, sync or (lambda: None)
 
     def __call__(self, fn, mode="full"):
-        n = 1 if mode == "quick" else (
-            max(1, self.repeats // rounds_of(mode)) if mode.startswith("round:") else self.repeats)
-        fn()
-        self.sync()
+        if mode.startswith("round:"):
+            # The quick estimate ran it already: no warm-up, and the repeats shared out.
+            n = max(1, self.repeats // rounds_of(mode))
+        else:
+            n = 1 if mode == "quick" else self.repeats
+            fn()
+            self.sync()
         times = []
         for _ in range(n):
             t0 = time.perf_counter()

@@ -11,7 +11,6 @@ tests replay recorded measurements through `measure`, with no GPU.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -33,12 +32,11 @@ Measure = Callable[[Config, str], "Timing | None"]
 def get_strategy(name: str):
     from nbx_tune.tuner.strategies import exhaustive, pruned
 
-    table = {"exhaustive": exhaustive.run, "pruned": pruned.run,
-             "interleaved": functools.partial(pruned.run, rounds=pruned.ROUNDS)}
+    table = {"exhaustive": exhaustive.run, "pruned": pruned.run}
     try:
         return table[name]
     except KeyError:
         raise NbxError(f"unknown strategy {name!r}; known: {', '.join(sorted(table))}") from None
 
 
-STRATEGIES = ("pruned", "interleaved", "exhaustive")
+STRATEGIES = ("pruned", "exhaustive")

@@ -1,8 +1,11 @@
-"""A short first estimate of every survivor, then full timing of the contenders only.
+"""A short first estimate of every survivor, then full timing of the contenders only,
+interleaved.
 
 Candidates whose quick estimate is more than SLACK behind the quick best are far enough
 behind that a full timing would not change the winner; they stay on record with their
-quick time. At most TOP_K contenders get the full timing.
+quick time. At most TOP_K contenders get the full timing, in ROUNDS rounds: each round
+times every contender for a 1/ROUNDS share of the profile's full timing, the order turned
+by one each round, and a contender's time is the median of its rounds.
 """
 
 from nbx_tune.tuner.bench import combine
@@ -19,10 +22,15 @@ from nbx_tune.tuner.strategies import Measured
 SLACK = 0.30
 TOP_K = 8
 MIN_K = 2
-ROUNDS = 4  # the "interleaved" strategy's rounds of full timing
+# Timed one after the other, each contender in one block, the H200's census disagreed with
+# a later side-by-side timing by up to 8 % (the GPU's clocks drift over a seat's second of
+# back-to-back GEMMs, and the quick best is timed first): the bucketing loss read 8.22 %
+# and 2048^3 fell to 0.81 of cuBLAS. In four turned rounds, in the same run: 4.38 % and
+# 0.97 (docs/benchmarks.md, 2026-12-03, third session).
+ROUNDS = 4
 
 
-def run(candidates, measure, slack: float = SLACK, top_k: int = TOP_K, rounds: int = 1):
+def run(candidates, measure, slack: float = SLACK, top_k: int = TOP_K, rounds: int = ROUNDS):
     quick = []
     for c in candidates:
         t = measure(c, "quick")
@@ -35,14 +43,6 @@ def run(candidates, measure, slack: float = SLACK, top_k: int = TOP_K, rounds: i
     contenders = [m for i, m in enumerate(quick)
                   if i < MIN_K or m.timing.median_ms <= best * (1 + slack)][:top_k]
     out = [m for m in quick if m not in contenders]
-    if rounds == 1:
-        for m in contenders:
-            t = measure(m.config, "full")
-            if t is not None:
-                out.append(Measured(m.config, t, True))
-        return out
-    # Interleaved: every contender once per round, the order turned by one each round so
-    # that no contender is always timed first (coolest GPU) or last.
     alive = [m.config for m in contenders]
     got: dict = {c: [] for c in alive}
     for r in range(rounds):
