@@ -45,3 +45,24 @@ def table(rows: list[list], header: list[str]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def side_by_side(fns: dict, rep_ms: float, rounds: int = 4, timer=None) -> dict:
+    """Each callable's median GPU time (ms), timed in `rounds` turned rounds of rep_ms/rounds
+    each: what is compared shares the GPU's drift over the measurement (the census times
+    its contenders the same way, tuner/strategies/pruned.py). `timer(fn, rep_ms)` defaults
+    to triton.testing.do_bench."""
+    import statistics
+
+    if timer is None:
+        from triton.testing import do_bench
+
+        def timer(fn, rep):
+            return do_bench(fn, warmup=5, rep=rep)
+    names = list(fns)
+    got = {n: [] for n in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
+            got[n].append(timer(fns[n], rep_ms / rounds))
+    return {n: statistics.median(v) for n, v in got.items()}

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, table  # noqa: E402
+from _common import environment, save, side_by_side, table  # noqa: E402
 
 BLAS_SHAPES = [(2048, 2048, 2048), (3072, 3072, 3072), (4096, 4096, 4096), (4096, 11008, 4096),
                (2048, 32000, 4096),
@@ -50,7 +50,6 @@ def census_said(measurements: list[dict], config) -> str:
 
 def main(buckets_only: bool = False) -> None:
     import torch
-    from triton.testing import do_bench
 
     from nbx_tune.kernels import certified
     from nbx_tune.kernels.matmul import SPEC, _matmul_kernel, launch_matmul, matmul_args
@@ -94,17 +93,17 @@ def main(buckets_only: bool = False) -> None:
             a, b, c = mats(m, n, k, dt)
             p, _ = seat_of(m, n, k, dt)
             cfg = certified.config_for(SPEC, p.dtypes, p.flags, p.dims)
-            t_cert = do_bench(lambda: launch_matmul(a, b, c, None, 1.0, 0.0, cfg), rep=300)
-            t_blas = do_bench(lambda: torch.matmul(a, b), rep=300)
-            tflops = 2 * m * n * k / t_cert / 1e9
-            unstaged = "-"
+            fns = {"cert": lambda: launch_matmul(a, b, c, None, 1.0, 0.0, cfg), "blas": lambda: torch.matmul(a, b)}
             if dict(p.flags)["aligned"] == "0":
                 # The same config on the raw operands, without the staging copies (the
                 # kernel as it ran before kernels/matmul.py staged unaligned operands).
                 grid, args = matmul_args(a, b, c, c, 1.0, 0.0, False, cfg)
-                raw = lambda: _matmul_kernel[grid](*args, num_warps=cfg.num_warps,  # noqa: E731
-                                                   num_stages=cfg.num_stages)
-                unstaged = f"{t_blas / do_bench(raw, rep=300):.3f}"
+                fns["raw"] = lambda: _matmul_kernel[grid](*args, num_warps=cfg.num_warps,
+                                                          num_stages=cfg.num_stages)
+            t = side_by_side(fns, rep_ms=300)
+            t_cert, t_blas = t["cert"], t["blas"]
+            tflops = 2 * m * n * k / t_cert / 1e9
+            unstaged = f"{t_blas / t['raw']:.3f}" if "raw" in t else "-"
             blas.append([f"{m}x{n}x{k}", dt, f"{t_cert:.4f}", f"{t_blas:.4f}", f"{t_blas / t_cert:.3f}",
                          unstaged, f"{tflops:.0f}", str(cfg)])
             print("  " + "  ".join(blas[-1]), flush=True)
@@ -123,10 +122,12 @@ def main(buckets_only: bool = False) -> None:
         survivors = [Config.parse(m["config"]) for m in measured]
         for m, n, k in shapes:
             a, b, c = mats(m, n, k, dt)
-            times = {s: do_bench(lambda s=s: launch_matmul(a, b, c, None, 1.0, 0.0, s), rep=40) for s in survivors}
+            times = side_by_side({s: (lambda s=s: launch_matmul(a, b, c, None, 1.0, 0.0, s)) for s in survivors},
+                                 rep_ms=40)
             best = min(times, key=times.get)
-            t_cert = do_bench(lambda: launch_matmul(a, b, c, None, 1.0, 0.0, cfg), rep=200)
-            t_best = do_bench(lambda: launch_matmul(a, b, c, None, 1.0, 0.0, best), rep=200)
+            t = side_by_side({"cert": lambda: launch_matmul(a, b, c, None, 1.0, 0.0, cfg),
+                              "best": lambda: launch_matmul(a, b, c, None, 1.0, 0.0, best)}, rep_ms=200)
+            t_cert, t_best = t["cert"], t["best"]
             loss = max(0.0, t_cert / t_best - 1)
             losses.append(loss)
             loss_rows.append([seat.label.split("|", 2)[2], f"{m}x{n}x{k}", dt, f"{t_cert:.4f}", f"{t_best:.4f}",

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, table  # noqa: E402
+from _common import environment, save, side_by_side, table  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MATMUL_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
@@ -115,7 +115,6 @@ def main(trace: str, profile_dir: str | None = None) -> None:
 
     # The picks, timed side by side in this process.
     import torch
-    from triton.testing import do_bench
 
     from nbx_tune.kernels import certified
     from nbx_tune.kernels.matmul import SPEC, launch_matmul
@@ -134,9 +133,10 @@ def main(trace: str, profile_dir: str | None = None) -> None:
         c = torch.empty(B, M, N, device="cuda", dtype=dt)
         cert = certified.config_for(SPEC, p.dtypes, p.flags, p.dims)
         at = Config.parse(pick["config"])
-        t_cert = do_bench(lambda: launch_matmul(a, b, c, None, 1.0, 0.0, cert), rep=200)
-        t_auto = do_bench(lambda: launch_matmul(a, b, c, None, 1.0, 0.0, at), rep=200)
-        t_blas = do_bench(lambda: torch.matmul(a, b), rep=200)
+        t = side_by_side({"cert": lambda: launch_matmul(a, b, c, None, 1.0, 0.0, cert),
+                          "auto": lambda: launch_matmul(a, b, c, None, 1.0, 0.0, at),
+                          "blas": lambda: torch.matmul(a, b)}, rep_ms=200)
+        t_cert, t_auto, t_blas = t["cert"], t["auto"], t["blas"]
         ratios.append(t_auto / t_cert)
         lines.append([f"B={B} M={M} N={N} K={K} {p.dtypes[0]}", f"{t_cert:.4f}", f"{t_auto:.4f}",
                       f"{t_blas:.4f}", f"{t_auto / t_cert:.3f}", f"{t_blas / t_cert:.3f}"])
