@@ -3,7 +3,7 @@ bf16, and the bucketing loss (the certified config against the per-shape best of
 screened survivor, at several shapes inside one bucket).
 
     python bench/kernel_quality.py [--buckets-only]
-    BENCH_STRATEGY=interleaved python bench/kernel_quality.py   the census with another strategy
+    BENCH_STRATEGY=exhaustive python bench/kernel_quality.py   the census with another strategy
 """
 
 from __future__ import annotations
@@ -136,11 +136,11 @@ def main(buckets_only: bool = False) -> None:
             if loss > 0.02:
                 ranking.append([f"{m}x{n}x{k}", dt, f"{100 * loss:.2f} %", str(cfg), census_said(measured, cfg),
                                 str(best), census_said(measured, best)])
-            save(name, {"strategy": strategy, "blas": blas, "bucket_loss": loss_rows,  # kept if cut short
-                                         "ranking": ranking})
+            # Kept if cut short.
+            save(name, {"strategy": strategy, "blas": blas, "bucket_loss": loss_rows, "ranking": ranking})
     env = environment()
     save(name, {"env": env, "strategy": strategy, "blas": blas, "bucket_loss": loss_rows, "ranking": ranking,
-                                 "loss_median": statistics.median(losses), "loss_max": max(losses)})
+                "loss_median": statistics.median(losses), "loss_max": max(losses)})
     print(f"{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}")
     print(table(blas, ["M x N x K", "dtype", "certified ms", "cuBLAS ms", "cuBLAS/cert (>= 0.9)",
                        "cuBLAS/unstaged", "TFLOP/s", "config"]))

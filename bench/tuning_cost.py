@@ -4,7 +4,7 @@ process with an empty Triton cache. Then the configs each picked are timed side 
 with torch.matmul (cuBLAS) beside them.
 
     python bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv
-    BENCH_STRATEGY=interleaved python bench/tuning_cost.py TRACE   the census with another strategy
+    BENCH_STRATEGY=exhaustive python bench/tuning_cost.py TRACE    the census with another strategy
     python bench/tuning_cost.py TRACE --profile DIR   census only: its phases on a timeline
                                                       (bench/census_timeline.py), the worker
                                                       under cProfile
@@ -142,7 +142,8 @@ def main(trace: str, profile_dir: str | None = None) -> None:
                       f"{t_blas:.4f}", f"{t_auto / t_cert:.3f}", f"{t_blas / t_cert:.3f}"])
     misses = certified.launch_stats()["misses"]
     env_info = environment()
-    result = {"env": env_info, "strategy": strategy, "trace": trace, "matmul_rows": len(rows), "seats": len(rep["seats"]),
+    result = {"env": env_info, "strategy": strategy, "trace": trace, "matmul_rows": len(rows),
+              "seats": len(rep["seats"]),
               "census_s": census_s, "autotune_s": auto_s, "speedup": auto_s / census_s,
               "census_coverage": rep["coverage"], "picks": lines, "misses": misses}
     save("tuning_cost.json" if strategy == "pruned" else f"tuning_cost-{strategy}.json", result)
