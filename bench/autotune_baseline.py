@@ -34,7 +34,7 @@ def run(problem):
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), B)  # noqa: E731
     TUNED[grid](a, b, c, x, M, N, K, N, *a.stride(), *b.stride(), *c.stride(), *x.stride(),
                 problem.get("alpha", 1.0), problem.get("beta", 1.0), HAS_BIAS=has_bias,
-                INPUT_PRECISION="ieee" if dt == torch.float32 else "tf32")
+                INPUT_PRECISION="ieee" if dt == torch.float32 else "tf32", ALIGN_AB=1, ALIGN_C=1)
     torch.cuda.synchronize()
     best = TUNED.best_config
     return ",".join(f"{k}={v}" for k, v in best.kwargs.items()) + f",num_warps={best.num_warps},num_stages={best.num_stages}"

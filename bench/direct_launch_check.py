@@ -43,8 +43,11 @@ def cases(torch, dt):
         ("bmm 3x19x23x31", bmm, (buf(3, 19, 23), buf(3, 23, 31)), {}),
         ("baddbmm bias (B,1,N)", baddbmm, (buf(3, 1, 31), buf(3, 19, 23), buf(3, 23, 31)), {"alpha": 0.25}),
         ("baddbmm bias (N,)", baddbmm, (buf(31), buf(3, 19, 23), buf(3, 23, 31)), {}),
-        # The same ops at aligned shapes (K = 32, N = 48): unaligned ones are staged through
-        # padded copies on every call and never launched directly (kernels/matmul.py).
+        # The same ops at aligned shapes (K = 32, N = 48), and with rows 8 elements apart
+        # (aligned=8 in fp16/bf16, 4 in fp32: hinted, not copied). Launches at aligned=0 stage
+        # padded copies on every call and are never launched directly (kernels/matmul.py).
+        ("mm rows of 8 37x24x40", mm, (buf(37, 24), buf(24, 40)), {}),
+        ("baddbmm rows of 8 bias (B,1,N)", baddbmm, (buf(3, 1, 40), buf(3, 19, 24), buf(3, 24, 40)), {}),
         ("addmm bias (N,) aligned", addmm, (buf(48), buf(37, 32), buf(32, 48)), {"alpha": 2, "beta": 1}),
         ("baddbmm bias (B,1,N) aligned", baddbmm, (buf(3, 1, 48), buf(3, 19, 32), buf(3, 32, 48)),
          {"alpha": 0.25}),
@@ -64,7 +67,7 @@ def main() -> None:
     import torch
 
     from nbx_tune.kernels import certified
-    from nbx_tune.kernels.matmul import alignment
+    from nbx_tune.kernels.matmul import alignment, vector_elems
 
     g = torch.Generator(device=DEV).manual_seed(0)
     rows, report, failures = [], [], 0
@@ -75,7 +78,8 @@ def main() -> None:
         for t in (t for _, _, args, _ in all_cases for t in args):
             t.copy_(torch.randn(t.shape, device=DEV, generator=g))
         first = [op(*args, **kw) for _, op, args, kw in all_cases]  # through Triton
-        aligned = sum(alignment(args[-2].stride(), args[-1].stride(), args[-1].shape[-1])
+        aligned = sum(alignment(args[-2].stride(), args[-1].stride(), args[-1].shape[-1], args[-2].shape[-1],
+                                vector_elems(dt)) > 0
                       for _, _, args, _ in all_cases)
         n_direct = certified.launch_stats()["direct_launches"]
         # Reverse order, so each direct launch is found among all the remembered ones.

@@ -20,8 +20,9 @@ from _common import environment, save, side_by_side, table  # noqa: E402
 
 BLAS_SHAPES = [(2048, 2048, 2048), (3072, 3072, 3072), (4096, 4096, 4096), (4096, 11008, 4096),
                (2048, 32000, 4096),
-               # Unaligned (aligned=0 seats, operands staged through padded copies): a square
-               # size whose rows are 8, not 16, elements apart, and GPT-2's LM head (N = 50257).
+               # Below 16-alignment: a square size whose rows are 8, not 16, elements apart
+               # (aligned=8: hinted, no copies), and GPT-2's LM head (N = 50257, aligned=0: B
+               # staged through a padded copy).
                (3000, 3000, 3000), (1024, 50257, 768)]
 # Several shapes inside one bucket of the default ladder, top included.
 BUCKETS = [
@@ -34,7 +35,7 @@ BUCKETS = [
     ("bfloat16", [(32800, 2048, 2048), (33800, 2048, 2048), (34816, 2048, 2048)]),  # M in 32769..34816
     ("float16", [(260, 4096, 4096), (275, 4096, 4096), (288, 4096, 4096)]),  # M in 257..288
     ("bfloat16", [(512, 10896, 4096), (512, 11008, 4096)]),  # N in 10881..11008
-    # The same bucket with N not a multiple of 16: a seat of its own (flag aligned=0).
+    # The same bucket with N not a multiple of 16 (nor of 8): a seat of its own (aligned=0).
     ("bfloat16", [(512, 10883, 4096), (512, 11001, 4096)]),
 ]
 
@@ -94,9 +95,9 @@ def main(buckets_only: bool = False) -> None:
             p, _ = seat_of(m, n, k, dt)
             cfg = certified.config_for(SPEC, p.dtypes, p.flags, p.dims)
             fns = {"cert": lambda: launch_matmul(a, b, c, None, 1.0, 0.0, cfg), "blas": lambda: torch.matmul(a, b)}
-            if dict(p.flags)["aligned"] == "0":
-                # The same config on the raw operands, without the staging copies (the
-                # kernel as it ran before kernels/matmul.py staged unaligned operands).
+            if dict(p.flags)["aligned"] != "16":
+                # The same config on the raw operands, without staging copies or hints (the
+                # kernel as it ran before kernels/matmul.py served rows off 16 elements).
                 grid, args = matmul_args(a, b, c, c, 1.0, 0.0, False, cfg)
                 fns["raw"] = lambda: _matmul_kernel[grid](*args, num_warps=cfg.num_warps,
                                                           num_stages=cfg.num_stages)

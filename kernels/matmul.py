@@ -34,7 +34,24 @@ def _matmul_kernel(
     alpha, beta,
     HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    ALIGN_AB: tl.constexpr, ALIGN_C: tl.constexpr,
 ):
+    # Triton knows an integer argument's divisibility only when it is a multiple of 16; a
+    # row 3000 elements long is a multiple of 8 (16 bytes in fp16) and would load one element
+    # at a time. The launch passes ALIGN_* > 1 only where each value below is a multiple of
+    # it, so these are no-ops at run time that tell the compiler rows start on 16-byte
+    # boundaries and K ends on one: A and B load in 16-byte vectors, C stores likewise.
+    if ALIGN_AB > 1:
+        K = K // ALIGN_AB * ALIGN_AB
+        NB = NB // ALIGN_AB * ALIGN_AB
+        stride_ab = stride_ab // ALIGN_AB * ALIGN_AB
+        stride_am = stride_am // ALIGN_AB * ALIGN_AB
+        stride_bb = stride_bb // ALIGN_AB * ALIGN_AB
+        stride_bk = stride_bk // ALIGN_AB * ALIGN_AB
+    if ALIGN_C > 1:
+        N = N // ALIGN_C * ALIGN_C
+        stride_cb = stride_cb // ALIGN_C * ALIGN_C
+        stride_cm = stride_cm // ALIGN_C * ALIGN_C
     pid = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -50,7 +67,7 @@ def _matmul_kernel(
     rk = tl.arange(0, BLOCK_K)
     # Rows and columns past the edge wrap to valid ones: loads need no M/N mask, and the
     # store below is masked, so the wrapped results are never written. B's columns wrap at
-    # NB, its row length: N itself, or N padded to 16 when B was staged (stage_unaligned).
+    # NB, its row length: N itself, or N padded to 16 when B was staged (stage_operands).
     ram = rm % M
     rbn = rn % NB
     a_ptrs = a_ptr + batch * stride_ab + ram[:, None] * stride_am + rk[None, :] * stride_ak
@@ -79,10 +96,12 @@ def _strides3(t):
     return s if len(s) == 3 else (0, *s)
 
 
-def matmul_args(a, b, c, x, alpha: float, beta: float, has_bias: bool, config: Config) -> tuple:
+def matmul_args(a, b, c, x, alpha: float, beta: float, has_bias: bool, config: Config,
+                align_ab: int = 1, align_c: int = 1) -> tuple:
     """(grid, every argument of `_matmul_kernel` in its order, constexprs included): a
     launch through Triton and a direct launch of the compiled kernel pass exactly these.
-    a and b may be staged copies, wider than the product (stage_unaligned): N is c's."""
+    a and b may be staged copies, wider than the product (stage_operands): N is c's.
+    align_ab / align_c: the kernel's ALIGN_AB / ALIGN_C hints (`launch_matmul` says when)."""
     M, K = a.shape[-2:]
     N, NB = c.shape[-1], b.shape[-1]
     B = a.shape[0] if a.dim() == 3 else 1
@@ -90,38 +109,75 @@ def matmul_args(a, b, c, x, alpha: float, beta: float, has_bias: bool, config: C
     grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]), B)
     args = (a, b, c, x, M, N, K, NB, *sa, *sb, *sc, *sx, alpha, beta,
             has_bias, "ieee" if a.dtype == torch.float32 else "tf32",
-            config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"])
+            config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], align_ab, align_c)
     return grid, args
 
 
-def stage_unaligned(a, b):
-    """Copies of a and b, contiguous, with K and N padded with zeros to multiples of 16.
+def vector_elems(dtype) -> int:
+    """Elements in a 16-byte vector, the widest load Triton emits: 8 in fp16/bf16, 4 in fp32."""
+    return 16 // dtype.itemsize
 
-    Triton vectorizes a load only where it can prove 16-element alignment: with a row
-    stride like 3000 or 50257 it loads one element at a time, without software
-    pipelining, and ran 3000^3 at 0.09 of cuBLAS on the H200 (docs/benchmarks.md). The
-    copies cost one pass over the operands; the zeros add nothing to the sums."""
-    *batch, M, K = a.shape
-    N = b.shape[-1]
-    Kp, Np = -(-K // 16) * 16, -(-N // 16) * 16
-    a2 = a.new_empty((*batch, M, Kp))
-    a2[..., :K].copy_(a)
-    a2[..., K:].zero_()
-    b2 = b.new_empty((*batch, Kp, Np))
-    b2[..., :K, :N].copy_(b)
-    b2[..., :K, N:].zero_()
-    b2[..., K:, :].zero_()
-    return a2, b2
+
+def rows_aligned(shape, strides, vec: int) -> bool:
+    """Row-major with every row on a `vec`-element boundary: the last stride 1 and the row
+    length and every other stride multiples of vec (a broadcast stride 0 is)."""
+    if strides[-1] != 1 or shape[-1] % vec:
+        return False
+    for s in strides[:-1]:
+        if s % vec:
+            return False
+    return True
+
+
+def _padded(t, rows: int, cols: int):
+    """A contiguous copy of t with its last two dims grown to (rows, cols), zeros in the growth."""
+    *batch, r, c = t.shape
+    out = t.new_empty((*batch, rows, cols))
+    out[..., :r, :c].copy_(t)
+    if cols > c:
+        out[..., :r, c:].zero_()
+    if rows > r:
+        out[..., r:, :].zero_()
+    return out
+
+
+def stage_operands(a, b, vec: int):
+    """a and b, each replaced by a zero-padded contiguous copy only where its loads would
+    not be 16-byte vectors: not row-major, or a row or stride not a multiple of vec.
+
+    With a row stride like 50257 Triton loads one element at a time, without software
+    pipelining, and ran a GEMM at 0.09 of cuBLAS on the H200 (docs/benchmarks.md). A copy
+    costs a pass over its operand, so an operand whose rows are aligned is left as it is.
+    When K is not a multiple of vec both are padded in K (to 16), so that the K mask is
+    uniform over each vector: the zeros add nothing to the sums. A staged B is N padded to
+    16 wide: the kernel wraps its columns at NB, B's row length, and stores only N."""
+    K, N = a.shape[-1], b.shape[-1]
+    Kp = K if K % vec == 0 else -(-K // 16) * 16
+    if Kp != K or not rows_aligned(a.shape, a.stride(), vec):
+        a = _padded(a, a.shape[-2], Kp)
+    if Kp != K or not rows_aligned(b.shape, b.stride(), vec):
+        b = _padded(b, Kp, -(-N // 16) * 16)
+    return a, b
 
 
 def launch_matmul(a, b, c, bias, alpha: float, beta: float, config: Config):
     """c = alpha * (a @ b) [+ beta * bias]: a (B, M, K) or (M, K), b and c likewise; bias
-    already expanded to c's shape (any strides, zeros where broadcast) or None. Operands
-    of an unaligned seat (`alignment`) are staged first. Returns (what Triton returned: the
-    compiled kernel on a GPU, None under the interpreter; the grid; the arguments)."""
-    if not alignment(a.stride(), b.stride(), b.shape[-1]):
-        a, b = stage_unaligned(a, b)
-    grid, args = matmul_args(a, b, c, c if bias is None else bias, alpha, beta, bias is not None, config)
+    already expanded to c's shape (any strides, zeros where broadcast) or None. Returns
+    (what Triton returned: the compiled kernel on a GPU, None under the interpreter; the
+    grid; the arguments).
+
+    By the seat's `alignment`: at 16 Triton's own specialization vectorizes every load and
+    store; below it the loads are made 16-byte aligned (stage_operands copies whichever
+    operand is not) and the kernel is told so (ALIGN_AB), and so are C's stores where its
+    rows allow (ALIGN_C)."""
+    vec = vector_elems(a.dtype)
+    align_ab = align_c = 1
+    if alignment(a.stride(), b.stride(), b.shape[-1], a.shape[-1], vec) != 16:
+        a, b = stage_operands(a, b, vec)
+        align_ab = vec
+        align_c = vec if rows_aligned(c.shape, c.stride(), vec) else 1
+    grid, args = matmul_args(a, b, c, c if bias is None else bias, alpha, beta, bias is not None, config,
+                             align_ab, align_c)
     return _matmul_kernel[grid](*args, num_warps=config.num_warps, num_stages=config.num_stages), grid, args
 
 
@@ -152,18 +208,28 @@ CONFIGS = (
 DEFAULTS = (_c(128, 128, 32, 4, 3), _c(64, 64, 32, 4, 2), _c(32, 32, 32, 4, 2))
 
 
-def alignment(strides_a, strides_b, n: int) -> int:
-    """1 when N (c's row stride) and every stride of a and b is 1 or a multiple of 16
-    elements, else 0. Triton specializes integer arguments on divisibility by 16 and
-    compiles a different kernel for each case (vector loads or not): on the H200 a bf16
-    GEMM with N=10753 ran 6x slower than at N=11008 under every config, and the best
-    config differed, so the two cases are different seats (docs/benchmarks.md)."""
-    if n % 16:
+def alignment(strides_a, strides_b, n: int, k: int, vec: int) -> int:
+    """The seat's `aligned` flag: 16 when N (c's row stride) and every stride of a and b is 1
+    or a multiple of 16 elements; else vec (the elements of a 16-byte vector) when both
+    operands are row-major with N, K and every other stride multiples of vec; else 0.
+
+    Triton specializes integer arguments on divisibility by 16 and compiles a different
+    kernel for each case: on the H200 a bf16 GEMM with N=10753 ran 6x slower than at
+    N=11008 under every config, and the best config differed, so the cases are different
+    seats (docs/benchmarks.md). Below 16, `launch_matmul` makes up what Triton cannot see:
+    hints at vec, and at 0 staging copies of the operands that are not row-aligned."""
+    if n % 16 == 0:
+        for s in strides_a + strides_b:  # a plain loop: a generator costs 0.5 us on every launch
+            if s % 16 and s != 1:
+                break
+        else:
+            return 16
+    if strides_a[-1] != 1 or strides_b[-1] != 1 or n % vec or k % vec:
         return 0
-    for s in strides_a + strides_b:  # a plain loop: a generator costs 0.5 us on every launch
-        if s % 16 and s != 1:
+    for s in strides_a[:-1] + strides_b[:-1]:
+        if s % vec:
             return 0
-    return 1
+    return vec
 
 
 def _broadcastable(shape, target) -> bool:
@@ -191,7 +257,8 @@ class MatmulSpec(KernelSpec):
         return max(config.num_stages, 1) * (config["BLOCK_M"] + config["BLOCK_N"]) * config["BLOCK_K"] * esize
 
     def source_parts(self):
-        return (_matmul_kernel, matmul_args, stage_unaligned, launch_matmul)
+        return (_matmul_kernel, matmul_args, vector_elems, rows_aligned, _padded, stage_operands,
+                launch_matmul, alignment)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
@@ -255,7 +322,7 @@ class MatmulSpec(KernelSpec):
                 return NotServable(f"input {'x'.join(map(str, bias_shape)) or '()'} does not broadcast to {'x'.join(map(str, target))}")
             extra += [("beta", beta), ("bias_shape", tuple(bias_shape))]
         # A trace's operands are contiguous: their strides follow from the shapes.
-        aligned = alignment((M * K, K, 1), (K * N, N, 1), N)
+        aligned = alignment((M * K, K, 1), (K * N, N, 1), N, K, vector_elems(TORCH_DTYPES[dtype]))
         return Problem(self.name, (dtype,), seat_flags(bias=int(has_bias), aligned=aligned), (Bn, M, N, K),
                        tuple(sorted(extra)))
 
@@ -299,7 +366,7 @@ SPEC = MatmulSpec()
 # ----------------------------------------------------------------------------- public ops
 
 _DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
-_FLAGS = {(bias, aligned): seat_flags(bias=bias, aligned=aligned) for bias in (0, 1) for aligned in (0, 1)}
+_FLAGS = {(bias, aligned): seat_flags(bias=bias, aligned=aligned) for bias in (0, 1) for aligned in (0, 4, 8, 16)}
 
 
 def _run(a, b, bias, alpha, beta, rank):
@@ -340,14 +407,14 @@ def _run(a, b, bias, alpha, beta, rank):
         hit[0](a, b, c, x, *ints, alpha, beta, *consts)
         return c
     dims = (ash[0] if rank == 3 else 1, M, N, K)
-    aligned = alignment(sa, sb, N)
+    aligned = alignment(sa, sb, N, K, 16 // a.element_size())
     flags = _FLAGS[int(has_bias), aligned]
     config = config_for(SPEC, (name,), flags, dims)
     compiled, grid, args = launch_matmul(a, b, c, bias.expand(out_shape) if has_bias else None,
                                          alpha, beta, config)
     # Fixed under this key: M, N, K, NB and the 12 strides (args 4-19), and the constexprs
-    # (22 on). The tensors and alpha, beta (20, 21) are passed afresh on every call. An
-    # unaligned launch goes through its staging copies every time: not remembered.
+    # (22 on). The tensors and alpha, beta (20, 21) are passed afresh on every call. A
+    # launch with staged operands (aligned=0) copies them every time: not remembered.
     if aligned:
         remember_direct(key, compiled, grid, (args[4:20], args[22:]), SPEC, (name,), flags, dims)
     return c

@@ -304,5 +304,5 @@ def bucket_of(profile, key: Sequence[KeyDim], dims: Sequence[int]) -> Bucket:
 
 
 def seat_label(kernel: str, dtypes, flags, key, bucket: Bucket) -> str:
-    """The human form of a seat: `matmul|float16|aligned=1,bias=0|B=1,M=497..512,N=4096,K=4096`."""
+    """The human form of a seat: `matmul|float16|aligned=16,bias=0|B=1,M=497..512,N=4096,K=4096`."""
     return "|".join((kernel, encode_dtypes(dtypes), encode_flags(flags), encode_bucket(key, bucket)))

@@ -11,7 +11,7 @@ import torch
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import addmm, baddbmm, bmm, mm
-from nbx_tune.kernels.matmul import CONFIGS, SPEC
+from nbx_tune.kernels.matmul import CONFIGS, SPEC, TORCH_DTYPES, launch_matmul
 from nbx_tune.kernels.spec import NotServable
 from nbx_tune.oracles import matmul as oracle
 from nbx_tune.profiles import get_profile
@@ -82,7 +82,7 @@ def test_rows_it_cannot_serve_are_not_servable_with_a_reason(row, reason):
 
 def test_rows_map_to_dims_and_flags():
     p = SPEC.problem_from_row(make_row("aten.addmm", ["bfloat16"] * 3, [(11008,), (512, 4096), (4096, 11008)]))
-    assert (p.dims, dict(p.flags), p.dtypes) == ((1, 512, 11008, 4096), {"aligned": "1", "bias": "1"},
+    assert (p.dims, dict(p.flags), p.dtypes) == ((1, 512, 11008, 4096), {"aligned": "16", "bias": "1"},
                                                  ("bfloat16",))
     p = SPEC.problem_from_row(make_row("aten.addmm", ["float32"] * 3, [(7,), (3, 5), (5, 7)], {"beta": "0"}))
     assert dict(p.flags) == {"aligned": "0", "bias": "0"}  # beta == 0 ignores the input: the no-bias path
@@ -90,11 +90,15 @@ def test_rows_map_to_dims_and_flags():
     assert p.dims == (4, 3, 9, 5)
 
 
-@pytest.mark.parametrize("m,n,k,aligned", [(512, 11008, 4096, "1"), (512, 10753, 4096, "0"),
-                                           (3, 4096, 4095, "0"), (3, 16, 32, "1")])
-def test_a_trace_row_is_aligned_only_if_n_and_k_are_multiples_of_16(m, n, k, aligned):
+@pytest.mark.parametrize("dt,m,n,k,aligned", [
+    ("float16", 512, 11008, 4096, "16"), ("float16", 3, 16, 32, "16"),
+    ("bfloat16", 3000, 3000, 3000, "8"),  # rows 6000 bytes apart: 16-byte vectors, hinted
+    ("float16", 512, 4104, 4096, "8"), ("float32", 512, 4100, 4096, "4"),
+    ("bfloat16", 512, 10753, 4096, "0"), ("float16", 3, 4096, 4095, "0"), ("float32", 512, 4098, 4096, "0"),
+])
+def test_a_trace_row_is_aligned_as_far_as_n_and_k_allow(dt, m, n, k, aligned):
     # M never enters a contiguous operand's strides: an odd token count stays aligned.
-    p = SPEC.problem_from_row(make_row("aten.mm", ["float16"] * 2, [(m, k), (k, n)]))
+    p = SPEC.problem_from_row(make_row("aten.mm", [dt] * 2, [(m, k), (k, n)]))
     assert dict(p.flags)["aligned"] == aligned
 
 
@@ -106,20 +110,36 @@ def test_a_launch_takes_its_alignment_from_the_real_strides(tmp_path, monkeypatc
     wide = torch.randn(32, 50)
     mm(torch.randn(5, 32), wide[:, :16])  # N=16 but b's row stride is 50
     mm(torch.randn(5, 32), torch.randn(32, 16))  # the same dims, contiguous
+    mm(torch.randn(5, 32), torch.randn(32, 52)[:, :16])  # a row stride of 52: a multiple of 4
     misses = sorted(certified.launch_stats()["misses"])
-    assert [label.split("|")[2] for label in misses] == ["aligned=0,bias=0", "aligned=1,bias=0"]
+    assert [label.split("|")[2] for label in misses] == ["aligned=0,bias=0", "aligned=16,bias=0",
+                                                          "aligned=4,bias=0"]
     certified.reload()
 
 
-def test_unaligned_operands_are_staged_into_zero_padded_rows_of_16():
-    from nbx_tune.kernels.matmul import alignment, launch_matmul, stage_unaligned
+def test_only_operands_whose_rows_are_not_16_byte_aligned_are_staged():
+    from nbx_tune.kernels.matmul import rows_aligned, stage_operands
+
+    a, b = torch.randn(37, 24), torch.randn(24, 45)  # fp32: 4-element vectors; K = 24 fits them
+    a2, b2 = stage_operands(a, b, 4)
+    assert a2 is a and b2.shape == (24, 48) and b2.is_contiguous()
+    assert torch.equal(b2[:, :45], b) and not b2[:, 45:].any()
+    a, b = torch.randn(40, 37).t(), torch.randn(40, 48)  # a column-major, b fine
+    a2, b2 = stage_operands(a, b, 4)
+    assert b2 is b and a2.is_contiguous() and torch.equal(a2, a)
+    a2, b2 = stage_operands(*[torch.randn(3, 37, 40), torch.randn(3, 40, 48)], 4)
+    assert rows_aligned(a2.shape, a2.stride(), 4) and rows_aligned(b2.shape, b2.stride(), 4)
+
+
+def test_a_k_off_the_vector_pads_both_operands_with_zeros():
+    from nbx_tune.kernels.matmul import stage_operands
 
     g = torch.Generator().manual_seed(5)
     a = torch.randn(3, 23, 37, generator=g).transpose(1, 2)  # (3, 37, 23), K = 23 strided
     b = torch.randn(3, 23, 45, generator=g)
-    a2, b2 = stage_unaligned(a, b)
+    a2, b2 = stage_operands(a, b, 4)
     assert a2.shape == (3, 37, 32) and b2.shape == (3, 32, 48)
-    assert a2.is_contiguous() and b2.is_contiguous() and alignment(a2.stride(), b2.stride(), 48) == 1
+    assert a2.is_contiguous() and b2.is_contiguous()
     assert torch.equal(a2[..., :23], a) and torch.equal(b2[:, :23, :45], b)
     assert not a2[..., 23:].any() and not b2[:, 23:].any() and not b2[:, :, 45:].any()
     # Through the kernel: a bias of c's shape, c only N = 45 wide (the store masks at N, not
@@ -129,6 +149,25 @@ def test_unaligned_operands_are_staged_into_zero_padded_rows_of_16():
     launch_matmul(a, b, c, x, 2.0, 0.5, SPEC.configs()[1])
     ref = oracle.baddbmm(x.double().numpy(), a.double().numpy(), b.double().numpy(), 2.0, 0.5)
     assert np.abs(c.double().numpy() - ref).max() / np.abs(ref).max() < 1e-5
+
+
+@pytest.mark.parametrize("dt", ["float16", "float32"])
+@pytest.mark.parametrize("m,n,k", [(37, 40, 24), (19, 44, 36), (33, 41, 24), (21, 24, 20)])
+def test_hinted_and_partly_staged_launches_match_the_oracle(dt, m, n, k):
+    # Shapes below 16-alignment: rows 8 (fp16) or 4 (fp32) elements apart take the ALIGN
+    # hints; N = 41 stages b alone and stores unhinted; K = 20 in fp16 pads both.
+    from nbx_tune.kernels.matmul import alignment, vector_elems
+
+    tdt = TORCH_DTYPES[dt]
+    g = torch.Generator().manual_seed(m * n + k)
+    a, b = (torch.rand(s, generator=g) * 2 - 1 for s in ((2, m, k), (2, k, n)))
+    a, b = a.to(tdt), b.to(tdt)
+    level = alignment(a.stride(), b.stride(), n, k, vector_elems(tdt))
+    assert level < 16
+    c = torch.full((2, m, n), float("nan"), dtype=tdt)
+    launch_matmul(a, b, c, None, 1.0, 0.0, SPEC.configs()[1])
+    ref = oracle.bmm(a.double().numpy(), b.double().numpy())
+    assert np.abs(c.double().numpy() - ref).max() / np.abs(ref).max() < (2e-2 if dt == "float16" else 1e-5)
 
 
 def test_shared_memory_estimate_and_the_hopper_prune():
