@@ -64,17 +64,17 @@ def main() -> None:
         def plain():
             c = torch.empty(m, n, device="cuda", dtype=torch.float16)
             grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), 1)
-            _matmul_kernel[grid](a, b, c, c, m, n, k, 0, a.stride(0), a.stride(1), 0, b.stride(0), b.stride(1),
+            _matmul_kernel[grid](a, b, c, c, m, n, k, n, 0, a.stride(0), a.stride(1), 0, b.stride(0), b.stride(1),
                                  0, c.stride(0), c.stride(1), 0, c.stride(0), c.stride(1), 1.0, 0.0,
-                                 HAS_BIAS=False, INPUT_PRECISION="tf32", **cfg.kwargs)
+                                 HAS_BIAS=False, INPUT_PRECISION="tf32", ALIGN_AB=1, ALIGN_C=1, **cfg.kwargs)
             return c
 
         def autotuned():
             c = torch.empty(m, n, device="cuda", dtype=torch.float16)
             grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), 1)  # noqa: E731
-            TUNED[grid](a, b, c, c, m, n, k, 0, a.stride(0), a.stride(1), 0, b.stride(0), b.stride(1),
+            TUNED[grid](a, b, c, c, m, n, k, n, 0, a.stride(0), a.stride(1), 0, b.stride(0), b.stride(1),
                         0, c.stride(0), c.stride(1), 0, c.stride(0), c.stride(1), 1.0, 0.0,
-                        HAS_BIAS=False, INPUT_PRECISION="tf32")
+                        HAS_BIAS=False, INPUT_PRECISION="tf32", ALIGN_AB=1, ALIGN_C=1)
             return c
 
         torch.testing.assert_close(mm(a, b), plain())  # the same computation
