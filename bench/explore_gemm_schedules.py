@@ -207,6 +207,59 @@ def _splitk_reduce_kernel(ws_ptr, c_ptr, M, N, scm, scn, S: tl.constexpr,
     tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _wide_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+                 BM: tl.constexpr, BN: tl.constexpr, EXTRA: tl.constexpr, ROWS: tl.constexpr,
+                 BK: tl.constexpr, GROUP_M: tl.constexpr):
+    """One program per tile of BM x (BN + EXTRA) (ROWS=0) or (BM + EXTRA) x BN (ROWS=1), in two
+    accumulators: Triton's blocks are powers of two, their sum need not be (128 + 64 = 192).
+    At 3072^3 a 128x192 tile makes 384 tiles, 2.91 waves on 132 SMs, where 128x256 makes 2.18
+    and 128x128 makes 4.36: the last wave is 91 % full instead of 18 % or 36 %."""
+    TM: tl.constexpr = BM + EXTRA * ROWS
+    TN: tl.constexpr = BN + EXTRA * (1 - ROWS)
+    pid_m, pid_n = _coords(tl.program_id(0), tl.cdiv(M, TM), tl.cdiv(N, TN), GROUP_M)
+    rk = tl.arange(0, BK)
+    # Both blocks wrap past the edge as kernels/matmul.py does; the stores mask them.
+    rm = (pid_m * TM + tl.arange(0, BM)) % M
+    rn = (pid_n * TN + tl.arange(0, BN)) % N
+    if ROWS:
+        rm2 = (pid_m * TM + BM + tl.arange(0, EXTRA)) % M
+        x_ptrs = a_ptr + rm2[:, None] * sam + rk[None, :] * sak
+        acc2 = tl.zeros((EXTRA, BN), dtype=tl.float32)
+    else:
+        rn2 = (pid_n * TN + BN + tl.arange(0, EXTRA)) % N
+        x_ptrs = b_ptr + rk[:, None] * sbk + rn2[None, :] * sbn
+        acc2 = tl.zeros((BM, EXTRA), dtype=tl.float32)
+    a_ptrs = a_ptr + rm[:, None] * sam + rk[None, :] * sak
+    b_ptrs = b_ptr + rk[:, None] * sbk + rn[None, :] * sbn
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BK)):
+        k_left = K - k * BK
+        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc)
+        if ROWS:
+            acc2 = tl.dot(tl.load(x_ptrs, mask=rk[None, :] < k_left, other=0.0), b, acc2)
+            x_ptrs += BK * sak
+        else:
+            acc2 = tl.dot(a, tl.load(x_ptrs, mask=rk[:, None] < k_left, other=0.0), acc2)
+            x_ptrs += BK * sbk
+        a_ptrs += BK * sak
+        b_ptrs += BK * sbk
+    om = pid_m * TM + tl.arange(0, BM)
+    on = pid_n * TN + tl.arange(0, BN)
+    tl.store(c_ptr + om[:, None] * scm + on[None, :] * scn, acc.to(c_ptr.dtype.element_ty),
+             mask=(om[:, None] < M) & (on[None, :] < N))
+    if ROWS:
+        om2 = pid_m * TM + BM + tl.arange(0, EXTRA)
+        tl.store(c_ptr + om2[:, None] * scm + on[None, :] * scn, acc2.to(c_ptr.dtype.element_ty),
+                 mask=(om2[:, None] < M) & (on[None, :] < N))
+    else:
+        on2 = pid_n * TN + BN + tl.arange(0, EXTRA)
+        tl.store(c_ptr + om[:, None] * scm + on2[None, :] * scn, acc2.to(c_ptr.dtype.element_ty),
+                 mask=(om[:, None] < M) & (on2[None, :] < N))
+
+
 # ----------------------------------------------------------------------------- variants
 # Each takes (a, b, c, config, num_sms) and returns a no-argument function computing c = a @ b,
 # all of each call's GPU work inside it (there is no memset or cast: the stream-K workspace is
@@ -341,6 +394,17 @@ def v_splitk_tail(a, b, c, cfg, nsms):
     return fn
 
 
+def v_wide(a, b, c, cfg, nsms):
+    """One launch of _wide_kernel: tiles of 128x192 (or 192x128) in two accumulators."""
+    (M, K), N = a.shape, b.shape[1]
+    TM, TN = cfg["BM"] + cfg["X"] * cfg["ROWS"], cfg["BN"] + cfg["X"] * (1 - cfg["ROWS"])
+    grid = (triton.cdiv(M, TM) * triton.cdiv(N, TN),)
+    args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    meta = dict(BM=cfg["BM"], BN=cfg["BN"], EXTRA=cfg["X"], ROWS=cfg["ROWS"], BK=cfg["BK"],
+                GROUP_M=cfg.get("G", 8), num_warps=cfg["w"], num_stages=cfg["s"])
+    return lambda: _wide_kernel[grid](*args, **meta)
+
+
 def _rows(keys, rows, **fixed):
     return [{**dict(zip(keys, r)), **fixed} for r in rows]
 
@@ -349,6 +413,7 @@ P_KEYS = ("BM", "BN", "BK", "w", "s", "OCC", "FLATTEN", "WS")
 SR_KEYS = ("BM", "BN", "BK", "w", "s", "TBM", "TBN", "TBK", "tw", "ts")
 SKT_KEYS = ("BM", "BN", "BK", "w", "s", "tw", "ts")
 SK_KEYS = ("BM", "BN", "BK", "w", "s", "OCC", "SK_WAVES", "TMA")
+W_KEYS = ("BM", "BN", "X", "ROWS", "BK", "w", "s")
 
 
 def variant_configs(smoke: bool) -> dict:
@@ -367,6 +432,11 @@ def variant_configs(smoke: bool) -> dict:
             and c["BLOCK_K"] == 64]
     return {
         "baseline": (v_baseline, base or [None]),
+        "wide": (v_wide, _rows(W_KEYS, [
+            (128, 128, 64, 0, 64, 8, 3), (128, 128, 64, 0, 64, 8, 4), (128, 128, 64, 1, 64, 8, 3),
+            (128, 128, 64, 1, 64, 8, 4), (128, 128, 64, 0, 32, 8, 5), (128, 128, 64, 1, 32, 8, 5),
+            (128, 64, 128, 0, 64, 8, 3), (64, 128, 128, 1, 64, 8, 3), (128, 128, 64, 0, 64, 8, 5),
+            (128, 128, 64, 0, 64, 4, 3)], G=8)),
         "splitk_tail": (v_splitk_tail, _rows(SKT_KEYS, [
             (128, 256, 64, 8, 3, 8, 3), (128, 256, 64, 8, 4, 8, 3), (128, 256, 64, 8, 3, 8, 4),
             (256, 128, 64, 8, 3, 8, 3), (128, 128, 64, 4, 3, 4, 3), (128, 128, 64, 8, 4, 8, 4),
