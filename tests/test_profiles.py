@@ -76,7 +76,9 @@ def test_ladder_math_matches_the_definition():
     assert lad.bucket(8193) == (8193, 8320)
     assert lad.bucket(16384) == (16257, 16384)
     assert lad.bucket(16900) == (16897, 17024)
-    assert lad.bucket(32769) == (32769, 34816)
+    assert lad.bucket(32769) == (32769, 32896)
+    assert lad.bucket(33800) == (33793, 33920)
+    assert lad.bucket(65536) == (65409, 65536)
     assert lad.bucket(70000) == (65537, 81920)
     with pytest.raises(ValueError):
         lad.bucket(0)
