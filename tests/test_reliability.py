@@ -71,6 +71,13 @@ def test_kill_9_at_random_moments_loses_nothing_and_the_next_census_finishes(tmp
         if not Path(db_url[len("sqlite:///"):]).exists():
             continue
         assert q(db_url, "PRAGMA integrity_check") == [("ok",)]
+        tables = {name for (name,) in q(db_url, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "certificates" not in tables:
+            # Killed before the first migration committed (a slow start-up: imports on a busy
+            # host): SQLite's DDL is transactional, so the schema is all there or not at all.
+            assert not kept and tables <= {"alembic_version"}
+            assert not tables or q(db_url, "SELECT COUNT(*) FROM alembic_version") == [(0,)]
+            continue
         certs = dict(q(db_url, "SELECT id, config FROM certificates"))
         # No certified row is ever lost or changed.
         assert all(certs.get(k) == v for k, v in kept.items())
