@@ -5,6 +5,16 @@ A benchmarker is `bench(fn, mode) -> Timing`, mode "quick" (a short first estima
 to drop candidates far behind), "full" (the profile's timing settings) or "round:N" (one
 of N interleaved shares of a full timing: strategies/pruned.py times every contender once
 per round, so a drift of the GPU's clocks over a seat reaches all of them alike).
+
+On a GPU the timing is `gpu_time`: triton.testing.do_bench's method (CUDA/HIP events
+around each launch, L2 flushed by a 256 MB memset before it, median of the repeats) with
+one change. do_bench times a launch from an event recorded before the host starts the
+launch, so where the host's launch path takes longer than the GPU's flush and kernel
+together, every sample reads the host's time. On the H200 that is a 2048^3 GEMM (28 us)
+behind a Triton launch of 40 to 70 us: the same config read 0.029 to 0.053 ms from one run
+to the next, and the census's pick fell to 0.41-0.95 of cuBLAS (bench/ranking_repeat.py,
+docs/benchmarks.md, 2026-12-04). Here the GPU first sleeps for as long as the host needs
+to queue the timed launches, so each is queued before the GPU reaches it.
 """
 
 from __future__ import annotations
@@ -29,8 +39,88 @@ class Benchmarker(Protocol):
     def __call__(self, fn: Callable[[], None], mode: str = "full") -> Timing: ...
 
 
+# The timed launches' lead is capped at this many times the timing's own length (plus 10 ms):
+# a host that slow is timed partly host-bound rather than the GPU kept asleep for seconds.
+LEAD_CAP = 4.0
+_flush_buffers: dict = {}
+_cycles_per_ms: dict = {}
+
+
+def lead_ms(n: int, host_ms: float, gpu_ms: float, rep_ms: float, margin: float = 1.5) -> float:
+    """How long the GPU must wait so that the host has queued each of `n` timed launches
+    (rep_ms of GPU time) before the GPU gets to it: the host falls behind by host_ms - gpu_ms
+    a launch (nothing when it is the faster), and needs one launch's time to queue the
+    first. With `margin` for the host's own jitter, and capped (LEAD_CAP)."""
+    return min(margin * (n * max(0.0, host_ms - gpu_ms) + 2 * host_ms), LEAD_CAP * rep_ms + 10)
+
+
+def _sleeper(torch):
+    """A function queuing a GPU sleep of so many ms on the current stream (None where torch
+    has no torch.cuda._sleep): cycles per ms measured once per device."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        return None
+    dev = torch.cuda.current_device()
+    if dev not in _cycles_per_ms:
+        cycles = 1_000_000
+        sleep(cycles)  # the first call loads the kernel
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        sleep(cycles)
+        end.record()
+        end.synchronize()
+        _cycles_per_ms[dev] = cycles / max(start.elapsed_time(end), 1e-3)
+    rate = _cycles_per_ms[dev]
+    return lambda ms: sleep(max(1, int(ms * rate)))
+
+
+def gpu_time(fn, warmup_ms: float, rep_ms: float, quantiles=(0.5, 0.2, 0.8)) -> list[float]:
+    """`fn`'s GPU time in ms at `quantiles`, timed as triton.testing.do_bench times it (a
+    launch count from a first estimate, warm-up launches, then each timed launch after an L2
+    flush between its own pair of events), every timed launch queued ahead of the GPU."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    dev = torch.cuda.current_device()
+    flush = _flush_buffers.get(dev)
+    if flush is None:  # as do_bench's: 256 MB, larger than any GPU's L2 today
+        flush = _flush_buffers[dev] = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")
+    sleep = _sleeper(torch)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    # The estimate (flush and launch, five times), itself queued behind a short sleep (five
+    # launches take a host 0.5 ms at worst seen): its GPU time sets the launch counts, its
+    # host time the lead.
+    if sleep is not None:
+        sleep(1.0)
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(5):
+        flush.zero_()
+        fn()
+    end.record()
+    host_ms = (time.perf_counter() - t0) * 1e3 / 5
+    end.synchronize()
+    gpu_ms = max(start.elapsed_time(end) / 5, 1e-4)
+    n_warmup, n = max(1, int(warmup_ms / gpu_ms)), max(1, int(rep_ms / gpu_ms))
+    for _ in range(n_warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    if sleep is not None:
+        sleep(lead_ms(n, host_ms, gpu_ms, rep_ms))
+    for i in range(n):
+        flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    times = sorted(a.elapsed_time(b) for a, b in zip(starts, ends))
+    return [_quantile(times, q) for q in quantiles]
+
+
 class DoBench:
-    """triton.testing.do_bench: CUDA/HIP events around the call, median of the repeats."""
+    """`gpu_time`: do_bench's events, flush and median, each timed launch queued ahead."""
 
     method = "do_bench"
 
@@ -38,8 +128,6 @@ class DoBench:
         self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
 
     def __call__(self, fn, mode="full"):
-        from triton.testing import do_bench
-
         if mode == "quick":
             # Only to drop what is far behind (strategies/pruned.py): 10 ms of repeats after
             # 2 ms of warm-up, a tenth of a full timing's cost. 5 ms after 1 ms (with the
@@ -52,8 +140,8 @@ class DoBench:
             warmup, rep = min(self.warmup_ms, 2.0), self.rep_ms / n
         else:
             warmup, rep = self.warmup_ms, self.rep_ms
-        med, p20, p80 = do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5, 0.2, 0.8])
-        return Timing(float(med), float(p20), float(p80), f"{self.method}(rep={rep:g}ms)")
+        med, p20, p80 = gpu_time(fn, warmup, rep)
+        return Timing(float(med), float(p20), float(p80), f"{self.method}+lead(rep={rep:g}ms)")
 
 
 class WallClock:

@@ -237,7 +237,8 @@ class Isolated:
         # The next seat's inputs and oracles are not made while this one is timed: made by
         # a thread of the worker, they held up its launches by up to 38 ms; by the pool's
         # niced processes, they slowed an H200 census and mis-ranked a short GEMM's
-        # candidates (docs/benchmarks.md, 2026-12-03). do_bench counts a late launch.
+        # candidates (docs/benchmarks.md, 2026-12-03): the timer's lead covers the host's
+        # usual pace, not a launch held up that long.
         self._prepare()
 
     def screen(self, config) -> Outcome:
