@@ -35,24 +35,25 @@ def _burn(stop) -> None:
 
 def main() -> None:
     import torch
+    from triton.testing import do_bench
 
     from nbx_tune.kernels.matmul import SPEC, launch_matmul
     from nbx_tune.kernels.spec import Config, bucket_of, seat_label
     from nbx_tune.profiles import current_profile
     from nbx_tune.tuner import api
+    from nbx_tune.tuner.bench import gpu_time
     from nbx_tune.tuner.trace import make_row, write_trace
 
-    from triton.testing import do_bench
-
-    from nbx_tune.tuner.bench import gpu_time
+    def mats(dt, m, n, k):
+        t = getattr(torch, dt)
+        return (torch.randn(m, k, device="cuda", dtype=t), torch.randn(k, n, device="cuda", dtype=t),
+                torch.empty(m, n, device="cuda", dtype=t))
 
     # The two timers on one launch, quiet host, three times each in turn: do_bench times a
     # launch from an event recorded before the host starts it; gpu_time queues them ahead.
     timers = []
     for dt, m, n, k in SHAPES:
-        t = getattr(torch, dt)
-        a, b = torch.randn(m, k, device="cuda", dtype=t), torch.randn(k, n, device="cuda", dtype=t)
-        c = torch.empty(m, n, device="cuda", dtype=t)
+        a, b, c = mats(dt, m, n, k)
         for cfg in (Config.make(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
                     Config.make(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3)):
             fn = lambda: launch_matmul(a, b, c, None, 1.0, 0.0, cfg)  # noqa: E731
@@ -86,9 +87,7 @@ def main() -> None:
         for p in procs:
             p.join()
         for dt, m, n, k in SHAPES:
-            t = getattr(torch, dt)
-            a, b = torch.randn(m, k, device="cuda", dtype=t), torch.randn(k, n, device="cuda", dtype=t)
-            c = torch.empty(m, n, device="cuda", dtype=t)
+            a, b, c = mats(dt, m, n, k)
             p = SPEC.problem_from_row(make_row("aten.mm", [dt, dt], [(m, k), (k, n)]))
             label = seat_label("matmul", p.dtypes, p.flags, SPEC.key, bucket_of(profile, SPEC.key, p.dims))
             seat = next(s for s in rep.seats if s.label == label)

@@ -11,8 +11,8 @@ around each launch, L2 flushed by a 256 MB memset before it, median of the repea
 one change. do_bench times a launch from an event recorded before the host starts the
 launch, so where the host's launch path takes longer than the GPU's flush and kernel
 together, every sample reads the host's time. On the H200 that is a 2048^3 GEMM (28 us)
-behind a Triton launch of 40 to 70 us: the same config read 0.029 to 0.053 ms from one run
-to the next, and the census's pick fell to 0.41-0.95 of cuBLAS (bench/ranking_repeat.py,
+behind a Triton launch of 40 to 60 us: the same config read 0.029 to 0.053 ms from one run
+to the next, and the census's pick fell to 0.41-0.96 of cuBLAS (bench/ranking_repeat.py,
 docs/benchmarks.md, 2026-12-04). Here the GPU first sleeps for as long as the host needs
 to queue the timed launches, so each is queued before the GPU reaches it.
 """
