@@ -31,7 +31,8 @@ def run(problem):
     c = torch.empty(B, M, N, device="cuda", dtype=dt)
     has_bias = dict(problem.flags)["bias"] == "1"
     x = torch.randn(N, device="cuda", dtype=dt).expand(B, M, N) if has_bias else c
-    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), B)  # noqa: E731
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"] + meta.get("EXTRA_N", 0)),  # noqa: E731
+                         B)
     TUNED[grid](a, b, c, x, M, N, K, N, *a.stride(), *b.stride(), *c.stride(), *x.stride(),
                 problem.get("alpha", 1.0), problem.get("beta", 1.0), HAS_BIAS=has_bias,
                 INPUT_PRECISION="ieee" if dt == torch.float32 else "tf32", ALIGN_AB=1, ALIGN_C=1)

@@ -40,7 +40,7 @@ def main() -> None:
     import triton
 
     from nbx_tune.kernels import certified, mm
-    from nbx_tune.kernels.matmul import SPEC, _matmul_kernel
+    from nbx_tune.kernels.matmul import SPEC, _matmul_kernel, extra_columns
     from nbx_tune.tuner import api
     from nbx_tune.tuner.trace import make_row, write_trace
 
@@ -63,7 +63,7 @@ def main() -> None:
 
         def plain():
             c = torch.empty(m, n, device="cuda", dtype=torch.float16)
-            grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), 1)
+            grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"] + extra_columns(cfg)), 1)
             _matmul_kernel[grid](a, b, c, c, m, n, k, n, 0, a.stride(0), a.stride(1), 0, b.stride(0), b.stride(1),
                                  0, c.stride(0), c.stride(1), 0, c.stride(0), c.stride(1), 1.0, 0.0,
                                  HAS_BIAS=False, INPUT_PRECISION="tf32", ALIGN_AB=1, ALIGN_C=1, **cfg.kwargs)
@@ -71,7 +71,8 @@ def main() -> None:
 
         def autotuned():
             c = torch.empty(m, n, device="cuda", dtype=torch.float16)
-            grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), 1)  # noqa: E731
+            grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"])  # noqa: E731
+                                 * triton.cdiv(n, meta["BLOCK_N"] + meta.get("EXTRA_N", 0)), 1)
             TUNED[grid](a, b, c, c, m, n, k, n, 0, a.stride(0), a.stride(1), 0, b.stride(0), b.stride(1),
                         0, c.stride(0), c.stride(1), 0, c.stride(0), c.stride(1), 1.0, 0.0,
                         HAS_BIAS=False, INPUT_PRECISION="tf32", ALIGN_AB=1, ALIGN_C=1)

@@ -34,7 +34,7 @@ def _matmul_kernel(
     alpha, beta,
     HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    ALIGN_AB: tl.constexpr, ALIGN_C: tl.constexpr,
+    ALIGN_AB: tl.constexpr, ALIGN_C: tl.constexpr, EXTRA_N: tl.constexpr = 0,
 ):
     # Triton knows an integer argument's divisibility only when it is a multiple of 16; a
     # row 3000 elements long is a multiple of 8 (16 bytes in fp16) and would load one element
@@ -54,8 +54,12 @@ def _matmul_kernel(
         stride_cm = stride_cm // ALIGN_C * ALIGN_C
     pid = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)
+    # A tile is BLOCK_N + EXTRA_N columns wide, in two accumulators: Triton's blocks are
+    # powers of two, their sum need not be. At 3072^3 128x192 tiles fill 2.91 waves of the
+    # H200's 132 SMs, where 128x128 fill 4.36 and 128x256 2.18 (docs/benchmarks.md).
+    TILE_N: tl.constexpr = BLOCK_N + EXTRA_N
     num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_n = tl.cdiv(N, TILE_N)
     group = GROUP_M * num_pid_n
     first_m = (pid // group) * GROUP_M
     group_m = min(num_pid_m - first_m, GROUP_M)
@@ -63,7 +67,7 @@ def _matmul_kernel(
     pid_n = (pid % group) // group_m
 
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = pid_n * TILE_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     # Rows and columns past the edge wrap to valid ones: loads need no M/N mask, and the
     # store below is masked, so the wrapped results are never written. B's columns wrap at
@@ -72,23 +76,48 @@ def _matmul_kernel(
     rbn = rn % NB
     a_ptrs = a_ptr + batch * stride_ab + ram[:, None] * stride_am + rk[None, :] * stride_ak
     b_ptrs = b_ptr + batch * stride_bb + rk[:, None] * stride_bk + rbn[None, :] * stride_bn
-
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if EXTRA_N > 0:
+        rn2 = pid_n * TILE_N + BLOCK_N + tl.arange(0, EXTRA_N)
+        b2_ptrs = b_ptr + batch * stride_bb + rk[:, None] * stride_bk + (rn2 % NB)[None, :] * stride_bn
+        acc2 = tl.zeros((BLOCK_M, EXTRA_N), dtype=tl.float32)
+
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_left = K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        if EXTRA_N > 0:
+            b2 = tl.load(b2_ptrs, mask=rk[:, None] < k_left, other=0.0)
+            acc2 = tl.dot(a, b2, acc2, input_precision=INPUT_PRECISION)
+            b2_ptrs += BLOCK_K * stride_bk
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
+    c_at = c_ptr + batch * stride_cb
+    x_at = bias_ptr + batch * stride_xb
+    _epilogue(acc, rm, rn, M, N, c_at, stride_cm, stride_cn, x_at, stride_xm, stride_xn, alpha, beta, HAS_BIAS)
+    if EXTRA_N > 0:
+        _epilogue(acc2, rm, rn2, M, N, c_at, stride_cm, stride_cn, x_at, stride_xm, stride_xn, alpha, beta,
+                  HAS_BIAS)
+
+
+@triton.jit
+def _epilogue(acc, rm, rn, M, N, c_at, stride_cm, stride_cn, x_at, stride_xm, stride_xn, alpha, beta,
+              HAS_BIAS: tl.constexpr):
+    """c[rm, rn] = alpha * acc [+ beta * bias[rm, rn]], inside M x N only."""
     acc = acc * alpha
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     if HAS_BIAS:
-        x_ptrs = bias_ptr + batch * stride_xb + rm[:, None] * stride_xm + rn[None, :] * stride_xn
+        x_ptrs = x_at + rm[:, None] * stride_xm + rn[None, :] * stride_xn
         acc += beta * tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
-    c_ptrs = c_ptr + batch * stride_cb + rm[:, None] * stride_cm + rn[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    c_ptrs = c_at + rm[:, None] * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_at.dtype.element_ty), mask=mask)
+
+
+def extra_columns(config: Config) -> int:
+    """The config's EXTRA_N: columns of a second accumulator beside BLOCK_N (0 when absent)."""
+    return config.kwargs.get("EXTRA_N", 0)
 
 
 def _strides3(t):
@@ -106,10 +135,12 @@ def matmul_args(a, b, c, x, alpha: float, beta: float, has_bias: bool, config: C
     N, NB = c.shape[-1], b.shape[-1]
     B = a.shape[0] if a.dim() == 3 else 1
     sa, sb, sc, sx = _strides3(a), _strides3(b), _strides3(c), _strides3(x)
-    grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]), B)
+    extra_n = extra_columns(config)
+    grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"] + extra_n), B)
     args = (a, b, c, x, M, N, K, NB, *sa, *sb, *sc, *sx, alpha, beta,
             has_bias, "ieee" if a.dtype == torch.float32 else "tf32",
-            config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], align_ab, align_c)
+            config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], align_ab, align_c,
+            extra_n)
     return grid, args
 
 
@@ -181,8 +212,9 @@ def launch_matmul(a, b, c, bias, alpha: float, beta: float, config: Config):
     return _matmul_kernel[grid](*args, num_warps=config.num_warps, num_stages=config.num_stages), grid, args
 
 
-def _c(bm, bn, bk, warps, stages, group=8):
-    return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group,
+def _c(bm, bn, bk, warps, stages, group=8, extra_n=0):
+    extra = {"EXTRA_N": extra_n} if extra_n else {}
+    return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, **extra,
                        num_warps=warps, num_stages=stages)
 
 
@@ -202,6 +234,10 @@ CONFIGS = (
     _c(64, 256, 32, 4, 4), _c(64, 256, 64, 4, 4), _c(256, 64, 64, 4, 4),
     _c(128, 256, 32, 8, 3), _c(256, 128, 32, 8, 3), _c(128, 256, 64, 8, 3), _c(256, 128, 64, 8, 3),
     _c(128, 256, 64, 8, 4), _c(256, 128, 64, 8, 4), _c(128, 256, 64, 8, 5),
+    # Tiles 192 wide (128 + 64 in a second accumulator), for sizes where 128 and 256 both
+    # leave the last wave mostly empty: 0.85-0.88 of cuBLAS at 3072^3 against 0.82 for the
+    # rest, worse at 2048^3 and 4096^3 (explore_gemm_schedules.py, docs/benchmarks.md).
+    _c(128, 128, 32, 8, 4, extra_n=64), _c(128, 128, 32, 8, 5, extra_n=64), _c(128, 128, 32, 8, 6, extra_n=64),
 )
 
 # Served when a seat has no certificate: the first that fits the device.
@@ -254,10 +290,11 @@ class MatmulSpec(KernelSpec):
     def smem_bytes(self, config, problem):
         # The software pipeliner keeps num_stages copies of an A tile and a B tile.
         esize = 4 if problem.dtypes[0] == "float32" else 2
-        return max(config.num_stages, 1) * (config["BLOCK_M"] + config["BLOCK_N"]) * config["BLOCK_K"] * esize
+        width = config["BLOCK_M"] + config["BLOCK_N"] + extra_columns(config)
+        return max(config.num_stages, 1) * width * config["BLOCK_K"] * esize
 
     def source_parts(self):
-        return (_matmul_kernel, matmul_args, vector_elems, rows_aligned, _padded, stage_operands,
+        return (_matmul_kernel, _epilogue, extra_columns, matmul_args, vector_elems, rows_aligned, _padded, stage_operands,
                 launch_matmul, alignment)
 
     def example_rows(self, scale):

@@ -197,3 +197,32 @@ def test_stages_over_the_profile_maximum_are_refused_unlaunched():
     three = next(c for c in CONFIGS if c.num_stages == 3)
     assert SPEC.static_refusal(turing, three, p) == (
         "stages_over_max", "num_stages 3 > pipelining.max_num_stages 2")
+
+
+@pytest.mark.parametrize("dt", ["float16", "float32"])
+@pytest.mark.parametrize("m,n,k", [(37, 45, 29), (21, 20, 40), (19, 70, 24)])
+def test_tiles_with_a_second_accumulator_match_the_oracle(dt, m, n, k):
+    # A tile BLOCK_N + EXTRA_N = 32 wide: N = 45 leaves the second tile column's extra
+    # block wholly past the edge, N = 20 cuts the first one's, N = 70 (a multiple of 2 but
+    # not of 8 or 16) spans three; a batch of 2 and a bias of c's shape through both blocks.
+    from nbx_tune.kernels.spec import Config
+
+    wide = Config.make(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, EXTRA_N=16, num_warps=1, num_stages=1)
+    tdt = TORCH_DTYPES[dt]
+    g = torch.Generator().manual_seed(m * n + k)
+    a, b, x = (torch.rand(s, generator=g) * 2 - 1 for s in ((2, m, k), (2, k, n), (2, m, n)))
+    a, b, x = a.to(tdt), b.to(tdt), x.to(tdt)
+    c = torch.full((2, m, n), float("nan"), dtype=tdt)
+    _, grid, _ = launch_matmul(a, b, c, x, 1.5, -0.5, wide)
+    assert grid == (-(-m // 16) * -(-n // 32), 2)
+    ref = oracle.baddbmm(x.double().numpy(), a.double().numpy(), b.double().numpy(), 1.5, -0.5)
+    assert np.abs(c.double().numpy() - ref).max() / np.abs(ref).max() < (2e-3 if dt == "float16" else 1e-5)
+
+
+def test_the_shared_memory_estimate_counts_the_extra_columns():
+    p16 = SPEC.problem_from_row(make_row("aten.mm", ["float16"] * 2, [(3072, 3072), (3072, 3072)]))
+    wide = [c for c in CONFIGS if "EXTRA_N" in c.kwargs]
+    assert wide, "the config space has tiles with a second accumulator"
+    for c in wide:
+        width = c["BLOCK_M"] + c["BLOCK_N"] + c["EXTRA_N"]
+        assert SPEC.smem_bytes(c, p16) == c.num_stages * width * c["BLOCK_K"] * 2
