@@ -153,3 +153,25 @@ def test_an_unaligned_launch_is_staged_every_time_and_never_direct(jit):
         assert rel_err(mm(a, b), oracle.mm(a.double().numpy(), b.double().numpy())) < 1e-5
     assert jit.log == ["triton"] * 3
     assert certified.launch_stats()["direct_launches"] == 0
+
+
+def test_a_tile_with_a_second_accumulator_launches_directly_and_right(jit, monkeypatch):
+    # A certificate may name a tile BLOCK_N + EXTRA_N wide (kernels/matmul.py): its grid and
+    # its extra constexpr must be what the direct launch remembers. N = 48 makes two tile
+    # columns of 32, the second one's extra block wholly past the edge.
+    from nbx_tune.kernels.spec import Config
+
+    wide = Config.make(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, EXTRA_N=16, num_warps=1, num_stages=1)
+    monkeypatch.setattr(matmul_module, "DEFAULTS", (wide,))  # what a seat with no certificate gets
+    certified.reload()
+    x, a, b = torch.empty(48), torch.empty(37, 32), fresh(32, 48, seed=14)
+    for seed in range(3):
+        x.copy_(fresh(48, seed=40 + seed))
+        a.copy_(fresh(37, 32, seed=50 + seed))
+        got = addmm(x, a, b, alpha=2.0, beta=0.5)
+        ref = oracle.addmm(x.double().numpy(), a.double().numpy(), b.double().numpy(), 2.0, 0.5)
+        assert rel_err(got, ref) < 1e-5
+    assert jit.log == ["triton", "direct", "direct"]
+    assert [cfg for cfg, _ in certified.state().memo.values()] == [wide]
+    (fixed, consts), = [v[1] for v in certified.state().direct.values()]
+    assert consts[-1] == 16  # EXTRA_N, the kernel's last constexpr, passed on every direct launch
