@@ -294,8 +294,8 @@ class MatmulSpec(KernelSpec):
         return max(config.num_stages, 1) * width * config["BLOCK_K"] * esize
 
     def source_parts(self):
-        return (_matmul_kernel, _epilogue, extra_columns, matmul_args, vector_elems, rows_aligned, _padded, stage_operands,
-                launch_matmul, alignment)
+        return (_matmul_kernel, _epilogue, extra_columns, matmul_args, vector_elems, rows_aligned, _padded,
+                stage_operands, launch_matmul, alignment)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
