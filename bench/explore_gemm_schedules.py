@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Exploratory: GEMM schedules against wave quantization at M=N=K=3072 (H200, 132 SMs).
 
-kernels/matmul.py reaches 0.91-0.98 of cuBLAS at 2048^3..8192^3 but 0.82 (fp16) / 0.83
-(bf16) at 3072^3: 576 tiles of 128x128 on 132 SMs are 4.36 waves, the last one 36 % full.
+kernels/matmul.py reaches 0.94-0.99 of cuBLAS at 2048^3..8192^3 but 0.86 at 3072^3 (with its
+128x192 tiles; 0.82 without): 576 tiles of 128x128 on 132 SMs are 4.36 waves, the last one
+36 % full.
 This script checks each candidate schedule against fp32 torch.matmul, times every config of
 it beside cuBLAS (torch.matmul) in the same run, and writes all of it to
 $OUT/explore_gemm_schedules.json (./bench_out/ without OUT).
@@ -208,56 +209,39 @@ def _splitk_reduce_kernel(ws_ptr, c_ptr, M, N, scm, scn, S: tl.constexpr,
 
 
 @triton.jit
-def _wide_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
-                 BM: tl.constexpr, BN: tl.constexpr, EXTRA: tl.constexpr, ROWS: tl.constexpr,
-                 BK: tl.constexpr, GROUP_M: tl.constexpr):
-    """One program per tile of BM x (BN + EXTRA) (ROWS=0) or (BM + EXTRA) x BN (ROWS=1), in two
-    accumulators: Triton's blocks are powers of two, their sum need not be (128 + 64 = 192).
-    At 3072^3 a 128x192 tile makes 384 tiles, 2.91 waves on 132 SMs, where 128x256 makes 2.18
-    and 128x128 makes 4.36: the last wave is 91 % full instead of 18 % or 36 %."""
-    TM: tl.constexpr = BM + EXTRA * ROWS
-    TN: tl.constexpr = BN + EXTRA * (1 - ROWS)
-    pid_m, pid_n = _coords(tl.program_id(0), tl.cdiv(M, TM), tl.cdiv(N, TN), GROUP_M)
+def _tall_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+                 BM: tl.constexpr, BN: tl.constexpr, EXTRA: tl.constexpr, BK: tl.constexpr,
+                 GROUP_M: tl.constexpr):
+    """One program per tile of (BM + EXTRA) x BN, in two accumulators: Triton's blocks are
+    powers of two, their sum need not be (128 + 64 = 192). The other way round, BM x (BN +
+    EXTRA), is kernels/matmul.py's EXTRA_N (in the baseline variant)."""
+    TM: tl.constexpr = BM + EXTRA
+    pid_m, pid_n = _coords(tl.program_id(0), tl.cdiv(M, TM), tl.cdiv(N, BN), GROUP_M)
     rk = tl.arange(0, BK)
     # Both blocks wrap past the edge as kernels/matmul.py does; the stores mask them.
     rm = (pid_m * TM + tl.arange(0, BM)) % M
-    rn = (pid_n * TN + tl.arange(0, BN)) % N
-    if ROWS:
-        rm2 = (pid_m * TM + BM + tl.arange(0, EXTRA)) % M
-        x_ptrs = a_ptr + rm2[:, None] * sam + rk[None, :] * sak
-        acc2 = tl.zeros((EXTRA, BN), dtype=tl.float32)
-    else:
-        rn2 = (pid_n * TN + BN + tl.arange(0, EXTRA)) % N
-        x_ptrs = b_ptr + rk[:, None] * sbk + rn2[None, :] * sbn
-        acc2 = tl.zeros((BM, EXTRA), dtype=tl.float32)
+    rm2 = (pid_m * TM + BM + tl.arange(0, EXTRA)) % M
+    rn = (pid_n * BN + tl.arange(0, BN)) % N
     a_ptrs = a_ptr + rm[:, None] * sam + rk[None, :] * sak
+    a2_ptrs = a_ptr + rm2[:, None] * sam + rk[None, :] * sak
     b_ptrs = b_ptr + rk[:, None] * sbk + rn[None, :] * sbn
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acc2 = tl.zeros((EXTRA, BN), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BK)):
         k_left = K - k * BK
-        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
-        acc = tl.dot(a, b, acc)
-        if ROWS:
-            acc2 = tl.dot(tl.load(x_ptrs, mask=rk[None, :] < k_left, other=0.0), b, acc2)
-            x_ptrs += BK * sak
-        else:
-            acc2 = tl.dot(a, tl.load(x_ptrs, mask=rk[:, None] < k_left, other=0.0), acc2)
-            x_ptrs += BK * sbk
+        acc = tl.dot(tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0), b, acc)
+        acc2 = tl.dot(tl.load(a2_ptrs, mask=rk[None, :] < k_left, other=0.0), b, acc2)
         a_ptrs += BK * sak
+        a2_ptrs += BK * sak
         b_ptrs += BK * sbk
     om = pid_m * TM + tl.arange(0, BM)
-    on = pid_n * TN + tl.arange(0, BN)
+    om2 = pid_m * TM + BM + tl.arange(0, EXTRA)
+    on = pid_n * BN + tl.arange(0, BN)
     tl.store(c_ptr + om[:, None] * scm + on[None, :] * scn, acc.to(c_ptr.dtype.element_ty),
              mask=(om[:, None] < M) & (on[None, :] < N))
-    if ROWS:
-        om2 = pid_m * TM + BM + tl.arange(0, EXTRA)
-        tl.store(c_ptr + om2[:, None] * scm + on[None, :] * scn, acc2.to(c_ptr.dtype.element_ty),
-                 mask=(om2[:, None] < M) & (on[None, :] < N))
-    else:
-        on2 = pid_n * TN + BN + tl.arange(0, EXTRA)
-        tl.store(c_ptr + om[:, None] * scm + on2[None, :] * scn, acc2.to(c_ptr.dtype.element_ty),
-                 mask=(om[:, None] < M) & (on2[None, :] < N))
+    tl.store(c_ptr + om2[:, None] * scm + on[None, :] * scn, acc2.to(c_ptr.dtype.element_ty),
+             mask=(om2[:, None] < M) & (on[None, :] < N))
 
 
 # ----------------------------------------------------------------------------- variants
@@ -394,15 +378,14 @@ def v_splitk_tail(a, b, c, cfg, nsms):
     return fn
 
 
-def v_wide(a, b, c, cfg, nsms):
-    """One launch of _wide_kernel: tiles of 128x192 (or 192x128) in two accumulators."""
+def v_tall(a, b, c, cfg, nsms):
+    """One launch of _tall_kernel: tiles of 192x128 in two accumulators."""
     (M, K), N = a.shape, b.shape[1]
-    TM, TN = cfg["BM"] + cfg["X"] * cfg["ROWS"], cfg["BN"] + cfg["X"] * (1 - cfg["ROWS"])
-    grid = (triton.cdiv(M, TM) * triton.cdiv(N, TN),)
+    grid = (triton.cdiv(M, cfg["BM"] + cfg["X"]) * triton.cdiv(N, cfg["BN"]),)
     args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
-    meta = dict(BM=cfg["BM"], BN=cfg["BN"], EXTRA=cfg["X"], ROWS=cfg["ROWS"], BK=cfg["BK"],
+    meta = dict(BM=cfg["BM"], BN=cfg["BN"], EXTRA=cfg["X"], BK=cfg["BK"],
                 GROUP_M=cfg.get("G", 8), num_warps=cfg["w"], num_stages=cfg["s"])
-    return lambda: _wide_kernel[grid](*args, **meta)
+    return lambda: _tall_kernel[grid](*args, **meta)
 
 
 def _rows(keys, rows, **fixed):
@@ -413,7 +396,7 @@ P_KEYS = ("BM", "BN", "BK", "w", "s", "OCC", "FLATTEN", "WS")
 SR_KEYS = ("BM", "BN", "BK", "w", "s", "TBM", "TBN", "TBK", "tw", "ts")
 SKT_KEYS = ("BM", "BN", "BK", "w", "s", "tw", "ts")
 SK_KEYS = ("BM", "BN", "BK", "w", "s", "OCC", "SK_WAVES", "TMA")
-W_KEYS = ("BM", "BN", "X", "ROWS", "BK", "w", "s")
+T_KEYS = ("BM", "BN", "X", "BK", "w", "s")
 
 
 def variant_configs(smoke: bool) -> dict:
@@ -428,15 +411,14 @@ def variant_configs(smoke: bool) -> dict:
                                                              (32, 16, 16, 1, 1, 2, 0, 0)], G=2)),
                 "streamk": (v_streamk, _rows(SK_KEYS, [(16, 16, 16, 1, 1, 1, 0, 0), (16, 32, 16, 1, 1, 1, 1, 0),
                                                         (32, 16, 16, 1, 1, 2, 0, 0)], G=3))}
+    # The wide tiles of kernels/matmul.py (128 x 192 through EXTRA_N) are in, whatever BLOCK_K.
     base = [c for c in CONFIGS if (c["BLOCK_M"], c["BLOCK_N"]) in ((128, 128), (128, 256), (256, 128))
-            and c["BLOCK_K"] == 64]
+            and (c["BLOCK_K"] == 64 or "EXTRA_N" in c.kwargs)]
     return {
         "baseline": (v_baseline, base or [None]),
-        "wide": (v_wide, _rows(W_KEYS, [
-            (128, 128, 64, 0, 64, 8, 3), (128, 128, 64, 0, 64, 8, 4), (128, 128, 64, 1, 64, 8, 3),
-            (128, 128, 64, 1, 64, 8, 4), (128, 128, 64, 0, 32, 8, 5), (128, 128, 64, 1, 32, 8, 5),
-            (128, 64, 128, 0, 64, 8, 3), (64, 128, 128, 1, 64, 8, 3), (128, 128, 64, 0, 64, 8, 5),
-            (128, 128, 64, 0, 64, 4, 3)], G=8)),
+        "tall": (v_tall, _rows(T_KEYS, [
+            (128, 128, 64, 64, 8, 3), (128, 128, 64, 64, 8, 4), (128, 128, 64, 32, 8, 5),
+            (64, 128, 128, 64, 8, 3)], G=8)),
         "splitk_tail": (v_splitk_tail, _rows(SKT_KEYS, [
             (128, 256, 64, 8, 3, 8, 3), (128, 256, 64, 8, 4, 8, 3), (128, 256, 64, 8, 3, 8, 4),
             (256, 128, 64, 8, 3, 8, 3), (128, 128, 64, 4, 3, 4, 3), (128, 128, 64, 8, 4, 8, 4),
