@@ -9,7 +9,8 @@ it beside cuBLAS (torch.matmul) in the same run, and writes all of it to
 $OUT/explore_gemm_schedules.json (./bench_out/ without OUT).
 
     python bench/explore_gemm_schedules.py        # GPU; env EXPLORE_BUDGET_S=150, EXPLORE_JOBS,
-                                                  # EXPLORE_VARIANTS=baseline,splitk_tail (a subset)
+                                                  # EXPLORE_VARIANTS=baseline,splitk_tail (a subset),
+                                                  # EXPLORE_SHAPES=3072,3000 (cubes)
     TRITON_INTERPRET=1 python bench/explore_gemm_schedules.py --smoke   # CPU: index math only
 """
 
@@ -50,11 +51,11 @@ except ImportError:  # the repository root is the package: put a link named nbx_
     (_pkg / "nbx_tune").symlink_to(Path(__file__).resolve().parents[1])
     sys.path.insert(0, str(_pkg))
 try:
-    from nbx_tune.kernels.matmul import CONFIGS, launch_matmul
+    from nbx_tune.kernels.matmul import CONFIGS, _c as matmul_config, launch_matmul
     from nbx_tune.kernels.spec import Config
     BASELINE_ERR = None
 except Exception as _e:  # the other variants still run
-    CONFIGS, launch_matmul, Config, BASELINE_ERR = (), None, None, first_line(_e)
+    CONFIGS, matmul_config, launch_matmul, Config, BASELINE_ERR = (), None, None, None, first_line(_e)
 
 HAS_TMA = hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
 
@@ -244,6 +245,46 @@ def _tall_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
              mask=(om2[:, None] < M) & (on[None, :] < N))
 
 
+@triton.jit
+def _tma_wide_tile(a_desc, b_desc, b2_desc, c_ptr, tile, M, N, K, scm, scn,
+                   BM: tl.constexpr, BN: tl.constexpr, X: tl.constexpr, BK: tl.constexpr,
+                   GROUP_M: tl.constexpr):
+    """One BM x (BN + X) output tile: A and B through host-side TMA descriptors (boxes past
+    the edge read as zeros), two accumulators when X > 0, C stored through masked pointers."""
+    TN: tl.constexpr = BN + X
+    pid_m, pid_n = _coords(tile, tl.cdiv(M, BM), tl.cdiv(N, TN), GROUP_M)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if X > 0:
+        acc2 = tl.zeros((BM, X), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BK)):
+        a = a_desc.load([pid_m * BM, k * BK])
+        acc = tl.dot(a, b_desc.load([k * BK, pid_n * TN]), acc)
+        if X > 0:
+            acc2 = tl.dot(a, b2_desc.load([k * BK, pid_n * TN + BN]), acc2)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * TN + tl.arange(0, BN)
+    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(c_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+    if X > 0:
+        rn2 = pid_n * TN + BN + tl.arange(0, X)
+        tl.store(c_ptr + rm[:, None] * scm + rn2[None, :] * scn, acc2.to(c_ptr.dtype.element_ty),
+                 mask=(rm[:, None] < M) & (rn2[None, :] < N))
+
+
+@triton.jit
+def _tma_wide_kernel(a_desc, b_desc, b2_desc, c_ptr, M, N, K, scm, scn,
+                     BM: tl.constexpr, BN: tl.constexpr, X: tl.constexpr, BK: tl.constexpr,
+                     GROUP_M: tl.constexpr, NUM_PROGS: tl.constexpr, PERSISTENT: tl.constexpr):
+    """One program per tile, or NUM_PROGS programs walking the tiles (PERSISTENT)."""
+    if PERSISTENT:
+        tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN + X)
+        for tile in tl.range(tl.program_id(0), tiles, NUM_PROGS, flatten=True):
+            _tma_wide_tile(a_desc, b_desc, b2_desc, c_ptr, tile, M, N, K, scm, scn, BM, BN, X, BK, GROUP_M)
+    else:
+        _tma_wide_tile(a_desc, b_desc, b2_desc, c_ptr, tl.program_id(0), M, N, K, scm, scn,
+                       BM, BN, X, BK, GROUP_M)
+
+
 # ----------------------------------------------------------------------------- variants
 # Each takes (a, b, c, config, num_sms) and returns a no-argument function computing c = a @ b,
 # all of each call's GPU work inside it (there is no memset or cast: the stream-K workspace is
@@ -388,6 +429,36 @@ def v_tall(a, b, c, cfg, nsms):
     return lambda: _tall_kernel[grid](*args, **meta)
 
 
+def _tma_rows(t):
+    """t itself where its rows start on 16-byte boundaries, as a TMA descriptor requires
+    (every GPU shape here); else a copy in rows padded to 16 bytes, made once at set-up (the
+    odd smoke shapes, whose index math is what is checked)."""
+    per = 16 // t.element_size()
+    if t.stride(1) == 1 and t.stride(0) % per == 0:
+        return t
+    wide = t.new_zeros(t.shape[0], -(-t.shape[1] // per) * per)
+    wide[:, :t.shape[1]] = t
+    return wide[:, :t.shape[1]]
+
+
+def v_tma_wide(a, b, c, cfg, nsms):
+    """_tma_wide_kernel: kernels/matmul.py's BM x (BN + X) tiles with A and B loaded by TMA
+    (host-side descriptors: the tma_persistent variant's best at 4096^3), one program per
+    tile or persistent (P=1: min(tiles, SMs) programs)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    (M, K), N = a.shape, b.shape[1]
+    BM, BN, X, BK = cfg["BM"], cfg["BN"], cfg["X"], cfg["BK"]
+    a, b = _tma_rows(a), _tma_rows(b)
+    tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN + X)
+    progs = min(tiles, nsms) if cfg["P"] else tiles
+    descs = (TensorDescriptor.from_tensor(a, [BM, BK]), TensorDescriptor.from_tensor(b, [BK, BN]),
+             TensorDescriptor.from_tensor(b, [BK, max(X, 16)]))
+    args = (*descs, c, M, N, K, c.stride(0), c.stride(1))
+    meta = dict(BM=BM, BN=BN, X=X, BK=BK, GROUP_M=cfg.get("G", 8), NUM_PROGS=progs, PERSISTENT=bool(cfg["P"]),
+                num_warps=cfg["w"], num_stages=cfg["s"])
+    return lambda: _tma_wide_kernel[(progs,)](*args, **meta)
+
+
 def _rows(keys, rows, **fixed):
     return [{**dict(zip(keys, r)), **fixed} for r in rows]
 
@@ -397,6 +468,7 @@ SR_KEYS = ("BM", "BN", "BK", "w", "s", "TBM", "TBN", "TBK", "tw", "ts")
 SKT_KEYS = ("BM", "BN", "BK", "w", "s", "tw", "ts")
 SK_KEYS = ("BM", "BN", "BK", "w", "s", "OCC", "SK_WAVES", "TMA")
 T_KEYS = ("BM", "BN", "X", "BK", "w", "s")
+TW_KEYS = ("BM", "BN", "X", "BK", "w", "s", "P")
 
 
 def variant_configs(smoke: bool) -> dict:
@@ -407,6 +479,8 @@ def variant_configs(smoke: bool) -> dict:
                 "split_rows": (v_split_rows, _rows(SR_KEYS, [(32, 16, 16, 1, 1, 16, 16, 16, 1, 1)], G=2)),
                 "splitk_tail": (v_splitk_tail, _rows(SKT_KEYS, [(16, 32, 16, 1, 1, 1, 1), (16, 16, 16, 1, 1, 1, 1)],
                                                      G=2, RM=16, RN=16)),
+                "tma_wide": (v_tma_wide, _rows(TW_KEYS, [(16, 16, 16, 16, 1, 1, 0), (16, 16, 16, 16, 1, 1, 1),
+                                                          (16, 16, 0, 16, 1, 1, 0)], G=2)),
                 "persistent": (v_persistent, _rows(P_KEYS, [(16, 16, 16, 1, 1, 1, 1, 0),
                                                              (32, 16, 16, 1, 1, 2, 0, 0)], G=2)),
                 "streamk": (v_streamk, _rows(SK_KEYS, [(16, 16, 16, 1, 1, 1, 0, 0), (16, 32, 16, 1, 1, 1, 1, 0),
@@ -414,8 +488,24 @@ def variant_configs(smoke: bool) -> dict:
     # The wide tiles of kernels/matmul.py (128 x 192 through EXTRA_N) are in, whatever BLOCK_K.
     base = [c for c in CONFIGS if (c["BLOCK_M"], c["BLOCK_N"]) in ((128, 128), (128, 256), (256, 128))
             and (c["BLOCK_K"] == 64 or "EXTRA_N" in c.kwargs)]
+    # Configs of kernels/matmul.py's own kernel that its space lacks: deeper or shallower
+    # pipelines and other groupings of the 128x192 tile, 192-wide tiles split the other way
+    # (64 + 128) or 64 rows high, and BLOCK_K 128 (a row of A or B misaligned to 128 bytes
+    # costs one extra line per 256 bytes loaded instead of per 128: the 3000^3 question).
+    cand = [matmul_config(*a, **k) for a, k in (
+        ((128, 128, 32, 8, 7), dict(extra_n=64)), ((128, 128, 32, 8, 5), dict(group=4, extra_n=64)),
+        ((128, 128, 32, 8, 5), dict(group=16, extra_n=64)), ((128, 128, 16, 8, 8), dict(extra_n=64)),
+        ((128, 64, 32, 8, 5), dict(extra_n=128)), ((64, 128, 32, 4, 5), dict(extra_n=64)),
+        ((128, 128, 64, 8, 3), dict(extra_n=64)), ((128, 256, 128, 8, 2), {}), ((256, 128, 128, 8, 2), {}),
+        ((128, 128, 128, 8, 2), dict(extra_n=64)))] if matmul_config else []
     return {
         "baseline": (v_baseline, base or [None]),
+        "candidates": (v_baseline, cand or [None]),
+        "tma_wide": (v_tma_wide, _rows(TW_KEYS, [
+            (128, 128, 64, 64, 8, 3, 0), (128, 128, 64, 64, 8, 4, 0), (128, 128, 64, 32, 8, 5, 0),
+            (128, 128, 64, 32, 8, 6, 0), (128, 128, 64, 64, 8, 3, 1), (128, 128, 64, 64, 8, 4, 1),
+            (128, 128, 64, 32, 8, 5, 1), (128, 256, 0, 64, 8, 3, 0), (128, 256, 0, 64, 8, 4, 0),
+            (128, 256, 0, 64, 8, 3, 1), (128, 128, 0, 64, 8, 4, 0), (128, 128, 0, 64, 4, 3, 0)], G=8)),
         "tall": (v_tall, _rows(T_KEYS, [
             (128, 128, 64, 64, 8, 3), (128, 128, 64, 64, 8, 4), (128, 128, 64, 32, 8, 5),
             (64, 128, 128, 64, 8, 3)], G=8)),
@@ -488,6 +578,8 @@ def main_smoke() -> int:
 # ----------------------------------------------------------------------------- GPU
 
 SHAPES = ((3072, 3072, 3072), (4096, 4096, 4096), (2048, 2048, 2048), (3000, 3000, 3000))
+if os.environ.get("EXPLORE_SHAPES"):  # e.g. EXPLORE_SHAPES=3072,3000: cubes only
+    SHAPES = tuple((n, n, n) for n in map(int, os.environ["EXPLORE_SHAPES"].split(",")))
 DTYPES = ("float16", "bfloat16")
 TOL = {"float16": 2e-2, "bfloat16": 4e-2}
 DEV = "cuda"
