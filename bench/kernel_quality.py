@@ -56,7 +56,7 @@ def main(buckets_only: bool = False) -> None:
     import torch
 
     from nbx_tune.kernels import certified
-    from nbx_tune.kernels.matmul import SPEC, _matmul_kernel, launch_matmul, matmul_args
+    from nbx_tune.kernels.matmul import SPEC, _matmul_kernel, launch_matmul, matmul_args, tma_descriptors
     from nbx_tune.kernels.spec import Config, bucket_of, seat_label
     from nbx_tune.profiles import current_profile
     from nbx_tune.tuner import api
@@ -120,7 +120,8 @@ def main(buckets_only: bool = False) -> None:
             if dict(p.flags)["aligned"] != "16":
                 # The same config on the raw operands, without staging copies or hints (the
                 # kernel as it ran before kernels/matmul.py served rows off 16 elements).
-                grid, args = matmul_args(a, b, c, c, 1.0, 0.0, False, cfg)
+                _, _, descs, tma = tma_descriptors(a, b, cfg)
+                grid, args = matmul_args(a, b, c, c, 1.0, 0.0, False, cfg, descs=descs, tma=tma)
                 fns["raw"] = lambda: _matmul_kernel[grid](*args, num_warps=cfg.num_warps,
                                                           num_stages=cfg.num_stages)
             t = side_by_side(fns, rep_ms=300)

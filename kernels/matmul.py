@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.certified import config_for, direct_launch, remember_direct
@@ -25,7 +26,7 @@ MAX_BATCH = 65535  # the grid's second axis
 
 @triton.jit
 def _matmul_kernel(
-    a_ptr, b_ptr, c_ptr, bias_ptr,
+    a_ptr, b_ptr, c_ptr, bias_ptr, a_desc, b_desc, b2_desc,
     M, N, K, NB,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
@@ -34,7 +35,7 @@ def _matmul_kernel(
     alpha, beta,
     HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    ALIGN_AB: tl.constexpr, ALIGN_C: tl.constexpr, EXTRA_N: tl.constexpr = 0,
+    ALIGN_AB: tl.constexpr, ALIGN_C: tl.constexpr, EXTRA_N: tl.constexpr = 0, TMA: tl.constexpr = 0,
 ):
     # Triton knows an integer argument's divisibility only when it is a multiple of 16; a
     # row 3000 elements long is a multiple of 8 (16 bytes in fp16) and would load one element
@@ -68,31 +69,56 @@ def _matmul_kernel(
 
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * TILE_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    # Rows and columns past the edge wrap to valid ones: loads need no M/N mask, and the
-    # store below is masked, so the wrapped results are never written. B's columns wrap at
-    # NB, its row length: N itself, or N padded to 16 when B was staged (stage_operands).
-    ram = rm % M
-    rbn = rn % NB
-    a_ptrs = a_ptr + batch * stride_ab + ram[:, None] * stride_am + rk[None, :] * stride_ak
-    b_ptrs = b_ptr + batch * stride_bb + rk[:, None] * stride_bk + rbn[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if EXTRA_N > 0:
         rn2 = pid_n * TILE_N + BLOCK_N + tl.arange(0, EXTRA_N)
-        b2_ptrs = b_ptr + batch * stride_bb + rk[:, None] * stride_bk + (rn2 % NB)[None, :] * stride_bn
         acc2 = tl.zeros((BLOCK_M, EXTRA_N), dtype=tl.float32)
-
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    if TMA > 0:
+        # A and B through the TMA unit (host-side descriptors, `tma_descriptors`): bulk
+        # asynchronous copies with no address arithmetic in registers, and boxes past an
+        # edge read as zeros, so no wrap and no K mask. TMA is 3 for batched descriptors
+        # (batch, rows, cols), 2 for one product. 0.97 of cuBLAS at 4096^3 fp16 and 0.72 at
+        # 3000^3, where pointer loads reach 0.86 and 0.59 (docs/benchmarks.md).
+        m0 = pid_m * BLOCK_M
+        n0 = pid_n * TILE_N
+        bi = tl.program_id(1)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            k0 = k * BLOCK_K
+            if TMA == 3:
+                a = a_desc.load([bi, m0, k0]).reshape(BLOCK_M, BLOCK_K)
+                b = b_desc.load([bi, k0, n0]).reshape(BLOCK_K, BLOCK_N)
+            else:
+                a = a_desc.load([m0, k0])
+                b = b_desc.load([k0, n0])
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+            if EXTRA_N > 0:
+                if TMA == 3:
+                    b2 = b2_desc.load([bi, k0, n0 + BLOCK_N]).reshape(BLOCK_K, EXTRA_N)
+                else:
+                    b2 = b2_desc.load([k0, n0 + BLOCK_N])
+                acc2 = tl.dot(a, b2, acc2, input_precision=INPUT_PRECISION)
+    else:
+        rk = tl.arange(0, BLOCK_K)
+        # Rows and columns past the edge wrap to valid ones: loads need no M/N mask, and the
+        # store below is masked, so the wrapped results are never written. B's columns wrap
+        # at NB, its row length: N itself, or N padded to 16 when B was staged (stage_operands).
+        ram = rm % M
+        rbn = rn % NB
+        a_ptrs = a_ptr + batch * stride_ab + ram[:, None] * stride_am + rk[None, :] * stride_ak
+        b_ptrs = b_ptr + batch * stride_bb + rk[:, None] * stride_bk + rbn[None, :] * stride_bn
         if EXTRA_N > 0:
-            b2 = tl.load(b2_ptrs, mask=rk[:, None] < k_left, other=0.0)
-            acc2 = tl.dot(a, b2, acc2, input_precision=INPUT_PRECISION)
-            b2_ptrs += BLOCK_K * stride_bk
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+            b2_ptrs = b_ptr + batch * stride_bb + rk[:, None] * stride_bk + (rn2 % NB)[None, :] * stride_bn
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+            if EXTRA_N > 0:
+                b2 = tl.load(b2_ptrs, mask=rk[:, None] < k_left, other=0.0)
+                acc2 = tl.dot(a, b2, acc2, input_precision=INPUT_PRECISION)
+                b2_ptrs += BLOCK_K * stride_bk
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
 
     c_at = c_ptr + batch * stride_cb
     x_at = bias_ptr + batch * stride_xb
@@ -120,27 +146,79 @@ def extra_columns(config: Config) -> int:
     return config.kwargs.get("EXTRA_N", 0)
 
 
+def uses_tma(config: Config) -> bool:
+    """Whether the config loads A and B through TMA descriptors (its TMA, 0 when absent)."""
+    return bool(config.kwargs.get("TMA", 0))
+
+
+_NO_DESC = (None, None, None)
+
+
+def tma_ready(t, batched: bool) -> bool:
+    """Whether a TMA descriptor can read t in place: its base and every row on a 16-byte
+    boundary, unit last stride, and (batched) a batch stride that is neither misaligned nor
+    a broadcast 0. Single products use t's last two dims only."""
+    if t.data_ptr() % 16:
+        return False
+    st, es = t.stride(), t.element_size()
+    if st[-1] != 1 or (st[-2] * es) % 16:
+        return False
+    return not batched or ((st[0] * es) % 16 == 0 and st[0] != 0)
+
+
+def _tma_copy(t):
+    """t's values in fresh storage whose rows are 16-byte aligned (a view of the first
+    t.shape[-1] columns of rows padded to 16 bytes)."""
+    per = 16 // t.element_size()
+    out = t.new_empty((*t.shape[:-1], -(-t.shape[-1] // per) * per))[..., :t.shape[-1]]
+    out.copy_(t)
+    return out
+
+
+def tma_descriptors(a, b, config: Config) -> tuple:
+    """(a, b, (a_desc, b_desc, b2_desc), the kernel's TMA) for a TMA config: host-side
+    descriptors of A's BLOCK_M x BLOCK_K boxes and B's BLOCK_K x BLOCK_N (and x EXTRA_N)
+    boxes, 3-D when there is a batch of more than one product. An operand TMA cannot read in
+    place (`tma_ready`) is replaced by an aligned copy. Other configs: a, b, no descriptors, 0."""
+    if not uses_tma(config):
+        return a, b, _NO_DESC, 0
+    batched = a.dim() == 3 and a.shape[0] > 1
+    if not tma_ready(a, batched):
+        a = _tma_copy(a)
+    if not tma_ready(b, batched):
+        b = _tma_copy(b)
+    bm, bn, bk, extra = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], extra_columns(config)
+    if batched:
+        da, db, lead = a, b, [1]
+    else:
+        da, db, lead = (a[0], b[0], []) if a.dim() == 3 else (a, b, [])
+    descs = (TensorDescriptor.from_tensor(da, lead + [bm, bk]), TensorDescriptor.from_tensor(db, lead + [bk, bn]),
+             TensorDescriptor.from_tensor(db, lead + [bk, extra]) if extra else None)
+    return a, b, descs, 3 if batched else 2
+
+
 def _strides3(t):
     s = t.stride()
     return s if len(s) == 3 else (0, *s)
 
 
 def matmul_args(a, b, c, x, alpha: float, beta: float, has_bias: bool, config: Config,
-                align_ab: int = 1, align_c: int = 1) -> tuple:
+                align_ab: int = 1, align_c: int = 1, descs: tuple = _NO_DESC, tma: int = 0) -> tuple:
     """(grid, every argument of `_matmul_kernel` in its order, constexprs included): a
     launch through Triton and a direct launch of the compiled kernel pass exactly these.
     a and b may be staged copies, wider than the product (stage_operands): N is c's.
-    align_ab / align_c: the kernel's ALIGN_AB / ALIGN_C hints (`launch_matmul` says when)."""
+    align_ab / align_c: the kernel's ALIGN_AB / ALIGN_C hints (`launch_matmul` says when);
+    descs, tma: what `tma_descriptors` gave for a TMA config."""
     M, K = a.shape[-2:]
     N, NB = c.shape[-1], b.shape[-1]
     B = a.shape[0] if a.dim() == 3 else 1
     sa, sb, sc, sx = _strides3(a), _strides3(b), _strides3(c), _strides3(x)
     extra_n = extra_columns(config)
     grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"] + extra_n), B)
-    args = (a, b, c, x, M, N, K, NB, *sa, *sb, *sc, *sx, alpha, beta,
+    args = (a, b, c, x, *descs, M, N, K, NB, *sa, *sb, *sc, *sx, alpha, beta,
             has_bias, "ieee" if a.dtype == torch.float32 else "tf32",
             config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], align_ab, align_c,
-            extra_n)
+            extra_n, tma)
     return grid, args
 
 
@@ -200,20 +278,21 @@ def launch_matmul(a, b, c, bias, alpha: float, beta: float, config: Config):
     By the seat's `alignment`: at 16 Triton's own specialization vectorizes every load and
     store; below it the loads are made 16-byte aligned (stage_operands copies whichever
     operand is not) and the kernel is told so (ALIGN_AB), and so are C's stores where its
-    rows allow (ALIGN_C)."""
+    rows allow (ALIGN_C). A TMA config reads A and B through descriptors (`tma_descriptors`)."""
     vec = vector_elems(a.dtype)
     align_ab = align_c = 1
     if alignment(a.stride(), b.stride(), b.shape[-1], a.shape[-1], vec) != 16:
         a, b = stage_operands(a, b, vec)
         align_ab = vec
         align_c = vec if rows_aligned(c.shape, c.stride(), vec) else 1
+    a, b, descs, tma = tma_descriptors(a, b, config)
     grid, args = matmul_args(a, b, c, c if bias is None else bias, alpha, beta, bias is not None, config,
-                             align_ab, align_c)
+                             align_ab, align_c, descs, tma)
     return _matmul_kernel[grid](*args, num_warps=config.num_warps, num_stages=config.num_stages), grid, args
 
 
-def _c(bm, bn, bk, warps, stages, group=8, extra_n=0):
-    extra = {"EXTRA_N": extra_n} if extra_n else {}
+def _c(bm, bn, bk, warps, stages, group=8, extra_n=0, tma=0):
+    extra = {**({"EXTRA_N": extra_n} if extra_n else {}), **({"TMA": 1} if tma else {})}
     return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, **extra,
                        num_warps=warps, num_stages=stages)
 
@@ -238,6 +317,11 @@ CONFIGS = (
     # leave the last wave mostly empty: certified at 3072^3 on the H200, 0.86 of cuBLAS
     # against 0.82 for the rest; slower at 2048^3 and 4096^3 (docs/benchmarks.md).
     _c(128, 128, 32, 8, 4, extra_n=64), _c(128, 128, 32, 8, 5, extra_n=64), _c(128, 128, 32, 8, 6, extra_n=64),
+    # A and B through TMA descriptors: on the H200 0.97 of cuBLAS at 4096^3 fp16 (pointer
+    # loads 0.86) and 0.72 at 3000^3 (0.59), level at 2048^3 and 3072^3 (docs/benchmarks.md).
+    _c(128, 256, 64, 8, 3, tma=1), _c(128, 256, 64, 8, 4, tma=1), _c(128, 128, 64, 4, 3, tma=1),
+    _c(128, 128, 64, 8, 4, tma=1), _c(128, 128, 64, 8, 4, extra_n=64, tma=1),
+    _c(128, 128, 32, 8, 5, extra_n=64, tma=1),
 )
 
 # Served when a seat has no certificate: the first that fits the device.
@@ -268,6 +352,15 @@ def alignment(strides_a, strides_b, n: int, k: int, vec: int) -> int:
     return vec
 
 
+def has_tma(profile) -> bool:
+    """Whether the profile's devices have a TMA unit (NVIDIA sm_90 and later); the
+    interpreter emulates tensor descriptors."""
+    if profile.vendor == "triton":
+        return True
+    caps = [m.partition(":")[2] for m in profile.compute_capability_matches]
+    return profile.vendor == "nvidia" and all(c.isdigit() and int(c) >= 90 for c in caps)
+
+
 def _broadcastable(shape, target) -> bool:
     if len(shape) > len(target):
         return False
@@ -287,6 +380,11 @@ class MatmulSpec(KernelSpec):
     def default_preference(self):
         return DEFAULTS
 
+    def static_refusal(self, profile, config, problem):
+        if uses_tma(config) and not has_tma(profile):
+            return ("no_tma", f"TMA loads need an NVIDIA sm_90 or later device; profile {profile.name} has none")
+        return super().static_refusal(profile, config, problem)
+
     def smem_bytes(self, config, problem):
         # The software pipeliner keeps num_stages copies of an A tile and a B tile.
         esize = 4 if problem.dtypes[0] == "float32" else 2
@@ -294,8 +392,8 @@ class MatmulSpec(KernelSpec):
         return max(config.num_stages, 1) * width * config["BLOCK_K"] * esize
 
     def source_parts(self):
-        return (_matmul_kernel, _epilogue, extra_columns, matmul_args, vector_elems, rows_aligned, _padded,
-                stage_operands, launch_matmul, alignment)
+        return (_matmul_kernel, _epilogue, extra_columns, uses_tma, tma_ready, _tma_copy, tma_descriptors,
+                matmul_args, vector_elems, rows_aligned, _padded, stage_operands, launch_matmul, alignment)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
@@ -439,9 +537,11 @@ def _run(a, b, bias, alpha, beta, rank):
            (tuple(x.shape), x.stride(), x.data_ptr() & 15) if has_bias else None)
     hit = direct_launch(key)
     if hit is not None:
-        ints, consts = hit[1]
+        ints, consts, tma_config = hit[1]
         # An expanded view keeps the bias's address; its broadcast strides are in `ints`.
-        hit[0](a, b, c, x, *ints, alpha, beta, *consts)
+        # TMA descriptors hold the operands' addresses: made afresh on every call.
+        descs = _NO_DESC if tma_config is None else tma_descriptors(a, b, tma_config)[2]
+        hit[0](a, b, c, x, *descs, *ints, alpha, beta, *consts)
         return c
     dims = (ash[0] if rank == 3 else 1, M, N, K)
     aligned = alignment(sa, sb, N, K, 16 // a.element_size())
@@ -449,11 +549,13 @@ def _run(a, b, bias, alpha, beta, rank):
     config = config_for(SPEC, (name,), flags, dims)
     compiled, grid, args = launch_matmul(a, b, c, bias.expand(out_shape) if has_bias else None,
                                          alpha, beta, config)
-    # Fixed under this key: M, N, K, NB and the 12 strides (args 4-19), and the constexprs
-    # (22 on). The tensors and alpha, beta (20, 21) are passed afresh on every call. A
-    # launch with staged operands (aligned=0) copies them every time: not remembered.
-    if aligned:
-        remember_direct(key, compiled, grid, (args[4:20], args[22:]), SPEC, (name,), flags, dims)
+    # Fixed under this key: M, N, K, NB and the 12 strides (args 7-22), and the constexprs
+    # (25 on). The tensors, the TMA descriptors (4-6) and alpha, beta (23, 24) are passed
+    # afresh on every call. A launch that copied an operand (staged at aligned=0, or for a
+    # TMA descriptor) copies it every time: not remembered.
+    if args[0] is a and args[1] is b:
+        remember_direct(key, compiled, grid, (args[7:23], args[25:], config if uses_tma(config) else None),
+                        SPEC, (name,), flags, dims)
     return c
 
 

@@ -12,6 +12,7 @@ bench/direct_launch_check.py.
 import numpy as np
 import pytest
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nbx_tune.kernels import addmm, baddbmm, bmm, certified, mm
 from nbx_tune.kernels import matmul as matmul_module
@@ -30,6 +31,10 @@ def specialization(args) -> tuple:
             out.append(("int", v == 1, v % 16 == 0, -2**31 <= v < 2**31))
         elif isinstance(v, float):
             out.append("fp32")
+        elif v is None:  # a constexpr None: the descriptors of a config without TMA
+            out.append(None)
+        elif isinstance(v, TensorDescriptor):  # compiled for its dtype and box
+            out.append(("desc", v.base.dtype, tuple(v.block_shape), len(v.shape)))
         else:
             raise TypeError(type(v))
     return tuple(out)
@@ -173,5 +178,23 @@ def test_a_tile_with_a_second_accumulator_launches_directly_and_right(jit, monke
         assert rel_err(got, ref) < 1e-5
     assert jit.log == ["triton", "direct", "direct"]
     assert [cfg for cfg, _ in certified.state().memo.values()] == [wide]
-    (fixed, consts), = [v[1] for v in certified.state().direct.values()]
-    assert consts[-1] == 16  # EXTRA_N, the kernel's last constexpr, passed on every direct launch
+    (fixed, consts, tma_config), = [v[1] for v in certified.state().direct.values()]
+    assert consts[-2:] == (16, 0)  # EXTRA_N and TMA, the kernel's last constexprs, on every direct launch
+    assert tma_config is None
+
+
+def test_a_tma_tile_launches_directly_with_descriptors_of_each_calls_operands(jit, monkeypatch):
+    # A TMA certificate: the descriptors hold the operands' addresses, so a direct launch
+    # must make them afresh from each call's tensors. Fresh tensors every call (same key:
+    # shapes, strides, low address bits) would read the first call's data otherwise.
+    from nbx_tune.kernels.spec import Config
+
+    tma = Config.make(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, TMA=1, num_warps=1, num_stages=1)
+    monkeypatch.setattr(matmul_module, "DEFAULTS", (tma,))
+    certified.reload()
+    for seed in range(3):
+        a, b = fresh(37, 32, seed=60 + seed), fresh(32, 48, seed=70 + seed)
+        assert rel_err(mm(a, b), oracle.mm(a.double().numpy(), b.double().numpy())) < 1e-5
+    assert jit.log == ["triton", "direct", "direct"]
+    (fixed, consts, tma_config), = [v[1] for v in certified.state().direct.values()]
+    assert tma_config == tma and consts[-1] == 2  # 2-D descriptors for one product

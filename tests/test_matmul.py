@@ -226,3 +226,70 @@ def test_the_shared_memory_estimate_counts_the_extra_columns():
     for c in wide:
         width = c["BLOCK_M"] + c["BLOCK_N"] + c["EXTRA_N"]
         assert SPEC.smem_bytes(c, p16) == c.num_stages * width * c["BLOCK_K"] * 2
+
+
+def _tma(extra_n=0):
+    from nbx_tune.kernels.spec import Config
+
+    extra = {"EXTRA_N": extra_n} if extra_n else {}
+    return Config.make(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, **extra, TMA=1, num_warps=1, num_stages=1)
+
+
+@pytest.mark.parametrize("dt", ["float16", "float32"])
+@pytest.mark.parametrize("batch,m,n,k", [(1, 37, 45, 29), (1, 40, 48, 32), (3, 19, 70, 24), (2, 21, 20, 40)])
+@pytest.mark.parametrize("extra_n", [0, 16])
+def test_tma_tiles_match_the_oracle(dt, batch, m, n, k, extra_n):
+    # Loads through TMA descriptors: boxes past M, N and K read zeros (no wrap, no mask).
+    # K = 29 and N = 45 or 70 in fp16 leave rows off 16-byte boundaries, which TMA cannot
+    # read: those operands are copied into aligned rows; 40x48x32 is read in place. A batch
+    # of 1 takes 2-D descriptors, more take 3-D ones; a bias of c's shape through both blocks.
+    cfg, tdt = _tma(extra_n), TORCH_DTYPES[dt]
+    g = torch.Generator().manual_seed(batch * m * n + k)
+    a, b, x = (torch.rand(s, generator=g) * 2 - 1 for s in ((batch, m, k), (batch, k, n), (batch, m, n)))
+    a, b, x = a.to(tdt), b.to(tdt), x.to(tdt)
+    c = torch.full((batch, m, n), float("nan"), dtype=tdt)
+    _, grid, args = launch_matmul(a, b, c, x, 1.5, -0.5, cfg)
+    assert grid == (-(-m // 16) * -(-n // (16 + extra_n)), batch)
+    descs, tma = args[4:7], args[-1]
+    assert tma == (3 if batch > 1 else 2)
+    assert [d is None for d in descs] == [False, False, not extra_n]
+    in_place = (k * a.element_size()) % 16 == 0 and (n * b.element_size()) % 16 == 0
+    assert (args[0] is a and args[1] is b) == in_place
+    ref = oracle.baddbmm(x.double().numpy(), a.double().numpy(), b.double().numpy(), 1.5, -0.5)
+    assert np.abs(c.double().numpy() - ref).max() / np.abs(ref).max() < (2e-3 if dt == "float16" else 1e-5)
+
+
+def test_tma_reads_a_broadcast_or_misaligned_operand_from_an_aligned_copy():
+    # A batch stride of 0 (an expanded operand) and a base 2 bytes off a 16-byte boundary
+    # are what a descriptor cannot take: both operands are copied, and the product is right.
+    from nbx_tune.kernels.matmul import tma_ready
+
+    g = torch.Generator().manual_seed(5)
+    a = (torch.rand(1, 19, 32, generator=g) * 2 - 1).half().expand(3, 19, 32)
+    raw = (torch.rand(3 * 32 * 48 + 1, generator=g) * 2 - 1).half()
+    b = raw[1:].view(3, 32, 48)
+    assert not tma_ready(a, batched=True) and not tma_ready(b, batched=True)
+    c = torch.empty(3, 19, 48, dtype=torch.float16)
+    _, _, args = launch_matmul(a, b, c, None, 1.0, 0.0, _tma())
+    assert args[0] is not a and args[1] is not b
+    assert tma_ready(args[0], batched=True) and tma_ready(args[1], batched=True)
+    ref = oracle.bmm(a.double().numpy(), b.double().numpy())
+    assert np.abs(c.double().numpy() - ref).max() / np.abs(ref).max() < 2e-3
+
+
+def test_the_config_space_has_tma_tiles_and_their_estimate_matches_pointer_tiles():
+    p16 = SPEC.problem_from_row(make_row("aten.mm", ["float16"] * 2, [(4096, 4096), (4096, 4096)]))
+    tma = [c for c in CONFIGS if c.kwargs.get("TMA")]
+    assert tma, "the config space has TMA tiles"
+    for c in tma:
+        width = c["BLOCK_M"] + c["BLOCK_N"] + c.kwargs.get("EXTRA_N", 0)
+        assert SPEC.smem_bytes(c, p16) == c.num_stages * width * c["BLOCK_K"] * 2
+
+
+@pytest.mark.parametrize("profile,refused", [("hopper", False), ("blackwell", False), ("interpreter", False),
+                                             ("ampere", True), ("ada", True), ("cdna3", True), ("apple_m", True)])
+def test_tma_tiles_are_refused_unlaunched_where_there_is_no_tma_unit(profile, refused):
+    p = SPEC.problem_from_row(make_row("aten.mm", ["float16"] * 2, [(512, 512), (512, 512)]))
+    tma = next(c for c in CONFIGS if c.kwargs.get("TMA") and c.num_stages <= 3)
+    got = SPEC.static_refusal(get_profile(profile), tma, p)
+    assert (got is not None and got[0] == "no_tma") == refused, got
