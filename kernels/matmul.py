@@ -11,7 +11,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # Triton before 3.4: no host-side descriptors, so no TMA tiles (`has_tma`)
+    TensorDescriptor = None
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.certified import config_for, direct_launch, remember_direct
@@ -381,6 +385,9 @@ class MatmulSpec(KernelSpec):
         return DEFAULTS
 
     def static_refusal(self, profile, config, problem):
+        if uses_tma(config) and TensorDescriptor is None:
+            return ("no_tma", f"TMA loads need host-side tensor descriptors, which Triton {triton.__version__} "
+                              "lacks (3.4 and later have them)")
         if uses_tma(config) and not has_tma(profile):
             return ("no_tma", f"TMA loads need an NVIDIA sm_90 or later device; profile {profile.name} has none")
         return super().static_refusal(profile, config, problem)

@@ -293,3 +293,17 @@ def test_tma_tiles_are_refused_unlaunched_where_there_is_no_tma_unit(profile, re
     tma = next(c for c in CONFIGS if c.kwargs.get("TMA") and c.num_stages <= 3)
     got = SPEC.static_refusal(get_profile(profile), tma, p)
     assert (got is not None and got[0] == "no_tma") == refused, got
+
+
+def test_tma_tiles_are_refused_unlaunched_on_a_triton_without_tensor_descriptors(monkeypatch):
+    # pyproject allows Triton 3.1, which has no triton.tools.tensor_descriptor: the module
+    # still imports, and its TMA tiles are refused before any launch, on Hopper too.
+    import nbx_tune.kernels.matmul as matmul_module
+
+    monkeypatch.setattr(matmul_module, "TensorDescriptor", None)
+    p = SPEC.problem_from_row(make_row("aten.mm", ["float16"] * 2, [(512, 512), (512, 512)]))
+    tma = next(c for c in CONFIGS if c.kwargs.get("TMA") and c.num_stages <= 3)
+    reason, detail = SPEC.static_refusal(get_profile("hopper"), tma, p)
+    assert reason == "no_tma" and "tensor descriptors" in detail
+    plain = next(c for c in CONFIGS if not c.kwargs.get("TMA") and c.num_stages <= 3)
+    assert SPEC.static_refusal(get_profile("hopper"), plain, p) is None
