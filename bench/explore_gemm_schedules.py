@@ -51,7 +51,7 @@ except ImportError:  # the repository root is the package: put a link named nbx_
     (_pkg / "nbx_tune").symlink_to(Path(__file__).resolve().parents[1])
     sys.path.insert(0, str(_pkg))
 try:
-    from nbx_tune.kernels.matmul import CONFIGS, _c as matmul_config, launch_matmul
+    from nbx_tune.kernels.matmul import CONFIGS, _c as matmul_config, _tma_copy, launch_matmul, tma_ready
     from nbx_tune.kernels.spec import Config
     BASELINE_ERR = None
 except Exception as _e:  # the other variants still run
@@ -431,26 +431,17 @@ def v_tall(a, b, c, cfg, nsms):
     return lambda: _tall_kernel[grid](*args, **meta)
 
 
-def _tma_rows(t):
-    """t itself where its rows start on 16-byte boundaries, as a TMA descriptor requires
-    (every GPU shape here); else a copy in rows padded to 16 bytes, made once at set-up (the
-    odd smoke shapes, whose index math is what is checked)."""
-    per = 16 // t.element_size()
-    if t.stride(1) == 1 and t.stride(0) % per == 0:
-        return t
-    wide = t.new_zeros(t.shape[0], -(-t.shape[1] // per) * per)
-    wide[:, :t.shape[1]] = t
-    return wide[:, :t.shape[1]]
-
-
 def v_tma_wide(a, b, c, cfg, nsms):
     """_tma_wide_kernel: kernels/matmul.py's BM x (BN + X) tiles with A and B loaded by TMA
     (host-side descriptors: the tma_persistent variant's best at 4096^3), one program per
     tile or persistent (P=1: min(tiles, SMs) programs)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
+    if launch_matmul is None:
+        raise RuntimeError(f"nbx_tune not importable: {BASELINE_ERR}")
     (M, K), N = a.shape, b.shape[1]
     BM, BN, X, BK = cfg["BM"], cfg["BN"], cfg["X"], cfg["BK"]
-    a, b = _tma_rows(a), _tma_rows(b)
+    # Rows TMA cannot read in place (the odd smoke shapes) are copied, as kernels/matmul.py does.
+    a, b = (t if tma_ready(t, batched=False) else _tma_copy(t) for t in (a, b))
     tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN + X)
     progs = min(tiles, nsms) if cfg["P"] else tiles
     descs = (TensorDescriptor.from_tensor(a, [BM, BK]), TensorDescriptor.from_tensor(b, [BK, BN]),

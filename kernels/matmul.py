@@ -14,7 +14,7 @@ import triton.language as tl
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # Triton before 3.4: no host-side descriptors, so no TMA tiles (`has_tma`)
+except ImportError:  # Triton before 3.4: no host-side descriptors, so no TMA tiles (`no_tma`)
     TensorDescriptor = None
 
 from nbx_tune.errors import KernelError
@@ -356,15 +356,6 @@ def alignment(strides_a, strides_b, n: int, k: int, vec: int) -> int:
     return vec
 
 
-def has_tma(profile) -> bool:
-    """Whether the profile's devices have a TMA unit (NVIDIA sm_90 and later); the
-    interpreter emulates tensor descriptors."""
-    if profile.vendor == "triton":
-        return True
-    caps = [m.partition(":")[2] for m in profile.compute_capability_matches]
-    return profile.vendor == "nvidia" and all(c.isdigit() and int(c) >= 90 for c in caps)
-
-
 def _broadcastable(shape, target) -> bool:
     if len(shape) > len(target):
         return False
@@ -385,11 +376,12 @@ class MatmulSpec(KernelSpec):
         return DEFAULTS
 
     def static_refusal(self, profile, config, problem):
-        if uses_tma(config) and TensorDescriptor is None:
-            return ("no_tma", f"TMA loads need host-side tensor descriptors, which Triton {triton.__version__} "
-                              "lacks (3.4 and later have them)")
-        if uses_tma(config) and not has_tma(profile):
-            return ("no_tma", f"TMA loads need an NVIDIA sm_90 or later device; profile {profile.name} has none")
+        if uses_tma(config):
+            if TensorDescriptor is None:
+                return ("no_tma", f"TMA loads need host-side tensor descriptors, which Triton "
+                                  f"{triton.__version__} lacks (3.4 and later have them)")
+            if not profile.has_tma:
+                return ("no_tma", f"TMA loads need an NVIDIA sm_90 or later device; profile {profile.name} has none")
         return super().static_refusal(profile, config, problem)
 
     def smem_bytes(self, config, problem):

@@ -71,6 +71,15 @@ class Profile:
                 f"{self.source}: autotune.buckets: no ladder {name!r} (a kernel's launch key needs it)"
             ) from None
 
+    @property
+    def has_tma(self) -> bool:
+        """Whether the devices have a TMA unit (NVIDIA sm_90 and later), read off the
+        capabilities this profile matches; the interpreter emulates tensor descriptors."""
+        if self.vendor == "triton":
+            return True
+        caps = [m.partition(":")[2] for m in self.compute_capability_matches]
+        return self.vendor == "nvidia" and all(c.isdigit() and int(c) >= 90 for c in caps)
+
     def rtol(self, dtype: str) -> float:
         try:
             return self.screen_rtol[dtype]
