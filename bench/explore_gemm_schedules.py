@@ -196,6 +196,52 @@ def _splitk_partial_kernel(a_ptr, b_ptr, ws_ptr, M, N, K, sam, sak, sbk, sbn, k_
     tl.store(w, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
+# dp_tiles, k_per, slices change with the shape: unspecialized, one binary per config.
+@triton.jit(do_not_specialize=["dp_tiles", "k_per", "slices"])
+def _ticket_tail_kernel(a_src, b_src, c_ptr, ws_ptr, cnt_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+                        dp_tiles, k_per, slices,
+                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                        USE_TMA: tl.constexpr, TAIL_FIRST: tl.constexpr):
+    """One program per whole tile for the first dp_tiles tiles (whole waves), then `slices`
+    programs per tail tile, each the fp32 partial product of k_per K blocks stored plainly
+    into its slot of ws. The last slice of a tile to finish (a per-tile ticket counter, no
+    spinning) adds the other slices' partials, writes C and resets the counter: one launch,
+    no memset, no atomics on data. TAIL_FIRST puts the tail programs at the grid's front."""
+    pid = tl.program_id(0)
+    k_tiles = tl.cdiv(K, BK)
+    tail_progs = (tl.cdiv(M, BM) * tl.cdiv(N, BN) - dp_tiles) * slices
+    if TAIL_FIRST:
+        is_tail = pid < tail_progs
+        part = pid
+        dp_pid = pid - tail_progs
+    else:
+        is_tail = pid >= dp_tiles
+        part = pid - dp_tiles
+        dp_pid = pid
+    part = tl.maximum(part, 0)
+    t = part // slices
+    s = part - t * slices
+    tile = tl.where(is_tail, dp_tiles + t, dp_pid)
+    k_lo = tl.where(is_tail, s * k_per, 0)
+    k_hi = tl.where(is_tail, tl.minimum(k_lo + k_per, k_tiles), k_tiles)
+    pid_m, pid_n = _coords(tile, tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
+    acc = _acc_tile(a_src, b_src, pid_m, pid_n, k_lo, k_hi, M, N, K, sam, sak, sbk, sbn,
+                    BM, BN, BK, USE_TMA, False)
+    if is_tail:
+        offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+        tl.store(ws_ptr + part.to(tl.int64) * (BM * BN) + offs, acc)
+        tl.debug_barrier()  # every thread's partial precedes the ticket's release
+        if tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel") == slices - 1:
+            first = (part - s).to(tl.int64)
+            for j in range(0, slices):
+                if j != s:
+                    acc += tl.load(ws_ptr + (first + j) * (BM * BN) + offs, cache_modifier=".cg")
+            _store_tile(c_ptr, c_ptr, acc, pid_m, pid_n, M, N, scm, scn, BM, BN, False)
+            tl.atomic_xchg(cnt_ptr + t, 0)
+    else:
+        _store_tile(c_ptr, c_ptr, acc, pid_m, pid_n, M, N, scm, scn, BM, BN, False)
+
+
 @triton.jit
 def _splitk_reduce_kernel(ws_ptr, c_ptr, M, N, scm, scn, S: tl.constexpr,
                           RM: tl.constexpr, RN: tl.constexpr):
@@ -421,6 +467,37 @@ def v_splitk_tail(a, b, c, cfg, nsms):
     return fn
 
 
+def v_ticket_tail(a, b, c, cfg, nsms):
+    """_ticket_tail_kernel, one launch: whole waves of BMxBN tiles (OCC x SMs programs a
+    wave), and the tail tiles split along K so that their slices fill about one wave. At
+    3072^3 with 128x256: 264 whole tiles, then 24 tiles x 5 slices of 10 K blocks."""
+    (M, K), N = a.shape, b.shape[1]
+    BM, BN, BK = cfg["BM"], cfg["BN"], cfg["BK"]
+    tiles, k_tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN), triton.cdiv(K, BK)
+    wave = cfg.get("OCC", 1) * nsms
+    dp = tiles // wave * wave
+    tail = tiles - dp
+    slices = min(k_tiles, cfg.get("MAXS", k_tiles), wave // tail) if tail and dp else 1
+    if slices < 2:
+        dp, tail, slices = tiles, 0, 1
+    k_per = triton.cdiv(k_tiles, slices)
+    slices = triton.cdiv(k_tiles, k_per)  # none of them empty
+    ws = torch.empty(max(tail * slices, 1) * BM * BN, device=a.device, dtype=torch.float32)
+    cnt = torch.zeros(max(tail, 1), device=a.device, dtype=torch.int32)  # left zeroed by each call
+    use_tma = bool(cfg.get("TMA", 0))
+    if use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        a, b = (t if tma_ready(t, batched=False) else _tma_copy(t) for t in (a, b))
+        src = (TensorDescriptor.from_tensor(a, [BM, BK]), TensorDescriptor.from_tensor(b, [BK, BN]))
+    else:
+        src = (a, b)
+    args = (*src, c, ws, cnt, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            c.stride(0), c.stride(1), dp, k_per, slices)
+    meta = dict(BM=BM, BN=BN, BK=BK, GROUP_M=cfg.get("G", 8), USE_TMA=use_tma,
+                TAIL_FIRST=bool(cfg.get("TF", 0)), num_warps=cfg["w"], num_stages=cfg["s"])
+    return lambda: _ticket_tail_kernel[(dp + tail * slices,)](*args, **meta)
+
+
 def v_tall(a, b, c, cfg, nsms):
     """One launch of _tall_kernel: tiles of 192x128 in two accumulators."""
     (M, K), N = a.shape, b.shape[1]
@@ -460,6 +537,7 @@ P_KEYS = ("BM", "BN", "BK", "w", "s", "OCC", "FLATTEN", "WS")
 SR_KEYS = ("BM", "BN", "BK", "w", "s", "TBM", "TBN", "TBK", "tw", "ts")
 SKT_KEYS = ("BM", "BN", "BK", "w", "s", "tw", "ts")
 SK_KEYS = ("BM", "BN", "BK", "w", "s", "OCC", "SK_WAVES", "TMA")
+TT_KEYS = ("BM", "BN", "BK", "w", "s", "TMA", "TF", "MAXS")
 T_KEYS = ("BM", "BN", "X", "BK", "w", "s")
 TW_KEYS = ("BM", "BN", "X", "BK", "w", "s", "P")
 
@@ -479,8 +557,16 @@ def variant_configs(smoke: bool) -> dict:
                                                           (16, 16, 0, 16, 1, 1, 0)], G=2)),
                 "persistent": (v_persistent, _rows(P_KEYS, [(16, 16, 16, 1, 1, 1, 1, 0),
                                                              (32, 16, 16, 1, 1, 2, 0, 0)], G=2)),
-                "streamk": (v_streamk, _rows(SK_KEYS, [(16, 16, 16, 1, 1, 1, 0, 0), (16, 32, 16, 1, 1, 1, 1, 0),
-                                                        (32, 16, 16, 1, 1, 2, 0, 0)], G=3))}
+                # Whole waves, then the tail tiles' K split over about one wave; TMA or pointer loads.
+        "ticket_tail": (v_ticket_tail, _rows(TT_KEYS, [
+            (128, 256, 64, 8, 3, 1, 0, 99), (128, 256, 64, 8, 4, 1, 0, 99), (128, 256, 64, 8, 3, 1, 1, 99),
+            (128, 256, 64, 8, 3, 1, 0, 3), (128, 256, 64, 8, 3, 0, 0, 99), (256, 128, 64, 8, 3, 1, 0, 99),
+            (128, 128, 64, 8, 4, 1, 0, 99), (128, 128, 64, 8, 4, 1, 1, 99)], G=8)),
+        "streamk": (v_streamk, _rows(SK_KEYS, [(16, 16, 16, 1, 1, 1, 0, 0), (16, 32, 16, 1, 1, 1, 1, 0),
+                                                        (32, 16, 16, 1, 1, 2, 0, 0)], G=3)),
+                "ticket_tail": (v_ticket_tail, _rows(TT_KEYS, [(32, 16, 16, 1, 1, 0, 0, 99), (32, 16, 16, 1, 1, 1, 0, 99),
+                                                            (32, 16, 16, 1, 1, 1, 1, 99), (16, 32, 16, 1, 1, 0, 1, 2)],
+                                                     G=2))}
     # The wide tiles of kernels/matmul.py (128 x 192 through EXTRA_N) are in, whatever BLOCK_K.
     base = [c for c in CONFIGS if (c["BLOCK_M"], c["BLOCK_N"]) in ((128, 128), (128, 256), (256, 128))
             and (c["BLOCK_K"] == 64 or "EXTRA_N" in c.kwargs)]
@@ -532,6 +618,11 @@ def variant_configs(smoke: bool) -> dict:
             (128, 256, 64, 8, 3, 1, 1, 0, 0), (256, 128, 64, 8, 3, 1, 1, 0, 0),
             (128, 128, 64, 8, 3, 1, 1, 0, 1), (128, 256, 64, 8, 3, 1, 1, 0, 1),  # host-side descriptors
             (128, 128, 64, 8, 3, 1, 1, 1, 0), (128, 256, 64, 8, 3, 1, 1, 1, 0)], G=8)),
+        # Whole waves, then the tail tiles' K split over about one wave; TMA or pointer loads.
+        "ticket_tail": (v_ticket_tail, _rows(TT_KEYS, [
+            (128, 256, 64, 8, 3, 1, 0, 99), (128, 256, 64, 8, 4, 1, 0, 99), (128, 256, 64, 8, 3, 1, 1, 99),
+            (128, 256, 64, 8, 3, 1, 0, 3), (128, 256, 64, 8, 3, 0, 0, 99), (256, 128, 64, 8, 3, 1, 0, 99),
+            (128, 128, 64, 8, 4, 1, 0, 99), (128, 128, 64, 8, 4, 1, 1, 99)], G=8)),
         "streamk": (v_streamk, _rows(SK_KEYS, [
             (128, 128, 64, 8, 3, 1, 0, 0), (128, 128, 64, 4, 3, 2, 0, 0), (128, 128, 64, 8, 3, 1, 1, 0),
             (128, 256, 64, 8, 3, 1, 0, 0), (256, 128, 64, 8, 3, 1, 0, 0),
