@@ -542,7 +542,7 @@ T_KEYS = ("BM", "BN", "X", "BK", "w", "s")
 TW_KEYS = ("BM", "BN", "X", "BK", "w", "s", "P")
 
 
-NAMED_ONLY = ("tma_ws",)
+NAMED_ONLY = ("tma_ws", "tma_ws1")
 
 
 def variant_configs(smoke: bool) -> dict:
@@ -594,6 +594,10 @@ def variant_configs(smoke: bool) -> dict:
             (128, 128, 64, 64, 8, 4, 0), (128, 128, 64, 64, 8, 3, 0), (128, 128, 64, 32, 8, 5, 0),
             (128, 256, 0, 64, 8, 3, 0), (128, 256, 0, 64, 8, 4, 0), (128, 128, 0, 64, 4, 3, 0),
             (128, 128, 0, 64, 8, 4, 0), (128, 256, 0, 64, 8, 3, 1)], G=8, WS=1)),
+        # The same, one accumulator only (which of them never finished compiling is the question).
+        "tma_ws1": (v_tma_wide, _rows(TW_KEYS, [
+            (128, 256, 0, 64, 8, 3, 0), (128, 256, 0, 64, 8, 4, 0), (128, 128, 0, 64, 4, 3, 0),
+            (128, 128, 0, 64, 8, 4, 0), (128, 128, 0, 64, 4, 4, 0), (128, 256, 0, 64, 8, 2, 0)], G=8, WS=1)),
         # BLOCK_K 128 (boxes 256 bytes wide): a row of A or B that starts off a 128-byte
         # line costs one more line per 256 bytes rather than per 128 (the 3000^3 question).
         "tma_bk128": (v_tma_wide, _rows(TW_KEYS, [
@@ -706,20 +710,30 @@ def _warm(job):
         return first_line(e)
 
 
+# Binaries whose compile had not ended at the precompile deadline: the timing pass skips
+# them rather than compile them itself (a compile that never ends would take the budget).
+UNFINISHED: set = set()
+
+
+def job_key(name, i, cfg, dt, shape, nsms) -> tuple:
+    """One distinct binary: the dtype, whether all dims are multiples of 16 (Triton
+    specializes on it) and NUM_PROGS."""
+    progs = 0
+    if isinstance(cfg, dict) and "OCC" in cfg:
+        progs = min(triton.cdiv(shape[0], cfg["BM"]) * triton.cdiv(shape[1], cfg["BN"]), cfg["OCC"] * nsms)
+    return (name, i, dt, all(d % 16 == 0 for d in shape), progs)
+
+
 def precompile(variants, nsms, deadline) -> dict:
     """Compile every config in EXPLORE_JOBS processes, one job per distinct binary: the dtype,
     whether all dims are multiples of 16 (Triton specializes on it) and NUM_PROGS."""
-    jobs, seen = [], set()
+    jobs, keys = [], []
     for shape, dt in itertools.product(SHAPES, DTYPES):
         for name, (_, cfgs) in variants.items():
             for i, cfg in enumerate(cfgs):
-                progs = 0
-                if isinstance(cfg, dict) and "OCC" in cfg:
-                    tiles = triton.cdiv(shape[0], cfg["BM"]) * triton.cdiv(shape[1], cfg["BN"])
-                    progs = min(tiles, cfg["OCC"] * nsms)
-                key = (name, i, dt, all(d % 16 == 0 for d in shape), progs)
-                if key not in seen:
-                    seen.add(key)
+                key = job_key(name, i, cfg, dt, shape, nsms)
+                if key not in keys:
+                    keys.append(key)
                     jobs.append((name, i, dt, shape, nsms))
     n, t0 = int(os.environ.get("EXPLORE_JOBS", min(12, os.cpu_count() or 1))), time.time()
     if n <= 1:
@@ -728,6 +742,7 @@ def precompile(variants, nsms, deadline) -> dict:
         ex = cf.ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"), initializer=_set_allocator)
         futs = [ex.submit(_warm, j) for j in jobs]
         done, _ = cf.wait(futs, timeout=max(1.0, deadline - time.time()))
+        UNFINISHED.update(k for k, f in zip(keys, futs) if f not in done)
         # No GPU work of theirs while we time, and none left running: a compile that never
         # ends (warp-specialized TMA loops on Triton 3.6, call 18) would block the shutdown.
         for proc in list(getattr(ex, "_processes", {}).values()):
@@ -737,7 +752,8 @@ def precompile(variants, nsms, deadline) -> dict:
         print(f"precompile failed ({first_line(e)}); compiling serially")
         return {"error": first_line(e), "seconds": round(time.time() - t0, 1)}
     print(f"precompiled {len(done)}/{len(jobs)} binaries in {time.time() - t0:.0f} s on {n} processes")
-    return {"jobs": len(jobs), "done": len(done), "processes": n, "seconds": round(time.time() - t0, 1)}
+    return {"jobs": len(jobs), "done": len(done), "processes": n, "seconds": round(time.time() - t0, 1),
+            "unfinished": [list(k) for k in sorted(UNFINISHED)]}
 
 
 def environment(nsms) -> dict:
@@ -773,9 +789,13 @@ def run_problem(shape, dtname, variants, nsms, deadline, state) -> dict:
 
     for name, (build, cfgs) in variants.items():
         rows = []
-        for cfg in cfgs:
+        for i, cfg in enumerate(cfgs):
             r = {"config": cfg_key(cfg)}
             rows.append(r)
+            if job_key(name, i, cfg, dtname, shape, nsms) in UNFINISHED:
+                r["status"] = "skipped (its compile had not ended at the precompile deadline)"
+                print(f"  {name} {r['config']}: {r['status']}")
+                continue
             if time.time() > deadline:
                 if not state["over"]:
                     print("time budget exceeded: the remaining configs and problems are skipped")
