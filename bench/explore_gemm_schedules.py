@@ -451,9 +451,7 @@ def v_splitk_tail(a, b, c, cfg, nsms):
         return lambda: launch_matmul(a, b, c, None, 1.0, 0.0, big)
     mt, k_tiles = M - ms, triton.cdiv(K, BK)
     tail_tiles = triton.cdiv(mt, BM) * triton.cdiv(N, BN)
-    slices = max(1, min(k_tiles, nsms // tail_tiles))
-    k_per = triton.cdiv(k_tiles, slices)
-    slices = triton.cdiv(k_tiles, k_per)  # none of them empty
+    k_per, slices = k_split(k_tiles, max(1, min(k_tiles, nsms // tail_tiles)))
     ws = torch.empty(slices, mt, N, device=a.device, dtype=torch.float32)  # set-up, as a served kernel would keep it
     a_tail, c_tail = a[ms:], c[ms:]
     RM, RN = cfg.get("RM", 32), cfg.get("RN", 128)
@@ -468,21 +466,20 @@ def v_splitk_tail(a, b, c, cfg, nsms):
     return fn
 
 
-def v_ticket_tail(a, b, c, cfg, nsms):
-    """_ticket_tail_kernel, one launch: whole waves of BMxBN tiles (OCC x SMs programs a
-    wave), and the tail tiles split along K so that their slices fill about one wave. At
-    3072^3 with 128x256: 264 whole tiles, then 24 tiles x 5 slices of 10 K blocks."""
+def k_split(k_tiles: int, slices: int) -> tuple:
+    """(K blocks a slice, slices) for k_tiles K blocks cut in at most `slices`, none empty."""
+    k_per = triton.cdiv(k_tiles, slices)
+    return k_per, triton.cdiv(k_tiles, k_per)
+
+
+def ticket_launch(a, b, c, cfg, n, dp, slices, fixup=True):
+    """A no-argument launch of _ticket_tail_kernel over the first n tiles of a @ b: the first
+    dp whole, the n - dp after them in (up to) `slices` K slices. v_ticket_tail passes every
+    tile; bench/probe_waves.py fewer, or fixup=False, to time the parts (C is then wrong)."""
     (M, K), N = a.shape, b.shape[1]
     BM, BN, BK = cfg["BM"], cfg["BN"], cfg["BK"]
-    tiles, k_tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN), triton.cdiv(K, BK)
-    wave = cfg.get("OCC", 1) * nsms
-    dp = tiles // wave * wave
-    tail = tiles - dp
-    slices = min(k_tiles, cfg.get("MAXS", k_tiles), wave // tail) if tail and dp else 1
-    if slices < 2:
-        dp, tail, slices = tiles, 0, 1
-    k_per = triton.cdiv(k_tiles, slices)
-    slices = triton.cdiv(k_tiles, k_per)  # none of them empty
+    k_per, slices = k_split(triton.cdiv(K, BK), slices)
+    tail = n - dp
     ws = torch.empty(max(tail * slices, 1) * BM * BN, device=a.device, dtype=torch.float32)
     cnt = torch.zeros(max(tail, 1), device=a.device, dtype=torch.int32)  # left zeroed by each call
     use_tma = bool(cfg.get("TMA", 0))
@@ -494,9 +491,23 @@ def v_ticket_tail(a, b, c, cfg, nsms):
         src = (a, b)
     args = (*src, c, ws, cnt, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             c.stride(0), c.stride(1), dp, k_per, slices)
-    meta = dict(BM=BM, BN=BN, BK=BK, GROUP_M=cfg.get("G", 8), USE_TMA=use_tma,
-                TAIL_FIRST=bool(cfg.get("TF", 0)), num_warps=cfg["w"], num_stages=cfg["s"])
+    meta = dict(BM=BM, BN=BN, BK=BK, GROUP_M=cfg.get("G", 8), USE_TMA=use_tma, TAIL_FIRST=bool(cfg.get("TF", 0)),
+                FIXUP=fixup, num_warps=cfg["w"], num_stages=cfg["s"])
     return lambda: _ticket_tail_kernel[(dp + tail * slices,)](*args, **meta)
+
+
+def v_ticket_tail(a, b, c, cfg, nsms):
+    """_ticket_tail_kernel, one launch: whole waves of BMxBN tiles (OCC x SMs programs a
+    wave), and the tail tiles split along K so that their slices fill about one wave. At
+    3072^3 with 128x256: 264 whole tiles, then 24 tiles x 5 slices of 10 K blocks."""
+    (M, K), N = a.shape, b.shape[1]
+    tiles, k_tiles = triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]), triton.cdiv(K, cfg["BK"])
+    wave = cfg.get("OCC", 1) * nsms
+    dp = tiles // wave * wave
+    slices = min(k_tiles, cfg.get("MAXS", k_tiles), wave // (tiles - dp)) if dp < tiles and dp else 1
+    if slices < 2:
+        dp, slices = tiles, 1
+    return ticket_launch(a, b, c, cfg, tiles, dp, slices)
 
 
 def v_tall(a, b, c, cfg, nsms):

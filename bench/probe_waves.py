@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Exploratory: does a GEMM's time on the H200 step with waves of tiles?
 
-Times the first n tiles only of a 3072^3 product (and 4096^3) for n across wave
-boundaries, a tail of 24 tiles alone split in K slices (with and without their sum), with explore_gemm_schedules' `_ticket_tail_kernel` (every program a whole tile
-when dp_tiles = n), and the whole product with its tail split into S K slices. The partial
+With explore_gemm_schedules' `_ticket_tail_kernel` (through its `ticket_launch`), times
+the first n tiles only of a 3072^3 product (and 4096^3) for n across wave boundaries
+(every program a whole tile), the whole product with its tail split into S K slices, and a
+tail of 24 tiles alone in S slices, with and without their sum. The partial
 grids leave C partly unwritten: this is a timing probe, checked by nothing; the schedules
 themselves are checked by explore_gemm_schedules.py. Writes $OUT/probe_waves.json.
 
@@ -20,25 +21,14 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment, save  # noqa: E402
-from explore_gemm_schedules import _ticket_tail_kernel, bench  # noqa: E402
+from explore_gemm_schedules import bench, ticket_launch  # noqa: E402
 
-# (BM, BN, BK, warps, stages): the 128x256 TMA tile, one program per SM; and 128x128 at 8 warps.
-TILES = ((128, 256, 64, 8, 4), (128, 128, 64, 8, 4))
+# The 128x256 TMA tile, one program per SM; and 128x128 at 8 warps.
+TILES = (dict(BM=128, BN=256, BK=64, w=8, s=4, TMA=1), dict(BM=128, BN=128, BK=64, w=8, s=4, TMA=1))
 
 
-def launcher(a, b, c, tile, n, dp, slices, fixup=True):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    (M, K), N = a.shape, b.shape[1]
-    BM, BN, BK, w, s = tile
-    k_per = triton.cdiv(triton.cdiv(K, BK), slices)
-    ws = torch.empty(max((n - dp) * slices, 1) * BM * BN, device=a.device, dtype=torch.float32)
-    cnt = torch.zeros(max(n - dp, 1), device=a.device, dtype=torch.int32)
-    src = (TensorDescriptor.from_tensor(a, [BM, BK]), TensorDescriptor.from_tensor(b, [BK, BN]))
-    args = (*src, c, ws, cnt, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-            c.stride(0), c.stride(1), dp, k_per, slices)
-    grid = (dp + (n - dp) * slices,)
-    return lambda: _ticket_tail_kernel[grid](*args, BM=BM, BN=BN, BK=BK, GROUP_M=8, USE_TMA=True,
-                                             TAIL_FIRST=False, FIXUP=fixup, num_warps=w, num_stages=s)
+def name(tile) -> str:
+    return f"{tile['BM']}x{tile['BN']}"
 
 
 def main() -> int:
@@ -51,19 +41,19 @@ def main() -> int:
         b = torch.randn(size, size, device="cuda", dtype=torch.float16)
         c = torch.empty(size, size, device="cuda", dtype=torch.float16)
         for tile in TILES:
-            tiles = triton.cdiv(size, tile[0]) * triton.cdiv(size, tile[1])
+            tiles = triton.cdiv(size, tile["BM"]) * triton.cdiv(size, tile["BN"])
             counts = sorted({1, nsms // 4, nsms // 2, nsms, nsms + 1, 3 * nsms // 2, 2 * nsms, 2 * nsms + 1,
                              3 * nsms, 3 * nsms + 1, 4 * nsms, tiles} - {0})
             for n in (n for n in counts if n <= tiles):
-                ms = bench(launcher(a, b, c, tile, n, n, 1))
-                rows.append(dict(size=size, tile="x".join(map(str, tile[:2])), tiles=n, slices=1, ms=ms))
+                ms = bench(ticket_launch(a, b, c, tile, n, n, 1))
+                rows.append(dict(size=size, tile=name(tile), tiles=n, slices=1, ms=ms))
                 print(f"{size}^3 {rows[-1]['tile']:8} first {n:4} tiles (waves {n / nsms:5.2f})  {ms * 1e3:8.1f} us")
             dp = tiles // nsms * nsms
             for slices in (2, 3, 4, 5, 6, 8):
                 if dp == 0 or dp == tiles:
                     break
-                ms = bench(launcher(a, b, c, tile, tiles, dp, slices))
-                rows.append(dict(size=size, tile="x".join(map(str, tile[:2])), tiles=tiles, dp=dp, slices=slices, ms=ms))
+                ms = bench(ticket_launch(a, b, c, tile, tiles, dp, slices))
+                rows.append(dict(size=size, tile=name(tile), tiles=tiles, dp=dp, slices=slices, ms=ms))
                 print(f"{size}^3 {rows[-1]['tile']:8} all {tiles} tiles, last {tiles - dp} in {slices} K slices  "
                       f"{ms * 1e3:8.1f} us")
         blas = bench(lambda: torch.matmul(a, b, out=c))
@@ -78,7 +68,7 @@ def main() -> int:
         for fixup in (True, False):
             if slices == 1 and not fixup:
                 continue
-            ms = bench(launcher(a, b, c, TILES[0], 24, 0, slices, fixup))
+            ms = bench(ticket_launch(a, b, c, TILES[0], 24, 0, slices, fixup))
             rows.append(dict(size="256x3072x3072", tile="128x256", tiles=24, dp=0, slices=slices, fixup=fixup, ms=ms))
             print(f"256x3072x3072 128x256  24 tiles in {slices} K slices{'' if fixup else ', no sum'}  {ms * 1e3:8.1f} us")
     print(f"wrote {save('probe_waves.json', {'env': env, 'num_sms': nsms, 'rows': rows})}")
