@@ -2,6 +2,7 @@
 schema is refused with the fix, SQLite runs in WAL mode, bad URLs are one-line errors."""
 
 import sqlite3
+import threading
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -30,6 +31,27 @@ def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(tmp_path, db_url):
         assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert c.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 10_000
         assert c.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+
+
+def test_switch_to_wal_waits_for_another_connection_instead_of_failing(tmp_path):
+    # SQLite refuses a journal-mode change under another connection's lock at once, without
+    # the busy handler: two processes opening one fresh database used to fail here ("database
+    # is locked", seen in CI). The connect must wait until the lock is let go.
+    path = tmp_path / "x.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO t VALUES (1)")
+    release = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        engine = make_engine(f"sqlite:///{path}")
+        with engine.connect() as c:
+            assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        engine.dispose()
+    finally:
+        release.join()
+        holder.close()
 
 
 def test_older_schema_is_refused_with_the_upgrade_command(tmp_path, db_url):

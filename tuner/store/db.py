@@ -9,6 +9,8 @@ instead of failing on a lock upgrade.
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from pathlib import Path
 
 from alembic import command
@@ -47,13 +49,31 @@ def parse_url(url: str) -> URL:
     return u
 
 
+def _enter_wal(cur) -> None:
+    """Switch to WAL, waiting out a concurrent switch. SQLite answers a journal-mode change
+    that meets another connection's lock with "database is locked" at once, without calling
+    the busy handler, so two processes opening one fresh file race here; the loser retries
+    (by then the file is usually WAL already, which the pragma leaves as it is)."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    delay = 0.005
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+
 def _sqlite_setup(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves, below
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        cur.execute("PRAGMA journal_mode=WAL")
+        _enter_wal(cur)
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
