@@ -141,8 +141,11 @@ def _checked_revision(engine: Engine, allow_old: bool) -> str | None:
     script = ScriptDirectory.from_config(_alembic_config())
     try:
         with engine.connect() as conn:
-            rev = MigrationContext.configure(conn).get_current_revision()
+            # Tables first, then the revision: a migration committed by another process
+            # between the two reads then shows as a revision, never as tables without one
+            # (each read sees its own snapshot under READ COMMITTED and in SQLite).
             tables = set(inspect(conn).get_table_names())
+            rev = MigrationContext.configure(conn).get_current_revision()
     except OperationalError as e:
         raise _connect_error(engine, e) from None
     known = {r.revision for r in script.walk_revisions()}
