@@ -334,6 +334,50 @@ def _tma_wide_kernel(a_desc, b_desc, b2_desc, c_ptr, M, N, K, scm, scn,
                        BM, BN, X, BK, GROUP_M, WS)
 
 
+@triton.jit
+def _quad_kernel(a_desc, a2_desc, b_desc, b2_desc, c_ptr, M, N, K, scm, scn,
+                 BM: tl.constexpr, XM: tl.constexpr, BN: tl.constexpr, XN: tl.constexpr, BK: tl.constexpr,
+                 GROUP_M: tl.constexpr, NUM_PROGS: tl.constexpr, PERSISTENT: tl.constexpr):
+    """(BM + XM) x (BN + XN) output tiles, e.g. 192 x 192 (cuBLAS's tile at 3000^3 and 3072^3
+    on the H200: 256 tiles, 1.94 waves), in four accumulators since Triton's blocks are
+    powers of two: rows [0, BM) and [BM, BM + XM) times columns [0, BN) and [BN, BN + XN).
+    A and B through host-side TMA descriptors; one program per tile or NUM_PROGS walking them."""
+    TM: tl.constexpr = BM + XM
+    TN: tl.constexpr = BN + XN
+    tiles = tl.cdiv(M, TM) * tl.cdiv(N, TN)
+    step = NUM_PROGS if PERSISTENT else tiles
+    for tile in tl.range(tl.program_id(0), tiles, step, flatten=True):
+        pid_m, pid_n = _coords(tile, tl.cdiv(M, TM), tl.cdiv(N, TN), GROUP_M)
+        m0 = pid_m * TM
+        n0 = pid_n * TN
+        acc11 = tl.zeros((BM, BN), dtype=tl.float32)
+        acc12 = tl.zeros((BM, XN), dtype=tl.float32)
+        acc21 = tl.zeros((XM, BN), dtype=tl.float32)
+        acc22 = tl.zeros((XM, XN), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BK)):
+            a1 = a_desc.load([m0, k * BK])
+            a2 = a2_desc.load([m0 + BM, k * BK])
+            b1 = b_desc.load([k * BK, n0])
+            b2 = b2_desc.load([k * BK, n0 + BN])
+            acc11 = tl.dot(a1, b1, acc11)
+            acc12 = tl.dot(a1, b2, acc12)
+            acc21 = tl.dot(a2, b1, acc21)
+            acc22 = tl.dot(a2, b2, acc22)
+        rm = m0 + tl.arange(0, BM)
+        rm2 = m0 + BM + tl.arange(0, XM)
+        rn = n0 + tl.arange(0, BN)
+        rn2 = n0 + BN + tl.arange(0, XN)
+        ty = c_ptr.dtype.element_ty
+        tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc11.to(ty),
+                 mask=(rm[:, None] < M) & (rn[None, :] < N))
+        tl.store(c_ptr + rm[:, None] * scm + rn2[None, :] * scn, acc12.to(ty),
+                 mask=(rm[:, None] < M) & (rn2[None, :] < N))
+        tl.store(c_ptr + rm2[:, None] * scm + rn[None, :] * scn, acc21.to(ty),
+                 mask=(rm2[:, None] < M) & (rn[None, :] < N))
+        tl.store(c_ptr + rm2[:, None] * scm + rn2[None, :] * scn, acc22.to(ty),
+                 mask=(rm2[:, None] < M) & (rn2[None, :] < N))
+
+
 # ----------------------------------------------------------------------------- variants
 # Each takes (a, b, c, config, num_sms) and returns a no-argument function computing c = a @ b,
 # all of each call's GPU work inside it (there is no memset or cast: the stream-K workspace is
@@ -541,6 +585,24 @@ def v_tma_wide(a, b, c, cfg, nsms):
     return lambda: _tma_wide_kernel[(progs,)](*args, **meta)
 
 
+def v_quad(a, b, c, cfg, nsms):
+    """_quad_kernel: (BM + XM) x (BN + XN) tiles in four accumulators, A and B by TMA."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    if launch_matmul is None:
+        raise RuntimeError(f"nbx_tune not importable: {BASELINE_ERR}")
+    (M, K), N = a.shape, b.shape[1]
+    BM, XM, BN, XN, BK = cfg["BM"], cfg["XM"], cfg["BN"], cfg["XN"], cfg["BK"]
+    a, b = (t if tma_ready(t, batched=False) else _tma_copy(t) for t in (a, b))
+    tiles = triton.cdiv(M, BM + XM) * triton.cdiv(N, BN + XN)
+    progs = min(tiles, nsms) if cfg["P"] else tiles
+    descs = (TensorDescriptor.from_tensor(a, [BM, BK]), TensorDescriptor.from_tensor(a, [XM, BK]),
+             TensorDescriptor.from_tensor(b, [BK, BN]), TensorDescriptor.from_tensor(b, [BK, XN]))
+    args = (*descs, c, M, N, K, c.stride(0), c.stride(1))
+    meta = dict(BM=BM, XM=XM, BN=BN, XN=XN, BK=BK, GROUP_M=cfg.get("G", 8), NUM_PROGS=progs,
+                PERSISTENT=bool(cfg["P"]), num_warps=cfg["w"], num_stages=cfg["s"])
+    return lambda: _quad_kernel[(progs,)](*args, **meta)
+
+
 def _rows(keys, rows, **fixed):
     return [{**dict(zip(keys, r)), **fixed} for r in rows]
 
@@ -552,6 +614,7 @@ SK_KEYS = ("BM", "BN", "BK", "w", "s", "OCC", "SK_WAVES", "TMA")
 TT_KEYS = ("BM", "BN", "BK", "w", "s", "TMA", "TF", "MAXS")
 T_KEYS = ("BM", "BN", "X", "BK", "w", "s")
 TW_KEYS = ("BM", "BN", "X", "BK", "w", "s", "P")
+Q_KEYS = ("BM", "XM", "BN", "XN", "BK", "w", "s", "P")
 
 
 NAMED_ONLY = ("tma_ws", "tma_ws1")
@@ -567,6 +630,7 @@ def variant_configs(smoke: bool) -> dict:
                                                      G=2, RM=16, RN=16)),
                 "tma_wide": (v_tma_wide, _rows(TW_KEYS, [(16, 16, 16, 16, 1, 1, 0), (16, 16, 16, 16, 1, 1, 1),
                                                           (16, 16, 0, 16, 1, 1, 0)], G=2)),
+                "quad": (v_quad, _rows(Q_KEYS, [(16, 16, 16, 16, 16, 1, 1, 0), (32, 16, 16, 16, 16, 1, 1, 1)], G=2)),
                 "persistent": (v_persistent, _rows(P_KEYS, [(16, 16, 16, 1, 1, 1, 1, 0),
                                                              (32, 16, 16, 1, 1, 2, 0, 0)], G=2)),
                 # Whole waves, then the tail tiles' K split over about one wave; TMA or pointer loads.
@@ -616,6 +680,12 @@ def variant_configs(smoke: bool) -> dict:
             (128, 256, 0, 64, 8, 4, 0), (128, 256, 0, 128, 8, 2, 0), (128, 128, 0, 128, 8, 3, 0),
             (128, 128, 0, 128, 4, 3, 0), (128, 128, 64, 128, 8, 2, 0), (256, 128, 0, 128, 8, 2, 0),
             (128, 128, 0, 128, 8, 2, 0), (64, 256, 0, 128, 4, 3, 0)], G=8)),
+        # cuBLAS's tile at 3000^3 and 3072^3 (bench/probe_cublas.py): 192 x 192 in four accumulators.
+        "quad": (v_quad, _rows(Q_KEYS, [
+            (128, 64, 128, 64, 64, 8, 3, 0), (128, 64, 128, 64, 64, 8, 4, 0), (128, 64, 128, 64, 32, 8, 5, 0),
+            (128, 64, 128, 64, 32, 8, 6, 0), (128, 64, 128, 64, 64, 8, 3, 1), (128, 64, 128, 64, 64, 8, 4, 1),
+            (128, 64, 128, 64, 64, 16, 3, 0), (128, 64, 128, 64, 64, 16, 4, 0), (128, 64, 128, 64, 32, 16, 6, 0),
+            (64, 128, 128, 64, 64, 8, 4, 0), (128, 64, 64, 128, 64, 8, 4, 0)], G=8)),
         "tall": (v_tall, _rows(T_KEYS, [
             (128, 128, 64, 64, 8, 3), (128, 128, 64, 64, 8, 4), (128, 128, 64, 32, 8, 5),
             (64, 128, 128, 64, 8, 3)], G=8)),
