@@ -98,16 +98,20 @@ def _acc_tile(a_src, b_src, pid_m, pid_n, k_lo, k_hi, M, N, K, sam, sak, sbk, sb
 
 
 @triton.jit
+def _store_block(c_ptr, acc, rm, rn, M, N, scm, scn):
+    """c[rm, rn] = acc, inside M x N only."""
+    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(c_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
 def _store_tile(c_ptr, c_desc, acc, pid_m, pid_n, M, N, scm, scn,
                 BM: tl.constexpr, BN: tl.constexpr, TMA_STORE: tl.constexpr):
     out = acc.to(c_ptr.dtype.element_ty)
     if TMA_STORE:
         c_desc.store([pid_m * BM, pid_n * BN], out)  # the TMA unit clips at the edges
     else:
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
-        tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, out,
-                 mask=(rm[:, None] < M) & (rn[None, :] < N))
+        _store_block(c_ptr, out, pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), M, N, scm, scn)
 
 
 @triton.jit
@@ -286,10 +290,8 @@ def _tall_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
     om = pid_m * TM + tl.arange(0, BM)
     om2 = pid_m * TM + BM + tl.arange(0, EXTRA)
     on = pid_n * BN + tl.arange(0, BN)
-    tl.store(c_ptr + om[:, None] * scm + on[None, :] * scn, acc.to(c_ptr.dtype.element_ty),
-             mask=(om[:, None] < M) & (on[None, :] < N))
-    tl.store(c_ptr + om2[:, None] * scm + on[None, :] * scn, acc2.to(c_ptr.dtype.element_ty),
-             mask=(om2[:, None] < M) & (on[None, :] < N))
+    _store_block(c_ptr, acc, om, on, M, N, scm, scn)
+    _store_block(c_ptr, acc2, om2, on, M, N, scm, scn)
 
 
 @triton.jit
@@ -310,12 +312,9 @@ def _tma_wide_tile(a_desc, b_desc, b2_desc, c_ptr, tile, M, N, K, scm, scn,
             acc2 = tl.dot(a, b2_desc.load([k * BK, pid_n * TN + BN]), acc2)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * TN + tl.arange(0, BN)
-    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(c_ptr.dtype.element_ty),
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
+    _store_block(c_ptr, acc, rm, rn, M, N, scm, scn)
     if X > 0:
-        rn2 = pid_n * TN + BN + tl.arange(0, X)
-        tl.store(c_ptr + rm[:, None] * scm + rn2[None, :] * scn, acc2.to(c_ptr.dtype.element_ty),
-                 mask=(rm[:, None] < M) & (rn2[None, :] < N))
+        _store_block(c_ptr, acc2, rm, pid_n * TN + BN + tl.arange(0, X), M, N, scm, scn)
 
 
 @triton.jit
@@ -367,15 +366,10 @@ def _quad_kernel(a_desc, a2_desc, b_desc, b2_desc, c_ptr, M, N, K, scm, scn,
         rm2 = m0 + BM + tl.arange(0, XM)
         rn = n0 + tl.arange(0, BN)
         rn2 = n0 + BN + tl.arange(0, XN)
-        ty = c_ptr.dtype.element_ty
-        tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc11.to(ty),
-                 mask=(rm[:, None] < M) & (rn[None, :] < N))
-        tl.store(c_ptr + rm[:, None] * scm + rn2[None, :] * scn, acc12.to(ty),
-                 mask=(rm[:, None] < M) & (rn2[None, :] < N))
-        tl.store(c_ptr + rm2[:, None] * scm + rn[None, :] * scn, acc21.to(ty),
-                 mask=(rm2[:, None] < M) & (rn[None, :] < N))
-        tl.store(c_ptr + rm2[:, None] * scm + rn2[None, :] * scn, acc22.to(ty),
-                 mask=(rm2[:, None] < M) & (rn2[None, :] < N))
+        _store_block(c_ptr, acc11, rm, rn, M, N, scm, scn)
+        _store_block(c_ptr, acc12, rm, rn2, M, N, scm, scn)
+        _store_block(c_ptr, acc21, rm2, rn, M, N, scm, scn)
+        _store_block(c_ptr, acc22, rm2, rn2, M, N, scm, scn)
 
 
 # ----------------------------------------------------------------------------- variants

@@ -141,9 +141,10 @@ def _checked_revision(engine: Engine, allow_old: bool) -> str | None:
     script = ScriptDirectory.from_config(_alembic_config())
     try:
         with engine.connect() as conn:
-            # Tables first, then the revision: a migration committed by another process
-            # between the two reads then shows as a revision, never as tables without one
-            # (each read sees its own snapshot under READ COMMITTED and in SQLite).
+            # Tables first, then the revision: on PostgreSQL (READ COMMITTED) each read sees
+            # its own snapshot, and a migration another process commits between them then
+            # shows as a revision, never as tables without one. (SQLite's BEGIN IMMEDIATE
+            # holds both reads in one transaction.)
             tables = set(inspect(conn).get_table_names())
             rev = MigrationContext.configure(conn).get_current_revision()
     except OperationalError as e:
