@@ -18,7 +18,8 @@ except ImportError:  # Triton before 3.4: no host-side descriptors, so no TMA ti
     TensorDescriptor = None
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels.certified import config_for, direct_launch, remember_direct
+from nbx_tune.kernels import launch
+from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags,
                                    uniform_inputs)
 from nbx_tune.oracles import matmul as oracle
@@ -292,7 +293,7 @@ def launch_matmul(a, b, c, bias, alpha: float, beta: float, config: Config):
     a, b, descs, tma = tma_descriptors(a, b, config)
     grid, args = matmul_args(a, b, c, c if bias is None else bias, alpha, beta, bias is not None, config,
                              align_ab, align_c, descs, tma)
-    return _matmul_kernel[grid](*args, num_warps=config.num_warps, num_stages=config.num_stages), grid, args
+    return launch.run(_matmul_kernel, grid, *args, num_warps=config.num_warps, num_stages=config.num_stages), grid, args
 
 
 def _c(bm, bn, bk, warps, stages, group=8, extra_n=0, tma=0):
@@ -499,13 +500,27 @@ SPEC = MatmulSpec()
 
 # ----------------------------------------------------------------------------- public ops
 
+REMEMBERED, tensor_key = launch.REMEMBERED, launch.tensor_key
 _DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 _FLAGS = {(bias, aligned): seat_flags(bias=bias, aligned=aligned) for bias in (0, 1) for aligned in (0, 4, 8, 16)}
 
 
 def _run(a, b, bias, alpha, beta, rank):
-    # Every launch passes here: shapes are read once as tuples, because each torch
-    # attribute access costs a fraction of a microsecond (bench/launch_overhead.py).
+    # The direct launch (kernels/launch.py): a call whose key was seen replays its compiled
+    # kernel. alpha and beta are in the key, so a replay passes them as they were.
+    try:
+        key = (SPEC, rank, alpha, beta, a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15,
+               b.shape, b.stride(), b.dtype, b.device, b.data_ptr() & 15,
+               None if bias is None else tensor_key(bias))
+    except AttributeError:  # not tensors: the checks below say so
+        return _matmul(a, b, bias, alpha, beta, rank)
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(a, b, bias)
+    return launch.remember(key, (a, b, bias), _matmul, a, b, bias, alpha, beta, rank)
+
+
+def _matmul(a, b, bias, alpha, beta, rank):
     ash, bsh = tuple(a.shape), tuple(b.shape)
     if len(ash) != rank or len(bsh) != rank:
         raise KernelError(f"matmul: expected rank-{rank} operands, got {ash} and {bsh}")
@@ -521,40 +536,19 @@ def _run(a, b, bias, alpha, beta, rank):
     M, K, N = ash[-2], ash[-1], bsh[-1]
     has_bias = bias is not None and beta != 0
     out_shape = (*ash[:-1], N)
-    c = a.new_empty(out_shape)  # a's device and dtype: cheaper than torch.empty with both
+    c = launch.empty(out_shape, dt, a.device)
     if M == 0 or N == 0 or K == 0 or (rank == 3 and ash[0] == 0):
         return c.zero_() if not has_bias else c.copy_(beta * bias.expand(out_shape))
     # Triton passes a Python int as an integer and specializes on its value (1 becomes a
     # constant), so alpha=1 and alpha=2 would need two compiled kernels; floats never do.
     alpha, beta = float(alpha), float(beta)
-    sa, sb = a.stride(), b.stride()
-    x = bias if has_bias else c
-    # The exact launch. Every integer argument follows from the shapes and strides here
-    # (c is contiguous, an expanded bias's strides follow from its own); Triton 3.x also
-    # specializes a pointer on 16-byte alignment, which its low 4 address bits decide.
-    key = (dt, a.get_device(), ash, bsh, sa, sb, a.data_ptr() & 15, b.data_ptr() & 15, c.data_ptr() & 15,
-           (tuple(x.shape), x.stride(), x.data_ptr() & 15) if has_bias else None)
-    hit = direct_launch(key)
-    if hit is not None:
-        ints, consts, tma_config = hit[1]
-        # An expanded view keeps the bias's address; its broadcast strides are in `ints`.
-        # TMA descriptors hold the operands' addresses: made afresh on every call.
-        descs = _NO_DESC if tma_config is None else tma_descriptors(a, b, tma_config)[2]
-        hit[0](a, b, c, x, *descs, *ints, alpha, beta, *consts)
-        return c
     dims = (ash[0] if rank == 3 else 1, M, N, K)
-    aligned = alignment(sa, sb, N, K, 16 // a.element_size())
+    aligned = alignment(a.stride(), b.stride(), N, K, 16 // a.element_size())
     flags = _FLAGS[int(has_bias), aligned]
     config = config_for(SPEC, (name,), flags, dims)
-    compiled, grid, args = launch_matmul(a, b, c, bias.expand(out_shape) if has_bias else None,
-                                         alpha, beta, config)
-    # Fixed under this key: M, N, K, NB and the 12 strides (args 7-22), and the constexprs
-    # (25 on). The tensors, the TMA descriptors (4-6) and alpha, beta (23, 24) are passed
-    # afresh on every call. A launch that copied an operand (staged at aligned=0, or for a
-    # TMA descriptor) copies it every time: not remembered.
-    if args[0] is a and args[1] is b:
-        remember_direct(key, compiled, grid, (args[7:23], args[25:], config if uses_tma(config) else None),
-                        SPEC, (name,), flags, dims)
+    # A launch that copies an operand (staged at aligned=0, or for a TMA descriptor) is not
+    # remembered: its copies are fresh buffers each time (kernels/launch.py).
+    launch_matmul(a, b, c, bias.expand(out_shape) if has_bias else None, alpha, beta, config)
     return c
 
 

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
+from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
@@ -92,8 +93,8 @@ def launch_softmax(x3, y3, log: bool, safe: bool, config: Config) -> None:
     outer, N, inner = x3.shape
     rows = config["ROWS"]
     grid = (triton.cdiv(outer * inner, rows),)
-    _softmax_kernel[grid](
-        x3, y3, outer * inner, N, inner,
+    launch.run(
+        _softmax_kernel, grid, x3, y3, outer * inner, N, inner,
         x3.stride(0), x3.stride(2), x3.stride(1), y3.stride(0), y3.stride(2), y3.stride(1),
         LOG=log, SAFE=safe, ONE_PASS=N <= config["BLOCK"],
         **config.kwargs,
@@ -301,12 +302,25 @@ SPEC = SoftmaxSpec()
 
 # ----------------------------------------------------------------------------- public ops
 
+REMEMBERED = launch.REMEMBERED
 _DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 _FLAGS = {(log, strided): seat_flags(log=int(log), safe=0, strided=int(strided))
           for log in (False, True) for strided in (False, True)}
 
 
 def _run(x: torch.Tensor, dim: int, log: bool, dtype) -> torch.Tensor:
+    # The direct launch (kernels/launch.py): a call whose key was seen replays its kernel.
+    try:
+        key = (SPEC, dim, log, dtype, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15)
+    except AttributeError:
+        raise KernelError("softmax: the input must be a tensor") from None
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(x)
+    return launch.remember(key, (x,), _softmax, x, dim, log, dtype)
+
+
+def _softmax(x: torch.Tensor, dim: int, log: bool, dtype) -> torch.Tensor:
     name = _DTYPE_NAMES.get(x.dtype)
     if name is None:
         raise KernelError(f"softmax: dtype {x.dtype} is not served (float16, bfloat16, float32)")
@@ -320,8 +334,8 @@ def _run(x: torch.Tensor, dim: int, log: bool, dtype) -> torch.Tensor:
         raise KernelError(f"softmax: dim {dim} is out of range for a rank-{rank} tensor")
     dim %= rank
     if not x.is_contiguous():
-        x = x.contiguous()
-    y = torch.empty(x.shape, device=x.device, dtype=out_dtype)
+        x = x.contiguous()  # a copy: never remembered
+    y = launch.empty(x.shape, out_dtype, x.device)
     if x.numel() == 0:
         return y
     dims3 = _view3(x.shape, dim)
