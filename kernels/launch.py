@@ -55,7 +55,9 @@ def tensor_key(t) -> tuple:
 
 
 def forget() -> None:
+    """Drop every replay (and the tally of refusals): later calls are recorded afresh."""
     REMEMBERED.clear()
+    REFUSED.clear()
 
 
 def through_triton(kernel, grid, args, kwargs):
