@@ -2,8 +2,9 @@
 side in one run: the certified call (a replay of its compiled kernel, kernels/launch.py),
 its own Python work (the same call with the compiled kernel's launcher mocked), the floor
 (`CompiledKernel[grid]` called with prebuilt arguments: the addresses a replay passes, and
-tensors as Triton's own launch passes them), a plain Triton launch of the same kernel and
-config with prebuilt arguments, the op's ordinary path (checks, config lookup, allocation,
+tensors as Triton's own launch passes them), the compiled kernel's launcher called without
+CompiledKernel[grid]'s wrapper, a plain Triton launch of the same kernel and config with
+prebuilt arguments, the op's ordinary path (checks, config lookup, allocation,
 Triton's launch: every call before the direct launch), and torch's op.
 
     python bench/launch_overhead.py            # on the GPU, after a census of its ops
@@ -102,6 +103,30 @@ class _Proxy:
         return runner
 
 
+def leaner(torch, recorded, replayed):
+    """What a replay would cost calling each compiled kernel's launcher (`CompiledKernel.run`)
+    itself, as CompiledKernel[grid] does but without its device lookup and launch-hook
+    metadata (no hooks set here); None where this Triton's launcher takes other arguments."""
+    from triton.runtime import driver
+
+    stream_of, device = driver.active.get_current_stream, torch.cuda.current_device()
+    calls = []
+    for (_, c, g, _, _), (_, args) in zip(recorded, replayed):
+        g3 = tuple((*g, 1, 1)[:3])
+        calls.append((c.run, c.function, c.packed_metadata, g3, args))
+
+    def fn():
+        for run, function, meta, g3, args in calls:
+            run(g3[0], g3[1], g3[2], stream_of(device), function, meta, None, None, None, *args)
+    try:
+        fn()
+        torch.cuda.synchronize()
+    except Exception as e:  # another Triton: not measured
+        print(f"leaner launcher not measured: {type(e).__name__}: {e}")
+        return None
+    return fn
+
+
 def certify(torch, all_cases) -> None:
     from nbx_tune import record
     from nbx_tune.kernels import certified
@@ -161,6 +186,9 @@ def main() -> None:
                     lambda: [r(*a) for r, a in replayed], sync)
                 floors = [(c[tuple((*g, 1, 1)[:3])], launch._bound(k, a, kw_)) for k, c, g, a, kw_ in recorded]
                 res["  floor: CompiledKernel[grid], tensors"] = host_us(lambda: [r(*a) for r, a in floors], sync)
+                lean = leaner(torch, recorded, replayed)
+                if lean is not None:
+                    res["  leaner: the compiled kernel's launcher called directly"] = host_us(lean, sync)
                 res["plain Triton launch, same config"] = host_us(
                     lambda: [k[g](*a, **kw_) for k, _, g, a, kw_ in recorded], sync)
                 launch.through_triton = real_through
