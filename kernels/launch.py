@@ -279,7 +279,8 @@ class _Record:
                     kind, k, off = resolve(v.base)
                     if kind != "input":
                         raise _Refused("a descriptor of no input")
-                    out.append(f"{bind(_with_base, 'f')}({bind(v, 'd')}, i{k})")
+                    # Held without its tensor: a replay must not keep a call's operand alive.
+                    out.append(f"{bind(_with_base, 'f')}({bind(_with_base(v, None), 'd')}, i{k})")
                 else:
                     out.append(literal(v))
             body.append(f"{runner}({', '.join(out)})")

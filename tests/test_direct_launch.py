@@ -9,7 +9,9 @@ on the same data, and a call that differs in strides, dtype, alignment or device
 served a replay recorded for another. The GPU half is bench/direct_launch_check.py.
 """
 
+import gc
 import math
+import weakref
 
 import numpy as np
 import pytest
@@ -261,5 +263,9 @@ def test_a_tma_tile_replays_with_descriptors_of_each_calls_operands(fake, monkey
     for seed in range(3):
         a, b = fresh(37, 32, seed=60 + seed), fresh(32, 48, seed=70 + seed)
         assert rel_err(mm(a, b), oracle.mm(a.double().numpy(), b.double().numpy())) < 1e-5
+        if seed == 0:
+            first = weakref.ref(a)
     assert fake.log == ["triton", "direct", "direct"]
+    gc.collect()
+    assert first() is None  # the replay's descriptors do not hold the first call's operand
     assert next(iter(launch.REMEMBERED.values())).source.count("(d") == 2  # a's and b's descriptors
