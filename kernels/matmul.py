@@ -509,7 +509,7 @@ def _run(a, b, bias, alpha, beta, rank):
     # The direct launch (kernels/launch.py): a call whose key was seen replays its compiled
     # kernel. alpha and beta are in the key, so a replay passes them as they were.
     try:
-        key = (SPEC, rank, alpha, beta, a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15,
+        key = (SPEC, rank, float(alpha), float(beta), a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15,
                b.shape, b.stride(), b.dtype, b.device, b.data_ptr() & 15,
                None if bias is None else tensor_key(bias))
     except AttributeError:  # not tensors: the checks below say so
