@@ -73,6 +73,14 @@ def host_us(fn, sync) -> float:
     return statistics.median(runs)
 
 
+def calls(pairs):
+    """One function making the calls (fn, args) in order; a lone call without a loop."""
+    if len(pairs) == 1:
+        (fn, args), = pairs
+        return lambda: fn(*args)
+    return lambda: [fn(*args) for fn, args in pairs]
+
+
 class Capture:
     """launch.through_triton for the bench: Triton's launch as usual (or none, `mock`), and
     compiled kernels whose runners log what a replay passes them, or do nothing (`noop`)."""
@@ -109,16 +117,13 @@ def leaner(torch, recorded, replayed):
     metadata (no hooks set here); None where this Triton's launcher takes other arguments."""
     from triton.runtime import driver
 
-    stream_of, device = driver.active.get_current_stream, torch.cuda.current_device()
-    calls = []
-    for (_, c, g, _, _), (_, args) in zip(recorded, replayed):
-        g3 = tuple((*g, 1, 1)[:3])
-        calls.append((c.run, c.function, c.packed_metadata, g3, args))
-
     def fn():
-        for run, function, meta, g3, args in calls:
+        for run, function, meta, g3, args in launches:
             run(g3[0], g3[1], g3[2], stream_of(device), function, meta, None, None, None, *args)
     try:
+        stream_of, device = driver.active.get_current_stream, torch.cuda.current_device()
+        launches = [(c.run, c.function, c.packed_metadata, tuple((*g, 1, 1)[:3]), args)
+                    for (_, c, g, _, _), (_, args) in zip(recorded, replayed)]
         fn()
         torch.cuda.synchronize()
     except Exception as e:  # another Triton: not measured
@@ -182,10 +187,9 @@ def main() -> None:
             if not CPU:
                 torch.testing.assert_close(second, ref(*args, **kw), atol=2e-2, rtol=2e-2)
                 assert torch.equal(first, second), f"{name}: the replay differs from Triton's launch"
-                res["  floor: CompiledKernel[grid], a replay's arguments"] = host_us(
-                    lambda: [r(*a) for r, a in replayed], sync)
+                res["  floor: CompiledKernel[grid], a replay's arguments"] = host_us(calls(replayed), sync)
                 floors = [(c[tuple((*g, 1, 1)[:3])], launch._bound(k, a, kw_)) for k, c, g, a, kw_ in recorded]
-                res["  floor: CompiledKernel[grid], tensors"] = host_us(lambda: [r(*a) for r, a in floors], sync)
+                res["  floor: CompiledKernel[grid], tensors"] = host_us(calls(floors), sync)
                 lean = leaner(torch, recorded, replayed)
                 if lean is not None:
                     res["  leaner: the compiled kernel's launcher called directly"] = host_us(lean, sync)
@@ -193,6 +197,7 @@ def main() -> None:
                     lambda: [k[g](*a, **kw_) for k, _, g, a, kw_ in recorded], sync)
                 launch.through_triton = real_through
             launch.remember = lambda key, inputs, slow, *a: slow(*a)
+            launch.forget()
             res["ordinary path (checks, lookup, allocation, launch)" if not CPU
                 else "ordinary path, Triton's launch mocked"] = host_us(call, sync)
         finally:
