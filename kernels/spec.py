@@ -8,9 +8,11 @@ fp64 reference (`make_inputs`, `oracle`), and how to launch one config (`launch`
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import json
+import textwrap
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Callable, Mapping, Sequence
@@ -228,17 +230,31 @@ class KernelSpec:
 
     @cached_property
     def source_hash(self) -> str:
-        # The Python source of each part: a JITFunction and the interpreter's
-        # InterpretedFunction both wrap it as `.fn`, so the hash is the same on either.
-        h = hashlib.sha256()
-        for part in self.source_parts():
-            h.update(inspect.getsource(getattr(part, "fn", part)).encode())
-        return h.hexdigest()[:16]
+        return code_hash(self.source_parts())
 
     @cached_property
     def config_space_hash(self) -> str:
         h = hashlib.sha256("\n".join(c.key() for c in self.configs()).encode())
         return h.hexdigest()[:16]
+
+
+def code_hash(parts: Sequence[Callable]) -> str:
+    """A hash of what the parts' code does, not of its text: each part's syntax tree with
+    docstrings dropped (comments and formatting never reach the tree), so tidying a kernel
+    does not stale its certificates while any change to what it computes does. A
+    JITFunction and the interpreter's InterpretedFunction both wrap the function as `.fn`,
+    so the hash is the same on either."""
+    h = hashlib.sha256()
+    for part in parts:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(part, "fn", part))))
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module))
+                    and body and isinstance(body[0], ast.Expr)
+                    and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
+        h.update(ast.dump(tree, annotate_fields=False, include_attributes=False).encode())
+    return h.hexdigest()[:16]
 
 
 DTYPE_SIZES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1,
