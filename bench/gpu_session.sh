@@ -5,6 +5,7 @@
 #   bash bench/gpu_session.sh fault check     only those (one device call each fits 600 s:
 #                                             "fault check", "census launch", "cost quality")
 # Other stages: direct (the direct launch's GPU proof), tma (every TMA config at odd shapes), profile (a census under cProfile),
+# fleet (one GPU's worker against two on the same queue, cold caches; needs 2 GPUs),
 # pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them). Studies (lab/<study>/) are run directly, not from here.
@@ -43,6 +44,7 @@ for s in $STAGES; do case $s in
           stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
   launch) stage ${LAUNCH_S:-100} python3 bench/launch_overhead.py ;;
   direct) stage ${DIRECT_S:-120} python3 bench/direct_launch_check.py ;;
+  fleet) stage ${FLEET_S:-500} python3 bench/fleet_scaling.py --gpus 0 0,1 ${FLEET_ARGS:-} ;;
   tma) stage ${TMA_S:-200} python3 bench/tma_check.py ;;
   profile) stage ${PROFILE_S:-150} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv \
              --profile "$OUT/profile" ;;

@@ -8,6 +8,7 @@ one transaction that also releases the claim. A claim whose holder died expires.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from datetime import datetime, timezone
@@ -110,7 +111,8 @@ class SeatTuner:
             raise
 
     def needing_work(self) -> list:
-        """Seats of this profile that a worker should tune, in id order: (id, kernel, label)."""
+        """Seats of this profile that a worker should tune, longest first (`seat_cost`):
+        (id, kernel, label)."""
         out = []
         for rec in self.store.seat_records(profile=self.profile.name):
             spec = _spec_or_none(rec.seat.kernel)
@@ -120,8 +122,21 @@ class SeatTuner:
                              self.profile, rec.seat_refusal)
             if self._worth_it(rec, spec, st):
                 s = rec.seat
-                out.append((s.id, s.kernel, "|".join((s.kernel, s.dtypes, s.flags, s.bucket))))
-        return out
+                out.append((seat_cost(spec, rec.problems, self.profile), s.id, s.kernel,
+                            "|".join((s.kernel, s.dtypes, s.flags, s.bucket))))
+        out.sort(key=lambda t: (-t[0], t[1]))
+        return [t[1:] for t in out]
+
+
+def seat_cost(spec, problems, profile) -> float:
+    """A rough guess of a seat's tuning time, to hand out the long seats first: a share per
+    candidate that survives the static prune (its compile, screen and timing), growing with
+    the bytes it moves at the seat's largest shape (its oracle and its timed launches)."""
+    if not problems:
+        return 0.0
+    biggest = max(problems, key=spec.operand_bytes)
+    live = sum(1 for c in spec.configs() if spec.static_refusal(profile, c, biggest) is None)
+    return max(live, 1) * (1.0 + math.log2(1.0 + spec.operand_bytes(biggest) / 2**20))
 
 
 def _spec_or_none(kernel: str):

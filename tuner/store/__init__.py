@@ -181,18 +181,20 @@ class Store:
             return res.rowcount == 1
 
     def claim_next(self, seat_ids, holder: str, ttl_s: float) -> int | None:
-        """Claim the first of `seat_ids` that nobody live holds. Rows another worker is
-        claiming this instant are skipped, not waited for (SELECT ... FOR UPDATE SKIP
-        LOCKED on PostgreSQL; SQLite serializes writers with BEGIN IMMEDIATE)."""
+        """Claim the first of `seat_ids`, in their order, that nobody live holds (workers
+        pass the longest seats first, so the last seats of a queue are short ones). Rows
+        another worker is claiming this instant are skipped, not waited for (SELECT ... FOR
+        UPDATE SKIP LOCKED on PostgreSQL; SQLite serializes writers with BEGIN IMMEDIATE)."""
         ids = list(seat_ids)
         if not ids:
             return None
         now = time.time()
         with self.session() as s:
-            sid = s.scalar(select(Seat.id).where(
+            free = set(s.scalars(select(Seat.id).where(
                 Seat.id.in_(ids),
                 (Seat.claimed_by.is_(None)) | (Seat.claim_expires < now) | (Seat.claimed_by == holder),
-            ).order_by(Seat.id).limit(1).with_for_update(skip_locked=True))
+            ).with_for_update(skip_locked=True)))
+            sid = next((i for i in ids if i in free), None)
             if sid is None:
                 return None
             s.execute(update(Seat).where(Seat.id == sid).values(claimed_by=holder, claim_expires=now + ttl_s))
