@@ -8,13 +8,14 @@
 # schedules (GEMM schedules at 3072^3, exploratory), waves (a GEMM's time against its tile count), cublas (the
 # kernels cuBLAS runs at 2048-4096^3: tile, grid, scheme), ranking (a short GEMM's pick, certified
 # again and again, with the host quiet and busy), unaligned (3000^3 taken apart, exploratory),
-# compare (every served row of the example traces against torch: bench/torch_compare.py),
+# compare (every served row of the example traces against torch: bench/torch_compare.py), speed (split-K
+# GEMM and decode-attention candidates: fp64 check, then timed against torch, certified and the HBM floor),
 # pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them).
 # Limits are env overrides: FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
-# DIRECT_S TMA_S PROFILE_S SCHEDULES_S WAVES_S CUBLAS_S RANKING_S UNALIGNED_S COMPARE_S
-# (COMPARE_BUDGET_S: when compare stops timing new rows);
+# DIRECT_S TMA_S PROFILE_S SCHEDULES_S WAVES_S CUBLAS_S RANKING_S UNALIGNED_S COMPARE_S SPEED_S
+# (COMPARE_BUDGET_S, SPEED_BUDGET_S: when compare, speed stop starting new work);
 # CENSUS_TRACES: the trace files of the census stage; QUALITY_ARGS: e.g. --buckets-only.
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
@@ -56,6 +57,7 @@ for s in $STAGES; do case $s in
   cublas) stage ${CUBLAS_S:-120} python3 bench/probe_cublas.py ;;
   ranking) stage ${RANKING_S:-200} python3 bench/ranking_repeat.py ;;
   unaligned) stage ${UNALIGNED_S:-200} python3 bench/explore_unaligned.py ;;
+  speed) stage ${SPEED_S:-330} python3 bench/speed_candidates.py --budget-s ${SPEED_BUDGET_S:-270} ;;
   compare) stage ${COMPARE_S:-330} python3 bench/torch_compare.py --budget-s ${COMPARE_BUDGET_S:-270} ;;
   pycache) export PYTHONPYCACHEPREFIX=/tmp/pycache; unset PYTHONDONTWRITEBYTECODE
            echo "=== bytecode cached under $PYTHONPYCACHEPREFIX from here on" | tee -a "$LOG" ;;

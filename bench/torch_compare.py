@@ -224,6 +224,30 @@ def _cpu_timer(fn, rep_ms: float) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def capture(f, calls: int = GRAPH_CALLS):
+    """A CUDA graph of f(0) .. f(calls - 1), after three calls outside it (compile, warm-up)."""
+    import torch
+
+    for i in range(3):
+        f(i)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        for i in range(calls):
+            f(i)
+    torch.cuda.synchronize()
+    return g
+
+
+def graph_times(fns: dict, rep_ms: float, calls: int = GRAPH_CALLS) -> dict:
+    """ms per call of each fn(i) under CUDA-graph replay, in alternating rounds."""
+    graphs = {s: capture(f, calls) for s, f in fns.items()}
+    t = side_by_side({s: g.replay for s, g in graphs.items()}, rep_ms, rounds=4, timer=_cuda_timer)
+    return {s: v / calls for s, v in t.items()}
+
+
 def time_pair(fns: dict, device: str, rep_ms: float) -> dict:
     """{side: {"graph": ms, "eager": ms}} for fns {side: fn(i)}: each side's graph of
     GRAPH_CALLS calls and its eager loop, alternating in rounds (side_by_side)."""
@@ -233,21 +257,7 @@ def time_pair(fns: dict, device: str, rep_ms: float) -> dict:
             f(0)
         t = side_by_side({s: (lambda f=f: f(0)) for s, f in fns.items()}, rep_ms, rounds=2, timer=_cpu_timer)
         return {s: {"graph": None, "eager": t[s]} for s in fns}
-    import torch
-
-    stream = torch.cuda.Stream()
-    graphs = {}
-    for s, f in fns.items():
-        for i in range(3):  # compile, allocator warm-up, outside the capture
-            f(i)
-        torch.cuda.synchronize()
-        stream.wait_stream(torch.cuda.current_stream())
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            for i in range(GRAPH_CALLS):
-                f(i)
-        torch.cuda.synchronize()
-        graphs[s] = g
+    graphs = {s: capture(f) for s, f in fns.items()}
 
     class Eager:
         def __init__(self, f):

@@ -70,7 +70,9 @@ def _attn_fwd_kernel(
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
+    # Causal: the longest query blocks (the last) start first, so the short ones fill the
+    # machine's tail instead of one long block running alone at the end.
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0) if IS_CAUSAL else tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // Hq
     h = bh % Hq
