@@ -125,7 +125,7 @@ def torch_call(row, device: str):
             kw[name_] = v if kind == "value" else make(v) if kind == "tensor" else [make(s) for s in v]
         return kw
 
-    nbytes = sum(math.prod(s) * getattr(torch, d).itemsize for s, d in tensors)
+    nbytes = sum(math.prod(s) * getattr(torch, d).itemsize for s, d in tensors if not (s == () and d in _WRAPPED))
     sets = [one_set() for _ in range(n_sets(nbytes, device))]
     return (lambda i: op(**sets[i % len(sets)])), nbytes
 
@@ -323,7 +323,15 @@ def main(argv=None) -> int:
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
     # A seat without a certificate is marked `default` in the table: no log line per seat.
-    logging.getLogger("nbx_tune").setLevel(logging.ERROR)
+    log, level = logging.getLogger("nbx_tune"), logging.getLogger("nbx_tune").level
+    log.setLevel(logging.ERROR)
+    try:
+        return run(args)
+    finally:
+        log.setLevel(level)
+
+
+def run(args) -> int:
     import torch
 
     from nbx_tune.tuner.trace import read_trace
