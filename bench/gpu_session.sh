@@ -6,11 +6,14 @@
 #                                             "fault check", "census launch", "cost quality")
 # Other stages: direct (the direct launch's GPU proof), tma (every TMA config at odd shapes), profile (a census under cProfile),
 # fleet (one GPU's worker against two on the same queue, cold caches; needs 2 GPUs),
+# compare (every served row of the example traces against torch: bench/torch_compare.py), speed (split-K
+# GEMM and decode-attention candidates: fp64 check, then timed against torch, certified and the HBM floor),
 # pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them). Studies (lab/<study>/) are run directly, not from here.
 # Limits are env overrides: FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
-# DIRECT_S TMA_S PROFILE_S;
+# DIRECT_S TMA_S PROFILE_S FLEET_S COMPARE_S SPEED_S
+# (COMPARE_BUDGET_S, SPEED_BUDGET_S: when compare, speed stop starting new work);
 # CENSUS_TRACES: the trace files of the census stage; QUALITY_ARGS: e.g. --buckets-only.
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
@@ -48,6 +51,8 @@ for s in $STAGES; do case $s in
   tma) stage ${TMA_S:-200} python3 bench/tma_check.py ;;
   profile) stage ${PROFILE_S:-150} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv \
              --profile "$OUT/profile" ;;
+  speed) stage ${SPEED_S:-330} python3 bench/speed_candidates.py --budget-s ${SPEED_BUDGET_S:-270} ;;
+  compare) stage ${COMPARE_S:-330} python3 bench/torch_compare.py --budget-s ${COMPARE_BUDGET_S:-270} ;;
   pycache) export PYTHONPYCACHEPREFIX=/tmp/pycache; unset PYTHONDONTWRITEBYTECODE
            echo "=== bytecode cached under $PYTHONPYCACHEPREFIX from here on" | tee -a "$LOG" ;;
   cost) stage ${COST_S:-280} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv ;;

@@ -145,6 +145,118 @@ def _epilogue(acc, rm, rn, M, N, c_at, stride_cm, stride_cn, x_at, stride_xm, st
     tl.store(c_ptrs, acc.to(c_at.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _matmul_splitk_kernel(
+    a_ptr, b_ptr, w_ptr,
+    M, N, K, NB,
+    stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn,
+    stride_ws, stride_wb,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr, ALIGN_AB: tl.constexpr,
+):
+    # Split-K: program (tile, batch, split) sums its share of K, whole BLOCK_K blocks, into
+    # an fp32 partial tile of the workspace w (SPLIT_K, B, M, N); `_splitk_reduce_kernel`
+    # then adds the SPLIT_K partials in split order. No atomics: every launch sums the same
+    # numbers in the same order, so results are bitwise reproducible. For M <= BLOCK_M this
+    # is a GEMV-style schedule: B is read once, by N / BLOCK_N x SPLIT_K programs.
+    if ALIGN_AB > 1:
+        K = K // ALIGN_AB * ALIGN_AB
+        NB = NB // ALIGN_AB * ALIGN_AB
+        stride_ab = stride_ab // ALIGN_AB * ALIGN_AB
+        stride_am = stride_am // ALIGN_AB * ALIGN_AB
+        stride_bb = stride_bb // ALIGN_AB * ALIGN_AB
+        stride_bk = stride_bk // ALIGN_AB * ALIGN_AB
+    pid = tl.program_id(0)
+    batch = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_pid_n
+    first_m = (pid // group) * GROUP_M
+    group_m = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % group_m
+    pid_n = (pid % group) // group_m
+
+    per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_lo = split * per
+    k_hi = tl.minimum(K, k_lo + per)  # below k_lo when the split is empty: no iteration
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    # Rows and columns past the edge wrap to valid ones, as in `_matmul_kernel`.
+    a_ptrs = a_ptr + batch * stride_ab + (rm % M)[:, None] * stride_am + (k_lo + rk)[None, :] * stride_ak
+    b_ptrs = b_ptr + batch * stride_bb + (k_lo + rk)[:, None] * stride_bk + (rn % NB)[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_lo, k_hi, BLOCK_K):
+        k_left = k_hi - k
+        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    w_at = w_ptr + split.to(tl.int64) * stride_ws + batch * stride_wb
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    tl.store(w_at + rm[:, None] * N + rn[None, :], acc, mask=mask)
+
+
+@triton.jit
+def _splitk_reduce_kernel(
+    w_ptr, c_ptr, bias_ptr, M, N,
+    stride_ws, stride_wb, stride_cb, stride_cm, stride_cn, stride_xb, stride_xm, stride_xn,
+    alpha, beta,
+    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # c = alpha * (sum of the SPLIT_K partials, in split order) [+ beta * bias].
+    batch = tl.program_id(1).to(tl.int64)
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = idx < M * N
+    w_at = w_ptr + batch * stride_wb + idx
+    acc = tl.load(w_at, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(w_at + s * stride_ws, mask=ok, other=0.0)
+    rm = idx // N
+    rn = idx % N
+    acc = acc * alpha
+    if HAS_BIAS:
+        x = tl.load(bias_ptr + batch * stride_xb + rm * stride_xm + rn * stride_xn, mask=ok, other=0.0)
+        acc += beta * x.to(tl.float32)
+    c_ptrs = c_ptr + batch * stride_cb + rm * stride_cm + rn * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=ok)
+
+
+REDUCE_BLOCK = 1024
+
+
+def split_k(config: Config) -> int:
+    """The config's SPLIT_K: programs that share one output tile's K (1 when absent)."""
+    return config.kwargs.get("SPLIT_K", 1)
+
+
+def launch_splitk(a, b, c, bias, alpha: float, beta: float, config: Config, align_ab: int = 1):
+    """c = alpha * (a @ b) [+ beta * bias] by split-K (`_matmul_splitk_kernel`, then
+    `_splitk_reduce_kernel`), through an fp32 workspace of SPLIT_K x c's elements. a, b as
+    `launch_matmul` leaves them (staged where it staged them); bias expanded or None."""
+    M, K = a.shape[-2:]
+    N, NB = c.shape[-1], b.shape[-1]
+    B = a.shape[0] if a.dim() == 3 else 1
+    sk = split_k(config)
+    w = torch.empty((sk, B, M, N), dtype=torch.float32, device=a.device)
+    sa, sb, sc = _strides3(a), _strides3(b), _strides3(c)
+    sx = _strides3(bias) if bias is not None else sc
+    grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]), B, sk)
+    _matmul_splitk_kernel[grid](
+        a, b, w, M, N, K, NB, *sa, *sb, w.stride(0), w.stride(1),
+        "ieee" if a.dtype == torch.float32 else "tf32",
+        config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], sk, align_ab,
+        num_warps=config.num_warps, num_stages=config.num_stages)
+    _splitk_reduce_kernel[(triton.cdiv(M * N, REDUCE_BLOCK), B)](
+        w, c, c if bias is None else bias, M, N, w.stride(0), w.stride(1), *sc, *sx, alpha, beta,
+        bias is not None, sk, REDUCE_BLOCK, num_warps=4)
+    return grid
+
+
 def extra_columns(config: Config) -> int:
     """The config's EXTRA_N: columns of a second accumulator beside BLOCK_N (0 when absent)."""
     return config.kwargs.get("EXTRA_N", 0)
@@ -289,14 +401,17 @@ def launch_matmul(a, b, c, bias, alpha: float, beta: float, config: Config):
         a, b = stage_operands(a, b, vec)
         align_ab = vec
         align_c = vec if rows_aligned(c.shape, c.stride(), vec) else 1
+    if split_k(config) > 1:  # two kernels and a workspace: Triton's own launch path, never direct
+        return None, launch_splitk(a, b, c, bias, alpha, beta, config, align_ab), None
     a, b, descs, tma = tma_descriptors(a, b, config)
     grid, args = matmul_args(a, b, c, c if bias is None else bias, alpha, beta, bias is not None, config,
                              align_ab, align_c, descs, tma)
     return _matmul_kernel[grid](*args, num_warps=config.num_warps, num_stages=config.num_stages), grid, args
 
 
-def _c(bm, bn, bk, warps, stages, group=8, extra_n=0, tma=0):
-    extra = {**({"EXTRA_N": extra_n} if extra_n else {}), **({"TMA": 1} if tma else {})}
+def _c(bm, bn, bk, warps, stages, group=8, extra_n=0, tma=0, split=1):
+    extra = {**({"EXTRA_N": extra_n} if extra_n else {}), **({"TMA": 1} if tma else {}),
+             **({"SPLIT_K": split} if split > 1 else {})}
     return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, **extra,
                        num_warps=warps, num_stages=stages)
 
@@ -326,6 +441,16 @@ CONFIGS = (
     _c(128, 256, 64, 8, 3, tma=1), _c(128, 256, 64, 8, 4, tma=1), _c(128, 128, 64, 4, 3, tma=1),
     _c(128, 128, 64, 8, 4, tma=1), _c(128, 128, 64, 8, 4, extra_n=64, tma=1),
     _c(128, 128, 32, 8, 5, extra_n=64, tma=1),
+    # Split-K (`_matmul_splitk_kernel`): decode GEMMs (M <= 64) have N / BLOCK_N tiles, too
+    # few programs to keep enough loads in flight on 132 SMs; splitting K multiplies them.
+    # With BLOCK_M >= M, B is read once (GEMV-style). Refused where K is short or the tiles
+    # already fill the machine (`split_refusal`).
+    _c(16, 64, 128, 4, 4, split=4), _c(16, 64, 128, 4, 4, split=8), _c(16, 128, 128, 4, 4, split=4),
+    _c(16, 64, 256, 4, 3, split=4), _c(32, 64, 128, 4, 4, split=4), _c(64, 64, 128, 4, 4, split=4),
+    _c(64, 128, 64, 4, 4, split=2),
+    # Mid-size GEMMs (a few hundred rows: 800 x 1536 x 8960 is 84 128x128 tiles for 132 SMs).
+    _c(64, 128, 64, 4, 4, split=4), _c(128, 128, 64, 8, 3, split=2), _c(128, 128, 64, 8, 3, split=4),
+    _c(128, 64, 64, 4, 4, split=2),
 )
 
 # Served when a seat has no certificate: the first that fits the device.
@@ -356,6 +481,30 @@ def alignment(strides_a, strides_b, n: int, k: int, vec: int) -> int:
     return vec
 
 
+# Split-K pays a pass over its fp32 workspace: with this many output tiles every device the
+# profiles describe is already full (the H200 has 132 SMs), and splitting only adds that pass.
+SPLIT_MAX_TILES = 256
+SPLIT_MIN_BLOCKS = 2  # K blocks each split must have at least: else the split is mostly overhead
+
+
+def split_refusal(config: Config, problem: Problem) -> tuple[str, str] | None:
+    """("not_applicable", why) for a split-K config at a seat it cannot help (judged at the
+    seat's largest shape; a split-K config is correct at any shape)."""
+    sk = split_k(config)
+    if sk == 1:
+        return None
+    Bn, M, N, K = problem.dims
+    bk = config["BLOCK_K"]
+    if K < SPLIT_MIN_BLOCKS * sk * bk:
+        return ("not_applicable", f"SPLIT_K {sk} over K {K}: fewer than {SPLIT_MIN_BLOCKS} blocks of {bk} per split")
+    tiles = Bn * -(-M // config["BLOCK_M"]) * -(-N // config["BLOCK_N"])
+    if tiles >= SPLIT_MAX_TILES:
+        return ("not_applicable", f"{tiles} output tiles without a split (>= {SPLIT_MAX_TILES}): nothing to gain")
+    if sk * Bn * M * N > INT32_MAX:
+        return ("not_applicable", f"a workspace of {sk} x {Bn * M * N} elements (indexed in int32)")
+    return None
+
+
 def _broadcastable(shape, target) -> bool:
     if len(shape) > len(target):
         return False
@@ -376,6 +525,9 @@ class MatmulSpec(KernelSpec):
         return DEFAULTS
 
     def static_refusal(self, profile, config, problem):
+        why = split_refusal(config, problem)
+        if why:
+            return why
         if uses_tma(config):
             if TensorDescriptor is None:
                 return ("no_tma", f"TMA loads need host-side tensor descriptors, which Triton "
@@ -391,7 +543,8 @@ class MatmulSpec(KernelSpec):
         return max(config.num_stages, 1) * width * config["BLOCK_K"] * esize
 
     def source_parts(self):
-        return (_matmul_kernel, _epilogue, extra_columns, uses_tma, tma_ready, _tma_copy, tma_descriptors,
+        return (_matmul_kernel, _epilogue, _matmul_splitk_kernel, _splitk_reduce_kernel, split_k, launch_splitk,
+                extra_columns, uses_tma, tma_ready, _tma_copy, tma_descriptors,
                 matmul_args, vector_elems, rows_aligned, _padded, stage_operands, launch_matmul, alignment)
 
     def example_rows(self, scale):
@@ -552,7 +705,7 @@ def _run(a, b, bias, alpha, beta, rank):
     # (25 on). The tensors, the TMA descriptors (4-6) and alpha, beta (23, 24) are passed
     # afresh on every call. A launch that copied an operand (staged at aligned=0, or for a
     # TMA descriptor) copies it every time: not remembered.
-    if args[0] is a and args[1] is b:
+    if compiled is not None and args[0] is a and args[1] is b:
         remember_direct(key, compiled, grid, (args[7:23], args[25:], config if uses_tma(config) else None),
                         SPEC, (name,), flags, dims)
     return c

@@ -184,6 +184,7 @@ REFUSAL_REASONS = {
     "smem_over_budget": "estimated shared memory over the profile's budget (never launched)",
     "stages_over_max": "num_stages over the profile's pipelining.max_num_stages (never launched)",
     "no_tma": "TMA loads on a device without a TMA unit (never launched)",
+    "not_applicable": "the config's schedule cannot help at the seat's shapes, e.g. split-K over a short K (never launched)",
     "equivalent": "same compiled code as another candidate on this profile (never launched)",
     "out_of_resources": "the compiler or driver reported too few resources",
     "compile_error": "failed to compile",
