@@ -241,8 +241,12 @@ def capture(f, calls: int = GRAPH_CALLS):
     return g
 
 
-def graph_times(fns: dict, rep_ms: float, calls: int = GRAPH_CALLS) -> dict:
-    """ms per call of each fn(i) under CUDA-graph replay, in alternating rounds."""
+def graph_times(fns: dict, rep_ms: float, calls: int = GRAPH_CALLS, device: str = "cuda") -> dict:
+    """ms per call of each fn(i) under CUDA-graph replay, in alternating rounds (on the CPU,
+    for smoke runs: the calls one after another, wall clock)."""
+    if device == "cpu":
+        loops = {s: (lambda f=f: [f(i) for i in range(calls)]) for s, f in fns.items()}
+        return {s: v / calls for s, v in side_by_side(loops, rep_ms, rounds=2, timer=_cpu_timer).items()}
     graphs = {s: capture(f, calls) for s, f in fns.items()}
     t = side_by_side({s: g.replay for s, g in graphs.items()}, rep_ms, rounds=4, timer=_cuda_timer)
     return {s: v / calls for s, v in t.items()}

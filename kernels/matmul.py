@@ -448,6 +448,9 @@ CONFIGS = (
     _c(16, 64, 128, 4, 4, split=4), _c(16, 64, 128, 4, 4, split=8), _c(16, 128, 128, 4, 4, split=4),
     _c(16, 64, 256, 4, 3, split=4), _c(32, 64, 128, 4, 4, split=4), _c(64, 64, 128, 4, 4, split=4),
     _c(64, 128, 64, 4, 4, split=2),
+    # The same skinny tiles unsplit, for decode GEMMs whose N alone gives hundreds of tiles
+    # (an LM head: N = 32000 is 500 tiles of 64), where split-K is refused.
+    _c(16, 64, 128, 4, 4), _c(16, 128, 128, 4, 4),
     # Mid-size GEMMs (a few hundred rows: 800 x 1536 x 8960 is 84 128x128 tiles for 132 SMs).
     _c(64, 128, 64, 4, 4, split=4), _c(128, 128, 64, 8, 3, split=2), _c(128, 128, 64, 8, 3, split=4),
     _c(128, 64, 64, 4, 4, split=2),
