@@ -110,6 +110,10 @@ def torch_call(row, device: str):
             n = len(tensors) - ti - later_single[i]
             plan.append((a.name, "list", tensors[ti:ti + n]))
             ti += n
+        elif a.name == "device":  # never recorded (recorder.py): where this run computes
+            plan.append((a.name, "value", torch.device(device)))
+        elif a.name == "cudnn_enabled":  # never recorded, and required by aten.batch_norm
+            plan.append((a.name, "value", True))
     if ti != len(tensors):
         raise ValueError(f"{row.op}: placed {ti} of {len(tensors)} tensors from its schema")
 
