@@ -324,7 +324,7 @@ def main(argv=None) -> int:
     ap.add_argument("traces", nargs="*")
     ap.add_argument("--budget-s", type=float, default=270.0)
     ap.add_argument("--rows", type=int, default=0, help="at most this many rows per trace (0: all)")
-    ap.add_argument("--rep-ms", type=float, default=0.0, help="time per side per measure (default 40, smoke 1)")
+    ap.add_argument("--rep-ms", type=float, default=0.0, help="time per side per measure, ms (default 24, smoke 1)")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
 
@@ -347,7 +347,7 @@ def run(args) -> int:
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     traces = args.traces or ([str(ROOT / "examples/traces" / t) for t in SMOKE_TRACES] if args.smoke
                              else sorted(glob.glob(str(ROOT / "examples/traces/*.tsv"))))
-    rep_ms = args.rep_ms or (1.0 if device == "cpu" else 40.0)
+    rep_ms = args.rep_ms or (1.0 if device == "cpu" else 24.0)
     max_rows = args.rows or (6 if args.smoke else 0)
     t_start = time.perf_counter()
     done: dict = {}  # row key -> result (timed once across traces)
