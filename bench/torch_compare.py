@@ -396,6 +396,8 @@ def run(args) -> int:
             if device == "cuda":
                 torch.cuda.empty_cache()
         done[key] = res
+        if len(done) % 20 == 0:  # kept if the stage is cut short
+            save("torch_compare.json", {"partial": {row_text(r): done[r.key()] for r in order if r.key() in done}})
         g = ratio(res.get("torch", {}).get("graph"), res.get("nbx", {}).get("graph"))
         print(f"  {row_text(row)[:90]:90s} graph torch/nbx {fmt(g, 3)} {res.get('error', '')}", flush=True)
 
