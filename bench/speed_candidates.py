@@ -1,11 +1,13 @@
 """The split-K GEMM and decode-attention candidates on a GPU, in one run:
 
-(a) check: every split-K matmul config and every decode (SPLIT_KV) attention config, plus
-    a few prefill configs at a causal GQA shape, against the fp64 oracle at odd shapes in
-    bfloat16 and float16, under the profile's tolerance, two launches bit for bit equal;
+(a) check: every new matmul config and every decode (SPLIT_KV) attention config, plus a
+    few prefill configs at a causal GQA shape, against the fp64 oracle at odd shapes in
+    bfloat16 (and float16 at one shape each), under the profile's tolerance, two launches
+    bit for bit equal;
 (b) skinny and mid-size GEMMs at the shapes of issue 23 (7B decode, M = 1, 8, 32, 64; a
     hidden-1536 prefill, M = 800): torch (cuBLAS), the seat's certified config (the default
-    where none: marked), every split-K candidate the profile admits there, and the HBM floor
+    where none: marked), every new candidate the profile admits there (split-K, unsplit
+    skinny tiles), a sample of earlier configs (OLD_SKINNY, OLD_LARGE), and the HBM floor
     (weight bytes over the copy bandwidth measured in this run). Weights rotate through
     several buffers (> 160 MB in all) so the 50 MB L2 does not hold them between calls, on
     every side; times are per call under CUDA-graph replay, in alternating rounds;
@@ -39,6 +41,12 @@ PREFILL_GEMMS = [(800, 1536, 1536), (800, 8960, 1536), (800, 1536, 8960), (800, 
 # (B, Hq, Hkv, Lq, Lk, D, causal)
 ATTN = [(1, 32, 8, 1000, 1000, 128, True)] + [(1, 32, 8, 1, lk, 128, False) for lk in (500, 1000, 2000, 4000)] + \
        [(1, 32, 32, 1, 4000, 128, False), (8, 32, 32, 1, 2048, 128, False)]
+# Earlier configs timed beside the new ones (a sample, not the whole space: each costs a
+# compile): skinny tiles for M <= 64, the usual large ones above. (BM, BN, BK, warps, stages, TMA)
+OLD_SKINNY = ((16, 32, 64, 2, 2, 0), (32, 32, 64, 4, 2, 0), (32, 64, 64, 4, 3, 0), (64, 64, 64, 4, 4, 0),
+              (64, 128, 64, 4, 3, 0), (64, 64, 128, 4, 3, 0))
+OLD_LARGE = ((64, 128, 64, 4, 5, 0), (128, 64, 64, 4, 3, 0), (128, 128, 64, 8, 3, 0), (128, 128, 64, 4, 4, 0),
+             (128, 256, 64, 8, 3, 0), (128, 128, 64, 8, 4, 1))
 PREFILL_TRIED = ((128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3),
                  (128, 128, 8, 2))
 ROTATE_BYTES = 160 << 20
@@ -69,12 +77,13 @@ def check(profile, device, dtypes, gemm_shapes, attn_shapes, budget) -> list:
     from nbx_tune.oracles import attention as aor, matmul as mor
 
     rows = []
-    splits = [c for c in MM.CONFIGS if MM.split_k(c) > 1]
+    splits = new_gemm_configs()
     g = torch.Generator(device="cpu").manual_seed(0)
     for dt in dtypes:
         tdt = getattr(torch, dt)
         rtol = profile.rtol(dt)
-        for m, n, k in gemm_shapes:
+        # The first dtype at every shape, the others at one each: every compile costs seconds.
+        for m, n, k in (gemm_shapes if dt == dtypes[0] else gemm_shapes[-1:]):
             a, b, x = ((torch.rand(s, generator=g) * 2 - 1).to(tdt) for s in ((m, k), (k, n), (n,)))
             ref = mor.addmm(x.double().numpy(), a.double().numpy(), b.double().numpy(), 1.5, -0.5)
             a, b, x = a.to(device), b.to(device), x.to(device)
@@ -97,7 +106,7 @@ def check(profile, device, dtypes, gemm_shapes, attn_shapes, budget) -> list:
                     rows.append(["matmul", dt, f"{m}x{n}x{k}", str(cfg), "-", rtol, f"ERROR {type(ex).__name__}: {ex}"[:120]])
         decode = [c for c in A.CONFIGS if "SPLIT_KV" in c.kwargs]
         prefill = [Config.make(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st) for bm, bn, w, st in PREFILL_TRIED]
-        for B, Hq, Hkv, Lq, Lk, D, causal in attn_shapes:
+        for B, Hq, Hkv, Lq, Lk, D, causal in (attn_shapes if dt == dtypes[0] else attn_shapes[:1]):
             q, kk, v = (torch.from_numpy(np.random.default_rng(Lk + Lq).standard_normal(s)).to(tdt)
                         for s in ((B, Hq, Lq, D), (B, Hkv, Lk, D), (B, Hkv, Lk, D)))
             ref, ref_lse = aor.efficient_attention(*(t.double().numpy() for t in (q, kk, v)), causal, None, True)
@@ -140,7 +149,14 @@ def copy_bandwidth() -> float:
     return 2 * (1 << 30) / (ms * 1e-3)
 
 
-def gemm_times(profile, bw, shapes, budget, dt="bfloat16") -> list:
+def new_gemm_configs() -> list:
+    """The matmul configs of issue 23: split-K, and the unsplit skinny tiles (BLOCK_M 16, BLOCK_K 128)."""
+    from nbx_tune.kernels import matmul as MM
+
+    return [c for c in MM.CONFIGS if MM.split_k(c) > 1 or (c["BLOCK_M"] == 16 and c["BLOCK_K"] == 128)]
+
+
+def gemm_times(profile, bw, shapes, budget, dt="bfloat16", device="cuda") -> list:
     import torch
 
     from nbx_tune.kernels import certified, matmul as MM
@@ -159,34 +175,43 @@ def gemm_times(profile, bw, shapes, budget, dt="bfloat16") -> list:
             is_cert = certified.state().memo[("matmul", p.dtypes, p.flags, p.dims)][1] is None
             wbytes = k * n * tdt.itemsize
             R = max(2, min(8, -(-ROTATE_BYTES // wbytes)))
-            a = torch.empty((m, k), dtype=tdt, device="cuda").uniform_(-1, 1)
-            ws = [torch.empty((k, n), dtype=tdt, device="cuda").uniform_(-1, 1) for _ in range(R)]
-            c = torch.empty((m, n), dtype=tdt, device="cuda")
+            a = torch.empty((m, k), dtype=tdt, device=device).uniform_(-1, 1)
+            ws = [torch.empty((k, n), dtype=tdt, device=device).uniform_(-1, 1) for _ in range(R)]
+            c = torch.empty((m, n), dtype=tdt, device=device)
             fns = {"torch": lambda i: torch.mm(a, ws[i % R]),
                    "cert": lambda i, cfg=cert: MM.launch_matmul(a, ws[i % R], c, None, 1.0, 0.0, cfg)}
-            cands = [cfg for cfg in MM.CONFIGS if MM.split_k(cfg) > 1 and MM.SPEC.static_refusal(profile, cfg, p) is None]
-            for cfg in cands:
-                if cfg != cert:
+            olds = {(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c.num_warps, c.num_stages, c.kwargs.get("TMA", 0)): c
+                    for c in MM.CONFIGS if "EXTRA_N" not in c.kwargs and MM.split_k(c) == 1}
+            tried = [(cfg, True) for cfg in new_gemm_configs()] + \
+                    [(olds[x], False) for x in (OLD_SKINNY if m <= 64 else OLD_LARGE) if x in olds]
+            is_new = {}
+            for cfg, fresh in tried:
+                if cfg != cert and MM.SPEC.static_refusal(profile, cfg, p) is None:
                     fns[str(cfg)] = lambda i, cfg=cfg: MM.launch_matmul(a, ws[i % R], c, None, 1.0, 0.0, cfg)
-            t = graph_times(fns, 20, calls=R * -(-24 // R))
-            new = {s: v for s, v in t.items() if s not in ("torch", "cert")}
+                    is_new[str(cfg)] = fresh
+            t = graph_times(fns, 20, calls=R * -(-24 // R), device=device)
+            new = {s: v for s, v in t.items() if is_new.get(s)}
+            old = {s: v for s, v in t.items() if s in is_new and not is_new[s]}
             best = min(new, key=new.get) if new else None
+            best_old = min(old, key=old.get) if old else None
             floor = wbytes / bw * 1e3
             row = {"shape": f"{m}x{n}x{k}", "torch_ms": t["torch"], "cert_ms": t["cert"], "cert": str(cert),
                    "certified": is_cert, "floor_ms": floor, "new": new, "best_new": best,
-                   "best_new_ms": new.get(best)}
+                   "best_new_ms": new.get(best), "old": old, "best_old": best_old, "best_old_ms": old.get(best_old)}
             out.append(row)
-            print(f"  {row['shape']}: torch {t['torch']:.4f} cert {t['cert']:.4f} best split "
-                  f"{new.get(best, float('nan')):.4f} floor {floor:.4f}", flush=True)
+            print(f"  {row['shape']}: torch {t['torch']:.4f} cert {t['cert']:.4f} best new "
+                  f"{new.get(best, float('nan')):.4f} best old {old.get(best_old, float('nan')):.4f} "
+                  f"floor {floor:.4f}", flush=True)
             del a, ws, c
         except Exception as e:
             traceback.print_exc(limit=2)
             out.append({"shape": f"{m}x{n}x{k}", "error": f"{type(e).__name__}: {str(e)[:150]}"})
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return out
 
 
-def attn_times(profile, shapes, budget, dt="bfloat16") -> list:
+def attn_times(profile, shapes, budget, dt="bfloat16", device="cuda") -> list:
     import torch
     import torch.nn.functional as F
 
@@ -211,11 +236,11 @@ def attn_times(profile, shapes, budget, dt="bfloat16") -> list:
             is_cert = certified.state().memo[("attention", p.dtypes, p.flags, p.dims)][1] is None
             kvbytes = 2 * B * Hkv * Lk * D * tdt.itemsize
             R = max(2, min(8, -(-ROTATE_BYTES // kvbytes)))
-            q = torch.randn((B, Hq, Lq, D), dtype=tdt, device="cuda")
-            kvs = [(torch.randn((B, Hkv, Lk, D), dtype=tdt, device="cuda"),
-                    torch.randn((B, Hkv, Lk, D), dtype=tdt, device="cuda")) for _ in range(R)]
+            q = torch.randn((B, Hq, Lq, D), dtype=tdt, device=device)
+            kvs = [(torch.randn((B, Hkv, Lk, D), dtype=tdt, device=device),
+                    torch.randn((B, Hkv, Lk, D), dtype=tdt, device=device)) for _ in range(R)]
             o = torch.empty_like(q)
-            lse = torch.empty((B, Hq, Lq), dtype=torch.float32, device="cuda")
+            lse = torch.empty((B, Hq, Lq), dtype=torch.float32, device=device)
             gqa = Hkv != Hq
 
             def ours(cfg):
@@ -231,7 +256,7 @@ def attn_times(profile, shapes, budget, dt="bfloat16") -> list:
             for cfg in tried:
                 if cfg != cert and A.SPEC.static_refusal(profile, cfg, p) is None:
                     fns[str(cfg)] = ours(cfg)
-            t = graph_times(fns, 20, calls=R * -(-12 // R))
+            t = graph_times(fns, 20, calls=R * -(-12 // R), device=device)
             cand = {s: v for s, v in t.items() if s not in ("torch", "cert")}
             best = min(cand, key=cand.get) if cand else None
             row = {"shape": shape, "torch_ms": t["torch"], "cert_ms": t["cert"], "cert": str(cert),
@@ -243,7 +268,8 @@ def attn_times(profile, shapes, budget, dt="bfloat16") -> list:
         except Exception as e:
             traceback.print_exc(limit=2)
             out.append({"shape": shape, "error": f"{type(e).__name__}: {str(e)[:150]}"})
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return out
 
 
@@ -276,37 +302,42 @@ def main(argv=None) -> int:
         rows = [] if args.skip_check else check(
             profile, device, ("bfloat16", "float16"), [(1, 4096, 4096), (37, 1000, 2008), (5, 999, 777)],
             [(2, 32, 8, 1, 1037, 128, False), (1, 12, 2, 3, 517, 128, False), (3, 8, 8, 1, 4001, 64, False),
-             (1, 8, 8, 5, 300, 80, True), (1, 32, 8, 333, 333, 128, True)], args.budget_s * 0.4)
+             (1, 8, 8, 5, 300, 80, True), (1, 32, 8, 333, 333, 128, True)], args.budget_s * 0.45)
     report["check"] = rows
     bad = [x for x in rows if x[-1] != "ok"]
-    print(table(rows if args.smoke else bad or rows[:0], ["kernel", "dtype", "shape", "config", "err", "rtol", "verdict"]))
+    print(table(bad, ["kernel", "dtype", "shape", "config", "err", "rtol", "verdict"]))
     print(f"check: {len(rows) - len(bad)} of {len(rows)} ok")
     save("speed_candidates.json", report)
-    if args.smoke:
-        return 1 if bad else 0
 
-    bw = copy_bandwidth()
+    if args.smoke:  # the timing code at toy sizes on the CPU: its numbers mean nothing
+        bw, gemms, attn = 1e10, [(3, 64, 1100)], [(1, 4, 2, 1, 300, 16, False), (1, 4, 2, 40, 40, 16, True)]
+        profile = get_profile("hopper")  # what the timed candidates are pruned by: the GPU's
+    else:
+        bw, gemms, attn = copy_bandwidth(), DECODE_GEMMS + PREFILL_GEMMS, ATTN
     report["copy_GBps"] = bw / 1e9
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
-    report["gemm"] = gemm_times(profile, bw, DECODE_GEMMS + PREFILL_GEMMS, args.budget_s)
+    dt = "float16" if args.smoke else "bfloat16"
+    report["gemm"] = gemm_times(profile, bw, gemms, args.budget_s, dt, device)
     save("speed_candidates.json", report)
-    report["attention"] = attn_times(profile, ATTN, args.budget_s)
+    report["attention"] = attn_times(profile, attn, args.budget_s, dt, device)
     save("speed_candidates.json", report)
 
     env = report["env"]
     print(f"\n{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}; "
           f"copy {bw / 1e9:.0f} GB/s")
     g = [[x["shape"], f"{x['torch_ms']:.4f}", f"{x['cert_ms']:.4f}", "cert" if x["certified"] else "default",
-          f"{x['best_new_ms']:.4f}" if x.get("best_new_ms") else "-", r(x["torch_ms"], x["cert_ms"]),
-          r(x["torch_ms"], x.get("best_new_ms")), r(x["floor_ms"], x.get("best_new_ms")), x.get("best_new") or "-"]
-         if "error" not in x else [x["shape"], x["error"][:60]] + [""] * 7 for x in report["gemm"]]
-    print(table(g, ["M x N x K (bf16)", "torch ms", "cert ms", "cert?", "best split ms", "torch/cert",
-                    "torch/split", "floor/split (>= 0.8)", "best split config"]))
+          f"{x['best_new_ms']:.4f}" if x.get("best_new_ms") else "-",
+          f"{x['best_old_ms']:.4f}" if x.get("best_old_ms") else "-", r(x["torch_ms"], x["cert_ms"]),
+          r(x["torch_ms"], x.get("best_new_ms")), r(x["floor_ms"], x.get("best_new_ms")),
+          r(x["floor_ms"], x.get("torch_ms")), x.get("best_new") or "-"]
+         if "error" not in x else [x["shape"], x["error"][:60]] + [""] * 9 for x in report["gemm"]]
+    print(table(g, [f"M x N x K ({dt})", "torch ms", "cert ms", "cert?", "best new ms", "best old ms", "torch/cert",
+                    "torch/new", "floor/new (>= 0.8)", "floor/torch", "best new config"]))
     a = [[x["shape"], f"{x['torch_ms']:.4f}", f"{x['cert_ms']:.4f}", "cert" if x["certified"] else "default",
           f"{x['best_ms']:.4f}" if x.get("best_ms") else "-", r(x["torch_ms"], x["cert_ms"]),
           r(x["torch_ms"], x.get("best_ms")), x.get("best") or "-"]
          if "error" not in x else [x["shape"], x["error"][:60]] + [""] * 6 for x in report["attention"]]
-    print(table(a, ["attention (bf16)", "torch ms", "cert ms", "cert?", "best tried ms", "torch/cert", "torch/best",
+    print(table(a, [f"attention ({dt})", "torch ms", "cert ms", "cert?", "best tried ms", "torch/cert", "torch/best",
                     "best config"]))
     print(f"total {time.perf_counter() - T0:.0f} s; JSON {save('speed_candidates.json', report)}")
     return 1 if bad else 0

@@ -110,6 +110,10 @@ def torch_call(row, device: str):
             n = len(tensors) - ti - later_single[i]
             plan.append((a.name, "list", tensors[ti:ti + n]))
             ti += n
+        elif a.name == "device":  # never recorded (recorder.py): where this run computes
+            plan.append((a.name, "value", torch.device(device)))
+        elif a.name == "cudnn_enabled":  # never recorded, and required by aten.batch_norm
+            plan.append((a.name, "value", True))
     if ti != len(tensors):
         raise ValueError(f"{row.op}: placed {ti} of {len(tensors)} tensors from its schema")
 
@@ -241,8 +245,12 @@ def capture(f, calls: int = GRAPH_CALLS):
     return g
 
 
-def graph_times(fns: dict, rep_ms: float, calls: int = GRAPH_CALLS) -> dict:
-    """ms per call of each fn(i) under CUDA-graph replay, in alternating rounds."""
+def graph_times(fns: dict, rep_ms: float, calls: int = GRAPH_CALLS, device: str = "cuda") -> dict:
+    """ms per call of each fn(i) under CUDA-graph replay, in alternating rounds (on the CPU,
+    for smoke runs: the calls one after another, wall clock)."""
+    if device == "cpu":
+        loops = {s: (lambda f=f: [f(i) for i in range(calls)]) for s, f in fns.items()}
+        return {s: v / calls for s, v in side_by_side(loops, rep_ms, rounds=2, timer=_cpu_timer).items()}
     graphs = {s: capture(f, calls) for s, f in fns.items()}
     t = side_by_side({s: g.replay for s, g in graphs.items()}, rep_ms, rounds=4, timer=_cuda_timer)
     return {s: v / calls for s, v in t.items()}
@@ -316,7 +324,7 @@ def main(argv=None) -> int:
     ap.add_argument("traces", nargs="*")
     ap.add_argument("--budget-s", type=float, default=270.0)
     ap.add_argument("--rows", type=int, default=0, help="at most this many rows per trace (0: all)")
-    ap.add_argument("--rep-ms", type=float, default=0.0, help="time per side per measure (default 40, smoke 1)")
+    ap.add_argument("--rep-ms", type=float, default=0.0, help="time per side per measure, ms (default 24, smoke 1)")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
 
@@ -339,7 +347,7 @@ def run(args) -> int:
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     traces = args.traces or ([str(ROOT / "examples/traces" / t) for t in SMOKE_TRACES] if args.smoke
                              else sorted(glob.glob(str(ROOT / "examples/traces/*.tsv"))))
-    rep_ms = args.rep_ms or (1.0 if device == "cpu" else 40.0)
+    rep_ms = args.rep_ms or (1.0 if device == "cpu" else 24.0)
     max_rows = args.rows or (6 if args.smoke else 0)
     t_start = time.perf_counter()
     done: dict = {}  # row key -> result (timed once across traces)
@@ -388,6 +396,8 @@ def run(args) -> int:
             if device == "cuda":
                 torch.cuda.empty_cache()
         done[key] = res
+        if len(done) % 20 == 0:  # kept if the stage is cut short
+            save("torch_compare.json", {"partial": {row_text(r): done[r.key()] for r in order if r.key() in done}})
         g = ratio(res.get("torch", {}).get("graph"), res.get("nbx", {}).get("graph"))
         print(f"  {row_text(row)[:90]:90s} graph torch/nbx {fmt(g, 3)} {res.get('error', '')}", flush=True)
 

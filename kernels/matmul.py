@@ -226,9 +226,6 @@ def _splitk_reduce_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=ok)
 
 
-REDUCE_BLOCK = 1024
-
-
 def split_k(config: Config) -> int:
     """The config's SPLIT_K: programs that share one output tile's K (1 when absent)."""
     return config.kwargs.get("SPLIT_K", 1)
@@ -242,6 +239,7 @@ def launch_splitk(a, b, c, bias, alpha: float, beta: float, config: Config, alig
     N, NB = c.shape[-1], b.shape[-1]
     B = a.shape[0] if a.dim() == 3 else 1
     sk = split_k(config)
+    block = 512  # the reduction's elements per program: a decode row of 4096 spreads over 8
     w = torch.empty((sk, B, M, N), dtype=torch.float32, device=a.device)
     sa, sb, sc = _strides3(a), _strides3(b), _strides3(c)
     sx = _strides3(bias) if bias is not None else sc
@@ -251,9 +249,9 @@ def launch_splitk(a, b, c, bias, alpha: float, beta: float, config: Config, alig
         "ieee" if a.dtype == torch.float32 else "tf32",
         config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], sk, align_ab,
         num_warps=config.num_warps, num_stages=config.num_stages)
-    _splitk_reduce_kernel[(triton.cdiv(M * N, REDUCE_BLOCK), B)](
+    _splitk_reduce_kernel[(triton.cdiv(M * N, block), B)](
         w, c, c if bias is None else bias, M, N, w.stride(0), w.stride(1), *sc, *sx, alpha, beta,
-        bias is not None, sk, REDUCE_BLOCK, num_warps=4)
+        bias is not None, sk, block, num_warps=4)
     return grid
 
 
@@ -448,6 +446,9 @@ CONFIGS = (
     _c(16, 64, 128, 4, 4, split=4), _c(16, 64, 128, 4, 4, split=8), _c(16, 128, 128, 4, 4, split=4),
     _c(16, 64, 256, 4, 3, split=4), _c(32, 64, 128, 4, 4, split=4), _c(64, 64, 128, 4, 4, split=4),
     _c(64, 128, 64, 4, 4, split=2),
+    # The same skinny tiles unsplit, for decode GEMMs whose N alone gives hundreds of tiles
+    # (an LM head: N = 32000 is 500 tiles of 64), where split-K is refused.
+    _c(16, 64, 128, 4, 4), _c(16, 128, 128, 4, 4),
     # Mid-size GEMMs (a few hundred rows: 800 x 1536 x 8960 is 84 128x128 tiles for 132 SMs).
     _c(64, 128, 64, 4, 4, split=4), _c(128, 128, 64, 8, 3, split=2), _c(128, 128, 64, 8, 3, split=4),
     _c(128, 64, 64, 4, 4, split=2),

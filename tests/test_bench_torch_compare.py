@@ -52,3 +52,25 @@ def test_smoke_run_writes_every_trace_with_totals(tmp_path, monkeypatch):
         assert len(t["rows"]) == 3 and t["launches"]["timed"] > 0
         assert t["total_ms"]["nbx"]["eager"] > 0 and t["total_ms"]["torch"]["eager"] > 0
         assert all("nbx" in r and "torch" in r for r in t["rows"])
+
+
+def test_arguments_a_trace_never_records_are_supplied():
+    # aten.batch_norm requires cudnn_enabled, which the recorder never writes; a factory
+    # op's device is the run's own.
+    row = make_row("aten.batch_norm", ["float32"] * 5, [(2, 3, 4, 4), (3,), (3,), (3,), (3,)],
+                   {"training": "False", "momentum": "0.1", "eps": "1e-05"})
+    assert tc.torch_call(row, "cpu")[0](0).shape == (2, 3, 4, 4)
+    out = tc.torch_call(make_row("aten.arange", [], [], {"end": "7"}), "cpu")[0](0)
+    assert out.device.type == "cpu" and out.numel() == 7
+
+
+def test_every_row_of_every_example_trace_becomes_a_torch_call():
+    # On the meta device: shapes and dtypes only, nothing computed.
+    from nbx_tune.tuner.trace import read_trace
+
+    traces = sorted((Path(__file__).resolve().parents[1] / "examples" / "traces").glob("*.tsv"))
+    assert len(traces) >= 13
+    for path in traces:
+        for row in read_trace(path).rows:
+            fn, _ = tc.torch_call(row, "meta")
+            fn(0)

@@ -11,6 +11,8 @@ values (an `aten.cat` per layer), attention reads one query against context + 1 
 the LM head runs on the one new position.
 """
 
+import inspect
+
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -31,7 +33,9 @@ def _decode(name, cls, config, batch, ctx):
         for layer in range(config.num_hidden_layers):
             kv = torch.zeros(batch, config.num_key_value_heads, ctx, d)
             cache.update(kv, kv.clone(), layer)
-        return {"input_ids": torch.randint(0, config.vocab_size, (batch, 1)), "cache": cache,
+        # transformers 5.25 renamed past_key_values to cache (the old name warns until 5.40).
+        name = "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+        return {"input_ids": torch.randint(0, config.vocab_size, (batch, 1)), name: cache,
                 "position_ids": torch.full((batch, 1), ctx, dtype=torch.long), "use_cache": True}
 
     return Scale(describe=_describe(name, cls, config, batch, f"one decode step, KV cache of {ctx} tokens"),
