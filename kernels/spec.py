@@ -142,10 +142,17 @@ class KernelSpec:
     key: tuple[KeyDim, ...] = ()
     dtypes: tuple[str, ...] = ()  # element dtypes the kernel claims
     description: str = ""
+    # The config space, and the defaults served before a seat is certified, most preferred
+    # first. Declared as data; a spec that computes them overrides `configs()` and
+    # `default_preference()` instead, which are what the tuner and the launch read.
+    config_space: Sequence[Config] = ()
+    default_configs: Sequence[Config] = ()
 
     # -- declared by each family
     def configs(self) -> Sequence[Config]:
-        raise NotImplementedError
+        if not self.config_space:
+            raise NotImplementedError(f"{type(self).__name__} declares no config_space")
+        return self.config_space
 
     def default_config(self, profile, problem: Problem) -> Config:
         """The config served when a seat has no certificate: the first declared default
@@ -156,7 +163,9 @@ class KernelSpec:
         return self.default_preference()[-1]
 
     def default_preference(self) -> Sequence[Config]:
-        raise NotImplementedError
+        if not self.default_configs:
+            raise NotImplementedError(f"{type(self).__name__} declares no default_configs")
+        return self.default_configs
 
     def smem_bytes(self, config: Config, problem: Problem) -> int:
         return 0
