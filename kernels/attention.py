@@ -221,11 +221,8 @@ class AttentionSpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "flash-attention forward (online softmax), causal or not, GQA, head dims 1..256"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def smem_bytes(self, config, problem):
         # The pipeliner keeps num_stages copies of a K tile (BLOCK_N x BLOCK_D) and a V tile

@@ -300,11 +300,8 @@ class ConvSpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "1-D/2-D convolution: implicit GEMM (groups >= 1) and direct depthwise"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def default_config(self, profile, problem):
         if not _is_depthwise(problem):

@@ -369,11 +369,8 @@ class MatmulSpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "tiled GEMM with grouped ordering: mm, addmm, bmm, baddbmm"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def static_refusal(self, profile, config, problem):
         if uses_tma(config):

@@ -281,11 +281,8 @@ class _RowNormSpec(KernelSpec):
     key = (KeyDim("N", "row"),)
     dtypes = tuple(TORCH_DTYPES)
 
-    def configs(self):
-        return ROW_CONFIGS
-
-    def default_preference(self):
-        return ROW_DEFAULTS
+    config_space = ROW_CONFIGS
+    default_configs = ROW_DEFAULTS
 
     def default_config(self, profile, problem):
         return _fitting_default(self, ROW_DEFAULTS, profile, problem)
@@ -489,11 +486,8 @@ class GroupNormSpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "group norm over (channels of a group) x (spatial), returning (out, mean, rstd)"
 
-    def configs(self):
-        return GROUP_CONFIGS
-
-    def default_preference(self):
-        return GROUP_DEFAULTS
+    config_space = GROUP_CONFIGS
+    default_configs = GROUP_DEFAULTS
 
     def default_config(self, profile, problem):
         return _fitting_default(self, GROUP_DEFAULTS, profile, problem)

@@ -144,11 +144,8 @@ class SoftmaxSpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "row softmax / log-softmax / safe softmax over any dim, online for long rows"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def default_config(self, profile, problem):
         return row_defaults(DEFAULTS, profile, problem, self) or super().default_config(profile, problem)
