@@ -27,7 +27,7 @@ from nbx_tune import settings
 from nbx_tune.errors import KernelError, NbxError
 from nbx_tune.kernels import table_format
 from nbx_tune.kernels.spec import (Config, KernelSpec, Problem, bucket_of, decode_bucket,
-                                   decode_flags, seat_label)
+                                   decode_flags, label_of, seat_label)
 
 log = logging.getLogger("nbx_tune")
 
@@ -74,7 +74,7 @@ def _add(state: LaunchState, source: str, kernel: str, dtypes: str, flags: str, 
 
     spec = all_specs().get(kernel)
     if spec is None:
-        state.stale.append((source, f"{kernel}|{dtypes}|{flags}|{bucket}", "no such kernel here"))
+        state.stale.append((source, label_of(kernel, dtypes, flags, bucket), "no such kernel here"))
         return
     dt = tuple(dtypes.split(","))
     fl = decode_flags(flags)
@@ -82,7 +82,7 @@ def _add(state: LaunchState, source: str, kernel: str, dtypes: str, flags: str, 
         bk = decode_bucket(spec.key, bucket)
         cfg = Config.parse(config)
     except (KeyError, ValueError) as e:
-        state.stale.append((source, f"{kernel}|{dtypes}|{flags}|{bucket}", f"unreadable: {e}"))
+        state.stale.append((source, label_of(kernel, dtypes, flags, bucket), f"unreadable: {e}"))
         return
     why = _stale_reason(spec, state.profile, prov)
     if why:

@@ -312,6 +312,18 @@ def bucket_of(profile, key: Sequence[KeyDim], dims: Sequence[int]) -> Bucket:
     return tuple(profile.ladder(d.ladder).bucket(v) for d, v in zip(key, dims))
 
 
+def label_of(kernel: str, dtypes: str, flags: str, bucket: str) -> str:
+    """The human form of a seat from its encoded parts (the store's columns, a table's
+    fields): `matmul|float16|aligned=16,bias=0|B=1,M=497..512,N=4096,K=4096`."""
+    return "|".join((kernel, dtypes, flags, bucket))
+
+
+def split_label(label: str) -> tuple[str, str, str, str] | None:
+    """`label_of`'s parts back, or None when `label` is not a seat's label."""
+    parts = label.split("|")
+    return tuple(parts) if len(parts) == 4 else None
+
+
 def seat_label(kernel: str, dtypes, flags, key, bucket: Bucket) -> str:
-    """The human form of a seat: `matmul|float16|aligned=16,bias=0|B=1,M=497..512,N=4096,K=4096`."""
-    return "|".join((kernel, encode_dtypes(dtypes), encode_flags(flags), encode_bucket(key, bucket)))
+    """`label_of` from a seat's decoded parts."""
+    return label_of(kernel, encode_dtypes(dtypes), encode_flags(flags), encode_bucket(key, bucket))

@@ -181,7 +181,9 @@ class SeatView:
 
     @property
     def label(self) -> str:
-        return "|".join((self.kernel, self.dtypes, self.flags, self.bucket))
+        from nbx_tune.kernels.spec import label_of
+
+        return label_of(self.kernel, self.dtypes, self.flags, self.bucket)
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "label": self.label}
@@ -269,7 +271,7 @@ def refusal_rows(db=None, kernel=None, reason=None, profile=None, limit=None) ->
     store = Store(db)
     try:
         return [{"id": r.id, "seat": seat.id, "profile": seat.profile,
-                 "label": "|".join((seat.kernel, seat.dtypes, seat.flags, seat.bucket)),
+                 "label": seat.label,
                  "config": r.config, "reason": r.reason, "detail": r.detail, "tuning": t.id,
                  "triton_version": t.triton_version, "kernel_source_hash": t.kernel_source_hash,
                  "device": t.device_name, "at": iso_utc(r.created_at)}

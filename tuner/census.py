@@ -20,7 +20,7 @@ from pathlib import Path
 
 from nbx_tune.errors import NbxError
 from nbx_tune.kernels.registry import spec_for_op
-from nbx_tune.kernels.spec import NotServable, bucket_of, encode_bucket, encode_dtypes, encode_flags
+from nbx_tune.kernels.spec import NotServable, bucket_of, encode_bucket, encode_dtypes, encode_flags, label_of
 from nbx_tune.tuner.status import seat_status
 from nbx_tune.tuner.trace import Trace, read_trace
 
@@ -40,7 +40,7 @@ class SeatPlan:
 
     @property
     def label(self) -> str:
-        return "|".join(self.key)
+        return label_of(*self.key)
 
     @property
     def launches(self) -> int:

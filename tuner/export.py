@@ -24,6 +24,7 @@ from sqlalchemy import select
 from nbx_tune.errors import NbxError, TableError
 from nbx_tune.kernels import table_format
 from nbx_tune.kernels.registry import all_specs
+from nbx_tune.kernels.spec import label_of
 from nbx_tune.tuner import provenance
 from nbx_tune.tuner.store.models import Certificate, Seat, Tuning, utcnow
 from nbx_tune.tuner.store import insert_ignore
@@ -77,7 +78,7 @@ def export_table(store, profile, out: str | Path) -> ExportSummary:
         e = _entry(seat, cert, t)
         why = _code_stale(e["provenance"], specs.get(seat.kernel), profile)
         if why:
-            skipped.append(("|".join((seat.kernel, seat.dtypes, seat.flags, seat.bucket)), why))
+            skipped.append((seat.label, why))
             continue
         entries.append(e)
     text = table_format.dumps(profile.name, profile.architecture, profile.hash, entries)
@@ -130,7 +131,7 @@ def check_table(path: str | Path, profiles: dict) -> CheckedTable:
     specs = all_specs()
     usable, skipped = [], []
     for i, e in enumerate(doc["entries"]):
-        label = "|".join((e["kernel"], e["dtypes"], e["flags"], e["bucket"]))
+        label = label_of(e["kernel"], e["dtypes"], e["flags"], e["bucket"])
         prov = e["provenance"]
         if not any(prov["device_target"].startswith(p) for p in profile.compute_capability_matches):
             raise TableError(f"{path}: entries[{i}]: made on device {prov['device_target']}, which profile "

@@ -120,7 +120,7 @@ class SeatTuner:
                              self.profile, rec.seat_refusal)
             if self._worth_it(rec, spec, st):
                 s = rec.seat
-                out.append((s.id, s.kernel, "|".join((s.kernel, s.dtypes, s.flags, s.bucket))))
+                out.append((s.id, s.kernel, s.label))
         return out
 
 
