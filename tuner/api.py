@@ -210,8 +210,7 @@ def seat_views(db=None, status=None, kernel=None, profile=None, plugins=()) -> l
     try:
         out = []
         for r in store.seat_records(profile=prof_name, kernel=kernel):
-            st = seat_status(r.cert, r.cert_tuning, r.last_tuning, r.problems, specs.get(r.seat.kernel),
-                             profiles.get(r.seat.profile), r.seat_refusal)
+            st = seat_status(r, specs.get(r.seat.kernel), profiles.get(r.seat.profile))
             if status and st.status not in status:
                 continue
             out.append(SeatView(r.seat.id, r.seat.profile, r.seat.kernel, r.seat.dtypes, r.seat.flags,

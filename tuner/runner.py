@@ -90,8 +90,7 @@ class SeatTuner:
         spec = get_spec(kernel)
         try:
             rec = self.store.seat_records(seat_ids=[seat_id])[0]
-            st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, rec.problems, spec,
-                             self.profile, rec.seat_refusal)
+            st = seat_status(rec, spec, self.profile)
             if not self._worth_it(rec, spec, st):
                 self.store.release(seat_id, self.holder)
                 return False
@@ -116,8 +115,7 @@ class SeatTuner:
             spec = _spec_or_none(rec.seat.kernel)
             if spec is None:
                 continue
-            st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, rec.problems, spec,
-                             self.profile, rec.seat_refusal)
+            st = seat_status(rec, spec, self.profile)
             if self._worth_it(rec, spec, st):
                 s = rec.seat
                 out.append((s.id, s.kernel, s.label))
