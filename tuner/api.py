@@ -287,11 +287,8 @@ def export(profile: str, out: str, db=None, plugins=()):
 
     load_plugins(plugins)
     prof = get_profile(profile)
-    store = Store(db)
-    try:
+    with Store(db) as store:
         return export_table(store, prof, out)
-    finally:
-        store.close()
 
 
 def import_(path: str, db=None, plugins=()):
@@ -300,11 +297,8 @@ def import_(path: str, db=None, plugins=()):
 
     load_plugins(plugins)
     checked = check_table(path, known_profiles())  # a bad table fails before the database opens
-    store = Store(db)
-    try:
+    with Store(db) as store:
         return import_table(store, checked)
-    finally:
-        store.close()
 
 
 def db_upgrade(db=None) -> tuple:

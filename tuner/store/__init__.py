@@ -86,6 +86,12 @@ class Store:
     def close(self) -> None:
         self.engine.dispose()
 
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     @contextmanager
     def session(self):
         """One transaction. Its BEGIN takes the write lock (SQLite: BEGIN IMMEDIATE, with a
