@@ -202,7 +202,7 @@ def remember_direct(key, compiled, grid, fixed: tuple, spec: KernelSpec, dtypes,
     # CompiledKernel[grid] is the launcher Triton's own tutorials use for a kernel compiled
     # ahead: it reads the current stream, honours launch hooks, and takes every argument,
     # constexprs included, in the kernel's order. Unlike kernel[grid] it does not pad the
-    # grid: Triton 3.6 raised IndexError on a 2-tuple on the H200.
+    # grid, and some Triton versions raise IndexError on a shorter one.
     grid3 = (*grid, 1, 1)[:3]
     st.direct[key] = (compiled[grid3], fixed, st.memo[(spec.name, dtypes, flags, dims)][1])
 

@@ -10,8 +10,8 @@ group) pair, the C / group channels times H*W positions contiguous in memory, to
 program, the same way; its looped path writes channel by channel so that the weight and
 bias are scalars. All arithmetic is in fp32.
 
-What the ops return beside the output, and in which dtype (checked with torch 2.13's
-sources and CPU kernels, 2026-12):
+What the ops return beside the output, and in which dtype (as torch's sources and CPU
+kernels do):
 - native_layer_norm: mean and rstd shaped like the input's leading dims with a 1 for each
   normalized dim. On CUDA they are float32 for every input dtype (layer_norm_cuda
   allocates them in the accumulate type); on the CPU they take the input's dtype. These
@@ -201,8 +201,8 @@ def _g(block, warps, stages=1):
 
 # Rows of layer / RMS norm: several short rows a program (hidden sizes of 64-1024), one
 # row a program from 1024 on, up to 16384 held in registers; longer rows loop. num_stages
-# stays 1: Triton's pipeliner leaves these loops alone (compiled for sm_90 with Triton 3.9,
-# 2026-12-02: the same PTX for num_stages 1 to 4), so staged copies would be timed twice.
+# stays 1: Triton's pipeliner leaves these loops alone (the PTX for sm_90 is the same for
+# num_stages 1 to 4), so staged copies would be timed twice.
 ROW_CONFIGS = (
     _r(16, 64, 4), _r(8, 128, 4), _r(4, 256, 4), _r(8, 256, 8), _r(4, 512, 4), _r(4, 512, 8),
     _r(2, 1024, 4), _r(4, 1024, 8), _r(1, 1024, 4), _r(2, 2048, 8), _r(1, 2048, 4),
@@ -239,8 +239,8 @@ def _rows_of(config: Config) -> int:
 
 def _norm_smem(config: Config, problem: Problem, reductions: int) -> int:
     # Cross-warp steps of the row reductions: at most one fp32 per row, warp and reduced
-    # value. Nothing else is staged in shared memory (compiled for sm_90 with Triton 3.9,
-    # 2026-12-02: at most 256 bytes for every config, under this estimate).
+    # value. Nothing else is staged in shared memory (the compiled kernels' shared memory
+    # stays under this estimate for every config).
     return reductions * _rows_of(config) * config.num_warps * 4
 
 
