@@ -223,16 +223,6 @@ GROUP_DEFAULTS = (_g(256, 4), _g(512, 4), _g(1024, 4), _g(2048, 8), _g(4096, 8),
                   _g(16384, 16))
 
 
-def _fitting_default(spec, defaults, profile, problem) -> Config:
-    """The first default whose BLOCK holds the row (dims[0]) that the profile admits;
-    else the admitted one with the largest block; else the last."""
-    admitted = [c for c in defaults if not spec.static_refusal(profile, c, problem)]
-    for c in admitted:
-        if c["BLOCK"] >= problem.dims[0]:
-            return c
-    return admitted[-1] if admitted else defaults[-1]
-
-
 def _rows_of(config: Config) -> int:
     return dict(config.meta).get("ROWS", 1)
 
@@ -285,10 +275,49 @@ class _RowNormSpec(KernelSpec):
     default_configs = ROW_DEFAULTS
 
     def default_config(self, profile, problem):
-        return _fitting_default(self, ROW_DEFAULTS, profile, problem)
+        return self.default_holding_row(profile, problem)
 
     def source_parts(self):
         return (_row_norm_kernel, launch_row_norm)
+
+    affine: tuple[str, ...] = ()  # the optional affine tensors, in the trace row's order
+    input_mean = 0.0  # of the seeded inputs
+
+    def _problem(self, row, dt: str, ns, eps, present: dict) -> Problem | NotServable:
+        """A row's problem once its dtype and params are read: checks that the normalized
+        shape is the input's trailing dims and the affine tensors are shaped like it."""
+        shape = row.shapes[0]
+        k = len(ns)
+        if k == 0 or k > len(shape) or tuple(shape[len(shape) - k:]) != tuple(ns):
+            return NotServable(f"normalized_shape {format_shape(ns)} is not the trailing dims of {format_shape(shape)}")
+        for t, s in zip((n for n in self.affine if present[n]), row.shapes[1:]):
+            if tuple(s) != tuple(ns):
+                return NotServable(f"{t} {format_shape(s)} is not shaped {format_shape(ns)}")
+        N = numel(ns)
+        if numel(shape) == 0:
+            return NotServable("an empty tensor: nothing to launch")
+        if N > INT32_MAX:
+            return NotServable("a normalized row of 2^31 elements or more")
+        # "M" (the row count) sorts first among the extras: of two problems with one row
+        # length, the census screens and times the one with more rows as the larger.
+        extra = [("M", numel(shape) // N), ("eps", eps), ("norm_ndim", k), ("shape", tuple(shape))]
+        return Problem(self.name, (dt,), seat_flags(**{n: int(present[n]) for n in self.affine}),
+                       (N,), tuple(sorted(extra)))
+
+    def input_shapes(self, problem):
+        shape, k, dt = tuple(problem.get("shape")), problem.get("norm_ndim"), problem.dtypes[0]
+        fl = dict(problem.flags)
+        out = {"input": (shape, dt)}
+        for n in self.affine:
+            if fl[n] == "1":
+                out[n] = (shape[len(shape) - k:], dt)
+        return out
+
+    def make_inputs(self, problem, rng):
+        shape, k, dt = tuple(problem.get("shape")), problem.get("norm_ndim"), problem.dtypes[0]
+        out = {"input": (self.input_mean + 2.0 * rng.standard_normal(shape), dt)}
+        out.update(_affine_inputs(rng, shape[len(shape) - k:], {n: v == "1" for n, v in problem.flags}, dt))
+        return out
 
 
 # ----------------------------------------------------------------------------- layer norm
@@ -297,6 +326,8 @@ class LayerNormSpec(_RowNormSpec):
     name = "layer_norm"
     ops = ("aten.native_layer_norm",)
     description = "layer norm over the trailing dims, returning (out, mean, rstd)"
+    affine = ("weight", "bias")
+    input_mean = 1.5
 
     def smem_bytes(self, config, problem):
         return _norm_smem(config, problem, 3)
@@ -337,39 +368,7 @@ class LayerNormSpec(_RowNormSpec):
             return NotServable(f"unreadable params: {e}")
         if ns is None or eps is None:
             return NotServable("native_layer_norm row without normalized_shape or eps")
-        shape = row.shapes[0]
-        k = len(ns)
-        if k == 0 or k > len(shape) or tuple(shape[len(shape) - k:]) != tuple(ns):
-            return NotServable(f"normalized_shape {format_shape(ns)} is not the trailing dims of {format_shape(shape)}")
-        for t, s in zip((n for n in ("weight", "bias") if present[n]), row.shapes[1:]):
-            if tuple(s) != tuple(ns):
-                return NotServable(f"{t} {format_shape(s)} is not shaped {format_shape(ns)}")
-        N = numel(ns)
-        if numel(shape) == 0:
-            return NotServable("an empty tensor: nothing to launch")
-        if N > INT32_MAX:
-            return NotServable("a normalized row of 2^31 elements or more")
-        # "M" (the row count) sorts first among the extras: of two problems with one row
-        # length, the census screens and times the one with more rows as the larger.
-        extra = [("M", numel(shape) // N), ("eps", eps), ("norm_ndim", k), ("shape", tuple(shape))]
-        return Problem(self.name, (dt,), seat_flags(weight=int(present["weight"]), bias=int(present["bias"])),
-                       (N,), tuple(sorted(extra)))
-
-    def input_shapes(self, problem):
-        shape, k, dt = tuple(problem.get("shape")), problem.get("norm_ndim"), problem.dtypes[0]
-        fl = dict(problem.flags)
-        out = {"input": (shape, dt)}
-        for n in ("weight", "bias"):
-            if fl[n] == "1":
-                out[n] = (shape[len(shape) - k:], dt)
-        return out
-
-    def make_inputs(self, problem, rng):
-        shape, k, dt = tuple(problem.get("shape")), problem.get("norm_ndim"), problem.dtypes[0]
-        fl = dict(problem.flags)
-        out = {"input": (1.5 + 2.0 * rng.standard_normal(shape), dt)}
-        out.update(_affine_inputs(rng, shape[len(shape) - k:], {n: fl[n] == "1" for n in fl}, dt))
-        return out
+        return self._problem(row, dt, ns, eps, present)
 
     def oracle(self, problem, inputs):
         y, mean, rstd = oracle.layer_norm(inputs["input"], problem.get("norm_ndim"), inputs.get("weight"),
@@ -394,6 +393,8 @@ class RMSNormSpec(_RowNormSpec):
     name = "rms_norm"
     ops = ("aten._fused_rms_norm", "aten.rms_norm")
     description = "RMS norm over the trailing dims, returning (out, rstd)"
+    affine = ("weight",)
+    input_mean = 0.3
 
     def smem_bytes(self, config, problem):
         return _norm_smem(config, problem, 1)
@@ -432,33 +433,7 @@ class RMSNormSpec(_RowNormSpec):
             return NotServable(f"unreadable params: {e}")
         if ns is None:
             return NotServable(f"{row.base_op} row without normalized_shape")
-        shape = row.shapes[0]
-        k = len(ns)
-        if k == 0 or k > len(shape) or tuple(shape[len(shape) - k:]) != tuple(ns):
-            return NotServable(f"normalized_shape {format_shape(ns)} is not the trailing dims of {format_shape(shape)}")
-        if present["weight"] and tuple(row.shapes[1]) != tuple(ns):
-            return NotServable(f"weight {format_shape(row.shapes[1])} is not shaped {format_shape(ns)}")
-        N = numel(ns)
-        if numel(shape) == 0:
-            return NotServable("an empty tensor: nothing to launch")
-        if N > INT32_MAX:
-            return NotServable("a normalized row of 2^31 elements or more")
-        extra = [("M", numel(shape) // N), ("eps", eps), ("norm_ndim", k), ("shape", tuple(shape))]
-        return Problem(self.name, (dt,), seat_flags(weight=int(present["weight"])), (N,), tuple(sorted(extra)))
-
-    def input_shapes(self, problem):
-        shape, k, dt = tuple(problem.get("shape")), problem.get("norm_ndim"), problem.dtypes[0]
-        out = {"input": (shape, dt)}
-        if dict(problem.flags)["weight"] == "1":
-            out["weight"] = (shape[len(shape) - k:], dt)
-        return out
-
-    def make_inputs(self, problem, rng):
-        shape, k, dt = tuple(problem.get("shape")), problem.get("norm_ndim"), problem.dtypes[0]
-        out = {"input": (0.3 + 2.0 * rng.standard_normal(shape), dt)}
-        out.update(_affine_inputs(rng, shape[len(shape) - k:],
-                                  {"weight": dict(problem.flags)["weight"] == "1"}, dt))
-        return out
+        return self._problem(row, dt, ns, eps, present)
 
     def oracle(self, problem, inputs):
         y, rstd = oracle.rms_norm(inputs["input"], problem.get("norm_ndim"), inputs.get("weight"),
@@ -490,7 +465,7 @@ class GroupNormSpec(KernelSpec):
     default_configs = GROUP_DEFAULTS
 
     def default_config(self, profile, problem):
-        return _fitting_default(self, GROUP_DEFAULTS, profile, problem)
+        return self.default_holding_row(profile, problem)
 
     def smem_bytes(self, config, problem):
         return _norm_smem(config, problem, 3)

@@ -126,17 +126,6 @@ OPS = {"aten._softmax": (False, False), "aten._safe_softmax": (False, True),
        "aten._log_softmax": (True, False)}
 
 
-def row_defaults(configs, profile, problem, spec) -> Config | None:
-    """The first of `configs` whose BLOCK holds the row (dims[0]) and that the profile
-    admits; else the admitted one with the largest block."""
-    n = problem.dims[0]
-    admitted = [c for c in configs if not spec.static_refusal(profile, c, problem)]
-    for c in admitted:
-        if c["BLOCK"] >= n:
-            return c
-    return admitted[-1] if admitted else None
-
-
 class SoftmaxSpec(KernelSpec):
     name = "softmax"
     ops = tuple(OPS)
@@ -148,7 +137,7 @@ class SoftmaxSpec(KernelSpec):
     default_configs = DEFAULTS
 
     def default_config(self, profile, problem):
-        return row_defaults(DEFAULTS, profile, problem, self) or super().default_config(profile, problem)
+        return self.default_holding_row(profile, problem)
 
     def smem_bytes(self, config, problem):
         # Cross-warp steps of the row max and the row sum: at most one fp32 per row and

@@ -162,6 +162,17 @@ class KernelSpec:
                 return c
         return self.default_preference()[-1]
 
+    def default_holding_row(self, profile, problem: Problem) -> Config:
+        """`default_config` for a row kernel: the first default whose BLOCK holds the row
+        (dims[0]) that the profile admits; else the admitted one with the largest block;
+        else the last."""
+        defaults = self.default_preference()
+        admitted = [c for c in defaults if not self.static_refusal(profile, c, problem)]
+        for c in admitted:
+            if c["BLOCK"] >= problem.dims[0]:
+                return c
+        return admitted[-1] if admitted else defaults[-1]
+
     def default_preference(self) -> Sequence[Config]:
         if not self.default_configs:
             raise NotImplementedError(f"{type(self).__name__} declares no default_configs")

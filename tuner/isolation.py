@@ -156,6 +156,7 @@ class Isolated:
         self.conn = parent
 
     def _kill(self) -> None:
+        """The worker gone, with its pipe and its stderr log."""
         if self.proc is not None:
             if self.proc.is_alive():
                 self.proc.kill()
@@ -163,6 +164,11 @@ class Isolated:
         if self.conn is not None:
             self.conn.close()
         self.proc = self.conn = None
+        if self.stderr_path:
+            try:
+                os.unlink(self.stderr_path)
+            except OSError:
+                pass
 
     def _last_words(self) -> str:
         try:
@@ -176,11 +182,6 @@ class Isolated:
         """A fresh worker for a dead one; it is given the seat in progress unless `prepare`
         is False (the seat's preparation is what killed the last one)."""
         self._kill()
-        if self.stderr_path:
-            try:
-                os.unlink(self.stderr_path)
-            except OSError:
-                pass
         self.generation += 1
         self.restarts += 1
         self._start()
@@ -276,8 +277,3 @@ class Isolated:
         if self.proc is not None and self.served:
             self.proc.join(timeout=5)
         self._kill()
-        if self.stderr_path:
-            try:
-                os.unlink(self.stderr_path)
-            except OSError:
-                pass
