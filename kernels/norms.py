@@ -273,9 +273,7 @@ class _RowNormSpec(KernelSpec):
 
     config_space = ROW_CONFIGS
     default_configs = ROW_DEFAULTS
-
-    def default_config(self, profile, problem):
-        return self.default_holding_row(profile, problem)
+    default_holds_row = True
 
     def source_parts(self):
         return (_row_norm_kernel, launch_row_norm)
@@ -463,9 +461,7 @@ class GroupNormSpec(KernelSpec):
 
     config_space = GROUP_CONFIGS
     default_configs = GROUP_DEFAULTS
-
-    def default_config(self, profile, problem):
-        return self.default_holding_row(profile, problem)
+    default_holds_row = True
 
     def smem_bytes(self, config, problem):
         return _norm_smem(config, problem, 3)

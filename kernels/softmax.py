@@ -135,9 +135,7 @@ class SoftmaxSpec(KernelSpec):
 
     config_space = CONFIGS
     default_configs = DEFAULTS
-
-    def default_config(self, profile, problem):
-        return self.default_holding_row(profile, problem)
+    default_holds_row = True
 
     def smem_bytes(self, config, problem):
         # Cross-warp steps of the row max and the row sum: at most one fp32 per row and

@@ -147,6 +147,8 @@ class KernelSpec:
     # `default_preference()` instead, which are what the tuner and the launch read.
     config_space: Sequence[Config] = ()
     default_configs: Sequence[Config] = ()
+    # True for a row kernel: its default is the first whose BLOCK holds the row (dims[0]).
+    default_holds_row: bool = False
 
     # -- declared by each family
     def configs(self) -> Sequence[Config]:
@@ -156,22 +158,15 @@ class KernelSpec:
 
     def default_config(self, profile, problem: Problem) -> Config:
         """The config served when a seat has no certificate: the first declared default
-        that passes the profile's static prune."""
-        for c in self.default_preference():
-            if not self.static_refusal(profile, c, problem):
-                return c
-        return self.default_preference()[-1]
-
-    def default_holding_row(self, profile, problem: Problem) -> Config:
-        """`default_config` for a row kernel: the first default whose BLOCK holds the row
-        (dims[0]) that the profile admits; else the admitted one with the largest block;
-        else the last."""
+        that passes the profile's static prune (with `default_holds_row`, the first of
+        those whose BLOCK holds the row, else the last of them); else the last default."""
         defaults = self.default_preference()
         admitted = [c for c in defaults if not self.static_refusal(profile, c, problem)]
-        for c in admitted:
-            if c["BLOCK"] >= problem.dims[0]:
-                return c
-        return admitted[-1] if admitted else defaults[-1]
+        if not admitted:
+            return defaults[-1]
+        if self.default_holds_row:
+            return next((c for c in admitted if c["BLOCK"] >= problem.dims[0]), admitted[-1])
+        return admitted[0]
 
     def default_preference(self) -> Sequence[Config]:
         if not self.default_configs:
