@@ -47,7 +47,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import format_shape, numel
-from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags,
+from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags,
                                    uniform_inputs)
 from nbx_tune.oracles import conv as oracle
 
@@ -391,11 +391,9 @@ class ConvSpec(KernelSpec):
         has_bias = len(shapes) == 3
         if has_bias and p.get("bias") == "None":
             return NotServable("bias=None but the row has a third tensor")
-        if len(set(row.dtypes)) != 1:
-            return NotServable(f"mixed dtypes {','.join(row.dtypes)}: the kernel takes one dtype")
-        dtype = row.dtypes[0]
-        if dtype not in TORCH_DTYPES:
-            return NotServable(f"dtype {dtype} is not served (float16, bfloat16, float32)")
+        dtype = one_dtype(row, TORCH_DTYPES)
+        if isinstance(dtype, NotServable):
+            return dtype
         x, w = shapes[0], shapes[1]
         nd = len(x) - 2
         if nd not in (1, 2):

@@ -19,7 +19,7 @@ except ImportError:  # Triton before 3.4: no host-side descriptors, so no TMA ti
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.certified import config_for, direct_launch, remember_direct
-from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags,
+from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags,
                                    uniform_inputs)
 from nbx_tune.oracles import matmul as oracle
 
@@ -417,11 +417,9 @@ class MatmulSpec(KernelSpec):
         want = 3 if has_input else 2
         if len(row.shapes) != want:
             return NotServable(f"{op} takes {want} tensors, the row has {len(row.shapes)}")
-        if len(set(row.dtypes)) != 1:
-            return NotServable(f"mixed dtypes {','.join(row.dtypes)}: the kernel takes one dtype")
-        dtype = row.dtypes[0]
-        if dtype not in TORCH_DTYPES:
-            return NotServable(f"dtype {dtype} is not served (float16, bfloat16, float32)")
+        dtype = one_dtype(row, TORCH_DTYPES)
+        if isinstance(dtype, NotServable):
+            return dtype
         a, b = row.shapes[-2], row.shapes[-1]
         rank = 3 if batched else 2
         if len(a) != rank or len(b) != rank:

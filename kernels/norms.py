@@ -32,7 +32,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import format_shape, numel
-from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
+from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags
 from nbx_tune.oracles import norms as oracle
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -246,14 +246,6 @@ def _optional_tensors(row, names) -> dict[str, bool] | NotServable:
     return present
 
 
-def _one_dtype(row) -> str | NotServable:
-    if len(set(row.dtypes)) != 1:
-        return NotServable(f"mixed dtypes {','.join(row.dtypes)}: the kernel takes one dtype")
-    if row.dtypes[0] not in TORCH_DTYPES:
-        return NotServable(f"dtype {row.dtypes[0]} is not served (float16, bfloat16, float32)")
-    return row.dtypes[0]
-
-
 def _affine_inputs(rng, shape, present: dict, dt: str) -> dict:
     out = {}
     if present.get("weight"):
@@ -356,7 +348,7 @@ class LayerNormSpec(_RowNormSpec):
         present = _optional_tensors(row, ("weight", "bias"))
         if isinstance(present, NotServable):
             return present
-        dt = _one_dtype(row)
+        dt = one_dtype(row, TORCH_DTYPES)
         if isinstance(dt, NotServable):
             return dt
         try:
@@ -421,7 +413,7 @@ class RMSNormSpec(_RowNormSpec):
         present = _optional_tensors(row, ("weight",))
         if isinstance(present, NotServable):
             return present
-        dt = _one_dtype(row)
+        dt = one_dtype(row, TORCH_DTYPES)
         if isinstance(dt, NotServable):
             return dt
         try:
@@ -494,7 +486,7 @@ class GroupNormSpec(KernelSpec):
         present = _optional_tensors(row, ("weight", "bias"))
         if isinstance(present, NotServable):
             return present
-        dt = _one_dtype(row)
+        dt = one_dtype(row, TORCH_DTYPES)
         if isinstance(dt, NotServable):
             return dt
         try:

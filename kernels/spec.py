@@ -131,6 +131,15 @@ class NotServable:
     reason: str
 
 
+def one_dtype(row, served: Sequence[str]) -> str | NotServable:
+    """The one dtype of a row whose tensors must share it, if the kernel serves it."""
+    if len(set(row.dtypes)) != 1:
+        return NotServable(f"mixed dtypes {','.join(row.dtypes)}: the kernel takes one dtype")
+    if row.dtypes[0] not in served:
+        return NotServable(f"dtype {row.dtypes[0]} is not served ({', '.join(served)})")
+    return row.dtypes[0]
+
+
 # ----------------------------------------------------------------------------- the spec
 
 class KernelSpec:
