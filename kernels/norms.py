@@ -271,11 +271,26 @@ class _RowNormSpec(KernelSpec):
         return (_row_norm_kernel, launch_row_norm)
 
     affine: tuple[str, ...] = ()  # the optional affine tensors, in the trace row's order
+    eps_default: float | None = None  # None: a row must give eps
     input_mean = 0.0  # of the seeded inputs
 
-    def _problem(self, row, dt: str, ns, eps, present: dict) -> Problem | NotServable:
-        """A row's problem once its dtype and params are read: checks that the normalized
-        shape is the input's trailing dims and the affine tensors are shaped like it."""
+    def problem_from_row(self, row):
+        """Checks that the normalized shape is the input's trailing dims and the affine
+        tensors are shaped like it."""
+        present = _optional_tensors(row, self.affine)
+        if isinstance(present, NotServable):
+            return present
+        dt = one_dtype(row, TORCH_DTYPES)
+        if isinstance(dt, NotServable):
+            return dt
+        try:
+            ns = row.params.ints("normalized_shape")
+            eps = row.params.float("eps", self.eps_default)
+        except ValueError as e:
+            return NotServable(f"unreadable params: {e}")
+        if ns is None or eps is None:
+            return NotServable(f"{row.base_op} row without normalized_shape"
+                               + (" or eps" if self.eps_default is None else ""))
         shape = row.shapes[0]
         k = len(ns)
         if k == 0 or k > len(shape) or tuple(shape[len(shape) - k:]) != tuple(ns):
@@ -344,21 +359,6 @@ class LayerNormSpec(_RowNormSpec):
                                          {**p, "weight": "None", "bias": "None"}))
         return rows
 
-    def problem_from_row(self, row):
-        present = _optional_tensors(row, ("weight", "bias"))
-        if isinstance(present, NotServable):
-            return present
-        dt = one_dtype(row, TORCH_DTYPES)
-        if isinstance(dt, NotServable):
-            return dt
-        try:
-            ns = row.params.ints("normalized_shape")
-            eps = row.params.float("eps")
-        except ValueError as e:
-            return NotServable(f"unreadable params: {e}")
-        if ns is None or eps is None:
-            return NotServable("native_layer_norm row without normalized_shape or eps")
-        return self._problem(row, dt, ns, eps, present)
 
     def oracle(self, problem, inputs):
         y, mean, rstd = oracle.layer_norm(inputs["input"], problem.get("norm_ndim"), inputs.get("weight"),
@@ -384,6 +384,7 @@ class RMSNormSpec(_RowNormSpec):
     ops = ("aten._fused_rms_norm", "aten.rms_norm")
     description = "RMS norm over the trailing dims, returning (out, rstd)"
     affine = ("weight",)
+    eps_default = FP32_EPS
     input_mean = 0.3
 
     def smem_bytes(self, config, problem):
@@ -409,21 +410,6 @@ class RMSNormSpec(_RowNormSpec):
                                  {"normalized_shape": format_shape(cases[0][1])}))
         return rows
 
-    def problem_from_row(self, row):
-        present = _optional_tensors(row, ("weight",))
-        if isinstance(present, NotServable):
-            return present
-        dt = one_dtype(row, TORCH_DTYPES)
-        if isinstance(dt, NotServable):
-            return dt
-        try:
-            ns = row.params.ints("normalized_shape")
-            eps = row.params.float("eps", FP32_EPS)
-        except ValueError as e:
-            return NotServable(f"unreadable params: {e}")
-        if ns is None:
-            return NotServable(f"{row.base_op} row without normalized_shape")
-        return self._problem(row, dt, ns, eps, present)
 
     def oracle(self, problem, inputs):
         y, rstd = oracle.rms_norm(inputs["input"], problem.get("norm_ndim"), inputs.get("weight"),
