@@ -337,7 +337,6 @@ class LayerNormSpec(_RowNormSpec):
     def smem_bytes(self, config, problem):
         return _norm_smem(config, problem, 3)
 
-
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
 
@@ -358,7 +357,6 @@ class LayerNormSpec(_RowNormSpec):
                     rows.append(make_row("aten.native_layer_norm", [dt], [shape],
                                          {**p, "weight": "None", "bias": "None"}))
         return rows
-
 
     def oracle(self, problem, inputs):
         y, mean, rstd = oracle.layer_norm(inputs["input"], problem.get("norm_ndim"), inputs.get("weight"),
@@ -390,7 +388,6 @@ class RMSNormSpec(_RowNormSpec):
     def smem_bytes(self, config, problem):
         return _norm_smem(config, problem, 1)
 
-
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
 
@@ -409,7 +406,6 @@ class RMSNormSpec(_RowNormSpec):
             rows.append(make_row("aten.rms_norm", [dt] * 2, [cases[0][0], cases[0][1]],
                                  {"normalized_shape": format_shape(cases[0][1])}))
         return rows
-
 
     def oracle(self, problem, inputs):
         y, rstd = oracle.rms_norm(inputs["input"], problem.get("norm_ndim"), inputs.get("weight"),
