@@ -39,7 +39,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import format_shape
-from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
+from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags
 from nbx_tune.oracles import attention as oracle
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -376,11 +376,8 @@ class AttentionSpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "flash-attention forward (online softmax), causal or not, GQA, head dims 1..256"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def static_refusal(self, profile, config, problem):
         sk = config.kwargs.get("SPLIT_KV")
@@ -480,11 +477,9 @@ class AttentionSpec(KernelSpec):
                                f"{len(row.shapes)} tensors{what}")
         if mask_param and row.params.get(mask_param, "None") != "None":
             return NotServable(f"{op}: {mask_param}={row.params[mask_param]} is not served")
-        if len(set(row.dtypes)) != 1:
-            return NotServable(f"mixed dtypes {','.join(row.dtypes)}: the kernel takes one dtype")
-        dtype = row.dtypes[0]
-        if dtype not in TORCH_DTYPES:
-            return NotServable(f"dtype {dtype} is not served (float16, bfloat16, float32)")
+        dtype = one_dtype(row, TORCH_DTYPES)
+        if isinstance(dtype, NotServable):
+            return dtype
         try:
             dropout = row.params.float("dropout_p", 0.0)
             causal = row.params.bool("is_causal", False)

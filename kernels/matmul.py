@@ -19,7 +19,7 @@ except ImportError:  # Triton before 3.4: no host-side descriptors, so no TMA ti
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.certified import config_for, direct_launch, remember_direct
-from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags,
+from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags,
                                    uniform_inputs)
 from nbx_tune.oracles import matmul as oracle
 
@@ -60,8 +60,8 @@ def _matmul_kernel(
     pid = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)
     # A tile is BLOCK_N + EXTRA_N columns wide, in two accumulators: Triton's blocks are
-    # powers of two, their sum need not be. At 3072^3 128x192 tiles fill 2.91 waves of the
-    # H200's 132 SMs, where 128x128 fill 4.36 and 128x256 2.18 (docs/benchmarks.md).
+    # powers of two, their sum need not be: at some sizes only a 192-wide tile leaves the
+    # last wave of programs nearly full.
     TILE_N: tl.constexpr = BLOCK_N + EXTRA_N
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, TILE_N)
@@ -81,8 +81,7 @@ def _matmul_kernel(
         # A and B through the TMA unit (host-side descriptors, `tma_descriptors`): bulk
         # asynchronous copies with no address arithmetic in registers, and boxes past an
         # edge read as zeros, so no wrap and no K mask. TMA is 3 for batched descriptors
-        # (batch, rows, cols), 2 for one product. 0.97 of cuBLAS at 4096^3 fp16 and 0.72 at
-        # 3000^3, where pointer loads reach 0.86 and 0.59 (docs/benchmarks.md).
+        # (batch, rows, cols), 2 for one product.
         m0 = pid_m * BLOCK_M
         n0 = pid_n * TILE_N
         bi = tl.program_id(1)
@@ -369,7 +368,7 @@ def stage_operands(a, b, vec: int):
     not be 16-byte vectors: not row-major, or a row or stride not a multiple of vec.
 
     With a row stride like 50257 Triton loads one element at a time, without software
-    pipelining, and ran a GEMM at 0.09 of cuBLAS on the H200 (docs/benchmarks.md). A copy
+    pipelining, a small fraction of the speed of aligned loads. A copy
     costs a pass over its operand, so an operand whose rows are aligned is left as it is.
     When K is not a multiple of vec both are padded in K (to 16), so that the K mask is
     uniform over each vector: the zeros add nothing to the sums. A staged B is N padded to
@@ -431,11 +430,11 @@ CONFIGS = (
     _c(128, 256, 32, 8, 3), _c(256, 128, 32, 8, 3), _c(128, 256, 64, 8, 3), _c(256, 128, 64, 8, 3),
     _c(128, 256, 64, 8, 4), _c(256, 128, 64, 8, 4), _c(128, 256, 64, 8, 5),
     # Tiles 192 wide (128 + 64 in a second accumulator), for sizes where 128 and 256 both
-    # leave the last wave mostly empty: certified at 3072^3 on the H200, 0.86 of cuBLAS
-    # against 0.82 for the rest; slower at 2048^3 and 4096^3 (docs/benchmarks.md).
+    # leave the last wave mostly empty (3072^3); slower elsewhere, so the tuner picks them
+    # only where they win.
     _c(128, 128, 32, 8, 4, extra_n=64), _c(128, 128, 32, 8, 5, extra_n=64), _c(128, 128, 32, 8, 6, extra_n=64),
-    # A and B through TMA descriptors: on the H200 0.97 of cuBLAS at 4096^3 fp16 (pointer
-    # loads 0.86) and 0.72 at 3000^3 (0.59), level at 2048^3 and 3072^3 (docs/benchmarks.md).
+    # A and B through TMA descriptors: faster than pointer loads at large and unaligned
+    # sizes on devices with a TMA unit, refused unlaunched on the others.
     _c(128, 256, 64, 8, 3, tma=1), _c(128, 256, 64, 8, 4, tma=1), _c(128, 128, 64, 4, 3, tma=1),
     _c(128, 128, 64, 8, 4, tma=1), _c(128, 128, 64, 8, 4, extra_n=64, tma=1),
     _c(128, 128, 32, 8, 5, extra_n=64, tma=1),
@@ -464,9 +463,9 @@ def alignment(strides_a, strides_b, n: int, k: int, vec: int) -> int:
     operands are row-major with N, K and every other stride multiples of vec; else 0.
 
     Triton specializes integer arguments on divisibility by 16 and compiles a different
-    kernel for each case: on the H200 a bf16 GEMM with N=10753 ran 6x slower than at
-    N=11008 under every config, and the best config differed, so the cases are different
-    seats (docs/benchmarks.md). Below 16, `launch_matmul` makes up what Triton cannot see:
+    kernel for each case: an N one off a multiple of 16 runs several times slower under
+    every config, and the best config differs, so the cases are different seats. Below
+    16, `launch_matmul` makes up what Triton cannot see:
     hints at vec, and at 0 staging copies of the operands that are not row-aligned."""
     if n % 16 == 0:
         for s in strides_a + strides_b:  # a plain loop: a generator costs 0.5 us on every launch
@@ -519,11 +518,8 @@ class MatmulSpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "tiled GEMM with grouped ordering: mm, addmm, bmm, baddbmm"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def static_refusal(self, profile, config, problem):
         why = split_refusal(config, problem)
@@ -575,11 +571,9 @@ class MatmulSpec(KernelSpec):
         want = 3 if has_input else 2
         if len(row.shapes) != want:
             return NotServable(f"{op} takes {want} tensors, the row has {len(row.shapes)}")
-        if len(set(row.dtypes)) != 1:
-            return NotServable(f"mixed dtypes {','.join(row.dtypes)}: the kernel takes one dtype")
-        dtype = row.dtypes[0]
-        if dtype not in TORCH_DTYPES:
-            return NotServable(f"dtype {dtype} is not served (float16, bfloat16, float32)")
+        dtype = one_dtype(row, TORCH_DTYPES)
+        if isinstance(dtype, NotServable):
+            return dtype
         a, b = row.shapes[-2], row.shapes[-1]
         rank = 3 if batched else 2
         if len(a) != rank or len(b) != rank:

@@ -13,8 +13,6 @@ the other is recorded as superseded.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,7 +22,9 @@ from sqlalchemy import select
 from nbx_tune.errors import NbxError, TableError
 from nbx_tune.kernels import table_format
 from nbx_tune.kernels.registry import all_specs
+from nbx_tune.kernels.spec import label_of
 from nbx_tune.tuner import provenance
+from nbx_tune.tuner.files import write_atomic
 from nbx_tune.tuner.store.models import Certificate, Seat, Tuning, utcnow
 from nbx_tune.tuner.store import insert_ignore
 
@@ -77,27 +77,12 @@ def export_table(store, profile, out: str | Path) -> ExportSummary:
         e = _entry(seat, cert, t)
         why = _code_stale(e["provenance"], specs.get(seat.kernel), profile)
         if why:
-            skipped.append(("|".join((seat.kernel, seat.dtypes, seat.flags, seat.bucket)), why))
+            skipped.append((seat.label, why))
             continue
         entries.append(e)
     text = table_format.dumps(profile.name, profile.architecture, profile.hash, entries)
-    _write_atomic(Path(out), text)
+    write_atomic(Path(out), text, NbxError)
     return ExportSummary(str(out), len(entries), skipped)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    directory = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    except OSError as e:
-        raise NbxError(f"{path}: cannot write: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        os.unlink(tmp)
-        raise NbxError(f"{path}: cannot write: {e.strerror or e}") from None
 
 
 @dataclass
@@ -130,7 +115,7 @@ def check_table(path: str | Path, profiles: dict) -> CheckedTable:
     specs = all_specs()
     usable, skipped = [], []
     for i, e in enumerate(doc["entries"]):
-        label = "|".join((e["kernel"], e["dtypes"], e["flags"], e["bucket"]))
+        label = label_of(e["kernel"], e["dtypes"], e["flags"], e["bucket"])
         prov = e["provenance"]
         if not any(prov["device_target"].startswith(p) for p in profile.compute_capability_matches):
             raise TableError(f"{path}: entries[{i}]: made on device {prov['device_target']}, which profile "

@@ -91,8 +91,7 @@ class SeatTuner:
         spec = get_spec(kernel)
         try:
             rec = self.store.seat_records(seat_ids=[seat_id])[0]
-            st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, rec.problems, spec,
-                             self.profile, rec.seat_refusal)
+            st = seat_status(rec, spec, self.profile)
             if not self._worth_it(rec, spec, st):
                 self.store.release(seat_id, self.holder)
                 return False
@@ -118,12 +117,10 @@ class SeatTuner:
             spec = _spec_or_none(rec.seat.kernel)
             if spec is None:
                 continue
-            st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, rec.problems, spec,
-                             self.profile, rec.seat_refusal)
+            st = seat_status(rec, spec, self.profile)
             if self._worth_it(rec, spec, st):
                 s = rec.seat
-                out.append((seat_cost(spec, rec.problems, self.profile), s.id, s.kernel,
-                            "|".join((s.kernel, s.dtypes, s.flags, s.bucket))))
+                out.append((seat_cost(spec, rec.problems, self.profile), s.id, s.kernel, s.label))
         out.sort(key=lambda t: (-t[0], t[1]))
         return [t[1:] for t in out]
 

@@ -20,7 +20,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from nbx_tune.errors import StoreError
-from nbx_tune.kernels.spec import Problem
+from nbx_tune.kernels.spec import Problem, split_label
 from nbx_tune.tuner.store.db import open_engine, safe_url
 from nbx_tune.tuner.store.models import (CensusRun, Certificate, Measurement, Refusal, Seat,
                                          SeatShape, Trace, TraceNeed, Tuning, utcnow)
@@ -85,6 +85,12 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @contextmanager
     def session(self):
@@ -331,8 +337,8 @@ class Store:
         with self.session() as s:
             if ref.isdigit():
                 return s.get(Seat, int(ref))
-            parts = ref.split("|")
-            if len(parts) != 4:
+            parts = split_label(ref)
+            if parts is None:
                 return None
             q = select(Seat).where(Seat.kernel == parts[0], Seat.dtypes == parts[1],
                                    Seat.flags == parts[2], Seat.bucket == parts[3])

@@ -20,6 +20,8 @@ from sqlalchemy import (BigInteger, Boolean, DateTime, Float, ForeignKey, Index,
 from sqlalchemy import text as sql_text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from nbx_tune.kernels.spec import label_of
+
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
@@ -69,6 +71,10 @@ class Seat(Base):
     claim_expires: Mapped[float | None] = mapped_column(Float)
 
     shapes: Mapped[list["SeatShape"]] = relationship(back_populates="seat")
+
+    @property
+    def label(self) -> str:
+        return label_of(self.kernel, self.dtypes, self.flags, self.bucket)
 
 
 class SeatShape(Base):
