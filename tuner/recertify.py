@@ -12,11 +12,12 @@ measured:
     3. the old ranking holds when the new best is no slower than the pace the contenders
        now run at explains, within what the old gap to the first config left out covers:
 
-           new best / (old best x lowest new/old ratio of a contender x (1 + gap)) - 1
-               <= TOLERANCE
+           new best x (1 + spread) / (old best x lo x (1 + gap)) - 1  <=  TOLERANCE
 
-       that is, a config left out (at least `gap` behind then) that sped up as much as the
-       contender that sped up most would still not beat the pick by more than TOLERANCE;
+       where lo is the lowest new/old time ratio of a contender and spread = hi/lo - 1
+       how far the contenders moved apart: a config left out (at least `gap` behind then)
+       that moved as much again beyond the contender that sped up most would still not
+       beat the pick by more than TOLERANCE;
     4. else, or when no contender survives, every candidate is screened and timed.
 
 Either way the winner was screened here; the certificate records that it was re-certified
@@ -88,14 +89,17 @@ def seed_from_history(history, judged=None) -> Seed | None:
                 ref_t.config_space_hash)
 
 
-def loss_bound(seed: Seed, finals: dict) -> float | None:
+def loss_bound(seed: Seed, finals: dict, timed: dict | None = None) -> float | None:
     """The most a config left out could beat the new pick by (see the module's rule), or
-    None when no contender with an old time was timed in full again."""
-    ratios = [finals[k] / seed.old_ms[k] for k in finals if k in seed.old_ms and seed.old_ms[k] > 0]
-    if not ratios:
+    None when no contender with an old time was timed in full again. `timed` adds the
+    quick estimates of contenders the strategy left behind: their pace counts too."""
+    timed = {**(timed or {}), **finals}
+    ratios = [timed[k] / seed.old_ms[k] for k in timed if k in seed.old_ms and seed.old_ms[k] > 0]
+    if not finals or not ratios or not any(k in seed.old_ms for k in finals):
         return None
     best_old = min(seed.old_ms.values())
-    return min(finals.values()) / (best_old * min(ratios) * (1 + seed.gap)) - 1
+    lo, hi = min(ratios), max(ratios)
+    return min(finals.values()) * (hi / lo) / (best_old * lo * (1 + seed.gap)) - 1
 
 
 class Recertify:
@@ -134,7 +138,7 @@ class Recertify:
         if why is None:
             measured = evaluate(first)
             finals = {m.config.key(): m.timing.median_ms for m in measured if m.final}
-            bound = loss_bound(seed, finals)
+            bound = loss_bound(seed, finals, {m.config.key(): m.timing.median_ms for m in measured})
             if bound is None:
                 why = "no old contender survived the screen and a full timing"
             elif bound > TOLERANCE:
