@@ -317,3 +317,25 @@ def test_ranked_prior_prefers_what_won_nearby():
     assert order[0] == key(256) and order.index(key(2048)) == 4  # refused nearby: last of the known
     short = r.shortlist(list(CONFIGS))
     assert len(short) == 5 + 4 and short[:2] == [Config.parse(key(256)), Config.parse(key(128))]
+
+
+def test_a_shipped_tables_entry_seeds_a_seat_the_database_never_saw(db_url, monkeypatch):
+    from nbx_tune.tuner import seat_search
+
+    old = base_times(2.0)  # made on a slower sibling, under another Triton
+    entry = {"config": key(256), "median_ms": old[key(256)], "runner_up": key(256, 1),
+             "runner_up_ms": old[key(256, 1)], "margin": 0.02,
+             "provenance": {"device_name": "a sibling", "triton_version": "0.0", "kernel_source_hash": "x",
+                            "config_space_hash": SPEC.config_space_hash}}
+    monkeypatch.setattr(seat_search, "shipped", lambda name: {("test_replay", "float32", "", "n=1000"): entry})
+    store = Store(db_url)
+    run_id, (sid,) = plan_seats(store, [1000])
+    ex = Replay(base_times())
+    assert tune(SeatTuner(store, PROFILE, DEVICE, ex, get_strategy("pruned")), run_id, sid, 1000)
+    assert set(ex.screened) == {key(256), key(256, 1)}
+    (search, frm), = last(db_url, "SELECT search, recertified_from FROM certificates")
+    assert search == "recertified" and frm.startswith("shipped table interpreter.json (a sibling")
+    # The same seat under NBX_TUNE_SEARCH=ranked (a fresh census) ignores the table.
+    monkeypatch.setenv("NBX_TUNE_SEARCH", "ranked")
+    assert seat_search.for_seat(store, store.seat_records(seat_ids=[sid])[0], SPEC, PROFILE).name != "recertified"
+    store.close()

@@ -42,7 +42,7 @@ WHOLE_SPACE = ("full", "fallback", "audit")
 
 @dataclass(frozen=True)
 class Seed:
-    tuning_id: int  # the tuning of the certificate being replaced
+    tuning_id: int | None  # the tuning of the certificate being replaced (None: a shipped table)
     source: str  # that tuning in words: device, Triton, source hash
     old_ms: dict  # config key -> the time the reference ranking measured
     contenders: tuple  # config keys, fastest first
@@ -87,6 +87,19 @@ def seed_from_history(history, judged=None) -> Seed | None:
         known = frozenset(judged(ref_t.id))
     return Seed(t_cert.id, _describe(t_cert), old_ms, contenders, max(gap, 0.0), known,
                 ref_t.config_space_hash)
+
+
+def seed_from_entry(e: dict, source: str) -> Seed:
+    """A seed from a certified table's entry (a table shipped in the package): its winner
+    and runner-up, whatever code or Triton it was made under, since only their ranking
+    is used and both are screened here again."""
+    old_ms = {e["config"]: e["median_ms"]}
+    if e.get("runner_up") and e.get("runner_up_ms") is not None:
+        old_ms.setdefault(e["runner_up"], e["runner_up_ms"])
+    p = e["provenance"]
+    return Seed(None, f"{source} ({p['device_name']}, Triton {p['triton_version']}, source "
+                      f"{p['kernel_source_hash']}, space {p['config_space_hash']})",
+                old_ms, tuple(old_ms), max(e.get("margin") or 0.0, 0.0), None, p["config_space_hash"])
 
 
 def loss_bound(seed: Seed, finals: dict, timed: dict | None = None) -> float | None:
@@ -150,7 +163,7 @@ class Recertify:
                                   f"worst case {max(bound, 0.0):.1%} behind")
         evaluate(list(candidates))
         return SearchNote("fallback", seed.tuning_id, seed.source, None,
-                          f"tuned in full after re-certification from tuning {seed.tuning_id}: {why}")
+                          f"tuned in full after re-certification from {seed.source}: {why}")
 
 
 def from_sibling(cert_tuning, device) -> bool:
