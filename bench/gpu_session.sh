@@ -5,6 +5,7 @@
 #   bash bench/gpu_session.sh fault check     only those (one device call each fits 600 s:
 #                                             "fault check", "census launch", "cost quality")
 # Other stages: direct (the direct launch's GPU proof), tma (every TMA config at odd shapes), profile (a census under cProfile),
+# recert (every shipped hopper seat re-certified after a source change, against a fresh census),
 # schedules (GEMM schedules at 3072^3, exploratory), waves (a GEMM's time against its tile count), cublas (the
 # kernels cuBLAS runs at 2048-4096^3: tile, grid, scheme), ranking (a short GEMM's pick, certified
 # again and again, with the host quiet and busy), unaligned (3000^3 taken apart, exploratory),
@@ -12,7 +13,7 @@
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them).
 # Limits are env overrides: FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
-# DIRECT_S TMA_S PROFILE_S SCHEDULES_S WAVES_S CUBLAS_S RANKING_S UNALIGNED_S;
+# DIRECT_S TMA_S RECERT_S PROFILE_S SCHEDULES_S WAVES_S CUBLAS_S RANKING_S UNALIGNED_S;
 # CENSUS_TRACES: the trace files of the census stage; QUALITY_ARGS: e.g. --buckets-only.
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
@@ -57,6 +58,7 @@ for s in $STAGES; do case $s in
   pycache) export PYTHONPYCACHEPREFIX=/tmp/pycache; unset PYTHONDONTWRITEBYTECODE
            echo "=== bytecode cached under $PYTHONPYCACHEPREFIX from here on" | tee -a "$LOG" ;;
   cost) stage ${COST_S:-280} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv ;;
+  recert) stage ${RECERT_S:-540} python3 bench/recertify_cost.py ;;  # shipped hopper seats: re-certified vs fresh
   quality) stage ${QUALITY_S:-280} python3 bench/kernel_quality.py ${QUALITY_ARGS:-} ;;
   *) echo "unknown stage $s" | tee -a "$LOG" ;;
 esac; done
