@@ -339,3 +339,28 @@ def test_a_shipped_tables_entry_seeds_a_seat_the_database_never_saw(db_url, monk
     monkeypatch.setenv("NBX_TUNE_SEARCH", "ranked")
     assert seat_search.for_seat(store, store.seat_records(seat_ids=[sid])[0], SPEC, PROFILE).name != "recertified"
     store.close()
+
+
+def test_upgrading_a_0002_database_keeps_its_certificates_as_found_by_full_searches(db_url):
+    from alembic import command
+
+    from nbx_tune.tuner.api import db_upgrade
+    from nbx_tune.tuner.store.db import _alembic_config, make_engine
+
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "0002")
+        conn.execute(text("INSERT INTO seats (id, profile, kernel, dtypes, flags, bucket, created_at) "
+                          "VALUES (1, 'interpreter', 'test_replay', 'float32', '', 'n=1000', '2026-12-01')"))
+        conn.execute(text("INSERT INTO tunings (id, seat_id, kind, outcome, started_at, finished_at, worker, "
+                          "device_name, device_target, driver, triton_version, torch_version, kernel_source_hash, "
+                          "config_space_hash, profile_hash, candidates, survivors, screen_s, bench_s, total_s) "
+                          "VALUES (1, 1, 'tune', 'certified', '2026-12-01', '2026-12-01', 'w', 'd', 'interpreter', "
+                          "'n/a', 't', 't', 'h', 'h', 'h', 1, 1, 0, 0, 0)"))
+        conn.execute(text("INSERT INTO certificates (seat_id, tuning_id, config, median_ms, p20_ms, p80_ms, screens, "
+                          "timing_method, created_at) VALUES (1, 1, 'BLOCK=256', 1.0, 1.0, 1.0, '[]', 'w', '2026-12-01')"))
+    engine.dispose()
+    db_upgrade(db_url)
+    assert last(db_url, "SELECT c.config, c.search, c.recertified_from, t.search, t.seeded_from FROM certificates c "
+                        "JOIN tunings t ON t.id = c.tuning_id") == [("BLOCK=256", "full", None, "full", None)]
+    assert last(db_url, "SELECT count(*) FROM certified_configs") == [(1,)]

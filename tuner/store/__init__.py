@@ -353,7 +353,7 @@ class Store:
                                                                Refusal.config.is_not(None))))
             return out
 
-    def kernel_measurements(self, profile: str, kernel: str, limit: int = 400):
+    def kernel_measurements(self, profile: str, kernel: str, limit: int = 200):
         """The newest tunings of a kernel on a profile that timed something, newest first:
         [(Seat, Tuning, [(config, median_ms)], [(config, reason)])], what a ranked search
         learns from (tuner/strategies/ranked.py)."""
