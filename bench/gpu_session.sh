@@ -59,6 +59,7 @@ for s in $STAGES; do case $s in
            echo "=== bytecode cached under $PYTHONPYCACHEPREFIX from here on" | tee -a "$LOG" ;;
   cost) stage ${COST_S:-280} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv ;;
   recert) stage ${RECERT_S:-540} python3 bench/recertify_cost.py ;;  # shipped hopper seats: re-certified vs fresh
+  replay) stage 60 python3 bench/ranking_replay.py ;;  # rankers replayed on the session database's full tunings
   quality) stage ${QUALITY_S:-280} python3 bench/kernel_quality.py ${QUALITY_ARGS:-} ;;
   *) echo "unknown stage $s" | tee -a "$LOG" ;;
 esac; done

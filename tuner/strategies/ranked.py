@@ -99,12 +99,12 @@ class Ranked:
         known.sort(key=lambda c: self.scores[c.key()][0])
         return known + [c for c in candidates if c.key() not in self.scores]
 
-    def shortlist(self, candidates):
+    def shortlist(self, candidates, top_n: int = TOP, sample_n: int = SAMPLE):
         ordered = self.order(candidates)
-        top = [c for c in ordered if c.key() in self.scores][:TOP]
+        top = [c for c in ordered if c.key() in self.scores][:top_n]
         rest = [c for c in ordered if c not in top]
         rng = random.Random(self.label)
-        sample = rng.sample(rest, min(SAMPLE, len(rest)))
+        sample = rng.sample(rest, min(sample_n, len(rest)))
         return top + [c for c in rest if c in sample]
 
     def compile_first(self, candidates):
