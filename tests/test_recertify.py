@@ -364,3 +364,13 @@ def test_upgrading_a_0002_database_keeps_its_certificates_as_found_by_full_searc
     assert last(db_url, "SELECT c.config, c.search, c.recertified_from, t.search, t.seeded_from FROM certificates c "
                         "JOIN tunings t ON t.id = c.tuning_id") == [("BLOCK=256", "full", None, "full", None)]
     assert last(db_url, "SELECT count(*) FROM certified_configs") == [(1,)]
+
+
+def test_configs_that_failed_wherever_they_ran_are_never_sampled():
+    timed = [(key(b, v), 1.0 + 0.1 * i) for i, (b, v) in enumerate([(256, 0), (128, 0), (512, 0), (64, 0)])]
+    failed = [(c.key(), "compile_error") for c in CONFIGS if c["BLOCK"] >= 1024]
+    r = Ranked("x", ("float32", "", "n=1000"), [(("float32", "", "n=1000"), timed, failed)], audit=False)
+    short = {c.key() for c in r.shortlist(list(CONFIGS), top_n=4, sample_n=50)}
+    assert not any(Config.parse(k)["BLOCK"] >= 1024 for k in short)
+    assert len(short) == len(CONFIGS) - len(failed)  # every other config fits in the sample
+    assert len(r.order(list(CONFIGS))) == len(CONFIGS)  # an audit still evaluates them all

@@ -8,7 +8,8 @@ refusal at run time counts as REFUSED_PENALTY); a config's score is the mean of 
 those, weighted by how near the earlier seat is (2 ** -distance: the sum over key dims of
 |log2| of the ratio of the buckets' middles, plus one per differing dtype or flags). The
 TOP best-scored and SAMPLE others drawn with a seed from the seat's label are evaluated;
-configs no earlier seat ran are only ever in the sample.
+configs no earlier seat ran are only ever in the sample, and configs that failed (or ran
+REFUSED_PENALTY times the best) wherever they ran are not even in that.
 
 Audits: a seat is audited when no audit of the kernel is on record for the profile, or
 when its label's hash falls in AUDIT_RATE. An audit evaluates every candidate (the winner
@@ -102,7 +103,10 @@ class Ranked:
     def shortlist(self, candidates, top_n: int = TOP, sample_n: int = SAMPLE):
         ordered = self.order(candidates)
         top = [c for c in ordered if c.key() in self.scores][:top_n]
-        rest = [c for c in ordered if c not in top]
+        # Configs that failed or ran REFUSED_PENALTY times the best wherever they ran
+        # cannot win: not even the sample compiles them (an audit still does).
+        hopeless = math.log(REFUSED_PENALTY) - 1e-9
+        rest = [c for c in ordered if c not in top and self.scores.get(c.key(), (0.0,))[0] < hopeless]
         rng = random.Random(self.label)
         sample = rng.sample(rest, min(sample_n, len(rest)))
         return top + [c for c in rest if c in sample]
