@@ -264,8 +264,9 @@ def test_a_sibling_devices_table_is_served_then_recertified_with_this_devices_ti
     made.close(), store.close()
 
 
-def test_a_ranked_census_times_a_shortlist_and_audits_a_sample(db_url, monkeypatch):
+def test_a_ranked_census_times_a_shortlist_and_audits_a_sample(db_url, tmp_path):
     from nbx_tune.tuner import api
+    from nbx_tune.tuner.export import export_table
 
     store = Store(db_url)
     sizes = [1000, 1100, 1200, 1300]
@@ -292,6 +293,9 @@ def test_a_ranked_census_times_a_shortlist_and_audits_a_sample(db_url, monkeypat
     shown = api.show_seat(str(sids[-1]), db=db_url)
     assert shown["sampled_regret"]["audits"] == len(losses) and shown["sampled_regret"]["max"] == 0.0
     assert shown["history"][-1]["search"] in ("ranked", "audit")
+    export_table(store, PROFILE, tmp_path / "t.json")
+    for e in json.loads((tmp_path / "t.json").read_text())["entries"]:
+        assert e["provenance"]["sampled_regret"] == shown["sampled_regret"]
     store.close()
 
 
