@@ -17,7 +17,6 @@ rewritten to this checkout's before the import (the bench stales it next anyway)
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import statistics

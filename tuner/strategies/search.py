@@ -43,8 +43,3 @@ class Full:
         evaluate(list(candidates))
         return SearchNote("full")
 
-
-def best_final(measured):
-    """The fastest full timing of a list of Measured, or None."""
-    finals = [m for m in measured if m.final]
-    return min(finals, key=lambda m: m.timing.median_ms) if finals else None
