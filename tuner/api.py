@@ -240,7 +240,8 @@ def show_seat(ref: str, db=None, profile=None, plugins=()) -> dict:
                  "worker": t.worker, "provenance": {k: getattr(t, k) for k in (
                      "device_name", "device_target", "driver", "triton_version", "torch_version",
                      "kernel_source_hash", "config_space_hash", "profile_hash")},
-                 "candidates": t.candidates, "survivors": t.survivors,
+                 "candidates": t.candidates, "survivors": t.survivors, "search": t.search,
+                 "seeded_from": t.seeded_from, "shortcut_loss": t.shortcut_loss,
                  "seconds": {"screen": round(t.screen_s, 3), "bench": round(t.bench_s, 3),
                              "total": round(t.total_s, 3)},
                  "measurements": [{"config": m.config, "median_ms": m.median_ms, "p20_ms": m.p20_ms,
@@ -251,11 +252,15 @@ def show_seat(ref: str, db=None, profile=None, plugins=()) -> dict:
                     "runner_up": cert.runner_up, "runner_up_ms": cert.runner_up_ms, "margin": cert.margin,
                     "screens": json.loads(cert.screens), "unscreened": cert.unscreened,
                     "timing_method": cert.timing_method, "current": cert.superseded_at is None,
+                    "search": cert.search, "recertified_from": cert.recertified_from,
                     "superseded_reason": cert.superseded_reason}
             history.append(h)
         refusals = [{"tuning": t.id, "config": r.config, "reason": r.reason, "detail": r.detail}
                     for r, _, t in store.refusals(seat_id=seat.id)]
-        return {"seat": view.to_dict(), "history": history, "refusals": refusals}
+        from nbx_tune.tuner.strategies.ranked import regret_summary
+
+        return {"seat": view.to_dict(), "history": history, "refusals": refusals,
+                "sampled_regret": regret_summary(store.shortcut_losses(seat.profile, seat.kernel))}
     finally:
         store.close()
 

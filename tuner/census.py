@@ -203,8 +203,7 @@ def run_census(pl: Plan, store, tuner=None, reporter=None, dry_run: bool = False
     status = "done"
     try:
         if tuner is not None:
-            todo = [ln for ln in before if ln.status in ("pending", "stale", "unscreened")]
-            tuner.run(todo, pl, ids, run_id, reporter)
+            tuner.run(tuner.todo(before), pl, ids, run_id, reporter)
     except BaseException:
         status = "failed"
         raise

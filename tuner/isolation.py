@@ -232,6 +232,11 @@ class Isolated:
             problems = tuple(dict.fromkeys((*job.screen_problems, job.time_problem)))
             self.precompiler.submit(spec.name, problems, configs, job.device)
 
+    def precompile(self, configs) -> None:
+        """Queue more of this seat's configs (a search that widens: tuner/recertify.py)."""
+        if self.spec is not None and self.job is not None:
+            self._precompile(self.spec, self.job, configs)
+
     def start_seat(self, spec, job: SeatJob, configs=()) -> None:
         self.spec, self.job, self.broken = spec, job, None
         self._precompile(spec, job, configs)

@@ -14,7 +14,8 @@ import time
 from datetime import datetime, timezone
 
 from nbx_tune.kernels.registry import get_spec
-from nbx_tune.tuner import provenance
+from nbx_tune.tuner import provenance, seat_search
+from nbx_tune.tuner.recertify import from_sibling
 from nbx_tune.tuner.status import seat_status
 from nbx_tune.tuner.store import holder_id
 from nbx_tune.tuner.tune import NullReporter, tune_seat
@@ -57,6 +58,8 @@ class SeatTuner:
     def _worth_it(self, rec, spec, st) -> bool:
         """An unscreened seat is re-tuned only if a shape outside its screened range can
         be screened now (one over the byte budget would stay unscreened)."""
+        if st.status == "certified":  # a sibling device's table, served until re-timed here
+            return from_sibling(rec.cert_tuning, self.device)
         if st.status != "unscreened":
             return st.status in ("pending", "stale")
         return any(spec.operand_bytes(p) <= self.profile.screen_max_bytes for p in st.outside)
@@ -97,9 +100,10 @@ class SeatTuner:
                 return False
             reporter.seat_start(label, index, total, len(spec.configs()))
             started = datetime.now(timezone.utc)
+            search = seat_search.for_seat(self.store, rec, spec, self.profile)
             with _Heartbeat(self.store, seat_id, self.holder, self.claim_ttl):
                 result = tune_seat(spec, self.profile, label, rec.problems, self.executor,
-                                   self.strategy, self.torch_device, reporter)
+                                   self.strategy, self.torch_device, reporter, search)
             self.store.write_result(seat_id, run_id, "tune", result,
                                     provenance.current(spec, self.profile, self.device),
                                     self.holder, started)
@@ -108,6 +112,14 @@ class SeatTuner:
         except BaseException:
             self.store.release(seat_id, self.holder)
             raise
+
+    def todo(self, lines) -> list:
+        """The census lines to tune: pending, stale and unscreened seats, and certified ones
+        whose certificate came from a sibling device's table."""
+        certified = [ln.id for ln in lines if ln.status == "certified" and ln.id is not None]
+        sibling = {rec.seat.id for rec in (self.store.seat_records(seat_ids=certified) if certified else ())
+                   if from_sibling(rec.cert_tuning, self.device)}
+        return [ln for ln in lines if ln.status in ("pending", "stale", "unscreened") or ln.id in sibling]
 
     def needing_work(self) -> list:
         """Seats of this profile that a worker should tune, longest first (`seat_cost`):

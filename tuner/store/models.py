@@ -126,6 +126,10 @@ class Tuning(Base):
     screen_s: Mapped[float] = mapped_column(Float, default=0.0)
     bench_s: Mapped[float] = mapped_column(Float, default=0.0)
     total_s: Mapped[float] = mapped_column(Float, default=0.0)
+    # full | recertified | fallback | ranked | audit (tuner/recertify.py, strategies/ranked.py)
+    search: Mapped[str] = mapped_column(String(16), default="full", server_default="full")
+    seeded_from: Mapped[int | None] = mapped_column(Integer)  # the tuning a re-certification started from
+    shortcut_loss: Mapped[float | None] = mapped_column(Float)  # audit: the ranked pick's loss against the best
 
 
 class Measurement(Base):
@@ -181,6 +185,8 @@ class Certificate(Base):
     screened_max: Mapped[str | None] = mapped_column(Text)
     unscreened: Mapped[str | None] = mapped_column(Text)  # why a served shape was never screened
     timing_method: Mapped[str] = mapped_column(String(32))
+    search: Mapped[str] = mapped_column(String(16), default="full", server_default="full")
+    recertified_from: Mapped[str | None] = mapped_column(Text)  # the tuning it was re-certified from
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     superseded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     superseded_reason: Mapped[str | None] = mapped_column(Text)
