@@ -269,3 +269,26 @@ def test_a_tma_tile_replays_with_descriptors_of_each_calls_operands(fake, monkey
     gc.collect()
     assert first() is None  # the replay's descriptors do not hold the first call's operand
     assert next(iter(launch.REMEMBERED.values())).source.count("(d") == 2  # a's and b's descriptors
+
+
+def test_two_kernels_through_a_workspace_replay_right(fake, monkeypatch):
+    # Split-K GEMMs and split decode attention: a partials workspace (launch.empty) written
+    # by one kernel and read by the next. A replay makes a fresh workspace and both launches.
+    from nbx_tune.kernels import attention as attention_module
+    from nbx_tune.kernels.spec import Config
+
+    split = Config.make(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, SPLIT_K=2, num_warps=1, num_stages=1)
+    decode = Config.make(BLOCK_M=16, BLOCK_N=16, SPLIT_KV=2, num_warps=1, num_stages=1)
+    monkeypatch.setattr(matmul_module.SPEC, "default_configs", (split,))
+    monkeypatch.setattr(attention_module.SPEC, "default_configs", (decode,))
+    certified.reload()
+    a, b = buf(5, 64), buf(64, 48)
+    q, k, v = buf(1, 4, 1, 16), buf(1, 2, 37, 16), buf(1, 2, 37, 16)
+    for seed in range(3):
+        fill((a, b, q, k, v), 80 + seed)
+        got = (mm(a, b), scaled_dot_product_attention(q, k, v))
+        launch.forget()
+        want = (mm(a, b), scaled_dot_product_attention(q, k, v))  # through Triton
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert fake.log == ["triton"] * 8 + (["direct"] * 4 + ["triton"] * 4) * 2  # 2 + 2 launches a round
+    assert [cfg for cfg, _ in certified.state().memo.values()] == [split, decode]
