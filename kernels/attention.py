@@ -156,6 +156,9 @@ def _attn_fwd_kernel(
                  mask=offs_t < LSE_LEN)
 
 
+_attn_fwd_kernel = launch.recorded(_attn_fwd_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 @triton.jit
 def _attn_decode_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, wo_ptr, wl_ptr,
@@ -240,6 +243,9 @@ def _attn_decode_kernel(
         tl.store(wl_ptr + row, lse2, mask=r_ok)
 
 
+_attn_decode_kernel = launch.recorded(_attn_decode_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 @triton.jit
 def _attn_combine_kernel(
     wo_ptr, wl_ptr, o_ptr, lse_ptr, BHq, Hq, Lq,
@@ -270,6 +276,9 @@ def _attn_combine_kernel(
     tl.store(lse_ptr + b * stride_lb + h * stride_lh + qi * stride_lm, (m + tl.log2(den)) * 0.6931471805599453)
 
 
+_attn_combine_kernel = launch.recorded(_attn_combine_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 def _block(d: int) -> int:
     """The power-of-two block a head dim is loaded in (tl.dot needs at least 16)."""
     return max(16, triton.next_power_of_2(d))
@@ -285,8 +294,8 @@ def launch_attention(q, k, v, o, lse, scale: float, is_causal: bool, config: Con
         launch_attention_decode(q, k, v, o, lse, scale, is_causal, config)
         return
     grid = (triton.cdiv(Lq, config["BLOCK_M"]), B * Hq)
-    launch.run(
-        _attn_fwd_kernel, grid, q, k, v, o, lse,
+    _attn_fwd_kernel[grid](
+        q, k, v, o, lse,
         Hq, Hq // Hkv, Lq, Lk, lse.shape[2],
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
         scale * LOG2E,
@@ -309,8 +318,8 @@ def launch_attention_decode(q, k, v, o, lse, scale: float, is_causal: bool, conf
     else:
         wo, wl = o, lse  # unused
     grid = (triton.cdiv(group * Lq, config["BLOCK_M"]), B * Hkv, sk)
-    launch.run(
-        _attn_decode_kernel, grid, q, k, v, o, lse, wo, wl,
+    _attn_decode_kernel[grid](
+        q, k, v, o, lse, wo, wl,
         Hq, group, Lq, Lk,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
         scale * LOG2E,
@@ -319,8 +328,8 @@ def launch_attention_decode(q, k, v, o, lse, scale: float, is_causal: bool, conf
         **config.kwargs,
     )
     if sk > 1:
-        launch.run(_attn_combine_kernel, (Lq, B * Hq), wo, wl, o, lse, B * Hq, Hq, Lq, *o.stride(), *lse.stride(),
-                   HEAD_DIM_V=Dv, BLOCK_DV=_block(Dv), SPLIT_KV=sk, num_warps=4)
+        _attn_combine_kernel[(Lq, B * Hq)](wo, wl, o, lse, B * Hq, Hq, Lq, *o.stride(), *lse.stride(),
+                                           HEAD_DIM_V=Dv, BLOCK_DV=_block(Dv), SPLIT_KV=sk, num_warps=4)
     if lse.shape[2] > Lq:  # the padded logsumexp's rows past Lq: +inf, as `_attn_fwd_kernel` writes them
         lse[:, :, Lq:].fill_(float("inf"))
 

@@ -121,6 +121,9 @@ def _conv_gemm_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+_conv_gemm_kernel = launch.recorded(_conv_gemm_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 @triton.jit
 def _conv_depthwise_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr,
@@ -167,6 +170,9 @@ def _conv_depthwise_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_in[:, None] & n_in[None, :])
 
 
+_conv_depthwise_kernel = launch.recorded(_conv_depthwise_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 def launch_conv_gemm(x, w, bias, y, stride, padding, dilation, groups: int, config: Config) -> None:
     """y = conv(x, w) [+ bias] by implicit GEMM: x (N, C_in, H, W), w (C_out, C_in/groups,
     KH, KW), y (N, C_out, H_out, W_out), any strides; bias (C_out,) or None.
@@ -184,8 +190,8 @@ def launch_conv_gemm(x, w, bias, y, stride, padding, dilation, groups: int, conf
     m = nb * oh * ow
     cog = co // groups
     grid = (triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(cog, config["BLOCK_N"]), groups)
-    launch.run(
-        _conv_gemm_kernel, grid, x, w, y if bias is None else bias, y,
+    _conv_gemm_kernel[grid](
+        x, w, y if bias is None else bias, y,
         m, h, wd, oh, ow, cig, cog,
         *x.stride(), *w.stride(), *y.stride(), 0 if bias is None else bias.stride(0),
         padding[0], padding[1], dilation[0], dilation[1],
@@ -206,8 +212,8 @@ def launch_conv_depthwise(x, w, bias, y, stride, padding, dilation, config: Conf
     m = nb * oh * ow
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]
     grid = (triton.cdiv(m, bm), triton.cdiv(co, bn))
-    launch.run(
-        _conv_depthwise_kernel, grid, x, w, y if bias is None else bias, y,
+    _conv_depthwise_kernel[grid](
+        x, w, y if bias is None else bias, y,
         m, co, h, wd, oh, ow, co // ci,
         *x.stride(), w.stride(0), w.stride(2), w.stride(3), *y.stride(),
         0 if bias is None else bias.stride(0),

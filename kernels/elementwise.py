@@ -115,6 +115,9 @@ def _unary_kernel(x_ptr, y_ptr, n, p0, p1, p2,
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+_unary_kernel = launch.recorded(_unary_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 @triton.jit
 def _binary_math(a, b, alpha, FN: tl.constexpr):
     if FN == "add":
@@ -197,6 +200,9 @@ def _binary_kernel(a_ptr, b_ptr, out_ptr, n, b_value, alpha,
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+_binary_kernel = launch.recorded(_binary_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 # ----------------------------------------------------------------------------- launchers
 
 def pow_params(exponent: float) -> tuple[float, float, float]:
@@ -210,7 +216,7 @@ def launch_unary(x, y, fn: str, params: tuple, config: Config) -> None:
     """y = fn(x) over n contiguous elements (x and y contiguous, same numel)."""
     n = y.numel()
     grid = (triton.cdiv(n, config["BLOCK_SIZE"]),)
-    launch.run(_unary_kernel, grid, x, y, n, float(params[0]), float(params[1]), float(params[2]),
+    _unary_kernel[grid](x, y, n, float(params[0]), float(params[1]), float(params[2]),
                FN=fn, INT64=n > INDEX_LIMIT, **config.kwargs)
 
 
@@ -312,8 +318,8 @@ def launch_binary_plan(a, b, out, plan, fn: str, b_value: float, alpha: float, c
     _, ls_b = _levels(sizes, sb)
     extent = max(sum((k - 1) * abs(s) for k, s in zip(sizes, st)) for st in (sa, sb))
     grid = (triton.cdiv(n, config["BLOCK_SIZE"]),)
-    launch.run(
-        _binary_kernel, grid, a, a if b is None else b, out, n, float(b_value), float(alpha),
+    _binary_kernel[grid](
+        a, a if b is None else b, out, n, float(b_value), float(alpha),
         d[0], d[1], d[2], d[3], *ls_a, *ls_b,
         FN=fn, A_KIND=a_kind, B_KIND=b_kind, NDIM=len(sizes),
         INT64=max(n, extent) > INDEX_LIMIT, **config.kwargs,

@@ -2,7 +2,7 @@
 
 The first call of a public op under a key runs the op's ordinary path (checks, the config
 lookup, allocations, `kernel[grid](...)` through Triton) while `remember` records what it
-allocated (`empty`) and launched (`run`). The record becomes a replay: a function generated
+allocated (`empty`) and launched (kernels wrapped by `recorded`). The record becomes a replay: a function generated
 for that call which allocates the same outputs and calls each compiled kernel's
 `CompiledKernel[grid]` runner with the same arguments, tensors passed as the new call's
 addresses. A later call with the same key costs the key, one dict lookup and the replay:
@@ -25,7 +25,7 @@ would be a stale address in a replay, so such calls stay on the ordinary path ev
 interpreter (nothing is compiled), with no launch, with inputs at one address, or with an
 argument of a kind it does not know. TMA descriptors are rebuilt around each call's tensor.
 
-Rules for an op's ordinary path: launch through `run`, allocate what kernels write through
+Rules for an op's ordinary path: launch kernels wrapped by `recorded`, allocate what kernels write through
 `empty`, write nothing with torch ops into an allocation or an input, and call no other
 public op (its replay would not be recorded). `reload()` of the certified configs forgets
 every replay (`forget`), so a new certificate is served.
@@ -33,6 +33,7 @@ every replay (`forget`), so a new certificate is served.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import threading
@@ -67,13 +68,29 @@ def through_triton(kernel, grid, args, kwargs):
 
 
 def run(kernel, grid, *args, **kwargs):
-    """Launch `kernel[grid](*args, **kwargs)` through Triton (launchers call this rather than
-    kernel[grid], so that a call being remembered records it)."""
+    """Launch `kernel[grid](*args, **kwargs)` through Triton, recorded if a call is being
+    remembered (what `recorded(kernel)[grid](...)` does)."""
     compiled = through_triton(kernel, grid, args, kwargs)
     rec = getattr(_tls, "rec", None)
     if rec is not None:
         rec.launches.append((kernel, compiled, grid, args, kwargs))
     return compiled
+
+
+class recorded:
+    """A Triton kernel whose launches a call being remembered records. A family wraps each
+    of its kernels once, after the definition (`_k = launch.recorded(_k)`), and launches it
+    as ever, `_k[grid](...)`: the launcher's code, and so its certificates' source hash,
+    stay as they were. Everything else is the kernel's (`fn`, the source hash reads it)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.fn = kernel, kernel.fn
+
+    def __getitem__(self, grid):
+        return functools.partial(run, self.kernel, grid)
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
 
 
 def empty(shape, dtype, device):

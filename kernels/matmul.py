@@ -132,6 +132,9 @@ def _matmul_kernel(
                   HAS_BIAS)
 
 
+_matmul_kernel = launch.recorded(_matmul_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 @triton.jit
 def _epilogue(acc, rm, rn, M, N, c_at, stride_cm, stride_cn, x_at, stride_xm, stride_xn, alpha, beta,
               HAS_BIAS: tl.constexpr):
@@ -201,6 +204,9 @@ def _matmul_splitk_kernel(
     tl.store(w_at + rm[:, None] * N + rn[None, :], acc, mask=mask)
 
 
+_matmul_splitk_kernel = launch.recorded(_matmul_splitk_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 @triton.jit
 def _splitk_reduce_kernel(
     w_ptr, c_ptr, bias_ptr, M, N,
@@ -226,6 +232,9 @@ def _splitk_reduce_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=ok)
 
 
+_splitk_reduce_kernel = launch.recorded(_splitk_reduce_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 def split_k(config: Config) -> int:
     """The config's SPLIT_K: programs that share one output tile's K (1 when absent)."""
     return config.kwargs.get("SPLIT_K", 1)
@@ -244,13 +253,13 @@ def launch_splitk(a, b, c, bias, alpha: float, beta: float, config: Config, alig
     sa, sb, sc = _strides3(a), _strides3(b), _strides3(c)
     sx = _strides3(bias) if bias is not None else sc
     grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]), B, sk)
-    launch.run(
-        _matmul_splitk_kernel, grid, a, b, w, M, N, K, NB, *sa, *sb, w.stride(0), w.stride(1),
+    _matmul_splitk_kernel[grid](
+        a, b, w, M, N, K, NB, *sa, *sb, w.stride(0), w.stride(1),
         "ieee" if a.dtype == torch.float32 else "tf32",
         config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], sk, align_ab,
         num_warps=config.num_warps, num_stages=config.num_stages)
-    launch.run(
-        _splitk_reduce_kernel, (triton.cdiv(M * N, block), B), w, c, c if bias is None else bias, M, N, w.stride(0), w.stride(1), *sc, *sx, alpha, beta,
+    _splitk_reduce_kernel[(triton.cdiv(M * N, block), B)](
+        w, c, c if bias is None else bias, M, N, w.stride(0), w.stride(1), *sc, *sx, alpha, beta,
         bias is not None, sk, block, num_warps=4)
     return grid
 
@@ -404,7 +413,7 @@ def launch_matmul(a, b, c, bias, alpha: float, beta: float, config: Config):
     a, b, descs, tma = tma_descriptors(a, b, config)
     grid, args = matmul_args(a, b, c, c if bias is None else bias, alpha, beta, bias is not None, config,
                              align_ab, align_c, descs, tma)
-    return launch.run(_matmul_kernel, grid, *args, num_warps=config.num_warps, num_stages=config.num_stages), grid, args
+    return _matmul_kernel[grid](*args, num_warps=config.num_warps, num_stages=config.num_stages), grid, args
 
 
 def _c(bm, bn, bk, warps, stages, group=8, extra_n=0, tma=0, split=1):

@@ -110,6 +110,9 @@ def _row_norm_kernel(
     tl.store(rstd_ptr + rows, rstd.to(rstd_ptr.dtype.element_ty), mask=row_ok)
 
 
+_row_norm_kernel = launch.recorded(_row_norm_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 @triton.jit
 def _group_norm_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, G, D, HW, CPG, eps,
@@ -164,13 +167,16 @@ def _group_norm_kernel(
     tl.store(rstd_ptr + pid, rstd.to(rstd_ptr.dtype.element_ty))
 
 
+_group_norm_kernel = launch.recorded(_group_norm_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 def launch_row_norm(x, weight, bias, y, mean, rstd, n_rows: int, N: int, eps: float, rms: bool,
                     config: Config) -> None:
     """y = norm(x) over rows of N contiguous elements; mean (unused for RMS) and rstd hold
     n_rows values each; weight and bias are N contiguous values or None."""
     grid = (triton.cdiv(n_rows, config["ROWS"]),)
-    launch.run(
-        _row_norm_kernel, grid, x, x if weight is None else weight, x if bias is None else bias, y,
+    _row_norm_kernel[grid](
+        x, x if weight is None else weight, x if bias is None else bias, y,
         rstd if mean is None else mean, rstd, n_rows, N, eps,
         RMS=rms, HAS_W=weight is not None, HAS_B=bias is not None,
         ONE_PASS=N <= config["BLOCK"], **config.kwargs,
@@ -182,9 +188,8 @@ def launch_group_norm(x, weight, bias, y, mean, rstd, n: int, C: int, HW: int, g
     """y = group_norm(x) for contiguous x of n * C * HW elements; mean and rstd hold
     n * groups values; weight and bias are C values or None."""
     D = (C // groups) * HW
-    launch.run(
-        _group_norm_kernel, (n * groups,), x, x if weight is None else weight, x if bias is None else bias, y, mean, rstd,
-        groups, D, HW, C // groups, eps,
+    _group_norm_kernel[(n * groups,)](
+        x, x if weight is None else weight, x if bias is None else bias, y, mean, rstd, groups, D, HW, C // groups, eps,
         HAS_W=weight is not None, HAS_B=bias is not None, ONE_PASS=D <= config["BLOCK"],
         **config.kwargs,
     )

@@ -168,6 +168,9 @@ def _reduce_kernel(x_ptr, out_ptr, O, R, r_chunk, out_stride, scale,
     tl.store(out_ptr + (o * out_stride + pid_s), res.to(out_ptr.dtype.element_ty), mask=o_mask)
 
 
+_reduce_kernel = launch.recorded(_reduce_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 # ----------------------------------------------------------------------------- launchers
 
 def _groups(items):
@@ -229,8 +232,8 @@ def _split_of(R: int, block_r: int, split: int) -> tuple[int, int]:
 
 def _launch_pass(x, out, O, R, chunk, splits, out_stride, scale, kg, rg, fn, is_int,
                  apply_scale, int64, meta, warps):
-    launch.run(
-        _reduce_kernel, (triton.cdiv(O, meta["BLOCK_O"]), splits), x, out, O, R, chunk, out_stride, scale, *_levels3(kg), *_levels3(rg),
+    _reduce_kernel[(triton.cdiv(O, meta["BLOCK_O"]), splits)](
+        x, out, O, R, chunk, out_stride, scale, *_levels3(kg), *_levels3(rg),
         FN=fn, IS_INT=is_int, SCALE=apply_scale, K_NDIM=len(kg), R_NDIM=len(rg), INT64=int64,
         num_warps=warps, num_stages=1, **meta)
 
