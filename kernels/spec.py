@@ -142,6 +142,9 @@ class KernelSpec:
     key: tuple[KeyDim, ...] = ()
     dtypes: tuple[str, ...] = ()  # element dtypes the kernel claims
     description: str = ""
+    # Data movement (copies, casts, gathers, fills): the oracle is exact, and the screen
+    # compares every output bit for bit (a tolerance of 0) in every dtype.
+    exact: bool = False
 
     # -- declared by each family
     def configs(self) -> Sequence[Config]:
