@@ -55,6 +55,9 @@ _OPS = {
     "ones": "nbx_tune.kernels.fill",
     "fill_": "nbx_tune.kernels.fill",
     "zero_": "nbx_tune.kernels.fill",
+    "batch_norm": "nbx_tune.kernels.batch_norm",
+    "_native_batch_norm_legit_no_training": "nbx_tune.kernels.batch_norm",
+    "max_pool2d_with_indices": "nbx_tune.kernels.pool",
 }
 
 
