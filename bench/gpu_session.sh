@@ -4,7 +4,8 @@
 #   bash bench/gpu_session.sh                 every stage, in this order
 #   bash bench/gpu_session.sh fault check     only those (one device call each fits 600 s:
 #                                             "fault check", "census launch", "cost quality")
-# Other stages: direct (the direct launch's GPU proof), tma (every TMA config at odd shapes), profile (a census under cProfile),
+# Other stages: coverage (the data-movement, batch norm and pooling families and the
+# integer element-wise path against fp64, every dtype), direct (the direct launch's GPU proof), tma (every TMA config at odd shapes), profile (a census under cProfile),
 # schedules (GEMM schedules at 3072^3, exploratory), waves (a GEMM's time against its tile count), cublas (the
 # kernels cuBLAS runs at 2048-4096^3: tile, grid, scheme), ranking (a short GEMM's pick, certified
 # again and again, with the host quiet and busy), unaligned (3000^3 taken apart, exploratory),
@@ -12,7 +13,7 @@
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them).
 # Limits are env overrides: FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
-# DIRECT_S TMA_S PROFILE_S SCHEDULES_S WAVES_S CUBLAS_S RANKING_S UNALIGNED_S;
+# COVERAGE_S DIRECT_S TMA_S PROFILE_S SCHEDULES_S WAVES_S CUBLAS_S RANKING_S UNALIGNED_S;
 # CENSUS_TRACES: the trace files of the census stage; QUALITY_ARGS: e.g. --buckets-only.
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
@@ -37,6 +38,8 @@ for s in $STAGES; do case $s in
   fault) stage ${FAULT_S:-60} python3 bench/gpu_check.py --skip-correctness ;;
   check) stage ${CHECK_S:-360} python3 bench/gpu_check.py --skip-fault --seconds ${CHECK_RUN_S:-300} \
            --configs-per-row 2 --jobs 12 ;;
+  coverage) stage ${COVERAGE_S:-240} python3 bench/gpu_check.py --skip-fault --seconds 200 --configs-per-row 3 \
+              --jobs 12 --kernels copy,cat,embedding,fill,batch_norm,max_pool2d,elementwise_binary ;;
   import) for t in bench_out/*.json; do  # tables of an earlier call (carry bench_out), so a census resumes
             [ -f "$t" ] && stage 30 python3 -m nbx_tune.cli.app import "$t"; done ;;
   census) for t in ${CENSUS_TRACES:-examples/traces/llama2_7b_seq512_bf16.tsv examples/traces/gpt2_seq1024_bf16.tsv \
