@@ -235,13 +235,14 @@ SPECS = (SPEC,)
 
 # ----------------------------------------------------------------------------- public ops
 
-def _dt(dtype, default: str) -> str:
-    if dtype is None:
+def _dt(dtype, default) -> str:
+    """dtype's name; None: `default` (a name, or torch's default dtype)."""
+    if dtype is None and isinstance(default, str):
         return default
     try:
-        return _NAMES[dtype]
+        return _NAMES[default if dtype is None else dtype]
     except KeyError:
-        raise KernelError(f"fill: dtype {dtype} is not served ({', '.join(TORCH_DTYPES)})") from None
+        raise KernelError(f"fill: dtype {dtype or default} is not served ({', '.join(TORCH_DTYPES)})") from None
 
 
 def _fill(out: torch.Tensor, value, what: str) -> torch.Tensor:
@@ -284,13 +285,13 @@ def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=N
 
 
 def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None) -> torch.Tensor:
-    out = torch.empty(tuple(size), dtype=TORCH_DTYPES[_dt(dtype, _NAMES[torch.get_default_dtype()])],
+    out = torch.empty(tuple(size), dtype=TORCH_DTYPES[_dt(dtype, torch.get_default_dtype())],
                       device=device)
     return _fill(out, 0, "zeros")
 
 
 def ones(size, *, dtype=None, layout=None, device=None, pin_memory=None) -> torch.Tensor:
-    out = torch.empty(tuple(size), dtype=TORCH_DTYPES[_dt(dtype, _NAMES[torch.get_default_dtype()])],
+    out = torch.empty(tuple(size), dtype=TORCH_DTYPES[_dt(dtype, torch.get_default_dtype())],
                       device=device)
     return _fill(out, 1, "ones")
 
