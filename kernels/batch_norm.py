@@ -79,11 +79,8 @@ class BatchNormSpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "batch normalization in inference, with the running statistics"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def source_parts(self):
         return (_batch_norm_kernel, launch_batch_norm)

@@ -172,11 +172,8 @@ class CopySpec(KernelSpec):
     exact = True
     description = "copies and dtype casts: _to_copy, clone, copy_ (any strides)"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def source_parts(self):
         return (_copy_kernel, copy_plan, launch_copy_plan, launch_copy)
@@ -291,11 +288,8 @@ class CatSpec(KernelSpec):
     exact = True
     description = "concatenation (torch.cat) by strided copies into the output's slices"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def source_parts(self):
         return (_copy_kernel, copy_plan, launch_copy_plan, launch_cat)

@@ -67,11 +67,8 @@ class EmbeddingSpec(KernelSpec):
     exact = True
     description = "embedding lookup: rows of a table by index"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def source_parts(self):
         return (_embedding_kernel, launch_embedding)

@@ -129,11 +129,8 @@ class FillSpec(KernelSpec):
     exact = True
     description = "arange and constant fills: arange, full, zeros, ones, fill_, zero_"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def source_parts(self):
         return (_fill_kernel, value_in, launch_fill)

@@ -113,11 +113,8 @@ class MaxPool2dSpec(KernelSpec):
     exact = True  # a maximum and its position: no rounding anywhere
     description = "2-D max pooling with indices"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def source_parts(self):
         return (_max_pool2d_kernel, launch_max_pool2d)
