@@ -83,6 +83,7 @@ def census(
         return
     if dry_run:
         out.print(render.coverage_table(rep))
+    out.print(render.ops_table(rep))
     extra = render.uncovered_table(rep)
     if extra is not None:
         out.print(extra)

@@ -39,6 +39,7 @@ TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32":
 # What a 0-d operand (or a Python number) may be: torch converts it to the other's dtype.
 SCALAR_DTYPES = {**TORCH_DTYPES, "float64": torch.float64, "int32": torch.int32, "int64": torch.int64}
 _NAMES = {v: k for k, v in SCALAR_DTYPES.items()}
+INT_DTYPES = ("int32", "int64")
 INDEX_LIMIT = 2**31 - 2**17  # beyond this offsets are computed in int64
 MAX_RANK = 5  # broadcast dims after merging (the kernel decomposes indices over up to 5)
 
@@ -143,8 +144,9 @@ def _binary_kernel(a_ptr, b_ptr, out_ptr, n, b_value, alpha,
                    SA0, SA1, SA2, SA3, SA4,
                    SB0, SB1, SB2, SB3, SB4,
                    FN: tl.constexpr, A_KIND: tl.constexpr, B_KIND: tl.constexpr,
-                   NDIM: tl.constexpr, INT64: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """out[i] = FN(a, b) over the contiguous output. An operand is FLAT (0: its element i),
+                   NDIM: tl.constexpr, INT64: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                   INT: tl.constexpr = False):
+    """out[i] = FN(a, b) over the contiguous output (INT: integers, computed in int64). An operand is FLAT (0: its element i),
     SCALAR (1: one element, loaded once), STRIDED (2: element i's broadcast offset) or
     VALUE (3, b only: the runtime scalar b_value). STRIDED offsets decompose i over the
     merged output dims: D1..D4 are the sizes of the innermost dims (D1 innermost), SA1..
@@ -183,19 +185,25 @@ def _binary_kernel(a_ptr, b_ptr, out_ptr, n, b_value, alpha,
         a_off += rem * SA0
         b_off += rem * SB0
     if A_KIND == 0:
-        a = tl.load(a_ptr + offs, mask=mask, other=1.0).to(tl.float32)
+        a = tl.load(a_ptr + offs, mask=mask, other=1)
     elif A_KIND == 1:
-        a = tl.load(a_ptr).to(tl.float32)
+        a = tl.load(a_ptr)
     else:
-        a = tl.load(a_ptr + a_off, mask=mask, other=1.0).to(tl.float32)
+        a = tl.load(a_ptr + a_off, mask=mask, other=1)
     if B_KIND == 0:
-        b = tl.load(b_ptr + offs, mask=mask, other=1.0).to(tl.float32)
+        b = tl.load(b_ptr + offs, mask=mask, other=1)
     elif B_KIND == 1:
-        b = tl.load(b_ptr).to(tl.float32)
+        b = tl.load(b_ptr)
     elif B_KIND == 2:
-        b = tl.load(b_ptr + b_off, mask=mask, other=1.0).to(tl.float32)
+        b = tl.load(b_ptr + b_off, mask=mask, other=1)
     else:
-        b = b_value  # a float argument: already fp32
+        b = b_value  # a float argument (an int one when INT)
+    if INT:  # exact; `+ zeros` because an int argument of 1 arrives as a constexpr
+        a = a.to(tl.int64)
+        b = (b + tl.zeros([BLOCK_SIZE], dtype=tl.int64)).to(tl.int64)
+    else:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
     y = _binary_math(a, b, alpha, FN)
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -318,11 +326,12 @@ def launch_binary_plan(a, b, out, plan, fn: str, b_value: float, alpha: float, c
     _, ls_b = _levels(sizes, sb)
     extent = max(sum((k - 1) * abs(s) for k, s in zip(sizes, st)) for st in (sa, sb))
     grid = (triton.cdiv(n, config["BLOCK_SIZE"]),)
+    num = float if out.dtype.is_floating_point else int
     _binary_kernel[grid](
-        a, a if b is None else b, out, n, float(b_value), float(alpha),
+        a, a if b is None else b, out, n, num(b_value), num(alpha),
         d[0], d[1], d[2], d[3], *ls_a, *ls_b,
         FN=fn, A_KIND=a_kind, B_KIND=b_kind, NDIM=len(sizes),
-        INT64=max(n, extent) > INDEX_LIMIT, **config.kwargs,
+        INT64=max(n, extent) > INDEX_LIMIT, INT=num is int, **config.kwargs,
     )
 
 
@@ -358,7 +367,12 @@ def _promote(x: str, y: str) -> str:
 
 
 def result_dtype(a_dt: str, a_0d: bool, b_dt: str, b_0d: bool) -> str | NotServable:
-    """torch's result dtype of a binary op on floating tensors (or NotServable)."""
+    """torch's result dtype of a binary op on floating tensors, or on integer ones (or
+    NotServable)."""
+    if a_dt in INT_DTYPES and b_dt in INT_DTYPES:  # positions and lengths: exact in int64
+        if a_0d == b_0d:
+            return "int64" if "int64" in (a_dt, b_dt) else "int32"
+        return b_dt if a_0d else a_dt
     for dt, zero_d in ((a_dt, a_0d), (b_dt, b_0d)):
         if dt not in (SCALAR_DTYPES if zero_d else TORCH_DTYPES):
             kind = "a 0-d operand" if zero_d else "an operand"
@@ -601,6 +615,8 @@ class ElementwiseBinarySpec(KernelSpec):
         out_dt = result_dtype(a_dt, len(a_shape) == 0, b_dt, b_0d)
         if isinstance(out_dt, NotServable):
             return out_dt
+        if out_dt in INT_DTYPES and fn == "div":
+            return NotServable("true division of integers is not served")
         out_shape = broadcast_shape(a_shape, b_shape or ())
         if out_shape is None:
             return NotServable(f"shapes {format_shape(a_shape)} and {format_shape(b_shape)} do not broadcast")
@@ -708,6 +724,12 @@ class ElementwiseBinarySpec(KernelSpec):
             make_row("aten.mul.Tensor", ["float16", "float32"], [same, ()]),
             make_row("aten.sub.Tensor", ["float32", "float16"], [(), same]),
         ]
+        # Integer position arithmetic (cache_position + offset, lengths), exact in int64.
+        rows += [make_row("aten.add.Tensor", ["int64", "int64"], [odd, ()]),
+                 make_row("aten.mul.Tensor", ["int64", "int64"], list(bc)),
+                 make_row("aten.sub.Tensor", ["int32", "int64"], [same, ()], {"alpha": "3"}),
+                 make_row("aten.maximum", ["int64", "int64"], [same, same]),
+                 make_row("aten.rsub.Scalar", ["int64"], [odd], {"other": "1"})]
         if scale != "small":
             rows += [make_row("aten.add.Tensor", ["bfloat16", "float16"], [same, same]),
                      make_row("aten.mul.Tensor", ["bfloat16", "float32"], [same, ()])]
@@ -849,6 +871,8 @@ def _binary_plan_for(fn, a, b, b_is_value, b_dt, python_number):
             raise KernelError(f"{fn}: shapes {a_shape} and {b_shape} do not broadcast")
     if isinstance(out_dt, NotServable):
         raise KernelError(f"{fn}: {out_dt.reason}")
+    if out_dt in INT_DTYPES and fn == "div":
+        raise KernelError("div: true division of integers is not served")
     try:
         plan = binary_plan(out_shape, a_shape, a.stride(), b_shape,
                            None if b_is_value else b.stride())
@@ -856,7 +880,7 @@ def _binary_plan_for(fn, a, b, b_is_value, b_dt, python_number):
         raise KernelError(f"{fn}: {e}") from None
     layout = layout_of(plan[1], plan[2])
     flags = {f: seat_flags(fn=f, layout=layout) for f in BINARY_FNS}
-    hit = (plan, out_shape, TORCH_DTYPES[out_dt], (out_dt, a_dt, b_dt), flags)
+    hit = (plan, out_shape, SCALAR_DTYPES[out_dt], (out_dt, a_dt, b_dt), flags)
     if len(_BINARY_PLANS) >= 1 << 14:
         _BINARY_PLANS.clear()
     _BINARY_PLANS[key] = hit

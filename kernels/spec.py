@@ -160,6 +160,9 @@ class KernelSpec:
     default_configs: Sequence[Config] = ()
     # True for a row kernel: its default is the first whose BLOCK holds the row (dims[0]).
     default_holds_row: bool = False
+    # Data movement (copies, casts, gathers, fills): the oracle is exact, and the screen
+    # compares every output bit for bit (a tolerance of 0) in every dtype.
+    exact: bool = False
 
     # -- declared by each family
     def configs(self) -> Sequence[Config]:
