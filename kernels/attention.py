@@ -415,6 +415,9 @@ class AttentionSpec(KernelSpec):
             specs["lse"] = ((B, Hq, -(-Lq // LSE_ALIGN) * LSE_ALIGN), "float32")
         return specs
 
+    def serve_ops(self):
+        return {SDPA: _serve_sdpa}
+
     def launch(self, config, problem, inputs, outputs):
         q = inputs["q"]
         lse = outputs.get("lse")
@@ -479,3 +482,15 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     lse = torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device)
     launch_attention(q, k, v, out, lse, scale, bool(is_causal), config)
     return out
+
+
+def _serve_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+                enable_gqa=False):
+    """aten.scaled_dot_product_attention's arguments, for serve()."""
+    if attn_mask is not None:
+        raise KernelError("attention: attn_mask is not served")
+    if dropout_p != 0.0:
+        raise KernelError(f"attention: dropout_p={dropout_p} is not served")
+    if not enable_gqa and key.dim() == 4 and query.dim() == 4 and key.shape[1] != query.shape[1]:
+        raise KernelError("attention: key/value heads differ from the query's without enable_gqa")
+    return scaled_dot_product_attention(query, key, value, is_causal, scale)

@@ -41,13 +41,24 @@ VIEW_QUERY = (
 )
 
 
+class MissTally(Counter):
+    """Misses by seat, with their running total: what serve() reads around one op to tell a
+    launch on a certified config from one on the default."""
+
+    total = 0
+
+    def __setitem__(self, key, value):
+        self.total += value - self.get(key, 0)
+        super().__setitem__(key, value)
+
+
 @dataclass
 class LaunchState:
     profile: object
     entries: dict = field(default_factory=dict)  # (kernel, dtypes, flags, bucket) -> (Config, source)
     memo: dict = field(default_factory=dict)  # (kernel, dtypes, flags, dims) -> (Config, miss seat or None)
     direct: dict = field(default_factory=dict)  # exact launch key -> (runner, fixed args, miss seat or None)
-    misses: Counter = field(default_factory=Counter)
+    misses: Counter = field(default_factory=MissTally)
     stale: list = field(default_factory=list)  # (source, seat label, why)
     sources: list = field(default_factory=list)
     warned: set = field(default_factory=set)
