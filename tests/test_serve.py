@@ -231,3 +231,32 @@ def test_example_model_under_serve_matches_torch(name, no_repo_root_on_path):
                                          f"expected {want}; stats {st.get(op)}")
     assert set(expected) <= set(launches), f"{name}: stale EXPECTED_TORCH entries"
     assert set(st) <= set(launches), f"{name}: served ops the trace does not show: {set(st) - set(launches)}"
+
+
+# ----------------------------------------------------------------------------- nbx-tune run
+
+
+def test_run_command_serves_a_whole_program_and_keeps_its_exit_status(tmp_path):
+    from nbx_tune.tuner.serve_main import run_command
+
+    script = tmp_path / "prog.py"
+    script.write_text("import sys, torch\n"
+                      "a = torch.randn(6, 5)\n"
+                      "c = torch.relu(a @ torch.randn(5, 3))\n"
+                      "print(tuple(c.shape))\n"
+                      "sys.exit(3)\n")
+    stats = tmp_path / "stats.json"
+    rc = run_command([sys.executable, str(script)], stats)
+    assert rc == 3
+    import json
+
+    data = json.loads(stats.read_text())
+    assert _served(data, "aten.mm") == 1 and _served(data, "aten.relu") == 1
+
+
+def test_run_command_refuses_a_non_python_command():
+    from nbx_tune.errors import NbxError
+    from nbx_tune.tuner.serve_main import run_command
+
+    with pytest.raises(NbxError, match="^run: ls is not a Python interpreter"):
+        run_command(["ls"])
