@@ -8,11 +8,12 @@
 # schedules (GEMM schedules at 3072^3, exploratory), waves (a GEMM's time against its tile count), cublas (the
 # kernels cuBLAS runs at 2048-4096^3: tile, grid, scheme), ranking (a short GEMM's pick, certified
 # again and again, with the host quiet and busy), unaligned (3000^3 taken apart, exploratory),
-# pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
+# serve (transformers' Llama at 7B's dims, 2 layers: prefill and decode under torch and serve(),
+# eager and CUDA graphs; needs transformers' wheels in .whl), pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them).
 # Limits are env overrides: FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
-# DIRECT_S TMA_S PROFILE_S SCHEDULES_S WAVES_S CUBLAS_S RANKING_S UNALIGNED_S;
+# DIRECT_S TMA_S PROFILE_S SCHEDULES_S WAVES_S CUBLAS_S RANKING_S UNALIGNED_S SERVE_S;
 # CENSUS_TRACES: the trace files of the census stage; QUALITY_ARGS: e.g. --buckets-only.
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
@@ -58,5 +59,6 @@ for s in $STAGES; do case $s in
            echo "=== bytecode cached under $PYTHONPYCACHEPREFIX from here on" | tee -a "$LOG" ;;
   cost) stage ${COST_S:-280} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv ;;
   quality) stage ${QUALITY_S:-280} python3 bench/kernel_quality.py ${QUALITY_ARGS:-} ;;
+  serve) stage ${SERVE_S:-240} python3 bench/serve_models.py ${SERVE_ARGS:-} ;;
   *) echo "unknown stage $s" | tee -a "$LOG" ;;
 esac; done
