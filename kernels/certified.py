@@ -237,7 +237,12 @@ def remember_direct(key, compiled, grid, fixed: tuple, spec: KernelSpec, dtypes,
 
 
 def launch_stats() -> dict:
-    """Misses by seat, stale certificates skipped, and where configs were loaded from."""
+    """Misses by seat, stale certificates skipped, where configs were loaded from, and per
+    aten op what `serve()` ran (certified, default, torch with reasons) once it was used."""
+    import sys
+
     st = state()
+    serving = sys.modules.get("nbx_tune.kernels.serve")
     return {"profile": st.profile.name, "certified_seats": len(st.entries), "direct_launches": len(st.direct),
-            "misses": dict(st.misses), "stale": list(st.stale), "sources": list(st.sources)}
+            "misses": dict(st.misses), "stale": list(st.stale), "sources": list(st.sources),
+            "ops": serving.stats() if serving is not None else {}}

@@ -159,6 +159,8 @@ def _make_kernel(op: str, fn, original, slots):
 
 def _install() -> None:
     global _library
+    if not hasattr(torch.library, "get_kernel"):
+        raise KernelError(f"serve() needs torch >= 2.9 (torch.library.get_kernel); this is {torch.__version__}")
     key = dispatch_key()
     lib = torch.library.Library("aten", "IMPL")
     try:

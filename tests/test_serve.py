@@ -55,6 +55,7 @@ def test_outside_the_context_torch_is_untouched():
         inside = a @ b
     assert str(torch.library.get_kernel("aten::mm", serving.dispatch_key())) == mm_before
     assert _served(serving.stats(), "aten.mm") == 1
+    assert certified.launch_stats()["ops"]["aten.mm"]["default"] == 1
     torch.testing.assert_close(inside, a @ b, rtol=1e-5, atol=1e-5)
     a @ b  # not counted: torch's own kernel again
     assert _served(serving.stats(), "aten.mm") == 1
