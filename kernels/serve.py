@@ -54,6 +54,7 @@ _lock = threading.Lock()
 _active = 0
 _library = None
 _routes: dict | None = None  # aten op -> (OpOverload, function, kernel name)
+_routes_from = 0  # how many specs the routes were read from: a plugin loaded later adds routes
 
 
 def dispatch_key() -> str:
@@ -74,19 +75,20 @@ def _overload(op: str):
 
 def routes() -> dict:
     """aten op -> (OpOverload, function, kernel): what serve() overrides, from the registry."""
-    global _routes
-    if _routes is None:
-        from nbx_tune.kernels.registry import all_specs
+    global _routes, _routes_from
+    from nbx_tune.kernels.registry import all_specs
 
+    specs = all_specs()
+    if _routes is None or _routes_from != len(specs):
         found = {}
-        for spec in all_specs().values():
+        for spec in specs.values():
             for op, fn in spec.serve_ops().items():
                 overload = _overload(op.removesuffix(".default"))
                 if overload is None:
                     log.warning("nbx-tune: %s serves %s, which this torch does not have", spec.name, op)
                     continue
                 found[op.removesuffix(".default")] = (overload, fn, spec.name)
-        _routes = found
+        _routes, _routes_from = found, len(specs)
     return _routes
 
 
@@ -128,11 +130,20 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}"[:200]
 
 
-def _make_kernel(op: str, fn, original, slots):
+_NEEDS_GRAD = "autograd: a composite op with inputs that require grad (served kernels are forward only)"
+
+
+def _make_kernel(op: str, fn, original, slots, composite: bool):
     stats = _stats.setdefault(op, OpStats())
 
     def kernel(keyset, *args, **kwargs):
         if getattr(_tls, "busy", False):  # a kernel's own torch call: straight to torch
+            return original.call_boxed(keyset, *_torch_args(slots, args), **kwargs)
+        # Autograd sits above a plain op's kernel and records its backward either way; a
+        # composite (SDPA) is replaced whole, so with grad wanted torch's own decomposition runs.
+        if composite and torch.is_grad_enabled() and any(
+                isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            stats.torch[_NEEDS_GRAD] += 1
             return original.call_boxed(keyset, *_torch_args(slots, args), **kwargs)
         st = certified._state or certified.state()
         before = st.misses.total
@@ -171,7 +182,9 @@ def _install() -> None:
                 if overload._overloadname not in ("", "default"):
                     name += "." + overload._overloadname
                 original = torch.library.get_kernel(overload, key)
-                lib.impl(name, _make_kernel(op, fn, original, _tensor_slots(overload)), key,
+                composite = torch._C._dispatch_has_kernel_for_dispatch_key(
+                    overload.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
+                lib.impl(name, _make_kernel(op, fn, original, _tensor_slots(overload), composite), key,
                          with_keyset=True)
     except BaseException:
         lib._destroy()

@@ -78,6 +78,26 @@ def test_decorator_nesting_and_inference_mode():
     assert _served(st, "aten.relu") == 1 and _served(st, "aten._softmax") == 1
 
 
+def test_grad_still_flows_through_served_ops():
+    """Autograd sits above a plain op's override (mm, layer norm: served, backward recorded);
+    a composite replaced whole (SDPA) falls through when grad is wanted."""
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    w = torch.randn(8, 8, requires_grad=True)
+    with nbx_tune.serve():
+        h = torch.nn.functional.layer_norm(x @ w, (8,))
+        o = torch.nn.functional.scaled_dot_product_attention(h[None], h[None], h[None])
+        o.sum().backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    h = torch.nn.functional.layer_norm(x @ w, (8,))
+    torch.nn.functional.scaled_dot_product_attention(h[None], h[None], h[None]).sum().backward()
+    torch.testing.assert_close(gx, x.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gw, w.grad, rtol=1e-4, atol=1e-5)
+    st = serving.stats()
+    assert _served(st, "aten.native_layer_norm") == 1
+    assert st["aten.scaled_dot_product_attention"]["torch"] == 1
+
+
 def test_fallthrough_counts_the_reason_and_keeps_torch_semantics():
     i = torch.arange(6)
     h = torch.randn(6, dtype=torch.float16)
