@@ -53,17 +53,17 @@ def build(args, dtype, device):
 
 
 class Runner:
-    """Prefill and decode of one model. The KV cache is transformers' DynamicCache, as
-    `generate` uses by default: a prefill starts from an empty one (attention causal, no
-    mask), a decode step reads the prefill's and is cropped back after, so every call, and
-    every replay of a graph, runs the same launches."""
+    """Prefill and decode of one model on transformers' DynamicCache (what `generate` uses):
+    a prefill starts from an empty cache (causal attention, no mask); the decode step reads
+    a cache filled by one prefill, whose tensors are put back after every step, so every
+    call, and every replay of a graph, runs the same launches on the same live inputs."""
 
     def __init__(self, cfg, model, ids, seq):
         import inspect
 
         from transformers import DynamicCache
 
-        self.cfg, self.model, self.ids, self.seq = cfg, model, ids, seq
+        self.model, self.ids = model, ids
         self.new_cache = lambda: DynamicCache(config=cfg)
         # transformers 5.25 renamed past_key_values to cache (the old name warns)
         self.kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -71,16 +71,20 @@ class Runner:
         self.cache = None
 
     def prefill(self):
+        # With a fresh cache, as generate runs it: without one, transformers checks the
+        # positions for packed sequences, a host sync no CUDA graph can hold.
         return self.model(input_ids=self.ids, use_cache=True, **{self.kw: self.new_cache()}).logits
 
     def fill(self):
-        """The cache a decode step reads: one prefill's."""
         self.cache = self.new_cache()
         self.model(input_ids=self.ids, use_cache=True, **{self.kw: self.cache})
 
     def decode(self):
+        layers = self.cache.layers
+        kept = [(layer.keys, layer.values) for layer in layers]
         logits = self.model(input_ids=self.next_id, use_cache=True, **{self.kw: self.cache}).logits
-        self.cache.crop(-1)  # drop the token just added (a count from the end in transformers 5)
+        for layer, (k, v) in zip(layers, kept):
+            layer.keys, layer.values = k, v
         return logits
 
 
