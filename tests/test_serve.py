@@ -281,3 +281,17 @@ def test_run_command_refuses_a_non_python_command():
 
     with pytest.raises(NbxError, match="^run: ls is not a Python interpreter"):
         run_command(["ls"])
+
+
+def test_census_reads_both_scalar_encodings_as_one_seat():
+    """A trace from another recorder writes `x + 1e-06` as other=1e-06; ours as a 0-d operand."""
+    from nbx_tune.profiles import current_profile
+    from nbx_tune.tuner.census import plan
+    from nbx_tune.tuner.trace import parse_trace_text
+
+    text = ("op\tdtypes\tshapes\tparams\tcount\n"
+            "aten.add.Tensor\tfloat32\t1x24x1\tother=1e-06\t5\n"
+            "aten.add.Tensor\tfloat32,float64\t1x24x1;()\t\t3\n")
+    p = plan(parse_trace_text(text), "sha", current_profile())
+    assert not p.not_servable and not p.uncovered
+    assert len(p.seats) == 1 and next(iter(p.seats.values())).launches == 8
