@@ -589,6 +589,9 @@ class AttentionSpec(KernelSpec):
             specs["lse"] = ((B, Hq, -(-Lq // LSE_ALIGN) * LSE_ALIGN), "float32")
         return specs
 
+    def serve_ops(self):
+        return {SDPA: _serve_sdpa}
+
     def launch(self, config, problem, inputs, outputs):
         q = inputs["q"]
         lse = outputs.get("lse")
@@ -667,3 +670,15 @@ def _attention(q, k, v, is_causal, scale):
     lse = launch.scratch((B, Hq, Lq), torch.float32, q.device)  # not returned: nothing reads it
     launch_attention(q, k, v, out, lse, scale, bool(is_causal), config)
     return out
+
+
+def _serve_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+                enable_gqa=False):
+    """aten.scaled_dot_product_attention's arguments, for serve()."""
+    if attn_mask is not None:
+        raise KernelError("attention: attn_mask is not served")
+    if dropout_p != 0.0:
+        raise KernelError(f"attention: dropout_p={dropout_p} is not served")
+    if not enable_gqa and key.dim() == 4 and query.dim() == 4 and key.shape[1] != query.shape[1]:
+        raise KernelError("attention: key/value heads differ from the query's without enable_gqa")
+    return scaled_dot_product_attention(query, key, value, is_causal, scale)

@@ -643,6 +643,9 @@ class MatmulSpec(KernelSpec):
         Bn, M, N, _ = problem.dims
         return {"c": ((Bn, M, N), problem.dtypes[0])}
 
+    def serve_ops(self):
+        return {"aten.mm": mm, "aten.addmm": addmm, "aten.bmm": bmm, "aten.baddbmm": baddbmm}
+
     def launch(self, config, problem, inputs, outputs):
         Bn, M, N, _ = problem.dims
         bias = inputs.get("bias")
