@@ -374,3 +374,26 @@ def test_split_k_configs_are_refused_unlaunched_where_they_cannot_help():
     from nbx_tune.tuner.store.models import REFUSAL_REASONS
 
     assert "not_applicable" in REFUSAL_REASONS
+
+
+@pytest.mark.parametrize("dt", ["float16", "float32"])
+@pytest.mark.parametrize("batch,m,n,k", [(1, 37, 48, 32), (3, 19, 80, 16), (1, 5, 48, 48)])
+@pytest.mark.parametrize("extra_n", [0, 16])
+def test_tma_tiles_read_a_column_major_b_in_place(dt, batch, m, n, k, extra_n):
+    # An nn.Linear weight W (N, K) passed as W.t(): B's last stride is K, not 1 (the seat is
+    # aligned 16: no staging). TMA reads W's rows in N x K boxes and the kernel transposes
+    # them (B_KMAJOR), so nothing is copied; with EXTRA_N a box lies past N (zeros).
+    cfg, tdt = _tma(extra_n), TORCH_DTYPES[dt]
+    g = torch.Generator().manual_seed(batch * m * n + k + 1)
+    a, w, x = (torch.rand(s, generator=g) * 2 - 1 for s in ((batch, m, k), (batch, n, k), (batch, m, n)))
+    a, w, x = a.to(tdt), w.to(tdt), x.to(tdt)
+    b = w.transpose(1, 2)
+    c = torch.full((batch, m, n), float("nan"), dtype=tdt)
+    _, grid, args = launch_matmul(a, b, c, x, 1.5, -0.5, cfg)
+    assert args[1] is b and args[-3] == 1  # B_KMAJOR, no staging copy
+    ref = oracle.baddbmm(x.double().numpy(), a.double().numpy(), b.double().numpy(), 1.5, -0.5)
+    assert np.abs(c.double().numpy() - ref).max() / np.abs(ref).max() < (2e-3 if dt == "float16" else 1e-5)
+    if batch == 1:  # the public op on a 2-D W.t(), through the same path
+        got = mm(a[0], w[0].t())
+        assert np.abs(got.double().numpy() - oracle.mm(a[0].double().numpy(), w[0].t().double().numpy())).max() \
+            / np.abs(ref).max() < (2e-3 if dt == "float16" else 1e-5)
