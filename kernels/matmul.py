@@ -163,14 +163,14 @@ def _epilogue(acc, rm, rn, M, N, c_at, stride_cm, stride_cn, x_at, stride_xm, st
 
 @triton.jit
 def _matmul_splitk_kernel(
-    a_ptr, b_ptr, w_ptr,
+    a_ptr, b_ptr, w_ptr, a_desc, b_desc,
     M, N, K, NB,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
     stride_ws, stride_wb,
     INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT_K: tl.constexpr, ALIGN_AB: tl.constexpr,
+    SPLIT_K: tl.constexpr, ALIGN_AB: tl.constexpr, TMA: tl.constexpr = 0, B_KMAJOR: tl.constexpr = 0,
 ):
     # Split-K: program (tile, batch, split) sums its share of K, whole BLOCK_K blocks, into
     # an fp32 partial tile of the workspace w (SPLIT_K, B, M, N); `_splitk_reduce_kernel`
@@ -205,13 +205,34 @@ def _matmul_splitk_kernel(
     a_ptrs = a_ptr + batch * stride_ab + (rm % M)[:, None] * stride_am + (k_lo + rk)[None, :] * stride_ak
     b_ptrs = b_ptr + batch * stride_bb + (k_lo + rk)[:, None] * stride_bk + (rn % NB)[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(k_lo, k_hi, BLOCK_K):
-        k_left = k_hi - k
-        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    if TMA > 0:
+        # Through descriptors as in `_matmul_kernel`: a split's range is whole BLOCK_K
+        # blocks, so no box crosses into the next split's, and boxes past K read zeros.
+        m0 = pid_m * BLOCK_M
+        n0 = pid_n * BLOCK_N
+        bi = tl.program_id(1)
+        for k in range(k_lo, k_hi, BLOCK_K):
+            if TMA == 3:
+                a = a_desc.load([bi, m0, k]).reshape(BLOCK_M, BLOCK_K)
+                if B_KMAJOR:
+                    b = b_desc.load([bi, n0, k]).reshape(BLOCK_N, BLOCK_K).T
+                else:
+                    b = b_desc.load([bi, k, n0]).reshape(BLOCK_K, BLOCK_N)
+            else:
+                a = a_desc.load([m0, k])
+                if B_KMAJOR:
+                    b = b_desc.load([n0, k]).T
+                else:
+                    b = b_desc.load([k, n0])
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    else:
+        for k in range(k_lo, k_hi, BLOCK_K):
+            k_left = k_hi - k
+            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
     w_at = w_ptr + split.to(tl.int64) * stride_ws + batch * stride_wb
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     tl.store(w_at + rm[:, None] * N + rn[None, :], acc, mask=mask)
@@ -250,7 +271,9 @@ def split_k(config: Config) -> int:
 def launch_splitk(a, b, c, bias, alpha: float, beta: float, config: Config, align_ab: int = 1):
     """c = alpha * (a @ b) [+ beta * bias] by split-K (`_matmul_splitk_kernel`, then
     `_splitk_reduce_kernel`), through an fp32 workspace of SPLIT_K x c's elements. a, b as
-    `launch_matmul` leaves them (staged where it staged them); bias expanded or None."""
+    `launch_matmul` leaves them (staged where it staged them); bias expanded or None. A
+    TMA config reads A and B through descriptors (`tma_descriptors`)."""
+    a, b, descs, tma, kmajor = tma_descriptors(a, b, config)
     M, K = a.shape[-2:]
     N, NB = c.shape[-1], b.shape[-1]
     B = a.shape[0] if a.dim() == 3 else 1
@@ -261,9 +284,9 @@ def launch_splitk(a, b, c, bias, alpha: float, beta: float, config: Config, alig
     sx = _strides3(bias) if bias is not None else sc
     grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]), B, sk)
     _matmul_splitk_kernel[grid](
-        a, b, w, M, N, K, NB, *sa, *sb, w.stride(0), w.stride(1),
+        a, b, w, *descs[:2], M, N, K, NB, *sa, *sb, w.stride(0), w.stride(1),
         "ieee" if a.dtype == torch.float32 else "tf32",
-        config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], sk, align_ab,
+        config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], sk, align_ab, tma, kmajor,
         num_warps=config.num_warps, num_stages=config.num_stages)
     _splitk_reduce_kernel[(triton.cdiv(M * N, block), B)](
         w, c, c if bias is None else bias, M, N, w.stride(0), w.stride(1), *sc, *sx, alpha, beta,
@@ -483,6 +506,15 @@ CONFIGS = (
     # Mid-size GEMMs (a few hundred rows: 800 x 1536 x 8960 is 84 128x128 tiles for 132 SMs).
     _c(64, 128, 64, 4, 4, split=4), _c(128, 128, 64, 8, 3, split=2), _c(128, 128, 64, 8, 3, split=4),
     _c(128, 64, 64, 4, 4, split=2),
+    # Mid-size GEMMs through TMA in smaller tiles (800 x 1536 x 1536: 84 tiles of 128 x 128,
+    # 156 of 64 x 128, 312 of 64 x 64 for 132 SMs), deep pipelines, BLOCK_K up to 128.
+    _c(64, 128, 64, 4, 4, tma=1), _c(64, 128, 128, 4, 3, tma=1), _c(128, 64, 64, 4, 4, tma=1),
+    _c(64, 64, 128, 4, 4, tma=1), _c(128, 128, 128, 8, 3, tma=1), _c(64, 256, 64, 4, 4, tma=1),
+    # M = 64 decode: split-K in 128-deep K blocks (fewer, longer loads per program).
+    _c(64, 64, 128, 4, 4, split=8), _c(64, 128, 128, 4, 3, split=4),
+    # Split-K through TMA: K-heavy mid-size GEMMs (800 x 1536 x 8960) and M = 64 decode.
+    _c(128, 128, 64, 8, 3, tma=1, split=2), _c(64, 128, 64, 4, 4, tma=1, split=2),
+    _c(64, 128, 128, 4, 3, tma=1, split=4),
 )
 
 # Served when a seat has no certificate: the first that fits the device.
