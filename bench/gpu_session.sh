@@ -6,8 +6,8 @@
 #                                             "fault check", "census launch", "cost quality")
 # Other stages: direct (the direct launch's GPU proof), tma (every TMA config at odd shapes), profile (a census under cProfile),
 # fleet (one GPU's worker against two on the same queue, cold caches; needs 2 GPUs),
-# compare (every served row of the example traces against torch: bench/torch_compare.py), speed (split-K
-# GEMM and decode-attention candidates: fp64 check, then timed against torch, certified and the HBM floor),
+# compare (every served row of the example traces against torch: bench/torch_compare.py), speed (new GEMM
+# and attention candidates against fp64, then every config of the space timed against torch, certified and the HBM floor),
 # pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them). Studies (lab/<study>/) are run directly, not from here.
