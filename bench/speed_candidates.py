@@ -307,12 +307,31 @@ def copy_bandwidth() -> float:
     return 2 * (1 << 30) / (ms * 1e-3)
 
 
-def sweep_then_confirm(fns, base, groups, calls_sweep, calls_final, device):
+def sweep_times(fns, calls, device, failed):
+    """`torch_compare.graph_times` at short rounds, except that a fn whose capture raises is
+    left out (named in `failed`) instead of costing the whole shape."""
+    from _common import side_by_side
+    from torch_compare import _cuda_timer, capture, graph_times
+
+    if device == "cpu":
+        return graph_times(fns, 2, calls=calls, device=device)
+    graphs = {}
+    for s, f in fns.items():
+        try:
+            graphs[s] = capture(f, calls)
+        except Exception as e:
+            failed[s] = f"{type(e).__name__}: {str(e)[:100]}"
+    t = side_by_side({s: g.replay for s, g in graphs.items()}, 2, rounds=4, timer=_cuda_timer)
+    return {s: v / calls for s, v in t.items()}
+
+
+def sweep_then_confirm(fns, base, groups, calls_sweep, calls_final, device, failed=None):
     """Every fn timed coarsely (graph replay, short rounds), then `base` (torch, default) and
     the best of each group timed again side by side, longer. Returns (sweep, final, best per group)."""
     from torch_compare import graph_times
 
-    sweep = graph_times(fns, 2, calls=calls_sweep, device=device)
+    sweep = sweep_times(fns, calls_sweep, device, {} if failed is None else failed)
+    groups = {g: [s for s in names if s in sweep] for g, names in groups.items()}
     best = {g: min(names, key=sweep.get) if names else None for g, names in groups.items()}
     final = graph_times({s: fns[s] for s in [*base, *{b for b in best.values() if b}]}, 20, calls=calls_final,
                         device=device)
@@ -350,18 +369,20 @@ def gemm_times(profile, bw, shapes, budget, dt="bfloat16", device="cuda", smoke=
                     continue
                 fns[str(cfg)] = ours(cfg)
                 groups["split" if MM.split_k(cfg) > 1 else "unsplit"].append(str(cfg))
+            failed_here = {}
             sweep, final, best = sweep_then_confirm(fns, list(fns)[:2], groups, R * -(-8 // R), R * -(-24 // R),
-                                                    device)
+                                                    device, failed_here)
             base = list(fns)[1]
             floor = wbytes / bw * 1e3
             row = {"shape": name, "torch_ms": final["torch"], "cert_ms": final[base], "cert": str(cert),
                    "certified": is_cert, "floor_ms": floor, "sweep": sweep, "space": len(fns) - 2,
+                   "capture_failed": failed_here,
                    **{f"best_{g}": best[g] for g in groups},
                    **{f"best_{g}_ms": final.get(best[g]) for g in groups}}
             out.append(row)
             print(f"  {name}: torch {final['torch']:.4f} {base} {final[base]:.4f} best unsplit "
                   f"{row['best_unsplit_ms'] or float('nan'):.4f} best split {row['best_split_ms'] or float('nan'):.4f} "
-                  f"floor {floor:.4f} ({len(fns) - 2} configs)", flush=True)
+                  f"floor {floor:.4f} ({len(fns) - 2} configs, {len(failed_here)} failed to capture)", flush=True)
             del a, ws, c
         except Exception as e:
             traceback.print_exc(limit=2)
@@ -407,14 +428,17 @@ def attn_times(profile, shapes, budget, dt="bfloat16", device="cuda", failed=fro
                      if ("attention", name, str(c)) not in failed]
             for cfg in space:
                 fns[cfg] = ours(config_named("attention", cfg))
+            failed_here = {}
             sweep, final, best = sweep_then_confirm(fns, list(fns)[:2], {"space": space}, R * -(-4 // R),
-                                                    R * -(-12 // R), device)
+                                                    R * -(-12 // R), device, failed_here)
             base = list(fns)[1]
             row = {"shape": name, "torch_ms": final["torch"], "cert_ms": final[base], "cert": str(cert),
-                   "certified": is_cert, "sweep": sweep, "best": best["space"], "best_ms": final.get(best["space"])}
+                   "certified": is_cert, "sweep": sweep, "best": best["space"], "best_ms": final.get(best["space"]),
+                   "capture_failed": failed_here}
             out.append(row)
             print(f"  {name}: torch {final['torch']:.4f} {base} {final[base]:.4f} best "
-                  f"{row['best_ms'] or float('nan'):.4f} ({len(space)} configs)", flush=True)
+                  f"{row['best_ms'] or float('nan'):.4f} ({len(space)} configs, {len(failed_here)} failed to capture)",
+                  flush=True)
             del q, kvs, o
         except Exception as e:
             traceback.print_exc(limit=2)
