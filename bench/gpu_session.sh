@@ -7,8 +7,8 @@
 # Other stages: coverage (the data-movement, batch norm and pooling families and the integer
 # element-wise path against fp64, every dtype), direct (the direct launch's GPU proof, every family), tma (every TMA config at odd shapes), profile (a census under cProfile),
 # fleet (one GPU's worker against two on the same queue, cold caches; needs 2 GPUs),
-# compare (every served row of the example traces against torch: bench/torch_compare.py), speed (split-K
-# GEMM and decode-attention candidates: fp64 check, then timed against torch, certified and the HBM floor),
+# compare (every served row of the example traces against torch: bench/torch_compare.py), speed (new GEMM
+# and attention candidates against fp64, then every config of the space timed against torch, certified and the HBM floor),
 # recert (every shipped hopper seat re-certified after a source change, against a fresh census),
 # serve (transformers' Llama at 7B's dims, 2 layers: prefill and decode under torch and serve(),
 # eager and CUDA graphs; needs transformers' wheels in .whl), pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
