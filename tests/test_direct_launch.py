@@ -16,7 +16,7 @@ import weakref
 import numpy as np
 import pytest
 import torch
-from fake_compiled import FakeTriton
+from fake_compiled import FakeTriton, lean_launcher
 
 from nbx_tune.kernels import (addmm, baddbmm, bmm, certified, conv1d, conv2d, group_norm, launch, layer_norm,
                               mm, mul, rms_norm, scaled_dot_product_attention, silu)
@@ -76,8 +76,11 @@ FAMILIES = {
 REPLAYS_STRIDES = ("attention", "elementwise_binary", "reduce", "conv", "matmul")  # the others copy such an input
 
 
+@pytest.mark.parametrize("lean", [False, True], ids=["runner", "lean"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_replay_is_bit_identical_to_the_launch_through_triton(fake, family):
+def test_a_replay_is_bit_identical_to_the_launch_through_triton(fake, family, lean, monkeypatch):
+    if lean:  # replays call the compiled launcher itself (launch._lean_launcher)
+        monkeypatch.setattr(launch, "_lean_launcher", lean_launcher)
     op, make, kw = FAMILIES[family]
     args = make(buf)
     fill(args, 1)
@@ -88,7 +91,22 @@ def test_a_replay_is_bit_identical_to_the_launch_through_triton(fake, family):
     third = op(*args, **kw)
     launch.forget()
     assert torch.equal(third, op(*args, **kw))  # Triton's launch on the same data
-    assert fake.log == ["triton", "direct", "direct", "triton"]
+    replayed = ["lean", "direct"] if lean else ["direct"]
+    assert fake.log == ["triton", *replayed, *replayed, "triton"]
+
+
+def test_a_lean_replay_still_calls_launch_hooks(fake, monkeypatch):
+    """With a launch hook set (a profiler), a replay goes through CompiledKernel[grid]."""
+    def with_hook(compiled):
+        run, fn, meta, hooks, stream, device = lean_launcher(compiled)
+        hooks.launch_enter_hook = lambda *a: None
+        return run, fn, meta, hooks, stream, device
+
+    monkeypatch.setattr(launch, "_lean_launcher", with_hook)
+    x = buf(37, 16)
+    fill([x], 1)
+    assert torch.equal(silu(x), silu(x))
+    assert fake.log == ["triton", "direct"]
 
 
 def _variants(family, make):
