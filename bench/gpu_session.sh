@@ -7,14 +7,15 @@
 # Other stages: coverage (the data-movement, batch norm and pooling families and the integer
 # element-wise path against fp64, every dtype), direct (the direct launch's GPU proof, every family), tma (every TMA config at odd shapes), profile (a census under cProfile),
 # fleet (one GPU's worker against two on the same queue, cold caches; needs 2 GPUs),
-# compare (every served row of the example traces against torch: bench/torch_compare.py), speed (split-K
-# GEMM and decode-attention candidates: fp64 check, then timed against torch, certified and the HBM floor),
+# compare (every served row of the example traces against torch: bench/torch_compare.py), speed (new GEMM
+# and attention candidates against fp64, then every config of the space timed against torch, certified and the HBM floor),
 # recert (every shipped hopper seat re-certified after a source change, against a fresh census),
-# pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
+# serve (transformers' Llama at 7B's dims, 2 layers: prefill and decode under torch and serve(),
+# eager and CUDA graphs; needs transformers' wheels in .whl), pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them). Studies (lab/<study>/) are run directly, not from here.
 # Limits are env overrides: FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
-# COVERAGE_S DIRECT_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S
+# COVERAGE_S DIRECT_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S SERVE_S
 # (COMPARE_BUDGET_S, SPEED_BUDGET_S: when compare, speed stop starting new work);
 # CENSUS_TRACES: the trace files of the census stage; QUALITY_ARGS: e.g. --buckets-only.
 set -u
@@ -63,5 +64,6 @@ for s in $STAGES; do case $s in
   recert) stage ${RECERT_S:-540} python3 bench/recertify_cost.py ;;  # shipped hopper seats: re-certified vs fresh
   replay) stage 60 python3 bench/ranking_replay.py ;;  # rankers replayed on the session database's full tunings
   quality) stage ${QUALITY_S:-280} python3 bench/kernel_quality.py ${QUALITY_ARGS:-} ;;
+  serve) stage ${SERVE_S:-240} python3 bench/serve_models.py ${SERVE_ARGS:-} ;;
   *) echo "unknown stage $s" | tee -a "$LOG" ;;
 esac; done

@@ -34,12 +34,23 @@ log = logging.getLogger("nbx_tune")
 TABLE_DIR = Path(__file__).resolve().parent / "tables"
 MEMO_LIMIT = 1 << 16  # distinct launch shapes remembered before the memo starts over
 
+class MissTally(Counter):
+    """Misses by seat, with their running total: what serve() reads around one op to tell a
+    launch on a certified config from one on the default."""
+
+    total = 0
+
+    def __setitem__(self, key, value):
+        self.total += value - self.get(key, 0)
+        super().__setitem__(key, value)
+
+
 @dataclass
 class LaunchState:
     profile: object
     entries: dict = field(default_factory=dict)  # (kernel, dtypes, flags, bucket) -> (Config, source)
     memo: dict = field(default_factory=dict)  # (kernel, dtypes, flags, dims) -> (Config, miss seat or None)
-    misses: Counter = field(default_factory=Counter)
+    misses: Counter = field(default_factory=MissTally)
     stale: list = field(default_factory=list)  # (source, seat label, why)
     sources: list = field(default_factory=list)
     warned: set = field(default_factory=set)
@@ -178,9 +189,13 @@ def config_for(spec: KernelSpec, dtypes: tuple, flags: tuple, dims: tuple) -> Co
 
 
 def launch_stats() -> dict:
-    """Misses by seat, stale certificates skipped, where configs were loaded from, and the
-    direct launches: calls remembered, and why others were not (kernels/launch.py)."""
+    """Misses by seat, stale certificates skipped, where configs were loaded from, the
+    direct launches (calls remembered, and why others were not: kernels/launch.py), and per
+    aten op what `serve()` ran (certified, default, torch with reasons) once it was used."""
+    import sys
+
     st = state()
+    serving = sys.modules.get("nbx_tune.kernels.serve")
     return {"profile": st.profile.name, "certified_seats": len(st.entries), "direct_launches": len(launch.REMEMBERED),
             "misses": dict(st.misses), "stale": list(st.stale), "sources": list(st.sources),
-            "not_remembered": dict(launch.REFUSED)}
+            "not_remembered": dict(launch.REFUSED), "ops": serving.stats() if serving is not None else {}}

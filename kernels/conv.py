@@ -504,6 +504,9 @@ class ConvSpec(KernelSpec):
             out = oracle.conv2d(*args, g["stride"], g["padding"], g["dilation"], g["groups"])
         return {"out": out}
 
+    def serve_ops(self):
+        return {"aten.convolution": _serve_convolution}
+
     def launch(self, config, problem, inputs, outputs):
         g = self._geometry(problem)
         x, w, y = inputs["input"], inputs["weight"], outputs["out"]
@@ -647,3 +650,14 @@ def conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
            padding=0, dilation=1, groups: int = 1) -> torch.Tensor:
     """torch.nn.functional.conv1d: input (N, C_in, W) or (C_in, W), weight (C_out, C_in/groups, K)."""
     return _direct(input, weight, bias, stride, padding, dilation, groups, 1)
+
+
+def _serve_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                       groups):
+    """aten.convolution's arguments, for serve(): 1-D and 2-D, not transposed."""
+    if transposed:
+        raise KernelError("conv: transposed convolution is not served")
+    nd = weight.dim() - 2
+    if nd not in (1, 2):
+        raise KernelError(f"conv: {nd}-D convolution is not served (1-D, 2-D)")
+    return _direct(input, weight, bias, stride, padding, dilation, groups, nd)

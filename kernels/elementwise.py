@@ -500,6 +500,9 @@ class ElementwiseUnarySpec(KernelSpec):
     def output_specs(self, problem):
         return {"y": (tuple(problem.get("shape")), problem.dtypes[0])}
 
+    def serve_ops(self):
+        return _serve_unary()
+
     def launch(self, config, problem, inputs, outputs):
         fn = dict(problem.flags)["fn"]
         params = pow_params(problem.get("exponent")) if fn == "pow" else (0.0, 0.0, 0.0)
@@ -578,7 +581,9 @@ class ElementwiseBinarySpec(KernelSpec):
             mode = row.params.str("rounding_mode")
             return NotServable(f"div rounding_mode={mode}: rounding modes are not served "
                                "(a floor/trunc of an fp32 quotient can differ by one from the exact one)")
-        scalar_op = op.endswith(".Scalar")
+        # A Python number in the Tensor slot, written as a param (other=1e-06) rather than a
+        # 0-d operand: the same launch as the `.Scalar` overload's.
+        scalar_op = op.endswith(".Scalar") or (len(row.shapes) == 1 and "other" in row.params)
         want = 1 if scalar_op else 2
         if len(row.shapes) != want:
             return NotServable(f"{op} takes {want} tensor(s), the row has {len(row.shapes)}")
@@ -669,6 +674,9 @@ class ElementwiseBinarySpec(KernelSpec):
 
     def output_specs(self, problem):
         return {"out": (tuple(problem.get("out_shape")), problem.dtypes[0])}
+
+    def serve_ops(self):
+        return _serve_binary()
 
     def launch(self, config, problem, inputs, outputs):
         fn = dict(problem.flags)["fn"]
@@ -968,3 +976,27 @@ def maximum(a: torch.Tensor, b) -> torch.Tensor:
 def minimum(a: torch.Tensor, b) -> torch.Tensor:
     """Element-wise min, NaN-propagating."""
     return _binary("minimum", a, b)
+
+
+# ----------------------------------------------------------------------------- serve()
+
+def _serve_unary() -> dict:
+    ops = {op: globals()[fn] for op, fn in _UNARY_OPS.items()}
+    ops["aten.gelu"] = lambda x, approximate="none": gelu(x, approximate)
+    return ops
+
+
+def _inplace(fn):
+    """An in-place op on the out-of-place kernel: the result is copied into self (cast as
+    torch's in-place ops cast it)."""
+    def run(a, b, *args, **kwargs):
+        return a.copy_(fn(a, b, *args, **kwargs))
+    return run
+
+
+def _serve_binary() -> dict:
+    fns = {"add": add, "sub": sub, "rsub": rsub, "mul": mul, "div": div, "maximum": maximum,
+           "minimum": minimum}
+    ops = {op: fns[fn] for op, fn in _BINARY_OPS.items() if op != "aten.div.Tensor_mode"}
+    ops.update({op: _inplace(ops[base]) for op, base in _INPLACE_OPS.items()})
+    return ops

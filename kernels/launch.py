@@ -2,10 +2,11 @@
 
 The first call of a public op under a key runs the op's ordinary path (checks, the config
 lookup, allocations, `kernel[grid](...)` through Triton) while `remember` records what it
-allocated (`empty`) and launched (kernels wrapped by `recorded`). The record becomes a replay: a function generated
-for that call which allocates the same outputs and calls each compiled kernel's
-`CompiledKernel[grid]` runner with the same arguments, tensors passed as the new call's
-addresses. A later call with the same key costs the key, one dict lookup and the replay:
+allocated (`empty`) and launched (kernels wrapped by `recorded`). The record becomes a
+replay: a function generated for that call which allocates the same outputs and calls each
+compiled kernel's `CompiledKernel[grid]` runner with the same arguments, tensors passed as
+the new call's addresses. A later call with the same key costs the key, one dict lookup
+and the replay:
 
     def op(x, alpha):
         key = (SPEC, alpha, *launch.tensor_key(x))   # or built inline, for speed
@@ -18,17 +19,19 @@ The key must hold everything the op's launches depend on beside its inputs' addr
 each input's shape, strides, dtype and device and its address's low 4 bits (Triton compiles
 a pointer for 16-byte alignment or not, an integer for being 1 or a multiple of 16, and
 both follow from these), and every other argument (scalars are written into the replay).
-A record is remembered only if each tensor a kernel receives is an input at its own address
-or an allocation made through `empty` (at any offset): a copy or a buffer made any other way
-would be a stale address in a replay, so such calls stay on the ordinary path every time
-(matmul's staged operands, a non-contiguous input copied). Nor is it remembered under the
-interpreter (nothing is compiled), with no launch, with inputs at one address, or with an
-argument of a kind it does not know. TMA descriptors are rebuilt around each call's tensor.
+A record is remembered only if each tensor a kernel receives is an input at its own
+address, an allocation made through `empty` (at any offset) or a `scratch` view: a copy or
+a buffer made any other way would be a stale address in a replay, so such calls stay on
+the ordinary path every time (matmul's staged operands, a non-contiguous input copied).
+Nor is it remembered under the interpreter (nothing is compiled), with no launch, with
+inputs at one address, or with an argument of a kind it does not know. TMA descriptors are
+rebuilt around each call's tensor.
 
-Rules for an op's ordinary path: launch kernels wrapped by `recorded`, allocate what kernels write through
-`empty`, write nothing with torch ops into an allocation or an input, and call no other
-public op (its replay would not be recorded). `reload()` of the certified configs forgets
-every replay (`forget`), so a new certificate is served.
+Rules for an op's ordinary path: launch kernels wrapped by `recorded`, allocate what
+kernels write through `empty` (or `scratch`, for what nothing reads), write nothing with
+torch ops into an allocation or an input, and call no other public op (its replay would
+not be recorded). `reload()` of the certified configs forgets every replay (`forget`), so
+a new certificate is served.
 """
 
 from __future__ import annotations

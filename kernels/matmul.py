@@ -40,7 +40,8 @@ def _matmul_kernel(
     alpha, beta,
     HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    ALIGN_AB: tl.constexpr, ALIGN_C: tl.constexpr, EXTRA_N: tl.constexpr = 0, TMA: tl.constexpr = 0,
+    ALIGN_AB: tl.constexpr, ALIGN_C: tl.constexpr, B_KMAJOR: tl.constexpr = 0, EXTRA_N: tl.constexpr = 0,
+    TMA: tl.constexpr = 0,
 ):
     # Triton knows an integer argument's divisibility only when it is a multiple of 16; a
     # row 3000 elements long is a multiple of 8 (16 bytes in fp16) and would load one element
@@ -88,18 +89,33 @@ def _matmul_kernel(
         bi = tl.program_id(1)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
             k0 = k * BLOCK_K
+            # B_KMAJOR: B is column-major (an nn.Linear weight passed as W.t()); its
+            # descriptor reads W's (N, K) rows in BLOCK_N x BLOCK_K boxes, transposed in
+            # shared memory for the dot instead of copied on the host.
             if TMA == 3:
                 a = a_desc.load([bi, m0, k0]).reshape(BLOCK_M, BLOCK_K)
-                b = b_desc.load([bi, k0, n0]).reshape(BLOCK_K, BLOCK_N)
+                if B_KMAJOR:
+                    b = b_desc.load([bi, n0, k0]).reshape(BLOCK_N, BLOCK_K).T
+                else:
+                    b = b_desc.load([bi, k0, n0]).reshape(BLOCK_K, BLOCK_N)
             else:
                 a = a_desc.load([m0, k0])
-                b = b_desc.load([k0, n0])
+                if B_KMAJOR:
+                    b = b_desc.load([n0, k0]).T
+                else:
+                    b = b_desc.load([k0, n0])
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
             if EXTRA_N > 0:
                 if TMA == 3:
-                    b2 = b2_desc.load([bi, k0, n0 + BLOCK_N]).reshape(BLOCK_K, EXTRA_N)
+                    if B_KMAJOR:
+                        b2 = b2_desc.load([bi, n0 + BLOCK_N, k0]).reshape(EXTRA_N, BLOCK_K).T
+                    else:
+                        b2 = b2_desc.load([bi, k0, n0 + BLOCK_N]).reshape(BLOCK_K, EXTRA_N)
                 else:
-                    b2 = b2_desc.load([k0, n0 + BLOCK_N])
+                    if B_KMAJOR:
+                        b2 = b2_desc.load([n0 + BLOCK_N, k0]).T
+                    else:
+                        b2 = b2_desc.load([k0, n0 + BLOCK_N])
                 acc2 = tl.dot(a, b2, acc2, input_precision=INPUT_PRECISION)
     else:
         rk = tl.arange(0, BLOCK_K)
@@ -150,14 +166,14 @@ def _epilogue(acc, rm, rn, M, N, c_at, stride_cm, stride_cn, x_at, stride_xm, st
 
 @triton.jit
 def _matmul_splitk_kernel(
-    a_ptr, b_ptr, w_ptr,
+    a_ptr, b_ptr, w_ptr, a_desc, b_desc,
     M, N, K, NB,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
     stride_ws, stride_wb,
     INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT_K: tl.constexpr, ALIGN_AB: tl.constexpr,
+    SPLIT_K: tl.constexpr, ALIGN_AB: tl.constexpr, TMA: tl.constexpr = 0, B_KMAJOR: tl.constexpr = 0,
 ):
     # Split-K: program (tile, batch, split) sums its share of K, whole BLOCK_K blocks, into
     # an fp32 partial tile of the workspace w (SPLIT_K, B, M, N); `_splitk_reduce_kernel`
@@ -192,13 +208,34 @@ def _matmul_splitk_kernel(
     a_ptrs = a_ptr + batch * stride_ab + (rm % M)[:, None] * stride_am + (k_lo + rk)[None, :] * stride_ak
     b_ptrs = b_ptr + batch * stride_bb + (k_lo + rk)[:, None] * stride_bk + (rn % NB)[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(k_lo, k_hi, BLOCK_K):
-        k_left = k_hi - k
-        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    if TMA > 0:
+        # Through descriptors as in `_matmul_kernel`: a split's range is whole BLOCK_K
+        # blocks, so no box crosses into the next split's, and boxes past K read zeros.
+        m0 = pid_m * BLOCK_M
+        n0 = pid_n * BLOCK_N
+        bi = tl.program_id(1)
+        for k in range(k_lo, k_hi, BLOCK_K):
+            if TMA == 3:
+                a = a_desc.load([bi, m0, k]).reshape(BLOCK_M, BLOCK_K)
+                if B_KMAJOR:
+                    b = b_desc.load([bi, n0, k]).reshape(BLOCK_N, BLOCK_K).T
+                else:
+                    b = b_desc.load([bi, k, n0]).reshape(BLOCK_K, BLOCK_N)
+            else:
+                a = a_desc.load([m0, k])
+                if B_KMAJOR:
+                    b = b_desc.load([n0, k]).T
+                else:
+                    b = b_desc.load([k, n0])
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    else:
+        for k in range(k_lo, k_hi, BLOCK_K):
+            k_left = k_hi - k
+            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
     w_at = w_ptr + split.to(tl.int64) * stride_ws + batch * stride_wb
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     tl.store(w_at + rm[:, None] * N + rn[None, :], acc, mask=mask)
@@ -243,7 +280,9 @@ def split_k(config: Config) -> int:
 def launch_splitk(a, b, c, bias, alpha: float, beta: float, config: Config, align_ab: int = 1):
     """c = alpha * (a @ b) [+ beta * bias] by split-K (`_matmul_splitk_kernel`, then
     `_splitk_reduce_kernel`), through an fp32 workspace of SPLIT_K x c's elements. a, b as
-    `launch_matmul` leaves them (staged where it staged them); bias expanded or None."""
+    `launch_matmul` leaves them (staged where it staged them); bias expanded or None. A
+    TMA config reads A and B through descriptors (`tma_descriptors`)."""
+    a, b, descs, tma, kmajor = tma_descriptors(a, b, config)
     M, K = a.shape[-2:]
     N, NB = c.shape[-1], b.shape[-1]
     B = a.shape[0] if a.dim() == 3 else 1
@@ -254,9 +293,9 @@ def launch_splitk(a, b, c, bias, alpha: float, beta: float, config: Config, alig
     sx = _strides3(bias) if bias is not None else sc
     grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]), B, sk)
     _matmul_splitk_kernel[grid](
-        a, b, w, M, N, K, NB, *sa, *sb, w.stride(0), w.stride(1),
+        a, b, w, *descs[:2], M, N, K, NB, *sa, *sb, w.stride(0), w.stride(1),
         "ieee" if a.dtype == torch.float32 else "tf32",
-        config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], sk, align_ab,
+        config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], sk, align_ab, tma, kmajor,
         num_warps=config.num_warps, num_stages=config.num_stages)
     _splitk_reduce_kernel[(triton.cdiv(M * N, block), B)](
         w, c, c if bias is None else bias, M, N, w.stride(0), w.stride(1), *sc, *sx, alpha, beta,
@@ -298,26 +337,40 @@ def _tma_copy(t):
     return out
 
 
+def b_kmajor(b, batched: bool) -> bool:
+    """Whether a TMA config reads b column-major (`_matmul_kernel`'s B_KMAJOR): b is not
+    readable in place row-major but its transpose is (an nn.Linear weight passed as W.t())."""
+    return not tma_ready(b, batched) and tma_ready(b.transpose(-1, -2), batched)
+
+
 def tma_descriptors(a, b, config: Config) -> tuple:
-    """(a, b, (a_desc, b_desc, b2_desc), the kernel's TMA) for a TMA config: host-side
-    descriptors of A's BLOCK_M x BLOCK_K boxes and B's BLOCK_K x BLOCK_N (and x EXTRA_N)
-    boxes, 3-D when there is a batch of more than one product. An operand TMA cannot read in
-    place (`tma_ready`) is replaced by an aligned copy. Other configs: a, b, no descriptors, 0."""
+    """(a, b, (a_desc, b_desc, b2_desc), the kernel's TMA, its B_KMAJOR) for a TMA config:
+    host-side descriptors of A's BLOCK_M x BLOCK_K boxes and B's BLOCK_K x BLOCK_N (and x
+    EXTRA_N) boxes, 3-D when there is a batch of more than one product; a column-major B
+    (`b_kmajor`) is described as its transpose, in BLOCK_N x BLOCK_K boxes. An operand TMA
+    cannot read in place either way is replaced by an aligned copy. Other configs: a, b, no
+    descriptors, 0, 0."""
     if not uses_tma(config):
-        return a, b, _NO_DESC, 0
+        return a, b, _NO_DESC, 0, 0
     batched = a.dim() == 3 and a.shape[0] > 1
     if not tma_ready(a, batched):
         a = _tma_copy(a)
-    if not tma_ready(b, batched):
+    kmajor = b_kmajor(b, batched)
+    if not kmajor and not tma_ready(b, batched):
         b = _tma_copy(b)
     bm, bn, bk, extra = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], extra_columns(config)
     if batched:
         da, db, lead = a, b, [1]
     else:
         da, db, lead = (a[0], b[0], []) if a.dim() == 3 else (a, b, [])
-    descs = (TensorDescriptor.from_tensor(da, lead + [bm, bk]), TensorDescriptor.from_tensor(db, lead + [bk, bn]),
-             TensorDescriptor.from_tensor(db, lead + [bk, extra]) if extra else None)
-    return a, b, descs, 3 if batched else 2
+    if kmajor:
+        db = db.transpose(-1, -2)
+        boxes = (lead + [bn, bk], lead + [extra, bk])
+    else:
+        boxes = (lead + [bk, bn], lead + [bk, extra])
+    descs = (TensorDescriptor.from_tensor(da, lead + [bm, bk]), TensorDescriptor.from_tensor(db, boxes[0]),
+             TensorDescriptor.from_tensor(db, boxes[1]) if extra else None)
+    return a, b, descs, 3 if batched else 2, int(kmajor)
 
 
 def _strides3(t):
@@ -326,12 +379,13 @@ def _strides3(t):
 
 
 def matmul_args(a, b, c, x, alpha: float, beta: float, has_bias: bool, config: Config,
-                align_ab: int = 1, align_c: int = 1, descs: tuple = _NO_DESC, tma: int = 0) -> tuple:
+                align_ab: int = 1, align_c: int = 1, descs: tuple = _NO_DESC, tma: int = 0,
+                kmajor: int = 0) -> tuple:
     """(grid, every argument of `_matmul_kernel` in its order, constexprs included): a
     launch through Triton and a direct launch of the compiled kernel pass exactly these.
     a and b may be staged copies, wider than the product (stage_operands): N is c's.
     align_ab / align_c: the kernel's ALIGN_AB / ALIGN_C hints (`launch_matmul` says when);
-    descs, tma: what `tma_descriptors` gave for a TMA config."""
+    descs, tma, kmajor: what `tma_descriptors` gave for a TMA config."""
     M, K = a.shape[-2:]
     N, NB = c.shape[-1], b.shape[-1]
     B = a.shape[0] if a.dim() == 3 else 1
@@ -341,7 +395,7 @@ def matmul_args(a, b, c, x, alpha: float, beta: float, has_bias: bool, config: C
     args = (a, b, c, x, *descs, M, N, K, NB, *sa, *sb, *sc, *sx, alpha, beta,
             has_bias, "ieee" if a.dtype == torch.float32 else "tf32",
             config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], align_ab, align_c,
-            extra_n, tma)
+            kmajor, extra_n, tma)
     return grid, args
 
 
@@ -410,9 +464,9 @@ def launch_matmul(a, b, c, bias, alpha: float, beta: float, config: Config):
         align_c = vec if rows_aligned(c.shape, c.stride(), vec) else 1
     if split_k(config) > 1:  # two kernels and a workspace (`launch.empty`): replayed like the rest
         return None, launch_splitk(a, b, c, bias, alpha, beta, config, align_ab), None
-    a, b, descs, tma = tma_descriptors(a, b, config)
+    a, b, descs, tma, kmajor = tma_descriptors(a, b, config)
     grid, args = matmul_args(a, b, c, c if bias is None else bias, alpha, beta, bias is not None, config,
-                             align_ab, align_c, descs, tma)
+                             align_ab, align_c, descs, tma, kmajor)
     return _matmul_kernel[grid](*args, num_warps=config.num_warps, num_stages=config.num_stages), grid, args
 
 
@@ -461,6 +515,15 @@ CONFIGS = (
     # Mid-size GEMMs (a few hundred rows: 800 x 1536 x 8960 is 84 128x128 tiles for 132 SMs).
     _c(64, 128, 64, 4, 4, split=4), _c(128, 128, 64, 8, 3, split=2), _c(128, 128, 64, 8, 3, split=4),
     _c(128, 64, 64, 4, 4, split=2),
+    # Mid-size GEMMs through TMA in smaller tiles (800 x 1536 x 1536: 84 tiles of 128 x 128,
+    # 156 of 64 x 128, 312 of 64 x 64 for 132 SMs), deep pipelines, BLOCK_K up to 128.
+    _c(64, 128, 64, 4, 4, tma=1), _c(64, 128, 128, 4, 3, tma=1), _c(128, 64, 64, 4, 4, tma=1),
+    _c(64, 64, 128, 4, 4, tma=1), _c(128, 128, 128, 8, 3, tma=1), _c(64, 256, 64, 4, 4, tma=1),
+    # M = 64 decode: split-K in 128-deep K blocks (fewer, longer loads per program).
+    _c(64, 64, 128, 4, 4, split=8), _c(64, 128, 128, 4, 3, split=4),
+    # Split-K through TMA: K-heavy mid-size GEMMs (800 x 1536 x 8960) and M = 64 decode.
+    _c(128, 128, 64, 8, 3, tma=1, split=2), _c(64, 128, 64, 4, 4, tma=1, split=2),
+    _c(64, 128, 128, 4, 3, tma=1, split=4),
 )
 
 # Served when a seat has no certificate: the first that fits the device.
@@ -551,7 +614,7 @@ class MatmulSpec(KernelSpec):
 
     def source_parts(self):
         return (_matmul_kernel, _epilogue, _matmul_splitk_kernel, _splitk_reduce_kernel, split_k, launch_splitk,
-                extra_columns, uses_tma, tma_ready, _tma_copy, tma_descriptors,
+                extra_columns, uses_tma, tma_ready, _tma_copy, b_kmajor, tma_descriptors,
                 matmul_args, vector_elems, rows_aligned, _padded, stage_operands, launch_matmul, alignment)
 
     def example_rows(self, scale):
@@ -642,6 +705,9 @@ class MatmulSpec(KernelSpec):
     def output_specs(self, problem):
         Bn, M, N, _ = problem.dims
         return {"c": ((Bn, M, N), problem.dtypes[0])}
+
+    def serve_ops(self):
+        return {"aten.mm": mm, "aten.addmm": addmm, "aten.bmm": bmm, "aten.baddbmm": baddbmm}
 
     def launch(self, config, problem, inputs, outputs):
         Bn, M, N, _ = problem.dims

@@ -374,6 +374,9 @@ class LayerNormSpec(_RowNormSpec):
         stat = shape[:len(shape) - k] + (1,) * k
         return {"out": (shape, problem.dtypes[0]), "mean": (stat, "float32"), "rstd": (stat, "float32")}
 
+    def serve_ops(self):
+        return {"aten.native_layer_norm": _serve_native_layer_norm}
+
     def launch(self, config, problem, inputs, outputs):
         N = problem.dims[0]
         x = inputs["input"]
@@ -422,6 +425,9 @@ class RMSNormSpec(_RowNormSpec):
         shape, k = tuple(problem.get("shape")), problem.get("norm_ndim")
         stat = shape[:len(shape) - k] + (1,) * k
         return {"out": (shape, problem.dtypes[0]), "rstd": (stat, "float32")}
+
+    def serve_ops(self):
+        return {"aten.rms_norm": rms_norm}
 
     def launch(self, config, problem, inputs, outputs):
         N = problem.dims[0]
@@ -528,6 +534,9 @@ class GroupNormSpec(KernelSpec):
         shape, dt = tuple(problem.get("shape")), problem.dtypes[0]
         stat = (shape[0], problem.get("groups"))
         return {"out": (shape, dt), "mean": (stat, dt), "rstd": (stat, dt)}
+
+    def serve_ops(self):
+        return {"aten.native_group_norm": _serve_native_group_norm}
 
     def launch(self, config, problem, inputs, outputs):
         shape = tuple(problem.get("shape"))
@@ -663,3 +672,38 @@ def _group_norm(x, num_groups, weight, bias, eps):
                         ((c // num_groups) * hw,))
     launch_group_norm(x, weight, bias, y, stats[0], stats[1], n, c, hw, num_groups, eps, config)
     return y
+
+
+def _serve_native_layer_norm(x, normalized_shape, weight, bias, eps):
+    """aten.native_layer_norm for serve(): (out, mean, rstd), the statistics in float32
+    shaped as torch's (x's leading dims, then ones)."""
+    dtypes = _dtype_of("layer_norm", x, weight, bias)
+    N, ns = _trailing("layer_norm", x, normalized_shape)
+    _check_affine("layer_norm", weight, ns)
+    _check_affine("layer_norm", bias, ns)
+    x, weight, bias = _contig(x), _contig(weight), _contig(bias)
+    y = torch.empty_like(x)
+    M = x.numel() // N if N else 0
+    stat_shape = (*x.shape[:x.dim() - len(ns)], *(1,) * len(ns))
+    stats = torch.empty((2, M), device=x.device, dtype=torch.float32)
+    if M and N:
+        config = config_for(LAYER_NORM, dtypes, _WB_FLAGS[(weight is not None, bias is not None)], (N,))
+        launch_row_norm(x, weight, bias, y, stats[0], stats[1], M, N, eps, False, config)
+    return y, stats[0].view(stat_shape), stats[1].view(stat_shape)
+
+
+def _serve_native_group_norm(x, weight, bias, N, C, HxW, group, eps):
+    """aten.native_group_norm for serve(): (out, mean, rstd), the statistics (N, group)."""
+    dtypes = _dtype_of("group_norm", x, weight, bias)
+    if x.dim() < 2 or x.shape[0] != N or x.shape[1] != C or group <= 0 or C % group:
+        raise KernelError(f"group_norm: {tuple(x.shape)} is not ({N}, {C}, ...) in {group} groups")
+    _check_affine("group_norm", weight, (C,))
+    _check_affine("group_norm", bias, (C,))
+    x, weight, bias = _contig(x), _contig(weight), _contig(bias)
+    y = torch.empty_like(x)
+    stats = torch.empty((2, N * group), device=x.device, dtype=x.dtype)
+    if x.numel():
+        config = config_for(GROUP_NORM, dtypes, _WB_FLAGS[(weight is not None, bias is not None)],
+                            ((C // group) * HxW,))
+        launch_group_norm(x, weight, bias, y, stats[0], stats[1], N, C, HxW, group, eps, config)
+    return y, stats[0].view(N, group), stats[1].view(N, group)

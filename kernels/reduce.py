@@ -472,6 +472,10 @@ class ReduceSpec(KernelSpec):
     def output_specs(self, problem):
         return {"out": (self._out_shape(problem), problem.dtypes[0])}
 
+    def serve_ops(self):
+        return {"aten.sum": sum, "aten.sum.dim_IntList": sum, "aten.mean": mean,
+                "aten.mean.dim": mean, "aten.amax": amax, "aten.amin": amin}
+
     def launch(self, config, problem, inputs, outputs):
         x = inputs["x"].reshape(tuple(problem.get("shape")))
         launch_reduce(x, outputs["out"], tuple(problem.get("dims")), dict(problem.flags)["fn"], config)

@@ -267,6 +267,9 @@ class SoftmaxSpec(KernelSpec):
     def output_specs(self, problem):
         return {"out": (tuple(problem.get("shape")), problem.dtypes[1])}
 
+    def serve_ops(self):
+        return {"aten._softmax": _serve_softmax, "aten._log_softmax": _serve_log_softmax}
+
     def launch(self, config, problem, inputs, outputs):
         fl = dict(problem.flags)
         x, y = inputs["x"], outputs["out"]
@@ -341,3 +344,12 @@ def softmax(x: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None) -> t
 def log_softmax(x: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None) -> torch.Tensor:
     """torch.nn.functional.log_softmax(x, dim, dtype=dtype), likewise."""
     return _run(x, dim, True, dtype)
+
+
+def _serve_softmax(x, dim, half_to_float):
+    """aten._softmax's arguments, for serve()."""
+    return _run(x, dim, False, torch.float32 if half_to_float else None)
+
+
+def _serve_log_softmax(x, dim, half_to_float):
+    return _run(x, dim, True, torch.float32 if half_to_float else None)

@@ -221,6 +221,18 @@ class KernelSpec:
         oracle (tests on the interpreter, bench/gpu_check.py on a GPU)."""
         return []
 
+    def serve_ops(self) -> Mapping[str, Callable]:
+        """How `nbx_tune.serve()` runs this family: aten op (`aten.mm`, `aten.add.Tensor`;
+        the default overload may be written without `.default`) -> a function taking the
+        op's arguments as the dispatcher passes them (positional ones by position, kwarg-only
+        ones by schema name when not defaulted; a Python number stays a number) and
+        returning what the op returns, through the family's public ops, so the launch uses
+        the same seat a trace row of that op maps to. It raises `KernelError` before
+        launching anything when it does not serve the arguments; serve() then runs torch and
+        counts the reason. Ops beyond `ops` may appear where a composite reaches the same
+        seats (`aten.layer_norm` for `aten.native_layer_norm`)."""
+        return {}
+
     def source_parts(self) -> Sequence[Callable]:
         """The code whose change makes certificates stale: the jitted kernel(s) and the
         launcher. Comments elsewhere in the module do not count."""
