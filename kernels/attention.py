@@ -693,7 +693,9 @@ def _attention(q, k, v, is_causal, scale):
         raise KernelError(f"attention: batch x heads {B * Hq} > {MAX_GRID_Y}")
     if max(_span(q), _span(k), _span(v)) > INT32_MAX:
         raise KernelError("attention: one head's slab spans 2^31 elements or more")
-    out = launch.empty((B, Hq, Lq, Dv), q.dtype, q.device)
+    # In (B, Lq, Hq, Dv) memory order, as torch's fused CUDA kernels return it: a model's
+    # `.transpose(1, 2).contiguous()` after attention is then a view, not a copy.
+    out = launch.empty((B, Hq, Lq, Dv), q.dtype, q.device, (Lq * Hq * Dv, Dv, Hq * Dv, 1))
     if out.numel() == 0:
         return out
     if Lk == 0:  # torch: no keys, a zero output
