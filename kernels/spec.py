@@ -144,6 +144,10 @@ class KernelSpec:
     key: tuple[KeyDim, ...] = ()
     dtypes: tuple[str, ...] = ()  # element dtypes the kernel claims
     description: str = ""
+    # Outputs may differ in their last bits from launch to launch (float atomics): the
+    # screen then allows it, and the certificate says so. Otherwise two launches on the
+    # same inputs must agree bit for bit.
+    run_to_run_variation: bool = False
 
     # -- declared by each family
     def configs(self) -> Sequence[Config]:
@@ -215,6 +219,12 @@ class KernelSpec:
 
     def input_shapes(self, problem: Problem) -> dict[str, tuple[tuple[int, ...], str]]:
         raise NotImplementedError
+
+    def resized(self, problem: Problem, dims: tuple[int, ...]) -> Problem | None:
+        """`problem` at other launch-key values of the same seat (the screen's tile-edge
+        shapes), or None where these values would change the seat's flags or the family
+        cannot tell: then the seat is screened at the shapes seen only."""
+        return None
 
     def static_refusal(self, profile, config: Config, problem: Problem) -> tuple[str, str] | None:
         """(reason, detail) when the profile rules a config out before any launch."""

@@ -17,7 +17,8 @@ from nbx_tune.kernels.registry import get_spec
 from nbx_tune.tuner import provenance
 from nbx_tune.tuner.status import seat_status
 from nbx_tune.tuner.store import holder_id
-from nbx_tune.tuner.tune import NullReporter, tune_seat
+from nbx_tune.kernels.spec import Config
+from nbx_tune.tuner.tune import NullReporter, renewed, screen_configs, tune_seat
 
 CLAIM_TTL_S = 120.0  # a dead holder's seat is free again this long after its last heartbeat
 WAIT_POLL_S = 1.0
@@ -81,13 +82,17 @@ class SeatTuner:
         """Tune a seat if it still needs it; False while another live process holds it."""
         if not self.store.claim(ln.id, self.holder, self.claim_ttl):
             return False
-        if self.tune_claimed(ln.id, ln.kernel, ln.label, index, total, run_id, reporter):
-            ln.action = "tuned"
+        action = self.tune_claimed(ln.id, ln.kernel, ln.label, index, total, run_id, reporter)
+        if action:
+            ln.action = action
         return True
 
-    def tune_claimed(self, seat_id, kernel, label, index, total, run_id, reporter) -> bool:
+    def tune_claimed(self, seat_id, kernel, label, index, total, run_id, reporter) -> str | None:
         """Tune a seat this process has claimed, if it still needs it (another process may
-        have certified it meanwhile); the result's transaction releases the claim."""
+        have certified it meanwhile); the result's transaction releases the claim. A
+        certificate whose winner was never screened at shapes seen since has the winner
+        screened there first; only a failure there tunes the seat again. Returns what was
+        done ("rescreened", "tuned") or None."""
         spec = get_spec(kernel)
         try:
             rec = self.store.seat_records(seat_ids=[seat_id])[0]
@@ -95,20 +100,37 @@ class SeatTuner:
                              self.profile, rec.seat_refusal)
             if not self._worth_it(rec, spec, st):
                 self.store.release(seat_id, self.holder)
-                return False
+                return None
             reporter.seat_start(label, index, total, len(spec.configs()))
             started = datetime.now(timezone.utc)
             with _Heartbeat(self.store, seat_id, self.holder, self.claim_ttl):
-                result = tune_seat(spec, self.profile, label, rec.problems, self.executor,
-                                   self.strategy, self.torch_device, reporter)
-            self.store.write_result(seat_id, run_id, "tune", result,
+                kind, result = "rescreen", self._rescreened(rec, spec, st, label, reporter)
+                if result is None:
+                    kind, result = "tune", tune_seat(spec, self.profile, label, rec.problems, self.executor,
+                                                     self.strategy, self.torch_device, reporter)
+            self.store.write_result(seat_id, run_id, kind, result,
                                     provenance.current(spec, self.profile, self.device),
                                     self.holder, started)
             reporter.seat_done(label, result)
-            return True
+            return "rescreened" if kind == "rescreen" else "tuned"
         except BaseException:
             self.store.release(seat_id, self.holder)
             raise
+
+    def _rescreened(self, rec, spec, st, label, reporter):
+        """The certificate renewed with its winner's screens at the shapes seen since it was
+        made, or None when there are none to screen or the winner fails at one."""
+        new = [p for p in st.outside if spec.operand_bytes(p) <= self.profile.screen_max_bytes]
+        if rec.cert is None or st.status != "unscreened" or not new:
+            return None
+        t0 = time.perf_counter()
+        winner = screen_configs(spec, self.profile, label, [Config.parse(rec.cert.config)], new,
+                                self.executor, self.torch_device)[0]
+        if winner.reason:
+            reporter.notice(f"{label}: the certified {rec.cert.config} fails at a shape seen since it was "
+                            f"certified ({winner.reason}: {winner.detail}): tuning the seat again")
+            return None
+        return renewed(rec.cert, winner.screens, time.perf_counter() - t0)
 
     def needing_work(self) -> list:
         """Seats of this profile that a worker should tune, longest first (`seat_cost`):
