@@ -292,3 +292,17 @@ class GemmSpec(KernelSpec):
 
 GEMM = GemmSpec()
 SPECS = (*SPECS, GEMM)
+
+
+class SeenShapesGemmSpec(GemmSpec):
+    """The same GEMM with no tile-edge shapes: screened at the shapes a census saw only."""
+
+    name = "test_gemm_seen"
+    ops = ("test.gemm_seen",)
+
+    def __init__(self):
+        super().__init__((GEMM_GOOD[0], MASK_BUG), edges=False)
+
+
+GEMM_SEEN = SeenShapesGemmSpec()
+SPECS = (*SPECS, GEMM_SEEN)

@@ -1,0 +1,127 @@
+"""Nothing certified that is wrong at a shape it serves: the contenders are screened at
+every shape seen in the bucket and at its tile edges, a winner is screened at shapes seen
+after it was certified, a config far less precise than the best is refused, and so is one
+whose two launches on the same inputs differ. The faulty configs are the fastest here
+(the benchmarker says so), so only the screen stands between them and a certificate."""
+
+import pytest
+
+import planted
+from nbx_tune.kernels.registry import register
+from nbx_tune.kernels.spec import Problem, seat_flags
+from nbx_tune.profiles import get_profile
+from nbx_tune.tuner import api
+from nbx_tune.tuner.bench import Timing
+from nbx_tune.tuner.executor import InProcess
+from nbx_tune.tuner.strategies import get_strategy
+from nbx_tune.tuner.tune import seat_job, tune_seat
+
+PROFILE = get_profile("interpreter")
+register(planted.GEMM)
+register(planted.GEMM_SEEN)
+FAULTY = ("MASK_BUG=1", "ACC16=1", "SPLIT_K=4")
+
+
+def faulty_first(fn, mode="full"):
+    """Times a launch as 1 ms if it is a faulty config's, else 2 ms."""
+    before = dict(planted.LAUNCHES)
+    fn()
+    key = next(k for k, n in planted.LAUNCHES.items() if n != before.get(k, 0))
+    ms = 1.0 if any(f in key for f in FAULTY) else 2.0
+    return Timing(ms, ms, ms, "fake")
+
+
+def gemm(M, N, K, dtype="float16", kernel="test_gemm"):
+    return Problem(kernel, (dtype,), seat_flags(), (M, N, K))
+
+
+def tune(spec, problems):
+    return tune_seat(spec, PROFILE, spec.name, problems, InProcess(faulty_first),
+                     get_strategy("exhaustive"), "cpu")
+
+
+def by_config(res):
+    return {r.config: r for r in res.records}
+
+
+def test_a_mask_bug_seen_only_inside_the_bucket_is_refused_there():
+    shapes = [gemm(16, 1056, 32, kernel="test_gemm_seen"), gemm(16, 1100, 32, kernel="test_gemm_seen"),
+              gemm(16, 1152, 32, kernel="test_gemm_seen")]  # 1056 and 1152: whole tiles of 32
+    job, _ = seat_job(planted.GEMM_SEEN, PROFILE, "g", shapes, "cpu")
+    assert job.screen_problems == (shapes[2], shapes[0]) and job.confirm_problems == (shapes[1],)
+    res = tune(planted.GEMM_SEEN, shapes)
+    bug = by_config(res)[planted.MASK_BUG]
+    assert bug.reason == "wrong_answer" and bug.problem == shapes[1]
+    assert bug.failed_screen.err > bug.failed_screen.rtol
+    assert res.outcome == "certified" and res.winner.config == planted.GEMM_GOOD[0]
+    assert {s.problem for s in res.winner.screens} == set(shapes)  # the winner at every shape seen
+
+
+def test_tile_edges_of_the_bucket_are_screened_even_if_no_census_saw_them():
+    shapes = [gemm(16, 1056, 32), gemm(16, 1152, 32)]  # the bucket N=1025..1152: all whole tiles
+    job, _ = seat_job(planted.GEMM, PROFILE, "g", shapes, "cpu")
+    assert gemm(16, 1025, 32) in job.confirm_problems  # the bucket's bottom
+    spec = planted.GemmSpec((planted.GEMM_GOOD[0], planted.MASK_BUG))
+    res = tune(spec, shapes)
+    bug = by_config(res)[planted.MASK_BUG]
+    assert bug.reason == "wrong_answer" and bug.problem == gemm(16, 1025, 32)
+    assert res.winner.config == planted.GEMM_GOOD[0]
+
+
+def test_an_fp16_accumulator_is_imprecise_and_a_racing_split_k_nondeterministic():
+    spec = planted.GemmSpec((*planted.GEMM_GOOD, planted.ACC16, planted.SPLIT_K), edges=False)
+    p = gemm(16, 24, 2048)
+    res = tune(spec, [p])
+    recs = by_config(res)
+    acc = recs[planted.ACC16]
+    assert acc.reason == "imprecise", acc.detail
+    judged = acc.failed_screen
+    assert judged.problem == p and judged.err > judged.rtol  # rtol: the gate's limit there
+    assert judged.err < PROFILE.rtol("float16")  # within the tolerance: only the gate refuses it
+    assert "most accurate candidate" in acc.detail
+    split = recs[planted.SPLIT_K]
+    assert split.reason == "nondeterministic" and "differ bit for bit" in split.detail
+    assert res.winner.config in planted.GEMM_GOOD and res.runner_up.config in planted.GEMM_GOOD
+    assert res.winner.screens[0].repeat == "bitwise"
+
+
+def test_a_kernel_that_allows_run_to_run_variation_is_certified_and_says_so():
+    spec = planted.GemmSpec((planted.GEMM_GOOD[0], planted.SPLIT_K), edges=False)
+    spec.run_to_run_variation = True
+    res = tune(spec, [gemm(16, 16, 64)])
+    assert res.winner.config == planted.SPLIT_K
+    assert res.winner.screens[0].repeat == "varies (allowed)"
+
+
+HEAD = "# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
+
+
+def _trace(tmp_path, name, Ns):
+    p = tmp_path / name
+    p.write_text(HEAD + "".join(f"test.gemm_seen\tfloat16,float16\t16x32;32x{n}\t\t1\n" for n in Ns))
+    return str(p)
+
+
+def test_a_shape_seen_later_has_the_winner_screened_there_and_a_failure_retunes(tmp_path, db_url, monkeypatch):
+    import nbx_tune.tuner.bench as bench
+
+    monkeypatch.setattr(bench, "for_profile", lambda profile: faulty_first)
+    first = api.census(_trace(tmp_path, "a.tsv", (1056, 1152)), db_url, isolate=False)
+    assert first.seats[0].status == "certified" and first.seats[0].config == planted.MASK_BUG.key()
+
+    later = _trace(tmp_path, "b.tsv", (1120,))  # whole tiles again: the winner passes
+    plan = api.census(later, db_url, dry_run=True)
+    assert plan.seats[0].status == "unscreened" and "never screened at" in plan.seats[0].why
+    rep = api.census(later, db_url, isolate=False)
+    assert rep.seats[0].status == "certified" and rep.seats[0].action == "rescreened"
+    assert rep.seats[0].config == planted.MASK_BUG.key()
+    shown = api.show_seat(str(rep.seats[0].id), db_url)
+    assert [h["kind"] for h in shown["history"]] == ["tune", "rescreen"]
+    screened = {tuple(s["problem"]["dims"]) for s in shown["history"][-1]["certificate"]["screens"]}
+    assert screened == {(16, 1056, 32), (16, 1120, 32), (16, 1152, 32)}
+
+    rep = api.census(_trace(tmp_path, "c.tsv", (1100,)), db_url, isolate=False)  # a partial tile
+    assert rep.seats[0].status == "certified" and rep.seats[0].action == "tuned"
+    assert rep.seats[0].config == planted.GEMM_GOOD[0].key()
+    (bad,) = [r for r in api.refusal_rows(db_url, reason="wrong_answer") if r["config"] == planted.MASK_BUG.key()]
+    assert bad["problem"]["dims"] == [16, 1100, 32] and bad["err"] > bad["rtol"] == pytest.approx(2e-2)
