@@ -1,8 +1,8 @@
 """Every kernel against its fp64 oracle on the GPU, at the "gpu" example rows of each spec,
 in every dtype it claims (bfloat16 included: it cannot be checked on the interpreter), under
 several configs each, each launched twice (the outputs must agree bit for bit); no correct
-config may fall to the precision gate (its error over IMPRECISE_FACTOR times the row's most
-accurate config's and over IMPRECISE_FLOOR of the tolerance). Then a candidate that writes
+config may fall to the precision gate (tuner/tune.py: its error over 4 times the row's most
+accurate config's and over a floor). Then a candidate that writes
 out of bounds, tuned in a worker process, must cost only itself; and `--planted` tunes the
 planted GEMM of tests/planted.py: an interior-only mask bug, an fp16 accumulator and a racing
 split-K must each be refused with its reason, although the benchmarker calls them fastest.
@@ -106,7 +106,9 @@ def gate(raw: list[dict]) -> None:
     """The tuner's precision gate over each row's passing configs: every check gets its
     ratio to the row's most accurate, and a correct config the gate would refuse becomes a
     failure (reason imprecise)."""
-    from nbx_tune.tuner.tune import IMPRECISE_FACTOR, IMPRECISE_FLOOR
+    import torch
+
+    from nbx_tune.tuner.tune import imprecise_limit
 
     rows = defaultdict(list)
     for c in raw:
@@ -116,7 +118,9 @@ def gate(raw: list[dict]) -> None:
         best = min(c["err"] for c in cs)
         for c in cs:
             c["ratio"] = c["err"] / best if best > 0 else (1.0 if c["err"] == 0 else float("inf"))
-            limit = max(IMPRECISE_FACTOR * best, IMPRECISE_FLOOR * c["rtol"])
+            dt = getattr(torch, c["dtype"], None)
+            unit = torch.finfo(dt).eps if dt is not None and dt.is_floating_point else 0.0
+            limit = imprecise_limit(best, c["rtol"], unit)
             if c["err"] > limit:
                 c["reason"], c["detail"] = "imprecise", f"err {c['err']:.3g} > {limit:.3g} ({c['ratio']:.1f}x the best)"
 
