@@ -125,3 +125,38 @@ def test_a_shape_seen_later_has_the_winner_screened_there_and_a_failure_retunes(
     assert rep.seats[0].config == planted.GEMM_GOOD[0].key()
     (bad,) = [r for r in api.refusal_rows(db_url, reason="wrong_answer") if r["config"] == planted.MASK_BUG.key()]
     assert bad["problem"]["dims"] == [16, 1100, 32] and bad["err"] > bad["rtol"] == pytest.approx(2e-2)
+
+
+def test_a_gemm_seats_edge_shapes_keep_its_alignment_flag():
+    from nbx_tune.kernels.matmul import SPEC as MATMUL, alignment
+
+    def flag(M, N, K):  # float32: 4 elements to a 16-byte vector
+        return str(alignment((M * K, K, 1), (K * N, N, 1), N, K, 4))
+
+    hopper = get_profile("hopper")
+    for M, N, K in ((500, 4000, 1024), (500, 4004, 1000), (500, 4001, 1000)):
+        p = Problem("matmul", ("float32",), seat_flags(bias=0, aligned=flag(M, N, K)), (1, M, N, K))
+        edges = seat_job(MATMUL, hopper, "m", [p], "cpu")[0].confirm_problems
+        assert edges, p.flags
+        for e in edges:
+            assert e.flags == p.flags and flag(*e.dims[1:]) == dict(p.flags)["aligned"]
+    # The bottom of a seat's N bucket leaves a partial tile against 32-wide blocks.
+    p = Problem("matmul", ("float16",), seat_flags(bias=0, aligned="16"), (1, 512, 4000, 4096))
+    assert any(e.dims[2] % 32 for e in seat_job(MATMUL, hopper, "m", [p], "cpu")[0].confirm_problems)
+
+
+def test_every_seat_of_every_example_trace_is_screened_on_hopper():
+    import glob
+    from pathlib import Path
+
+    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.tuner.census import load_plan
+
+    hopper, specs = get_profile("hopper"), all_specs()
+    root = Path(__file__).resolve().parents[1] / "examples" / "traces"
+    traces = sorted(glob.glob(str(root / "*.tsv")))
+    assert any("llama3_8b" in t for t in traces)  # a 128k-vocabulary LM head among them
+    for t in traces:
+        for sp in load_plan(t, hopper).seats.values():
+            job, skipped = seat_job(specs[sp.kernel], hopper, sp.label, list(sp.problems), "cpu")
+            assert not skipped, f"{t}: {sp.label} over the byte budget"

@@ -56,8 +56,8 @@ class SeatTuner:
         self.torch_device = "cpu" if device.target == "interpreter" else "cuda"
 
     def _worth_it(self, rec, spec, st) -> bool:
-        """An unscreened seat is re-tuned only if a shape outside its screened range can
-        be screened now (one over the byte budget would stay unscreened)."""
+        """An unscreened seat is worked on only if a shape its winner was never screened at
+        can be screened now (one over the byte budget would stay unscreened)."""
         if st.status != "unscreened":
             return st.status in ("pending", "stale")
         return any(spec.operand_bytes(p) <= self.profile.screen_max_bytes for p in st.outside)
