@@ -365,17 +365,20 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
 
 
 def screen_configs(spec: KernelSpec, profile, label: str, configs, problems: list[Problem], executor,
-                   device: str) -> list[CandidateRecord]:
-    """Screen the given configs at the given shapes (within the byte budget; a shape over it
-    is left out), each record passed (reason None, with its screens) or refused with its
-    reason: a certificate's winner at shapes a census saw after it was made, or a seat's
-    earlier winners when it is certified again."""
-    shapes = tuple(p for p in dict.fromkeys(problems) if spec.operand_bytes(p) <= profile.screen_max_bytes)
+                   device: str, edges: bool = False) -> list[CandidateRecord]:
+    """Screen the given configs at the given shapes (with `edges`, at the tile edges of the
+    largest one's bucket too), each within the byte budget (a shape over it is left out),
+    launched twice at the largest: each record passed (reason None, with its screens) or
+    refused with its reason. A certificate's winner at shapes a census saw after it was
+    made; a seat's earlier winners when it is certified again."""
+    ordered = sorted(set(problems), key=Problem.order)
+    extra = edge_problems(spec, profile, ordered[-1]) if edges and ordered else []
+    shapes = tuple(p for p in dict.fromkeys((*reversed(ordered), *extra))
+                   if spec.operand_bytes(p) <= profile.screen_max_bytes)
     if not shapes:
         return [CandidateRecord(c) for c in configs]
-    largest = max(shapes, key=Problem.order)
-    job = SeatJob(spec.name, profile.name, label, shapes, largest,
-                  screening.output_rtols(spec, largest, profile), device,
+    job = SeatJob(spec.name, profile.name, label, shapes, shapes[0],
+                  screening.output_rtols(spec, shapes[0], profile), device,
                   variation_allowed=spec.run_to_run_variation)
     cands = _Candidates(executor, NullReporter(), label)
     executor.start_seat(spec, job, list(configs))
