@@ -160,3 +160,24 @@ def test_every_seat_of_every_example_trace_is_screened_on_hopper():
         for sp in load_plan(t, hopper).seats.values():
             job, skipped = seat_job(specs[sp.kernel], hopper, sp.label, list(sp.problems), "cpu")
             assert not skipped, f"{t}: {sp.label} over the byte budget"
+
+
+def test_refusals_and_show_give_the_shape_error_and_tolerance_as_fields(tmp_path, db_url, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    import nbx_tune.tuner.bench as bench
+    from nbx_tune.cli.app import app
+
+    monkeypatch.setattr(bench, "for_profile", lambda profile: faulty_first)
+    rep = api.census(_trace(tmp_path, "a.tsv", (1056, 1100)), db_url, isolate=False)
+    r = CliRunner().invoke(app, ["refusals", "--json", "--reason", "wrong_answer", "--db", db_url])
+    assert r.exit_code == 0, r.output
+    (bad,) = json.loads(r.stdout)
+    assert bad["problem"]["dims"] == [16, 1100, 32] and bad["err"] > bad["rtol"] > 0
+    r = CliRunner().invoke(app, ["show", str(rep.seats[0].id), "--json", "--db", db_url])
+    shown = json.loads(r.stdout)
+    (refused,) = [x for x in shown["refusals"] if x["reason"] == "wrong_answer"]
+    assert refused["problem"]["dims"] == [16, 1100, 32] and refused["err"] == bad["err"]
+    assert {s.get("repeat") for s in shown["history"][0]["certificate"]["screens"]} == {"bitwise", None}
