@@ -221,9 +221,10 @@ class KernelSpec:
         raise NotImplementedError
 
     def resized(self, problem: Problem, dims: tuple[int, ...]) -> Problem | None:
-        """`problem` at other launch-key values of the same seat (the screen's tile-edge
-        shapes), or None where these values would change the seat's flags or the family
-        cannot tell: then the seat is screened at the shapes seen only."""
+        """`problem` moved to the values of `dims` it can take (the screen's tile-edge shapes;
+        a dim the family cannot move keeps its value), or None where they would change the
+        seat's flags or the family cannot tell: then the seat is screened at the shapes
+        seen only."""
         return None
 
     def static_refusal(self, profile, config: Config, problem: Problem) -> tuple[str, str] | None:

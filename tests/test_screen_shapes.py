@@ -181,3 +181,14 @@ def test_refusals_and_show_give_the_shape_error_and_tolerance_as_fields(tmp_path
     (refused,) = [x for x in shown["refusals"] if x["reason"] == "wrong_answer"]
     assert refused["problem"]["dims"] == [16, 1100, 32] and refused["err"] == bad["err"]
     assert {s.get("repeat") for s in shown["history"][0]["certificate"]["screens"]} == {"bitwise", None}
+
+
+def test_an_attention_seat_is_screened_at_its_sequence_edges():
+    from nbx_tune.kernels.attention import SPEC as ATTENTION
+
+    hopper = get_profile("hopper")
+    extra = (("B", 1), ("Hkv", 8), ("Hq", 32), ("lse", "none"), ("scale", 0.125))
+    p = Problem("attention", ("bfloat16",), seat_flags(causal=1), (32, 1000, 1000, 128, 128), extra)
+    edges = seat_job(ATTENTION, hopper, "a", [p], "cpu")[0].confirm_problems
+    assert [e.dims for e in edges] == [(32, 993, 993, 128, 128), (32, 1024, 1024, 128, 128)]
+    assert all(e.extra == p.extra and e.flags == p.flags for e in edges)

@@ -157,7 +157,7 @@ def edge_problems(spec: KernelSpec, profile, problem: Problem) -> list[Problem]:
         for align in (1, 2, 4, 8, 16):
             dims = tuple(_aligned_in(lo, hi, align, end) for lo, hi in bucket)
             p = spec.resized(problem, dims) if None not in dims else None
-            if p is not None and bucket_of(profile, spec.key, p.dims) == bucket:
+            if p is not None and p != problem and bucket_of(profile, spec.key, p.dims) == bucket:
                 out.append(p)
                 break
     return out
