@@ -39,7 +39,7 @@ def main() -> int:
     from nbx_tune.profiles import get_profile
     from nbx_tune.tuner import screen as screening
     from nbx_tune.tuner.census import load_plan
-    from nbx_tune.tuner.tune import screen_shapes
+    from nbx_tune.tuner.screen_shapes import screen_shapes
 
     profile, specs = get_profile(args.profile), all_specs()
     env = environment()

@@ -26,11 +26,12 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 
-from nbx_tune.kernels.spec import Config, KernelSpec, Problem, bucket_of
+from nbx_tune.kernels.spec import Config, KernelSpec, Problem
 from nbx_tune.tuner.bench import Timing
 from nbx_tune.tuner import screen as screening
 from nbx_tune.tuner.executor import SeatJob, SeatPrepareError
 from nbx_tune.tuner.screen import ScreenResult
+from nbx_tune.tuner.screen_shapes import edge_problems, screen_shapes
 
 
 @dataclass
@@ -133,61 +134,10 @@ def imprecise_limit(best: float, rtol: float, unit: float) -> float:
     return max(IMPRECISE_FACTOR * best, IMPRECISE_FLOOR * rtol, IMPRECISE_ULPS * unit)
 
 
-@dataclass
-class ScreenShapes:
-    """Where a seat is screened: `base` (every candidate), `confirm` (the contenders for
-    the certificate: the other shapes seen, and tile-edge shapes), and the seen shapes
-    skipped for the byte budget with their bytes."""
-
-    base: tuple[Problem, ...]
-    confirm: tuple[Problem, ...]
-    skipped: tuple[tuple[Problem, int], ...]
-    largest: Problem
-
-
-def edge_problems(spec: KernelSpec, profile, problem: Problem) -> list[Problem]:
-    """Shapes that break tile edges in `problem`'s bucket: its bottom and its top on the
-    ladder. A bucket's bottom is one past a step, so it leaves a remainder against every
-    block size above 1; values rounded to 2..16 are tried where the seat's flags ask for
-    alignment. Families that cannot say which dims keep the seat's flags give none
-    (`KernelSpec.resized`)."""
-    bucket = bucket_of(profile, spec.key, problem.dims)
-    out = []
-    for end in (0, 1):
-        for align in (1, 2, 4, 8, 16):
-            dims = tuple(_aligned_in(lo, hi, align, end) for lo, hi in bucket)
-            p = spec.resized(problem, dims) if None not in dims else None
-            if p is not None and p != problem and bucket_of(profile, spec.key, p.dims) == bucket:
-                out.append(p)
-                break
-    return out
-
-
-def _aligned_in(lo: int, hi: int, align: int, end: int) -> int | None:
-    v = -(-lo // align) * align if end == 0 else hi // align * align
-    return v if lo <= v <= hi else (lo if lo == hi else None)
-
-
-def screen_shapes(spec: KernelSpec, profile, problems: list[Problem], edges: bool = True) -> ScreenShapes:
-    """Every candidate at the largest and smallest shapes seen; the contenders at every
-    other shape seen and at the tile edges; each within the byte budget (a seen shape over
-    it is reported; an edge shape over it is dropped)."""
-    ordered = sorted(set(problems), key=Problem.order)
-    largest = ordered[-1]
-    fits = lambda p: spec.operand_bytes(p) <= profile.screen_max_bytes  # noqa: E731
-    skipped = tuple((p, spec.operand_bytes(p)) for p in ordered if not fits(p))
-    seen = [p for p in ordered if fits(p)]
-    base = tuple(dict.fromkeys(p for p in (largest, ordered[0]) if fits(p)))
-    extra = edge_problems(spec, profile, largest) if edges else []
-    confirm = tuple(p for p in dict.fromkeys((*seen, *extra)) if p not in base and fits(p))
-    return ScreenShapes(base, confirm, skipped, largest)
-
-
-def seat_job(spec: KernelSpec, profile, label: str, problems: list[Problem], device: str,
-             edges: bool = True):
+def seat_job(spec: KernelSpec, profile, label: str, problems: list[Problem], device: str):
     """(the job a seat's candidates run, the seen shapes whose screen is skipped with their
     bytes): timed at the largest shape."""
-    shapes = screen_shapes(spec, profile, problems, edges)
+    shapes = screen_shapes(spec, profile, problems)
     job = SeatJob(spec.name, profile.name, label, shapes.base, shapes.largest,
                   screening.output_rtols(spec, shapes.largest, profile), device,
                   confirm_problems=shapes.confirm, variation_allowed=spec.run_to_run_variation)
@@ -316,7 +266,7 @@ class _Refused:
 
 
 def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], executor,
-              strategy, device: str, reporter=None, edges: bool = True) -> SeatResult:
+              strategy, device: str, reporter=None) -> SeatResult:
     reporter = reporter or NullReporter()
     t0 = time.perf_counter()
     bad = unscreenable(spec, profile, problems)
@@ -325,7 +275,7 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
         return SeatResult("refused", [], seat_refusal=("dtype_unscreenable", bad[1]),
                           total_s=time.perf_counter() - t0)
 
-    job, skipped_at = seat_job(spec, profile, label, problems, device, edges)
+    job, skipped_at = seat_job(spec, profile, label, problems, device)
     skipped = [_announce_skip(spec, profile, label, p, nbytes, reporter) for p, nbytes in skipped_at]
     keep, pruned = static_prune(spec, profile, job.time_problem)
     for r in pruned:
