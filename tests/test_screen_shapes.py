@@ -192,3 +192,13 @@ def test_an_attention_seat_is_screened_at_its_sequence_edges():
     edges = seat_job(ATTENTION, hopper, "a", [p], "cpu")[0].confirm_problems
     assert [e.dims for e in edges] == [(32, 993, 993, 128, 128), (32, 1024, 1024, 128, 128)]
     assert all(e.extra == p.extra and e.flags == p.flags for e in edges)
+
+
+def test_an_elementwise_seat_is_screened_at_its_bucket_edges():
+    from nbx_tune.kernels.elementwise import UNARY_SPEC as UNARY
+
+    hopper = get_profile("hopper")
+    p = Problem("elementwise_unary", ("bfloat16",), seat_flags(fn="silu"), (4 * 1024 * 1024,),
+                (("shape", (1024, 4096)),))
+    edges = seat_job(UNARY, hopper, "u", [p], "cpu")[0].confirm_problems
+    assert [(e.dims, e.get("shape")) for e in edges] == [((1048577,), (1048577,)), ((16777216,), (16777216,))]

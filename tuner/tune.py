@@ -267,6 +267,8 @@ class _Refused:
 
 def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], executor,
               strategy, device: str, reporter=None) -> SeatResult:
+    """Certify one seat from the shapes a census saw in it (the steps of this module's
+    docstring), with the executor running candidates and the strategy timing them."""
     reporter = reporter or NullReporter()
     t0 = time.perf_counter()
     bad = unscreenable(spec, profile, problems)
