@@ -9,11 +9,15 @@
 # Llama-3-8B prefill with its 128k-vocabulary LM head, then the screen's share and `unscreened`).
 # Other stages: direct (the direct launch's GPU proof), tma (every TMA config at odd shapes), profile (a census under cProfile),
 # fleet (one GPU's worker against two on the same queue, cold caches; needs 2 GPUs),
+# compare (every served row of the example traces against torch: bench/torch_compare.py), speed (split-K
+# GEMM and decode-attention candidates: fp64 check, then timed against torch, certified and the HBM floor),
+# recert (every shipped hopper seat re-certified after a source change, against a fresh census),
 # pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them). Studies (lab/<study>/) are run directly, not from here.
 # Limits are env overrides: TRUST_S ORACLE_S CENSUS8B_S FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
-# DIRECT_S TMA_S PROFILE_S;
+# DIRECT_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S
+# (COMPARE_BUDGET_S, SPEED_BUDGET_S: when compare, speed stop starting new work);
 # CENSUS_TRACES: the trace files of the census stage; QUALITY_ARGS: e.g. --buckets-only.
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
@@ -57,9 +61,13 @@ for s in $STAGES; do case $s in
   tma) stage ${TMA_S:-200} python3 bench/tma_check.py ;;
   profile) stage ${PROFILE_S:-150} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv \
              --profile "$OUT/profile" ;;
+  speed) stage ${SPEED_S:-330} python3 bench/speed_candidates.py --budget-s ${SPEED_BUDGET_S:-270} ;;
+  compare) stage ${COMPARE_S:-330} python3 bench/torch_compare.py --budget-s ${COMPARE_BUDGET_S:-270} ;;
   pycache) export PYTHONPYCACHEPREFIX=/tmp/pycache; unset PYTHONDONTWRITEBYTECODE
            echo "=== bytecode cached under $PYTHONPYCACHEPREFIX from here on" | tee -a "$LOG" ;;
   cost) stage ${COST_S:-280} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv ;;
+  recert) stage ${RECERT_S:-540} python3 bench/recertify_cost.py ;;  # shipped hopper seats: re-certified vs fresh
+  replay) stage 60 python3 bench/ranking_replay.py ;;  # rankers replayed on the session database's full tunings
   quality) stage ${QUALITY_S:-280} python3 bench/kernel_quality.py ${QUALITY_ARGS:-} ;;
   *) echo "unknown stage $s" | tee -a "$LOG" ;;
 esac; done

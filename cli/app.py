@@ -190,6 +190,7 @@ def show(
                           + (f", two launches: {sc['repeat']}" if sc.get("repeat") else ""), highlight=False)
             if c["unscreened"]:
                 out.print(f"  [yellow]unscreened:[/] {c['unscreened']}")
+        out.print(f"  search: {render.search_text(h, c)}", highlight=False)
         if h["measurements"]:
             t = Table(title="timed candidates")
             for col in ("config", "median ms", "p20", "p80", "method"):
@@ -205,6 +206,8 @@ def show(
         for r in d["refusals"]:
             t.add_row(str(r["tuning"]), r["config"] or "(whole seat)", r["reason"], r["detail"])
         out.print(t)
+    out.print(f"\nsampled regret of ranked searches ({s['kernel']} on {s['profile']}): "
+              f"{render.regret_text(d['sampled_regret'])}", highlight=False)
 
 
 @app.command()

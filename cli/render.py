@@ -156,3 +156,21 @@ class RichReporter:
 def error(console: Console, message: str) -> None:
     """One line, never wrapped, never read as markup (messages quote user text)."""
     console.print(f"error: {message}", style="bold red", markup=False, highlight=False, soft_wrap=True)
+
+
+def search_text(h: dict, cert: dict | None) -> str:
+    """How a tuning searched (tuner/strategies/search.py), for `nbx-tune show`."""
+    text = h.get("search") or "full"
+    if h.get("seeded_from") is not None:
+        text += f" from tuning {h['seeded_from']}"
+    if cert and cert.get("recertified_from"):
+        text += f" ({cert['recertified_from']})"
+    if h.get("shortcut_loss") is not None:
+        text += f"; the ranked shortlist's pick would have lost {100 * h['shortcut_loss']:.2f} %"
+    return text
+
+
+def regret_text(r: dict | None) -> str:
+    if not r:
+        return "no audit on record"
+    return f"median {100 * r['median']:.2f} %, max {100 * r['max']:.2f} % over {r['audits']} audited seat(s)"

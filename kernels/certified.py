@@ -25,21 +25,15 @@ from pathlib import Path
 
 from nbx_tune import settings
 from nbx_tune.errors import KernelError, NbxError
-from nbx_tune.kernels import table_format
+from nbx_tune.kernels import certified_view, table_format
 from nbx_tune.kernels.spec import (Config, KernelSpec, Problem, bucket_of, decode_bucket,
-                                   decode_flags, seat_label)
+                                   decode_flags, label_of, seat_label)
 
 log = logging.getLogger("nbx_tune")
 
 TABLE_DIR = Path(__file__).resolve().parent / "tables"
 MEMO_LIMIT = 1 << 16  # distinct launch shapes remembered before the memo starts over
 DIRECT_LIMIT = 1 << 12  # compiled launches remembered before that memo starts over
-
-VIEW_QUERY = (
-    "SELECT kernel, dtypes, flags, bucket, config, kernel_source_hash, config_space_hash, "
-    "profile_hash, triton_version FROM certified_configs WHERE profile = :profile"
-)
-
 
 @dataclass
 class LaunchState:
@@ -85,7 +79,7 @@ def _add(state: LaunchState, source: str, kernel: str, dtypes: str, flags: str, 
         bk = decode_bucket(spec.key, bucket)
         cfg = Config.parse(config)
     except (KeyError, ValueError) as e:
-        state.stale.append((source, f"{kernel}|{dtypes}|{flags}|{bucket}", f"unreadable: {e}"))
+        state.stale.append((source, label_of(kernel, dtypes, flags, bucket), f"unreadable: {e}"))
         return
     why = _stale_reason(spec, state.profile, prov)
     if why:
@@ -107,28 +101,16 @@ def _load_table(state: LaunchState, path: Path) -> None:
 
 
 def _load_db(state: LaunchState) -> None:
-    url = settings.db_url()
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
-        if not path.exists():
-            return
-        # Open read-only: a launch never creates, migrates or locks the writer's database.
-        url = f"sqlite:///file:{path}?mode=ro&uri=true"
-    from sqlalchemy import create_engine, text
-
     try:
-        engine = create_engine(url)
-        with engine.connect() as conn:
-            rows = conn.execute(text(VIEW_QUERY), {"profile": state.profile.name}).all()
-        engine.dispose()
+        rows = certified_view.read_view(settings.db_url(), state.profile.name)
     except Exception as e:  # an unreadable database costs certified configs, never the launch
         log.warning("nbx-tune: cannot read certified configs from the database (%s: %s); "
                     "launches use declared defaults", type(e).__name__, str(e).splitlines()[0])
         return
-    for (kernel, dtypes, flags, bucket, config, src_h, space_h, prof_h, triton_v) in rows:
-        prov = {"kernel_source_hash": src_h, "config_space_hash": space_h,
-                "profile_hash": prof_h, "triton_version": triton_v}
-        _add(state, "database", kernel, dtypes, flags, bucket, config, prov)
+    if rows is None:
+        return
+    for r in rows:  # the row's provenance columns are what the staleness check reads
+        _add(state, "database", r["kernel"], r["dtypes"], r["flags"], r["bucket"], r["config"], r)
     state.sources.append("database")
 
 
@@ -227,7 +209,7 @@ def remember_direct(key, compiled, grid, fixed: tuple, spec: KernelSpec, dtypes,
     # CompiledKernel[grid] is the launcher Triton's own tutorials use for a kernel compiled
     # ahead: it reads the current stream, honours launch hooks, and takes every argument,
     # constexprs included, in the kernel's order. Unlike kernel[grid] it does not pad the
-    # grid: Triton 3.6 raised IndexError on a 2-tuple on the H200.
+    # grid, and some Triton versions raise IndexError on a shorter one.
     grid3 = (*grid, 1, 1)[:3]
     st.direct[key] = (compiled[grid3], fixed, st.memo[(spec.name, dtypes, flags, dims)][1])
 

@@ -47,7 +47,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import format_shape, numel
-from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags,
+from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags,
                                    uniform_inputs)
 from nbx_tune.oracles import conv as oracle
 
@@ -227,9 +227,6 @@ def _c(bm, bn, bk, warps, stages, nhwc=0, group=8):
 # tall-narrow tiles are the depthwise kernel's good ones (many contiguous pixels of few
 # channels). 128x256x64 at 4 stages (192 KB in fp16) is refused by the shared-memory
 # prune outside Hopper/Blackwell: the space is the same on every device.
-# Measured on an H100 (Triton 3.6, 2026-12-02, fp16, NCHW): best of these vs cuDNN was
-# 0.024 vs 0.029 ms on (8,64,56,56) 3x3, 0.026 vs 0.035 ms on (8,256,56,56) 1x1/2,
-# 0.033 vs 0.052 ms on conv1d (4,80,3001) k3, but 0.166 vs 0.067 ms on (2,320,64,64) 3x3.
 CONFIGS = (
     _c(32, 32, 16, 2, 2), _c(32, 32, 32, 4, 2), _c(64, 32, 32, 4, 2), _c(64, 64, 16, 4, 3),
     _c(64, 64, 32, 4, 2), _c(64, 64, 32, 4, 3), _c(64, 64, 64, 4, 3), _c(128, 16, 32, 4, 2),
@@ -240,10 +237,9 @@ CONFIGS = (
     _c(128, 128, 32, 8, 4), _c(128, 128, 64, 4, 3), _c(128, 128, 64, 8, 3), _c(128, 128, 64, 8, 4),
     _c(256, 64, 32, 8, 3), _c(256, 64, 64, 8, 3), _c(64, 256, 32, 8, 3), _c(256, 128, 32, 8, 3),
     _c(256, 128, 64, 8, 3), _c(128, 256, 32, 8, 3), _c(128, 256, 64, 8, 3), _c(128, 256, 64, 8, 4),
-    # Channels-last copies first (NHWC=1): on an H200 (2026-12-02, fp16, copies included)
-    # (2,320,64,64) 3x3 took 0.087 ms at 128x256x64 (cuDNN 0.062 there; NCHW's best was
-    # 0.166 on an H100, cuDNN 0.067), while (8,64,56,56) 3x3 lost to NCHW (0.040 ms, of
-    # which the copies 0.019). The two smallest fit 64 KB of shared memory in fp32.
+    # Channels-last copies first (NHWC=1): worth their copies where many input channels
+    # make NCHW's gathers the bottleneck (wide late layers), a loss on small ones; the
+    # tuner decides per seat. The two smallest fit 64 KB of shared memory in fp32.
     _c(64, 64, 32, 4, 3, 1), _c(128, 64, 32, 4, 3, 1), _c(64, 128, 64, 4, 3, 1),
     _c(128, 128, 32, 4, 3, 1), _c(128, 128, 64, 4, 3, 1), _c(128, 128, 64, 8, 4, 1),
     _c(256, 32, 32, 8, 3, 1), _c(256, 128, 64, 8, 3, 1), _c(128, 256, 32, 8, 3, 1),
@@ -259,8 +255,7 @@ DEPTHWISE_DEFAULTS = (_c(128, 32, 32, 4, 3), _c(64, 32, 32, 4, 2), _c(32, 32, 32
 
 def _gemm_defaults(problem: Problem) -> tuple:
     """A narrow tile for few output channels per group, BLOCK_K=16 for few input channels:
-    on an H100 (fp16) the (8,256,28,28) 32-group 3x3 took 0.117 ms with 128x128x32 and
-    0.032 ms with 128x32x16; the 64-channel ResNet 3x3 0.038 vs 0.024 ms at 128x64x64."""
+    a wide tile over a group of 8 output channels computes mostly masked lanes."""
     _, _, ci, co, groups = problem.dims
     cog, cig = co // groups, ci // groups
     bk = 16 if cig < 32 else 32
@@ -300,11 +295,8 @@ class ConvSpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "1-D/2-D convolution: implicit GEMM (groups >= 1) and direct depthwise"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def default_config(self, profile, problem):
         if not _is_depthwise(problem):
@@ -399,11 +391,9 @@ class ConvSpec(KernelSpec):
         has_bias = len(shapes) == 3
         if has_bias and p.get("bias") == "None":
             return NotServable("bias=None but the row has a third tensor")
-        if len(set(row.dtypes)) != 1:
-            return NotServable(f"mixed dtypes {','.join(row.dtypes)}: the kernel takes one dtype")
-        dtype = row.dtypes[0]
-        if dtype not in TORCH_DTYPES:
-            return NotServable(f"dtype {dtype} is not served (float16, bfloat16, float32)")
+        dtype = one_dtype(row, TORCH_DTYPES)
+        if isinstance(dtype, NotServable):
+            return dtype
         x, w = shapes[0], shapes[1]
         nd = len(x) - 2
         if nd not in (1, 2):

@@ -397,11 +397,8 @@ class ElementwiseUnarySpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "one-stream element-wise math: relu, gelu, silu, sigmoid, tanh, exp, log, ..."
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def smem_bytes(self, config, problem):
         return 0  # no reduction, no layout conversion: registers only
@@ -544,11 +541,8 @@ class ElementwiseBinarySpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "two-operand element-wise math with broadcasting: add, sub, mul, div, maximum, ..."
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def smem_bytes(self, config, problem):
         return 0  # no reduction, no layout conversion: registers only

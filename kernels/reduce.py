@@ -366,11 +366,8 @@ class ReduceSpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "sum / mean / amax / amin over any dims: rows of R reduced for O outputs"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def default_config(self, profile, problem):
         O, R = problem.dims

@@ -107,8 +107,8 @@ def _c(rows, block, warps, stages=1):
 # Short rows pack several rows into one program (ROWS x BLOCK tiles of 1-4K elements);
 # rows up to 16384 fit one block held in registers (16-32 fp32 values a thread); longer
 # rows loop over BLOCK-sized chunks. num_stages stays 1: Triton's pipeliner leaves these
-# loops alone (compiled for sm_90 with Triton 3.9, 2026-12-02: the same PTX for
-# num_stages 1 to 4, no cp.async), so staged copies would only be timed twice.
+# loops alone (the PTX for sm_90 is the same for num_stages 1 to 4, with no cp.async), so
+# staged copies would only be timed twice.
 CONFIGS = (
     _c(16, 64, 4), _c(32, 64, 4), _c(8, 128, 4), _c(16, 128, 8), _c(4, 256, 4), _c(8, 256, 8),
     _c(2, 512, 4), _c(4, 512, 8), _c(1, 1024, 4), _c(1, 1024, 8), _c(2, 1024, 8),
@@ -126,17 +126,6 @@ OPS = {"aten._softmax": (False, False), "aten._safe_softmax": (False, True),
        "aten._log_softmax": (True, False)}
 
 
-def row_defaults(configs, profile, problem, spec) -> Config | None:
-    """The first of `configs` whose BLOCK holds the row (dims[0]) and that the profile
-    admits; else the admitted one with the largest block."""
-    n = problem.dims[0]
-    admitted = [c for c in configs if not spec.static_refusal(profile, c, problem)]
-    for c in admitted:
-        if c["BLOCK"] >= n:
-            return c
-    return admitted[-1] if admitted else None
-
-
 class SoftmaxSpec(KernelSpec):
     name = "softmax"
     ops = tuple(OPS)
@@ -144,19 +133,14 @@ class SoftmaxSpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "row softmax / log-softmax / safe softmax over any dim, online for long rows"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
-
-    def default_config(self, profile, problem):
-        return row_defaults(DEFAULTS, profile, problem, self) or super().default_config(profile, problem)
+    config_space = CONFIGS
+    default_configs = DEFAULTS
+    default_holds_row = True
 
     def smem_bytes(self, config, problem):
         # Cross-warp steps of the row max and the row sum: at most one fp32 per row and
-        # warp each. Nothing else is staged in shared memory (compiled for sm_90 with
-        # Triton 3.9, 2026-12-02: 32 to 256 bytes for every config, under this estimate).
+        # warp each. Nothing else is staged in shared memory (the compiled kernels' shared
+        # memory stays under this estimate for every config).
         return 2 * config["ROWS"] * config.num_warps * 4
 
     def source_parts(self):

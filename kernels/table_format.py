@@ -7,7 +7,11 @@ certified configs (JSON: no pickle, no code), shipped inside wheels and read at 
                   "provenance": {...}}, ...],
      "sha256": "<hash of the canonical entries>"}
 
-Entries are sorted by seat; the checksum catches an edited or truncated file. Everything
+Entries are sorted by seat; the checksum catches an edited or truncated file. Provenance
+may hold optional keys beyond PROVENANCE_KEYS, which readers pass over: `search` (how the
+winner was found: full, recertified, fallback, ranked, audit), `recertified_from` (the
+tuning it was re-certified from, in words) and `sampled_regret` (the kernel's audited
+losses of ranked searches: {"audits", "median", "max"}). Everything
 here is plain data checked field by field: a broken file is a `TableError` naming the file
 and the position, and no entry of it is used.
 """

@@ -154,3 +154,31 @@ def test_a_kernel_edit_makes_certificates_stale_never_served_and_retuned(tmp_pat
     shown = api.show_seat(str(rep.seats[0].id), db_url)
     certs = [h["certificate"] for h in shown["history"] if "certificate" in h]
     assert [c["current"] for c in certs] == [False, True]  # history stays queryable
+
+
+def test_the_launch_time_read_of_a_sqlite_database_needs_no_sqlalchemy(tmp_path, db_url):
+    """kernels/ reads the certified_configs view with the standard library (a SQLite URL),
+    every column of the view by its own name, and leaves the file as it was."""
+    import os
+    import subprocess
+    import sys
+
+    census(str(trace(tmp_path, "aten.mm\tfloat32,float32\t21x16;16x24\t\t1\n")), db_url)
+    db = Path(db_url[len("sqlite:///"):])
+    before = db.stat().st_mtime_ns
+    code = ("import sys; from nbx_tune.kernels import certified_view as v; "
+            "rows = v.read_view(sys.argv[1], 'interpreter'); "
+            "print(len(rows), sorted(rows[0]), 'sqlalchemy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, db_url], capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0, out.stderr
+    words = out.stdout.split()
+    assert words[0] == "1" and words[-1] == "False"  # one certificate; SQLAlchemy never imported
+    for col in ("kernel", "dtypes", "flags", "bucket", "config", "kernel_source_hash",
+                "config_space_hash", "profile_hash", "triton_version", "device_target"):
+        assert repr(col) in out.stdout
+    assert db.stat().st_mtime_ns == before
+    from nbx_tune.kernels import certified_view
+
+    assert certified_view.read_view(f"sqlite:///{tmp_path / 'absent.db'}", "interpreter") is None
+    assert not (tmp_path / "absent.db").exists()

@@ -56,6 +56,7 @@ def test_census_json_then_queries(tmp_path, trace_file, db_url):
     assert {"unwritten_output", "wrong_answer", "smem_over_budget"} <= reasons
     r = run("show", rep["seats"][0]["label"], "--db", db_url)
     assert r.exit_code == 0 and "certificate (current)" in r.stdout and "screened at" in r.stdout
+    assert "search: full" in r.stdout and "sampled regret of ranked searches" in r.stdout
 
     r = run("refusals", "--db", db_url, "--reason", "wrong_answer", "--json")
     rows = json.loads(r.stdout)

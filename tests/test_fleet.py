@@ -79,15 +79,12 @@ def test_seats_show_who_holds_what(tmp_path, any_db):
     from nbx_tune.tuner.store import Store
 
     enqueue(tmp_path, any_db)
-    store = Store(any_db)
-    try:
+    with Store(any_db) as store:
         ids = [v.id for v in api.seat_views(any_db)]
         assert store.claim_next(ids, "hostC:7:gpu1", 60) == ids[0]
         assert store.claim_next(ids, "hostD:8:gpu0", 60) == ids[1]  # skips the held seat
         views = {v.id: v for v in api.seat_views(any_db)}
         assert views[ids[0]].claimed_by == "hostC:7:gpu1" and views[ids[2]].claimed_by is None
-    finally:
-        store.close()
 
 
 def test_the_launch_time_read_works_on_either_engine(tmp_path, any_db, monkeypatch):

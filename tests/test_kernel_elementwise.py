@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import registered_here
 from nbx_tune.kernels import elementwise as ew
-from nbx_tune.kernels.registry import register, spec_for_op
+from nbx_tune.kernels.registry import spec_for_op
 from nbx_tune.kernels.spec import Config, NotServable
 from nbx_tune.oracles import elementwise as oracle
 from nbx_tune.profiles import get_profile
@@ -25,18 +26,8 @@ RTOL = {torch.float16: 2e-2, torch.float32: 1e-4}
 
 @pytest.fixture(autouse=True)
 def _registered():
-    """Registered for this file's tests only: other tests (census, CLI) still see the
-    registry as the package ships it."""
-    from nbx_tune.kernels import registry
-
-    registry.all_specs()
-    saved = (dict(registry._specs), dict(registry._by_op))
-    for spec in ew.SPECS:
-        register(spec, "tests")
-    yield
-    for live, old in zip((registry._specs, registry._by_op), saved):
-        live.clear()
-        live.update(old)
+    with registered_here(ew.SPECS):
+        yield
 
 
 def _err(got: torch.Tensor, ref: np.ndarray) -> float:

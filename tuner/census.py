@@ -15,12 +15,12 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nbx_tune.errors import NbxError
 from nbx_tune.kernels.registry import spec_for_op
-from nbx_tune.kernels.spec import NotServable, bucket_of, encode_bucket, encode_dtypes, encode_flags
+from nbx_tune.kernels.spec import NotServable, bucket_of, encode_bucket, encode_dtypes, encode_flags, label_of
 from nbx_tune.tuner.status import seat_status
 from nbx_tune.tuner.trace import Trace, read_trace
 
@@ -40,7 +40,7 @@ class SeatPlan:
 
     @property
     def label(self) -> str:
-        return "|".join(self.key)
+        return label_of(*self.key)
 
     @property
     def launches(self) -> int:
@@ -147,6 +147,7 @@ class Report:
 def report_lines(store, pl: Plan, ids: dict | None) -> list[SeatLine]:
     """Each planned seat with its status now (from the store, if there is one)."""
     from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.tuner.store import SeatRecord
 
     specs = all_specs()
     recs = {}
@@ -158,13 +159,12 @@ def report_lines(store, pl: Plan, ids: dict | None) -> list[SeatLine]:
         rec = recs.get(sid)
         problems = list(sp.problems)
         if rec is None:
-            st = seat_status(None, None, None, problems, specs.get(sp.kernel), pl.profile)
+            st = seat_status(SeatRecord(None, problems=problems), specs.get(sp.kernel), pl.profile)
             cfg = ms = None
         else:
             # A dry run has not recorded this trace's shapes: judge with them too.
             seen = rec.problems + [p for p in problems if p not in rec.problems]
-            st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, seen,
-                             specs.get(sp.kernel), pl.profile, rec.seat_refusal)
+            st = seat_status(replace(rec, problems=seen), specs.get(sp.kernel), pl.profile)
             cfg = rec.cert.config if rec.cert else None
             ms = rec.cert.median_ms if rec.cert else None
         lines.append(SeatLine(sid, sp.label, sp.kernel, st.status, st.why, sp.launches,
@@ -203,8 +203,7 @@ def run_census(pl: Plan, store, tuner=None, reporter=None, dry_run: bool = False
     status = "done"
     try:
         if tuner is not None:
-            todo = [ln for ln in before if ln.status in ("pending", "stale", "unscreened")]
-            tuner.run(todo, pl, ids, run_id, reporter)
+            tuner.run(tuner.todo(before), pl, ids, run_id, reporter)
     except BaseException:
         status = "failed"
         raise

@@ -14,7 +14,8 @@ import time
 from datetime import datetime, timezone
 
 from nbx_tune.kernels.registry import get_spec
-from nbx_tune.tuner import provenance
+from nbx_tune.tuner import provenance, seat_search
+from nbx_tune.tuner.recertify import from_sibling
 from nbx_tune.tuner.status import seat_status
 from nbx_tune.tuner.store import holder_id
 from nbx_tune.kernels.spec import Config
@@ -58,6 +59,8 @@ class SeatTuner:
     def _worth_it(self, rec, spec, st) -> bool:
         """An unscreened seat is worked on only if a shape its winner was never screened at
         can be screened now (one over the byte budget would stay unscreened)."""
+        if st.status == "certified":  # a sibling device's table, served until re-timed here
+            return from_sibling(rec.cert_tuning, self.device)
         if st.status != "unscreened":
             return st.status in ("pending", "stale")
         return any(spec.operand_bytes(p) <= self.profile.screen_max_bytes for p in st.outside)
@@ -96,18 +99,18 @@ class SeatTuner:
         spec = get_spec(kernel)
         try:
             rec = self.store.seat_records(seat_ids=[seat_id])[0]
-            st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, rec.problems, spec,
-                             self.profile, rec.seat_refusal)
+            st = seat_status(rec, spec, self.profile)
             if not self._worth_it(rec, spec, st):
                 self.store.release(seat_id, self.holder)
                 return None
             reporter.seat_start(label, index, total, len(spec.configs()))
             started = datetime.now(timezone.utc)
+            search = seat_search.for_seat(self.store, rec, spec, self.profile)
             with _Heartbeat(self.store, seat_id, self.holder, self.claim_ttl):
                 kind, result = "rescreen", self._rescreened(rec, spec, st, label, reporter)
                 if result is None:
                     kind, result = "tune", tune_seat(spec, self.profile, label, rec.problems, self.executor,
-                                                     self.strategy, self.torch_device, reporter)
+                                                     self.strategy, self.torch_device, reporter, search)
             self.store.write_result(seat_id, run_id, kind, result,
                                     provenance.current(spec, self.profile, self.device),
                                     self.holder, started)
@@ -132,6 +135,14 @@ class SeatTuner:
             return None
         return renewed(rec.cert, winner.screens, time.perf_counter() - t0)
 
+    def todo(self, lines) -> list:
+        """The census lines to tune: pending, stale and unscreened seats, and certified ones
+        whose certificate came from a sibling device's table."""
+        certified = [ln.id for ln in lines if ln.status == "certified" and ln.id is not None]
+        sibling = {rec.seat.id for rec in (self.store.seat_records(seat_ids=certified) if certified else ())
+                   if from_sibling(rec.cert_tuning, self.device)}
+        return [ln for ln in lines if ln.status in ("pending", "stale", "unscreened") or ln.id in sibling]
+
     def needing_work(self) -> list:
         """Seats of this profile that a worker should tune, longest first (`seat_cost`):
         (id, kernel, label)."""
@@ -140,12 +151,10 @@ class SeatTuner:
             spec = _spec_or_none(rec.seat.kernel)
             if spec is None:
                 continue
-            st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, rec.problems, spec,
-                             self.profile, rec.seat_refusal)
+            st = seat_status(rec, spec, self.profile)
             if self._worth_it(rec, spec, st):
                 s = rec.seat
-                out.append((seat_cost(spec, rec.problems, self.profile), s.id, s.kernel,
-                            "|".join((s.kernel, s.dtypes, s.flags, s.bucket))))
+                out.append((seat_cost(spec, rec.problems, self.profile), s.id, s.kernel, s.label))
         out.sort(key=lambda t: (-t[0], t[1]))
         return [t[1:] for t in out]
 

@@ -13,8 +13,8 @@ unless the kernel declares run-to-run variation allowed.
 The oracle is computed on the host in numpy (fp64), once per case; its values are moved to
 the candidate's device once as well, and each candidate is judged there by a few fp64
 reductions. Copying every candidate's output to the host and judging it in numpy made the
-screen 80 % of a GEMM census on the H200 (docs/benchmarks.md); fp64 subtraction, abs and
-max are exact-rounded on either side, so the error is the same number.
+screen most of a GEMM census's time; fp64 subtraction, abs and max are exact-rounded on
+either side, so the error is the same number.
 """
 
 from __future__ import annotations

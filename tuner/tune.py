@@ -32,6 +32,7 @@ from nbx_tune.tuner import screen as screening
 from nbx_tune.tuner.executor import SeatJob, SeatPrepareError
 from nbx_tune.tuner.screen import ScreenResult
 from nbx_tune.tuner.screen_shapes import edge_problems, screen_shapes
+from nbx_tune.tuner.strategies.search import Full, SearchNote
 
 
 @dataclass
@@ -64,6 +65,7 @@ class SeatResult:
     screen_s: float = 0.0
     bench_s: float = 0.0
     total_s: float = 0.0
+    note: SearchNote = field(default_factory=SearchNote)  # how the winner was searched for
 
 
 class NullReporter:
@@ -149,11 +151,35 @@ class _Candidates:
     refused with its reason. A worker that died may have been corrupted before it died,
     so what it passed counts only once a live worker passes it again."""
 
-    def __init__(self, executor, reporter, label: str):
+    def __init__(self, executor, reporter, label: str, confirming: bool = False):
         self.executor, self.reporter, self.label = executor, reporter, label
+        self.confirming = confirming  # the seat has confirm shapes
         self.records: dict[Config, CandidateRecord] = {}
         self.passed_in: dict[Config, int] = {}  # the worker generation whose screen passed it
         self.confirmed_in: dict[Config, int] = {}
+        self.compiling: set[Config] = set()
+        self.screen_s = self.bench_s = 0.0
+
+    def evaluate(self, configs, strategy) -> list:
+        """What a search asks for (tuner/strategies/search.py): screen those of `configs`
+        not screened yet, refuse the imprecise, time the survivors; their measurements."""
+        more = [c for c in configs if c not in self.compiling]
+        if more and hasattr(self.executor, "precompile"):
+            self.executor.precompile(more)
+        self.compiling.update(more)
+        ts = time.perf_counter()
+        self.screen_all([c for c in configs if c not in self.records])
+        survivors = [c for c in configs if self.records[c].reason is None]
+        survivors = [c for c in survivors if self.passed_in[c] == self.executor.generation or self.screen(c)]
+        kept = set(self.refuse_imprecise([c for c, r in self.records.items() if r.reason is None]))
+        tb = time.perf_counter()
+        self.screen_s += tb - ts
+        measured = [m for m in strategy([c for c in survivors if c in kept], self.measure)
+                    if self.records[m.config].reason is None]
+        for m in measured:
+            self.records[m.config].timing, self.records[m.config].final = m.timing, m.final
+        self.bench_s += time.perf_counter() - tb
+        return measured
 
     def _refuse(self, config: Config, out) -> bool:
         rec = self.records[config]
@@ -196,12 +222,6 @@ class _Candidates:
             self._refuse(c, _Refused(failed))
         return kept
 
-    def time(self, survivors: list[Config], strategy) -> None:
-        for m in strategy(survivors, self.measure):
-            rec = self.records[m.config]
-            if rec.reason is None:
-                rec.timing, rec.final = m.timing, m.final
-
     def measure(self, config: Config, mode: str):
         out = self.executor.time(config, mode)
         if not out.ok:
@@ -218,7 +238,7 @@ class _Candidates:
         gen = self.executor.generation
         if self.passed_in[config] != gen and not self.screen(config):
             return False
-        if self.confirmed_in.get(config) != gen:
+        if self.confirming and self.confirmed_in.get(config) != gen:
             out = self.executor.confirm(config)
             if not out.ok:
                 return self._refuse(config, out)
@@ -266,9 +286,11 @@ class _Refused:
 
 
 def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], executor,
-              strategy, device: str, reporter=None) -> SeatResult:
+              strategy, device: str, reporter=None, search=None) -> SeatResult:
     """Certify one seat from the shapes a census saw in it (the steps of this module's
-    docstring), with the executor running candidates and the strategy timing them."""
+    docstring), with the executor running candidates and the strategy timing them.
+    `search` (tuner/strategies/search.py) picks which candidates are screened and timed:
+    all of them by default."""
     reporter = reporter or NullReporter()
     t0 = time.perf_counter()
     bad = unscreenable(spec, profile, problems)
@@ -283,17 +305,18 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
     for r in pruned:
         reporter.candidate(label, r.config, r.reason)
 
-    cands = _Candidates(executor, reporter, label)
-    screen_s = bench_s = 0.0
+    search = search or Full()
+    cands = _Candidates(executor, reporter, label, confirming=bool(job.confirm_problems))
     try:
-        executor.start_seat(spec, job, keep)
-        ts = time.perf_counter()
-        survivors = cands.refuse_imprecise(cands.screen_all(keep))
-        tb = time.perf_counter()
-        cands.time(survivors, strategy)
+        first = search.compile_first(keep)
+        executor.start_seat(spec, job, first)
+        cands.compiling.update(first)
+        note = search.run(keep, lambda configs: cands.evaluate(configs, strategy))
+        if note.detail:
+            reporter.notice(f"{label}: {note.detail}")
         tc = time.perf_counter()
         top = cands.top(2)
-        screen_s, bench_s = (tb - ts) + (time.perf_counter() - tc), tc - tb
+        cands.screen_s += time.perf_counter() - tc
     except SeatPrepareError as e:  # at the start, or in a worker that replaced a dead one
         reporter.notice(f"{label}: not certified: {e}")
         return SeatResult("refused", pruned + list(cands.records.values()),
@@ -303,17 +326,16 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
 
     records = pruned + list(cands.records.values())
     screened = tuple(dict.fromkeys((*job.screen_problems, *job.confirm_problems)))
-    total = time.perf_counter() - t0
+    spent = dict(screen_s=cands.screen_s, bench_s=cands.bench_s, total_s=time.perf_counter() - t0)
     if not top:
         return SeatResult("refused", records, seat_refusal=(
             "all_refused", f"all {len(spec.configs())} candidates refused"),
-            screened=screened, screen_s=screen_s, bench_s=bench_s, total_s=total)
+            screened=screened, note=note, **spent)
     winner, runner = top[0], (top[1] if len(top) > 1 else None)
     margin = (runner.timing.median_ms - winner.timing.median_ms) / winner.timing.median_ms if runner else None
     unscreened = "; ".join(skipped) or None
     return SeatResult("unscreened" if unscreened else "certified", records, winner, runner, margin,
-                      unscreened=unscreened, screened=screened,
-                      screen_s=screen_s, bench_s=bench_s, total_s=total)
+                      unscreened=unscreened, screened=screened, note=note, **spent)
 
 
 def screen_configs(spec: KernelSpec, profile, label: str, configs, problems: list[Problem], executor,
@@ -353,9 +375,11 @@ def renewed(cert, new_screens: list[ScreenResult], seconds: float) -> SeatResult
 
     winner = rec(cert.config, cert.median_ms, cert.p20_ms, cert.p80_ms, old + list(new_screens))
     runner = rec(cert.runner_up, cert.runner_up_ms, cert.runner_up_ms, cert.runner_up_ms) if cert.runner_up else None
+    note = SearchNote(getattr(cert, "search", None) or "full",
+                      recertified_from=getattr(cert, "recertified_from", None))
     return SeatResult("unscreened" if cert.unscreened else "certified", [], winner, runner, cert.margin,
                       unscreened=cert.unscreened, screened=tuple(dict.fromkeys(s.problem for s in winner.screens)),
-                      screen_s=seconds, total_s=seconds)
+                      screen_s=seconds, total_s=seconds, note=note)
 
 
 def _announce_skip(spec, profile, label, p: Problem, nbytes: int, reporter) -> str:

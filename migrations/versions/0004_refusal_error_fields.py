@@ -1,16 +1,16 @@
 """Refusals carry the measured error and the tolerance it was judged against as numbers
 (until now only in the detail text), so `refusals --json` can give them as fields.
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 Create Date: 2026-12-04
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003"
-down_revision = "0002"
+revision = "0004"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
