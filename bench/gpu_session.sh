@@ -7,16 +7,18 @@
 # trust (planted subtle faults refused; no correct config of any kernel refused as imprecise or
 # nondeterministic), oracle (the fp64 oracle's cost at the largest example shapes), census8b (a
 # Llama-3-8B prefill with its 128k-vocabulary LM head, then the screen's share and `unscreened`).
-# Other stages: direct (the direct launch's GPU proof), tma (every TMA config at odd shapes), profile (a census under cProfile),
+# Other stages: coverage (the data-movement, batch norm and pooling families and the integer
+# element-wise path against fp64, every dtype), direct (the direct launch's GPU proof, every family), tma (every TMA config at odd shapes), profile (a census under cProfile),
 # fleet (one GPU's worker against two on the same queue, cold caches; needs 2 GPUs),
-# compare (every served row of the example traces against torch: bench/torch_compare.py), speed (split-K
-# GEMM and decode-attention candidates: fp64 check, then timed against torch, certified and the HBM floor),
+# compare (every served row of the example traces against torch: bench/torch_compare.py), speed (new GEMM
+# and attention candidates against fp64, then every config of the space timed against torch, certified and the HBM floor),
 # recert (every shipped hopper seat re-certified after a source change, against a fresh census),
-# pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
+# serve (transformers' Llama at 7B's dims, 2 layers: prefill and decode under torch and serve(),
+# eager and CUDA graphs; needs transformers' wheels in .whl), pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them). Studies (lab/<study>/) are run directly, not from here.
 # Limits are env overrides: TRUST_S ORACLE_S CENSUS8B_S FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
-# DIRECT_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S
+# COVERAGE_S DIRECT_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S SERVE_S
 # (COMPARE_BUDGET_S, SPEED_BUDGET_S: when compare, speed stop starting new work);
 # CENSUS_TRACES: the trace files of the census stage; QUALITY_ARGS: e.g. --buckets-only.
 set -u
@@ -42,6 +44,8 @@ for s in $STAGES; do case $s in
   fault) stage ${FAULT_S:-60} python3 bench/gpu_check.py --skip-correctness ;;
   check) stage ${CHECK_S:-360} python3 bench/gpu_check.py --skip-fault --seconds ${CHECK_RUN_S:-300} \
            --configs-per-row 2 --jobs 12 ;;
+  coverage) stage ${COVERAGE_S:-240} python3 bench/gpu_check.py --skip-fault --seconds 200 --configs-per-row 3 \
+              --jobs 12 --kernels copy,cat,embedding,fill,batch_norm,max_pool2d,elementwise_binary ;;
   import) for t in bench_out/*.json; do  # tables of an earlier call (carry bench_out), so a census resumes
             [ -f "$t" ] && stage 30 python3 -m nbx_tune.cli.app import "$t"; done ;;
   census) for t in ${CENSUS_TRACES:-examples/traces/llama2_7b_seq512_bf16.tsv examples/traces/gpt2_seq1024_bf16.tsv \
@@ -55,8 +59,8 @@ for s in $STAGES; do case $s in
   census8b) census ${CENSUS8B_S:-500} examples/traces/llama3_8b_seq1024_bf16.tsv
             stage 30 python3 bench/screen_share.py
             stage 30 sh -c "python3 -m nbx_tune.cli.app unscreened --json > $OUT/unscreened.json; cat $OUT/unscreened.json | head -c 2000" ;;
-  launch) stage ${LAUNCH_S:-100} python3 bench/launch_overhead.py ;;
-  direct) stage ${DIRECT_S:-120} python3 bench/direct_launch_check.py ;;
+  launch) stage ${LAUNCH_S:-150} python3 bench/launch_overhead.py ;;
+  direct) stage ${DIRECT_S:-300} python3 bench/direct_launch_check.py ;;
   fleet) stage ${FLEET_S:-500} python3 bench/fleet_scaling.py --gpus 0 0,1 ${FLEET_ARGS:-} ;;
   tma) stage ${TMA_S:-200} python3 bench/tma_check.py ;;
   profile) stage ${PROFILE_S:-150} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv \
@@ -69,5 +73,6 @@ for s in $STAGES; do case $s in
   recert) stage ${RECERT_S:-540} python3 bench/recertify_cost.py ;;  # shipped hopper seats: re-certified vs fresh
   replay) stage 60 python3 bench/ranking_replay.py ;;  # rankers replayed on the session database's full tunings
   quality) stage ${QUALITY_S:-280} python3 bench/kernel_quality.py ${QUALITY_ARGS:-} ;;
+  serve) stage ${SERVE_S:-240} python3 bench/serve_models.py ${SERVE_ARGS:-} ;;
   *) echo "unknown stage $s" | tee -a "$LOG" ;;
 esac; done

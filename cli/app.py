@@ -83,6 +83,7 @@ def census(
         return
     if dry_run:
         out.print(render.coverage_table(rep))
+    out.print(render.ops_table(rep))
     extra = render.uncovered_table(rep)
     if extra is not None:
         out.print(extra)
@@ -299,6 +300,18 @@ def trace(
 
     summary = trace_command(output, list(command or []))
     out.print(f"wrote {summary.rows} rows ({summary.launches} launches) to {summary.path}", highlight=False)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@user_errors
+def run(
+    command: Optional[List[str]] = typer.Argument(None, help="The command to run, after --."),
+    stats_json: Optional[Path] = typer.Option(None, "--stats-json", help="Also write the per-op stats as JSON."),
+):
+    """Run a PyTorch program on the certified kernels: nbx-tune run -- python m.py (stats at exit)"""
+    from nbx_tune.tuner.serve_main import run_command
+
+    raise typer.Exit(run_command(list(command or []), stats_json))
 
 
 # ----------------------------------------------------------------------------- profiles

@@ -55,6 +55,20 @@ def coverage_table(rep) -> Table:
     return t
 
 
+def ops_table(rep) -> Table:
+    """Coverage per trace op: launches served by a certificate, and why the rest are not."""
+    t = Table(title="Coverage by op")
+    t.add_column("op", overflow="fold")
+    t.add_column("kernel", overflow="fold")
+    t.add_column("launches", justify="right")
+    t.add_column("served", justify="right")
+    t.add_column("the rest", overflow="fold")
+    for e in rep.by_op():
+        rest = ", ".join(f"{n} {st}" for st, n in e["by_status"].items() if st not in ("certified", "unscreened"))
+        t.add_row(e["op"], e["kernel"] or "-", str(e["launches"]), str(e["served"]), rest or "-")
+    return t
+
+
 def uncovered_table(rep) -> Table | None:
     if not rep.uncovered and not rep.not_servable:
         return None

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
+from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import format_shape
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags
@@ -68,23 +69,35 @@ def _attn_fwd_kernel(
     qk_scale,  # scale * log2(e)
     IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACK: tl.constexpr = 1,
 ):
     # Causal: the longest query blocks (the last) start first, so the short ones fill the
     # machine's tail instead of one long block running alone at the end.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0) if IS_CAUSAL else tl.program_id(0)
+    # PACK query heads of one key/value head share a program (PACK divides GROUP): row r is
+    # head h0 + r // QB at query start_m + r % QB, so each K/V tile is loaded once for all
+    # of them (grouped-query prefill). PACK = 1: one head, BLOCK_M queries.
+    QB: tl.constexpr = BLOCK_M // PACK
     bh = tl.program_id(1).to(tl.int64)
-    b = bh // Hq
-    h = bh % Hq
-    kvh = h // GROUP
-    q_base = q_ptr + b * stride_qb + h * stride_qh
+    b = bh // (Hq // PACK)
+    h0 = (bh % (Hq // PACK)) * PACK
+    kvh = h0 // GROUP
     k_base = k_ptr + b * stride_kb + kvh * stride_kh
     v_base = v_ptr + b * stride_vb + kvh * stride_vh
-    o_base = o_ptr + b * stride_ob + h * stride_oh
-    lse_base = lse_ptr + b * stride_lb + h * stride_lh
 
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    start_m = pid_m * QB
+    if PACK == 1:
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q_rows = q_ptr + b * stride_qb + h0 * stride_qh + offs_m * stride_qm
+        o_rows = o_ptr + b * stride_ob + h0 * stride_oh + offs_m * stride_om
+        l_rows = lse_ptr + b * stride_lb + h0 * stride_lh + offs_m * stride_lm
+    else:
+        rows = tl.arange(0, BLOCK_M)
+        offs_m = start_m + rows % QB
+        hr = h0 + rows // QB
+        q_rows = q_ptr + b * stride_qb + hr * stride_qh + offs_m * stride_qm
+        o_rows = o_ptr + b * stride_ob + hr * stride_oh + offs_m * stride_om
+        l_rows = lse_ptr + b * stride_lb + hr * stride_lh + offs_m * stride_lm
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -92,8 +105,7 @@ def _attn_fwd_kernel(
     dv_ok = offs_dv < HEAD_DIM_V
     m_ok = offs_m < Lq
 
-    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(q_rows[:, None] + offs_d[None, :] * stride_qd, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
     v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd  # (BLOCK_N, BLOCK_DV)
 
@@ -104,16 +116,23 @@ def _attn_fwd_kernel(
     if IS_CAUSAL:
         # Keys 0..start_m are seen by every row of the block; keys past the block's last row
         # by none of them.
-        hi = tl.minimum(start_m + BLOCK_M, Lk)
+        hi = tl.minimum(start_m + QB, Lk)
         n_full = (tl.minimum(start_m + 1, Lk) // BLOCK_N) * BLOCK_N
     else:
         hi = Lk
         n_full = (Lk // BLOCK_N) * BLOCK_N
 
-    # Key blocks every row sees in full: no masks on keys.
+    # Key blocks every row sees in full: no masks on keys, nor on head dims that fill their
+    # power-of-two block (D = 64, 128: the loads need no mask at all).
     for start_n in range(0, n_full, BLOCK_N):
-        k = tl.load(k_ptrs + start_n * stride_kn, mask=d_ok[:, None], other=0.0)
-        v = tl.load(v_ptrs + start_n * stride_vn, mask=dv_ok[None, :], other=0.0)
+        if HEAD_DIM == BLOCK_D:
+            k = tl.load(k_ptrs + start_n * stride_kn)
+        else:
+            k = tl.load(k_ptrs + start_n * stride_kn, mask=d_ok[:, None], other=0.0)
+        if HEAD_DIM_V == BLOCK_DV:
+            v = tl.load(v_ptrs + start_n * stride_vn)
+        else:
+            v = tl.load(v_ptrs + start_n * stride_vn, mask=dv_ok[None, :], other=0.0)
         qk = tl.dot(q, k, input_precision=INPUT_PRECISION) * qk_scale
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -144,15 +163,19 @@ def _attn_fwd_kernel(
         m_i = m_new
 
     out = acc / l_i[:, None]
-    tl.store(o_base + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od,
-             out.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & dv_ok[None, :])
+    tl.store(o_rows[:, None] + offs_dv[None, :] * stride_od, out.to(o_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & dv_ok[None, :])
     lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # back to natural log
-    tl.store(lse_base + offs_m * stride_lm, lse, mask=m_ok)
+    tl.store(l_rows, lse, mask=m_ok)
     if pid_m == tl.num_programs(0) - 1:
         # The padding rows [Lq, LSE_LEN) of an aligned logsumexp: +inf (LSE_LEN - Lq < 32).
         offs_t = Lq + tl.arange(0, 32)
-        tl.store(lse_base + offs_t * stride_lm, tl.full([32], float("inf"), dtype=tl.float32),
-                 mask=offs_t < LSE_LEN)
+        for j in tl.static_range(PACK):
+            tl.store(lse_ptr + b * stride_lb + (h0 + j) * stride_lh + offs_t * stride_lm,
+                     tl.full([32], float("inf"), dtype=tl.float32), mask=offs_t < LSE_LEN)
+
+
+_attn_fwd_kernel = launch.recorded(_attn_fwd_kernel)  # its calls are replayed (kernels/launch.py)
 
 
 @triton.jit
@@ -239,6 +262,9 @@ def _attn_decode_kernel(
         tl.store(wl_ptr + row, lse2, mask=r_ok)
 
 
+_attn_decode_kernel = launch.recorded(_attn_decode_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 @triton.jit
 def _attn_combine_kernel(
     wo_ptr, wl_ptr, o_ptr, lse_ptr, BHq, Hq, Lq,
@@ -269,6 +295,9 @@ def _attn_combine_kernel(
     tl.store(lse_ptr + b * stride_lb + h * stride_lh + qi * stride_lm, (m + tl.log2(den)) * 0.6931471805599453)
 
 
+_attn_combine_kernel = launch.recorded(_attn_combine_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 def _block(d: int) -> int:
     """The power-of-two block a head dim is loaded in (tl.dot needs at least 16)."""
     return max(16, triton.next_power_of_2(d))
@@ -283,7 +312,14 @@ def launch_attention(q, k, v, o, lse, scale: float, is_causal: bool, config: Con
     if "SPLIT_KV" in config.kwargs:
         launch_attention_decode(q, k, v, o, lse, scale, is_causal, config)
         return
-    grid = (triton.cdiv(Lq, config["BLOCK_M"]), B * Hq)
+    kwargs = config.kwargs
+    pack = kwargs.get("PACK", 1)
+    if pack > 1 and (Hq // Hkv) % pack:
+        # A seat's problems may differ in their head groups: where this one's group is not a
+        # multiple of PACK, the program packs as many heads as both allow (still correct).
+        pack = math.gcd(pack, Hq // Hkv)
+        kwargs = {**kwargs, "PACK": pack}
+    grid = (triton.cdiv(Lq, config["BLOCK_M"] // pack), B * Hq // pack)
     _attn_fwd_kernel[grid](
         q, k, v, o, lse,
         Hq, Hq // Hkv, Lq, Lk, lse.shape[2],
@@ -291,7 +327,7 @@ def launch_attention(q, k, v, o, lse, scale: float, is_causal: bool, config: Con
         scale * LOG2E,
         IS_CAUSAL=is_causal, HEAD_DIM=D, HEAD_DIM_V=Dv, BLOCK_D=_block(D), BLOCK_DV=_block(Dv),
         INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        **config.kwargs,
+        **kwargs,
     )
 
 
@@ -303,8 +339,8 @@ def launch_attention_decode(q, k, v, o, lse, scale: float, is_causal: bool, conf
     Dv = v.shape[3]
     group, sk = Hq // Hkv, config["SPLIT_KV"]
     if sk > 1:
-        wo = torch.empty((sk, B * Hq, Lq, Dv), dtype=torch.float32, device=q.device)
-        wl = torch.empty((sk, B * Hq, Lq), dtype=torch.float32, device=q.device)
+        wo = launch.empty((sk, B * Hq, Lq, Dv), torch.float32, q.device)
+        wl = launch.empty((sk, B * Hq, Lq), torch.float32, q.device)
     else:
         wo, wl = o, lse  # unused
     grid = (triton.cdiv(group * Lq, config["BLOCK_M"]), B * Hkv, sk)
@@ -324,8 +360,8 @@ def launch_attention_decode(q, k, v, o, lse, scale: float, is_causal: bool, conf
         lse[:, :, Lq:].fill_(float("inf"))
 
 
-def _c(bm, bn, warps, stages, split=0):
-    extra = {"SPLIT_KV": split} if split else {}
+def _c(bm, bn, warps, stages, split=0, pack=1):
+    extra = {"SPLIT_KV": split} if split else ({"PACK": pack} if pack > 1 else {})
     return Config.make(BLOCK_M=bm, BLOCK_N=bn, **extra, num_warps=warps, num_stages=stages)
 
 
@@ -347,6 +383,10 @@ CONFIGS = (
     # batch of one still has B * Hkv * SPLIT_KV programs.
     _c(16, 64, 4, 2, split=1), _c(16, 128, 4, 2, split=1), _c(16, 64, 4, 3, split=4), _c(16, 64, 4, 3, split=8),
     _c(16, 64, 4, 3, split=16), _c(16, 128, 4, 2, split=4), _c(16, 128, 4, 2, split=8), _c(32, 64, 4, 3, split=4),
+    # Grouped-query prefill: PACK query heads of a key/value head in one program's rows, so
+    # K/V tiles cross from L2 once per PACK heads. Refused where PACK does not divide the group.
+    _c(64, 64, 4, 3, pack=2), _c(64, 64, 4, 3, pack=4), _c(128, 64, 8, 3, pack=2), _c(128, 64, 8, 3, pack=4),
+    _c(128, 128, 8, 3, pack=4),
 )
 DECODE_MAX_LQ = 16
 
@@ -380,6 +420,10 @@ class AttentionSpec(KernelSpec):
     default_configs = DEFAULTS
 
     def static_refusal(self, profile, config, problem):
+        pack = config.kwargs.get("PACK", 1)
+        if pack > 1 and (problem.get("Hq") // problem.get("Hkv")) % pack:
+            return ("not_applicable", f"PACK {pack} query heads per program: the group is "
+                                      f"{problem.get('Hq') // problem.get('Hkv')} heads")
         sk = config.kwargs.get("SPLIT_KV")
         if sk is not None:
             _, Lq, Lk, _, _ = problem.dims
@@ -590,6 +634,9 @@ class AttentionSpec(KernelSpec):
             specs["lse"] = ((B, Hq, -(-Lq // LSE_ALIGN) * LSE_ALIGN), "float32")
         return specs
 
+    def serve_ops(self):
+        return {SDPA: _serve_sdpa}
+
     def launch(self, config, problem, inputs, outputs):
         q = inputs["q"]
         lse = outputs.get("lse")
@@ -605,6 +652,7 @@ SPEC = AttentionSpec()
 
 # ----------------------------------------------------------------------------- public ops
 
+REMEMBERED, tensor_key = launch.REMEMBERED, launch.tensor_key
 _DTYPE_NAMES = {v: (k,) for k, v in TORCH_DTYPES.items()}
 _CAUSAL = seat_flags(causal=1)
 _NOT_CAUSAL = seat_flags(causal=0)
@@ -623,6 +671,19 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     q (B, Hq, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv); Hkv divides Hq; D, Dv <= 256.
     is_causal masks top-left (query i sees keys j <= i); scale defaults to 1 / sqrt(D).
     Returns (B, Hq, Lq, Dv) in q's dtype, with the certified config of its seat."""
+    # The direct launch (kernels/launch.py): a call whose key was seen replays its kernel.
+    try:
+        key = (SPEC, is_causal, scale, q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
+               tensor_key(k), tensor_key(v))
+    except AttributeError:  # not tensors: the checks say so
+        return _attention(q, k, v, is_causal, scale)
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(q, k, v)
+    return launch.remember(key, (q, k, v), _attention, q, k, v, is_causal, scale)
+
+
+def _attention(q, k, v, is_causal, scale):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise KernelError(f"attention: expected 4-D query, key, value, got {tuple(q.shape)}, "
                           f"{tuple(k.shape)}, {tuple(v.shape)}")
@@ -643,7 +704,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         raise KernelError(f"attention: batch x heads {B * Hq} > {MAX_GRID_Y}")
     if max(_span(q), _span(k), _span(v)) > INT32_MAX:
         raise KernelError("attention: one head's slab spans 2^31 elements or more")
-    out = torch.empty((B, Hq, Lq, Dv), dtype=q.dtype, device=q.device)
+    out = launch.empty((B, Hq, Lq, Dv), q.dtype, q.device)
     if out.numel() == 0:
         return out
     if Lk == 0:  # torch: no keys, a zero output
@@ -651,6 +712,18 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     config = config_for(SPEC, dtypes, _CAUSAL if is_causal else _NOT_CAUSAL, (B * Hq, Lq, Lk, D, Dv))
-    lse = torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device)
+    lse = launch.scratch((B, Hq, Lq), torch.float32, q.device)  # not returned: nothing reads it
     launch_attention(q, k, v, out, lse, scale, bool(is_causal), config)
     return out
+
+
+def _serve_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+                enable_gqa=False):
+    """aten.scaled_dot_product_attention's arguments, for serve()."""
+    if attn_mask is not None:
+        raise KernelError("attention: attn_mask is not served")
+    if dropout_p != 0.0:
+        raise KernelError(f"attention: dropout_p={dropout_p} is not served")
+    if not enable_gqa and key.dim() == 4 and query.dim() == 4 and key.shape[1] != query.shape[1]:
+        raise KernelError("attention: key/value heads differ from the query's without enable_gqa")
+    return scaled_dot_product_attention(query, key, value, is_causal, scale)

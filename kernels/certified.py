@@ -8,9 +8,9 @@ matches this process: kernel source hash, config-space hash, profile hash and Tr
 version; anything else is stale and is never served.
 
 After loading, a launch is one dict lookup on (kernel, dtypes, flags, dims); the ladder
-math runs once per distinct shape. A kernel may go further and remember the compiled kernel
-of each exact launch (`direct_launch`, `remember_direct`), skipping Triton's per-call
-argument binding; both memos are dropped by `reload()`, so a new certificate is served.
+math runs once per distinct shape. The public ops go further and replay the compiled
+kernels of each exact call (kernels/launch.py); `reload()` drops both memos, so a new
+certificate is served.
 A seat with no certificate gets the kernel's declared default config, the miss is counted
 (`launch_stats()`), and the log says so once per seat.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from nbx_tune import settings
 from nbx_tune.errors import KernelError, NbxError
-from nbx_tune.kernels import certified_view, table_format
+from nbx_tune.kernels import certified_view, launch, table_format
 from nbx_tune.kernels.spec import (Config, KernelSpec, Problem, bucket_of, decode_bucket,
                                    decode_flags, label_of, seat_label)
 
@@ -33,15 +33,24 @@ log = logging.getLogger("nbx_tune")
 
 TABLE_DIR = Path(__file__).resolve().parent / "tables"
 MEMO_LIMIT = 1 << 16  # distinct launch shapes remembered before the memo starts over
-DIRECT_LIMIT = 1 << 12  # compiled launches remembered before that memo starts over
+
+class MissTally(Counter):
+    """Misses by seat, with their running total: what serve() reads around one op to tell a
+    launch on a certified config from one on the default."""
+
+    total = 0
+
+    def __setitem__(self, key, value):
+        self.total += value - self.get(key, 0)
+        super().__setitem__(key, value)
+
 
 @dataclass
 class LaunchState:
     profile: object
     entries: dict = field(default_factory=dict)  # (kernel, dtypes, flags, bucket) -> (Config, source)
     memo: dict = field(default_factory=dict)  # (kernel, dtypes, flags, dims) -> (Config, miss seat or None)
-    direct: dict = field(default_factory=dict)  # exact launch key -> (runner, fixed args, miss seat or None)
-    misses: Counter = field(default_factory=Counter)
+    misses: Counter = field(default_factory=MissTally)
     stale: list = field(default_factory=list)  # (source, seat label, why)
     # Rows of kernels not registered when the configs were loaded (a plugin imported by the
     # program, never registered): admitted when a launch hands config_for their spec.
@@ -146,6 +155,7 @@ def reload() -> None:
     global _state
     with _lock:
         _state = None
+        launch.forget()
 
 
 def _resolve(st: LaunchState, spec: KernelSpec, dtypes, flags, dims) -> tuple:
@@ -181,41 +191,18 @@ def config_for(spec: KernelSpec, dtypes: tuple, flags: tuple, dims: tuple) -> Co
         hit = st.memo[key] = _resolve(st, spec, dtypes, flags, dims)
     if hit[1] is not None:
         st.misses[hit[1]] += 1
+        launch.note_miss(st.misses, hit[1])  # a replay of this call counts it too
     return hit[0]
 
 
-def direct_launch(key) -> tuple | None:
-    """(runner, fixed args) remembered for exactly this launch, or None.
-
-    The key is the kernel's business, and it must hold everything Triton specializes a
-    compile on: every integer argument's value, every pointer's low address bits, dtypes,
-    device and constexprs. A runner launched under a key that misses one of them would run
-    code compiled for other arguments (tests/test_direct_launch.py, bench/direct_launch_check.py)."""
-    st = _state or state()
-    hit = st.direct.get(key)
-    if hit is not None and hit[2] is not None:
-        st.misses[hit[2]] += 1  # a default config served directly is still a miss
-    return hit
-
-
-def remember_direct(key, compiled, grid, fixed: tuple, spec: KernelSpec, dtypes, flags, dims) -> None:
-    """Remember what `kernel[grid](...)` returned for this launch. Under the interpreter
-    nothing is compiled (it returns None), and every launch takes Triton's own path."""
-    if compiled is None:
-        return
-    st = _state or state()
-    if len(st.direct) >= DIRECT_LIMIT:
-        st.direct.clear()
-    # CompiledKernel[grid] is the launcher Triton's own tutorials use for a kernel compiled
-    # ahead: it reads the current stream, honours launch hooks, and takes every argument,
-    # constexprs included, in the kernel's order. Unlike kernel[grid] it does not pad the
-    # grid, and some Triton versions raise IndexError on a shorter one.
-    grid3 = (*grid, 1, 1)[:3]
-    st.direct[key] = (compiled[grid3], fixed, st.memo[(spec.name, dtypes, flags, dims)][1])
-
-
 def launch_stats() -> dict:
-    """Misses by seat, stale certificates skipped, and where configs were loaded from."""
+    """Misses by seat, stale certificates skipped, where configs were loaded from, the
+    direct launches (calls remembered, and why others were not: kernels/launch.py), and per
+    aten op what `serve()` ran (certified, default, torch with reasons) once it was used."""
+    import sys
+
     st = state()
-    return {"profile": st.profile.name, "certified_seats": len(st.entries), "direct_launches": len(st.direct),
-            "misses": dict(st.misses), "stale": list(st.stale), "sources": list(st.sources)}
+    serving = sys.modules.get("nbx_tune.kernels.serve")
+    return {"profile": st.profile.name, "certified_seats": len(st.entries), "direct_launches": len(launch.REMEMBERED),
+            "misses": dict(st.misses), "stale": list(st.stale), "sources": list(st.sources),
+            "not_remembered": dict(launch.REFUSED), "ops": serving.stats() if serving is not None else {}}

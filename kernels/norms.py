@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
+from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags
@@ -109,6 +110,9 @@ def _row_norm_kernel(
     tl.store(rstd_ptr + rows, rstd.to(rstd_ptr.dtype.element_ty), mask=row_ok)
 
 
+_row_norm_kernel = launch.recorded(_row_norm_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 @triton.jit
 def _group_norm_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, G, D, HW, CPG, eps,
@@ -163,6 +167,9 @@ def _group_norm_kernel(
     tl.store(rstd_ptr + pid, rstd.to(rstd_ptr.dtype.element_ty))
 
 
+_group_norm_kernel = launch.recorded(_group_norm_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 def launch_row_norm(x, weight, bias, y, mean, rstd, n_rows: int, N: int, eps: float, rms: bool,
                     config: Config) -> None:
     """y = norm(x) over rows of N contiguous elements; mean (unused for RMS) and rstd hold
@@ -182,8 +189,7 @@ def launch_group_norm(x, weight, bias, y, mean, rstd, n: int, C: int, HW: int, g
     n * groups values; weight and bias are C values or None."""
     D = (C // groups) * HW
     _group_norm_kernel[(n * groups,)](
-        x, x if weight is None else weight, x if bias is None else bias, y, mean, rstd,
-        groups, D, HW, C // groups, eps,
+        x, x if weight is None else weight, x if bias is None else bias, y, mean, rstd, groups, D, HW, C // groups, eps,
         HAS_W=weight is not None, HAS_B=bias is not None, ONE_PASS=D <= config["BLOCK"],
         **config.kwargs,
     )
@@ -368,6 +374,9 @@ class LayerNormSpec(_RowNormSpec):
         stat = shape[:len(shape) - k] + (1,) * k
         return {"out": (shape, problem.dtypes[0]), "mean": (stat, "float32"), "rstd": (stat, "float32")}
 
+    def serve_ops(self):
+        return {"aten.native_layer_norm": _serve_native_layer_norm}
+
     def launch(self, config, problem, inputs, outputs):
         N = problem.dims[0]
         x = inputs["input"]
@@ -416,6 +425,9 @@ class RMSNormSpec(_RowNormSpec):
         shape, k = tuple(problem.get("shape")), problem.get("norm_ndim")
         stat = shape[:len(shape) - k] + (1,) * k
         return {"out": (shape, problem.dtypes[0]), "rstd": (stat, "float32")}
+
+    def serve_ops(self):
+        return {"aten.rms_norm": rms_norm}
 
     def launch(self, config, problem, inputs, outputs):
         N = problem.dims[0]
@@ -523,6 +535,9 @@ class GroupNormSpec(KernelSpec):
         stat = (shape[0], problem.get("groups"))
         return {"out": (shape, dt), "mean": (stat, dt), "rstd": (stat, dt)}
 
+    def serve_ops(self):
+        return {"aten.native_group_norm": _serve_native_group_norm}
+
     def launch(self, config, problem, inputs, outputs):
         shape = tuple(problem.get("shape"))
         launch_group_norm(inputs["input"], inputs.get("weight"), inputs.get("bias"), outputs["out"],
@@ -538,6 +553,7 @@ SPECS = (LAYER_NORM, RMS_NORM, GROUP_NORM)
 
 # ----------------------------------------------------------------------------- public ops
 
+REMEMBERED, tensor_key = launch.REMEMBERED, launch.tensor_key
 _DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 _WB_FLAGS = {(w, b): seat_flags(weight=int(w), bias=int(b)) for w in (False, True) for b in (False, True)}
 _W_FLAGS = {w: seat_flags(weight=int(w)) for w in (False, True)}
@@ -553,7 +569,7 @@ def _dtype_of(op: str, x, *others) -> tuple[str]:
     return (name,)
 
 
-def _contig(t):
+def _contig(t):  # a copy when it is not contiguous: such a call is never remembered
     return t if t is None or t.is_contiguous() else t.contiguous()
 
 
@@ -573,19 +589,38 @@ def _check_affine(op: str, t, shape) -> None:
         raise KernelError(f"{op}: weight/bias {tuple(t.shape)} is not shaped {tuple(shape)}")
 
 
+def _direct(spec, call, x, arg, weight, bias, eps):
+    # The direct launch (kernels/launch.py): a call whose key was seen replays its kernel.
+    # A list argument (from an aten op) is keyed as a tuple.
+    try:
+        key = (spec, arg if type(arg) is not list else tuple(arg), eps, x.shape, x.stride(), x.dtype, x.device,
+               x.data_ptr() & 15, None if weight is None else tensor_key(weight),
+               None if bias is None else tensor_key(bias))
+        hit = REMEMBERED.get(key)
+    except (AttributeError, TypeError):  # not tensors, or unhashable: the checks say so
+        return call(x, arg, weight, bias, eps)
+    if hit is not None:
+        return hit(x, weight, bias)
+    return launch.remember(key, (x, weight, bias), call, x, arg, weight, bias, eps)
+
+
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
     """torch.nn.functional.layer_norm with the certified config of its seat."""
+    return _direct(LAYER_NORM, _layer_norm, x, normalized_shape, weight, bias, eps)
+
+
+def _layer_norm(x, normalized_shape, weight, bias, eps):
     dtypes = _dtype_of("layer_norm", x, weight, bias)
     N, ns = _trailing("layer_norm", x, normalized_shape)
     _check_affine("layer_norm", weight, ns)
     _check_affine("layer_norm", bias, ns)
     x, weight, bias = _contig(x), _contig(weight), _contig(bias)
-    y = torch.empty_like(x)
+    y = launch.empty(x.shape, x.dtype, x.device)
     M = x.numel() // N if N else 0
     if M == 0 or N == 0:
         return y
-    stats = torch.empty((2, M), device=x.device, dtype=torch.float32)
+    stats = launch.scratch((2, M), torch.float32, x.device)  # not returned: nothing reads them
     config = config_for(LAYER_NORM, dtypes, _WB_FLAGS[(weight is not None, bias is not None)], (N,))
     launch_row_norm(x, weight, bias, y, stats[0], stats[1], M, N, eps, False, config)
     return y
@@ -594,15 +629,19 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
 def rms_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
              eps: float | None = None) -> torch.Tensor:
     """torch.nn.functional.rms_norm; eps=None is float32's machine epsilon, as in torch."""
+    return _direct(RMS_NORM, _rms_norm, x, normalized_shape, weight, None, eps)
+
+
+def _rms_norm(x, normalized_shape, weight, _bias, eps):
     dtypes = _dtype_of("rms_norm", x, weight)
     N, ns = _trailing("rms_norm", x, normalized_shape)
     _check_affine("rms_norm", weight, ns)
     x, weight = _contig(x), _contig(weight)
-    y = torch.empty_like(x)
+    y = launch.empty(x.shape, x.dtype, x.device)
     M = x.numel() // N if N else 0
     if M == 0 or N == 0:
         return y
-    rstd = torch.empty((M,), device=x.device, dtype=torch.float32)
+    rstd = launch.scratch((M,), torch.float32, x.device)
     config = config_for(RMS_NORM, dtypes, _W_FLAGS[weight is not None], (N,))
     launch_row_norm(x, weight, None, y, None, rstd, M, N, FP32_EPS if eps is None else eps, True, config)
     return y
@@ -611,6 +650,10 @@ def rms_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = No
 def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
     """torch.nn.functional.group_norm for x of shape (N, C, *spatial)."""
+    return _direct(GROUP_NORM, _group_norm, x, num_groups, weight, bias, eps)
+
+
+def _group_norm(x, num_groups, weight, bias, eps):
     dtypes = _dtype_of("group_norm", x, weight, bias)
     if x.dim() < 2:
         raise KernelError(f"group_norm: expected (N, C, ...), got {tuple(x.shape)}")
@@ -620,12 +663,47 @@ def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None = N
     _check_affine("group_norm", weight, (c,))
     _check_affine("group_norm", bias, (c,))
     x, weight, bias = _contig(x), _contig(weight), _contig(bias)
-    y = torch.empty_like(x)
+    y = launch.empty(x.shape, x.dtype, x.device)
     if x.numel() == 0:
         return y
     hw = x.numel() // (n * c)
-    stats = torch.empty((2, n * num_groups), device=x.device, dtype=x.dtype)
+    stats = launch.scratch((2, n * num_groups), x.dtype, x.device)
     config = config_for(GROUP_NORM, dtypes, _WB_FLAGS[(weight is not None, bias is not None)],
                         ((c // num_groups) * hw,))
     launch_group_norm(x, weight, bias, y, stats[0], stats[1], n, c, hw, num_groups, eps, config)
     return y
+
+
+def _serve_native_layer_norm(x, normalized_shape, weight, bias, eps):
+    """aten.native_layer_norm for serve(): (out, mean, rstd), the statistics in float32
+    shaped as torch's (x's leading dims, then ones)."""
+    dtypes = _dtype_of("layer_norm", x, weight, bias)
+    N, ns = _trailing("layer_norm", x, normalized_shape)
+    _check_affine("layer_norm", weight, ns)
+    _check_affine("layer_norm", bias, ns)
+    x, weight, bias = _contig(x), _contig(weight), _contig(bias)
+    y = torch.empty_like(x)
+    M = x.numel() // N if N else 0
+    stat_shape = (*x.shape[:x.dim() - len(ns)], *(1,) * len(ns))
+    stats = torch.empty((2, M), device=x.device, dtype=torch.float32)
+    if M and N:
+        config = config_for(LAYER_NORM, dtypes, _WB_FLAGS[(weight is not None, bias is not None)], (N,))
+        launch_row_norm(x, weight, bias, y, stats[0], stats[1], M, N, eps, False, config)
+    return y, stats[0].view(stat_shape), stats[1].view(stat_shape)
+
+
+def _serve_native_group_norm(x, weight, bias, N, C, HxW, group, eps):
+    """aten.native_group_norm for serve(): (out, mean, rstd), the statistics (N, group)."""
+    dtypes = _dtype_of("group_norm", x, weight, bias)
+    if x.dim() < 2 or x.shape[0] != N or x.shape[1] != C or group <= 0 or C % group:
+        raise KernelError(f"group_norm: {tuple(x.shape)} is not ({N}, {C}, ...) in {group} groups")
+    _check_affine("group_norm", weight, (C,))
+    _check_affine("group_norm", bias, (C,))
+    x, weight, bias = _contig(x), _contig(weight), _contig(bias)
+    y = torch.empty_like(x)
+    stats = torch.empty((2, N * group), device=x.device, dtype=x.dtype)
+    if x.numel():
+        config = config_for(GROUP_NORM, dtypes, _WB_FLAGS[(weight is not None, bias is not None)],
+                            ((C // group) * HxW,))
+        launch_group_norm(x, weight, bias, y, stats[0], stats[1], N, C, HxW, group, eps, config)
+    return y, stats[0].view(N, group), stats[1].view(N, group)

@@ -164,6 +164,9 @@ class KernelSpec:
     default_configs: Sequence[Config] = ()
     # True for a row kernel: its default is the first whose BLOCK holds the row (dims[0]).
     default_holds_row: bool = False
+    # Data movement (copies, casts, gathers, fills): the oracle is exact, and the screen
+    # compares every output bit for bit (a tolerance of 0) in every dtype.
+    exact: bool = False
 
     # -- declared by each family
     def configs(self) -> Sequence[Config]:
@@ -221,6 +224,18 @@ class KernelSpec:
         interpreter, "gpu" sits around real sizes. The self-check runs them against the
         oracle (tests on the interpreter, bench/gpu_check.py on a GPU)."""
         return []
+
+    def serve_ops(self) -> Mapping[str, Callable]:
+        """How `nbx_tune.serve()` runs this family: aten op (`aten.mm`, `aten.add.Tensor`;
+        the default overload may be written without `.default`) -> a function taking the
+        op's arguments as the dispatcher passes them (positional ones by position, kwarg-only
+        ones by schema name when not defaulted; a Python number stays a number) and
+        returning what the op returns, through the family's public ops, so the launch uses
+        the same seat a trace row of that op maps to. It raises `KernelError` before
+        launching anything when it does not serve the arguments; serve() then runs torch and
+        counts the reason. Ops beyond `ops` may appear where a composite reaches the same
+        seats (`aten.layer_norm` for `aten.native_layer_norm`)."""
+        return {}
 
     def source_parts(self) -> Sequence[Callable]:
         """The code whose change makes certificates stale: the jitted kernel(s) and the

@@ -33,6 +33,7 @@ class SeatPlan:
     bucket: str
     problems: Counter = field(default_factory=Counter)  # Problem -> launches
     rows: int = 0
+    ops: Counter = field(default_factory=Counter)  # trace op -> launches
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -85,6 +86,7 @@ def plan(trace: Trace, sha256: str, profile) -> Plan:
             sp = p.seats[key] = SeatPlan(*key)
         sp.problems[problem] += row.count
         sp.rows += 1
+        sp.ops[row.op] += row.count
     return p
 
 
@@ -108,6 +110,7 @@ class SeatLine:
     config: str | None = None
     median_ms: float | None = None
     action: str = ""  # tuned / rescreened / "" (nothing to do)
+    ops: dict = field(default_factory=dict)  # trace op -> launches in this seat
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -134,11 +137,42 @@ class Report:
         return {st: {"seats": c.get(st, 0), "launches": launches.get(st, 0)}
                 for st in ("certified", "unscreened", "pending", "refused", "stale")}
 
+    def by_op(self) -> list[dict]:
+        """Coverage per trace op: its launches by seat status (certified and unscreened
+        are served by a certificate), and the reasons for launches no kernel serves."""
+        ops: dict[str, dict] = {}
+
+        def entry(op):
+            return ops.setdefault(op, {"op": op, "kernel": None, "launches": 0, "served": 0, "by_status": {},
+                                       "why": []})
+
+        for s in self.seats:
+            for op, n in s.ops.items():
+                e = entry(op)
+                e["kernel"] = s.kernel
+                e["launches"] += n
+                e["by_status"][s.status] = e["by_status"].get(s.status, 0) + n
+                if s.status in ("certified", "unscreened"):
+                    e["served"] += n
+                elif s.why and s.why not in e["why"]:
+                    e["why"].append(s.why)
+        for op, n in self.uncovered.items():
+            e = entry(op)
+            e["launches"] += n
+            e["by_status"]["not covered"] = n
+            e["why"].append("no kernel serves this op")
+        for line, op, why, n in self.not_servable:
+            e = entry(op)
+            e["launches"] += n
+            e["by_status"]["not servable"] = e["by_status"].get("not servable", 0) + n
+            e["why"].append(f"line {line}: {why}")
+        return sorted(ops.values(), key=lambda e: (-e["launches"], e["op"]))
+
     def to_dict(self) -> dict:
         return {"trace": self.trace, "profile": self.profile, "rows": self.rows,
                 "launches": self.launches, "dry_run": self.dry_run, "run_id": self.run_id,
                 "seconds": round(self.seconds, 3), "coverage": self.counts(),
-                "seats": [s.to_dict() for s in self.seats],
+                "seats": [s.to_dict() for s in self.seats], "by_op": self.by_op(),
                 "not_covered": [{"op": op, "launches": n} for op, n in sorted(self.uncovered.items())],
                 "not_servable": [{"line": ln, "op": op, "reason": why, "launches": n}
                                  for ln, op, why, n in self.not_servable]}
@@ -168,7 +202,7 @@ def report_lines(store, pl: Plan, ids: dict | None) -> list[SeatLine]:
             cfg = rec.cert.config if rec.cert else None
             ms = rec.cert.median_ms if rec.cert else None
         lines.append(SeatLine(sid, sp.label, sp.kernel, st.status, st.why, sp.launches,
-                              len(sp.problems), cfg, ms))
+                              len(sp.problems), cfg, ms, ops=dict(sp.ops)))
     return lines
 
 
