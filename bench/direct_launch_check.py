@@ -102,6 +102,17 @@ def family_cases(torch, buf):
          F.conv2d),
         ("conv2d x transposed", K.conv2d, (t4(2, 3, 11, 13), buf(8, 3, 3, 3), buf(8)), {"padding": 1}, F.conv2d),
         ("conv2d depthwise 2x8x11x13", K.conv2d, (buf(2, 8, 11, 13), buf(8, 1, 3, 3)), {"groups": 8}, F.conv2d),
+        ("_to_copy 37x45 to float32", K._to_copy, (buf(37, 45),), {"dtype": torch.float32},
+         lambda x, dtype: x.to(dtype)),
+        ("clone 37x45 off 16B", K.clone, (buf(37, 45, offset=1),), {}, torch.clone),
+        ("cat 3x5x7, 3x2x7 dim 1", lambda x, y, dim: K.cat([x, y], dim), (buf(3, 5, 7), buf(3, 2, 7)), {"dim": 1},
+         lambda x, y, dim: torch.cat([x, y], dim)),
+        # eps 100 keeps var + eps positive whatever the random statistics
+        ("batch_norm 2x8x11x13", lambda x, m, v, w, b, eps: K.batch_norm(x, w, b, m, v, False, 0.1, eps),
+         (buf(2, 8, 11, 13), buf(8), buf(8), buf(8), buf(8)), {"eps": 100.0},
+         lambda x, m, v, w, b, eps: F.batch_norm(x, m, v, w, b, False, 0.1, eps)),
+        ("max_pool2d 2x3x11x13 3x3/2 pad 1", lambda x, **kw: K.max_pool2d_with_indices(x, **kw)[0],
+         (buf(2, 3, 11, 13),), {"kernel_size": 3, "stride": 2, "padding": 1}, lambda x, **kw: F.max_pool2d(x, **kw)),
     ]
 
 

@@ -48,15 +48,15 @@ _OPS = {
     "clone": "nbx_tune.kernels.copy",
     "copy_": "nbx_tune.kernels.copy",
     "cat": "nbx_tune.kernels.copy",
-    "embedding": "nbx_tune.kernels.embedding",
+    "embedding": "nbx_tune.kernels.embed",
     "arange": "nbx_tune.kernels.fill",
     "full": "nbx_tune.kernels.fill",
     "zeros": "nbx_tune.kernels.fill",
     "ones": "nbx_tune.kernels.fill",
     "fill_": "nbx_tune.kernels.fill",
     "zero_": "nbx_tune.kernels.fill",
-    "batch_norm": "nbx_tune.kernels.batch_norm",
-    "_native_batch_norm_legit_no_training": "nbx_tune.kernels.batch_norm",
+    "batch_norm": "nbx_tune.kernels.batchnorm",
+    "_native_batch_norm_legit_no_training": "nbx_tune.kernels.batchnorm",
     "max_pool2d_with_indices": "nbx_tune.kernels.pool",
 }
 

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
+from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
@@ -75,6 +76,9 @@ def _copy_kernel(x_ptr, y_ptr, n, D1, D2, D3,
         y_off += rem * SY0
     x = tl.load(x_ptr + x_off, mask=mask)
     tl.store(y_ptr + y_off, x.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_copy_kernel = launch.recorded(_copy_kernel)  # its calls are replayed (kernels/launch.py)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -378,6 +382,18 @@ SPECS = (COPY_SPEC, CAT_SPEC)
 
 # ----------------------------------------------------------------------------- public ops
 
+REMEMBERED = launch.REMEMBERED
+
+
+def _like(x: torch.Tensor, dtype, memory_format) -> torch.Tensor:
+    """The output of a copy of x: contiguous through `launch.empty` (a replay makes it
+    again) where torch's layout is contiguous, else torch's empty_like (never remembered)."""
+    if memory_format is torch.contiguous_format or (memory_format in (None, torch.preserve_format)
+                                                    and x.is_contiguous()):
+        return launch.empty(x.shape, dtype, x.device)
+    return torch.empty_like(x, dtype=dtype, memory_format=memory_format or torch.preserve_format)
+
+
 def _dtype_name(t: torch.Tensor, what: str) -> str:
     try:
         return _NAMES[t.dtype]
@@ -409,15 +425,31 @@ def _to_copy(self: torch.Tensor, *, dtype=None, layout=None, device=None, pin_me
         raise KernelError(f"_to_copy: a copy to {device} from {self.device} is not served")
     if layout not in (None, torch.strided):
         raise KernelError(f"_to_copy: layout {layout} is not served")
-    y = torch.empty_like(self, dtype=dtype or self.dtype,
-                         memory_format=memory_format or torch.preserve_format)
-    return _copy_into(self, y, "_to_copy")
+    dtype = dtype or self.dtype
+    try:  # the direct launch (kernels/launch.py)
+        key = (COPY_SPEC, dtype, memory_format, *launch.tensor_key(self))
+    except AttributeError:
+        raise KernelError("_to_copy: the operand must be a tensor") from None
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(self)
+    return launch.remember(key, (self,), _copy_as, self, dtype, memory_format, "_to_copy")
+
+
+def _copy_as(x: torch.Tensor, dtype, memory_format, what: str) -> torch.Tensor:
+    return _copy_into(x, _like(x, dtype, memory_format), what)
 
 
 def clone(self: torch.Tensor, *, memory_format=None) -> torch.Tensor:
     """aten.clone: a copy with self's strides (preserve_format) or in `memory_format`."""
-    y = torch.empty_like(self, memory_format=memory_format or torch.preserve_format)
-    return _copy_into(self, y, "clone")
+    try:  # the direct launch (kernels/launch.py)
+        key = (COPY_SPEC, "clone", memory_format, *launch.tensor_key(self))
+    except AttributeError:
+        raise KernelError("clone: the operand must be a tensor") from None
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(self)
+    return launch.remember(key, (self,), _copy_as, self, self.dtype, memory_format, "clone")
 
 
 def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
@@ -433,7 +465,18 @@ def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
 
 def cat(tensors, dim: int = 0) -> torch.Tensor:
     """aten.cat: the tensors (one dtype, legacy 1-D empty ones skipped) joined on dim."""
-    tensors = list(tensors)
+    tensors = tuple(tensors)
+    try:  # the direct launch (kernels/launch.py)
+        key = (CAT_SPEC, dim, *(launch.tensor_key(t) for t in tensors))
+    except AttributeError:
+        raise KernelError("cat: the operands must be tensors") from None
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(*tensors)
+    return launch.remember(key, tensors, _cat_call, tensors, dim)
+
+
+def _cat_call(tensors, dim: int) -> torch.Tensor:
     if not tensors:
         raise KernelError("cat: no tensors")
     dts = {t.dtype for t in tensors}
@@ -445,7 +488,7 @@ def cat(tensors, dim: int = 0) -> torch.Tensor:
         raise KernelError(f"cat: {got}")
     out_shape, dim = got
     device = next(t.device for t in tensors if not _legacy_empty(tuple(t.shape)))
-    out = torch.empty(out_shape, dtype=tensors[0].dtype, device=device)
+    out = launch.empty(out_shape, tensors[0].dtype, device)
     if out.numel() == 0:
         return out
     config = config_for(CAT_SPEC, (dt,), seat_flags(), (out.numel(),))

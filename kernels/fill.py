@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
+from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
@@ -46,6 +47,9 @@ def _fill_kernel(out_ptr, n, start, step, IOTA: tl.constexpr, INT64: tl.constexp
     else:
         v = tl.zeros([BLOCK_SIZE], dtype=out_ptr.dtype.element_ty) + start
     tl.store(out_ptr + offs, v.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+_fill_kernel = launch.recorded(_fill_kernel)  # its calls are replayed (kernels/launch.py)
 
 
 def value_in(value, dtype: str):
@@ -259,15 +263,26 @@ def _fill(out: torch.Tensor, value, what: str) -> torch.Tensor:
     return out
 
 
+REMEMBERED = launch.REMEMBERED
+
+
 def arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pin_memory=None) -> torch.Tensor:
     """aten.arange (end), .start (start, end) and .start_step: exact values only."""
+    key = (SPEC, "arange", type(start), start, type(end), end, type(step), step, dtype, device)
+    hit = REMEMBERED.get(key)
+    if hit is not None:  # the direct launch (kernels/launch.py)
+        return hit()
+    return launch.remember(key, (), _arange_call, start, end, step, dtype, device)
+
+
+def _arange_call(start, end, step, dtype, device) -> torch.Tensor:
     if end is None:
         start, end = 0, start
     got = arange_plan(start, end, step, None if dtype is None else _dt(dtype, ""))
     if isinstance(got, str):
         raise KernelError(f"arange: {got}")
     dt, n = got
-    out = torch.empty((n,), dtype=TORCH_DTYPES[dt], device=device)
+    out = launch.empty((n,), TORCH_DTYPES[dt], device)
     if n:
         config = config_for(SPEC, (dt,), seat_flags(fn="arange"), (n,))
         launch_fill(out, int(start), int(step), True, config)

@@ -4,8 +4,8 @@ The first call of a public op under a key runs the op's ordinary path (checks, t
 lookup, allocations, `kernel[grid](...)` through Triton) while `remember` records what it
 allocated (`empty`) and launched (kernels wrapped by `recorded`). The record becomes a
 replay: a function generated for that call which allocates the same outputs and calls each
-compiled kernel's `CompiledKernel[grid]` runner with the same arguments, tensors passed as
-the new call's addresses. A later call with the same key costs the key, one dict lookup
+compiled kernel's launcher with the same arguments (as `CompiledKernel[grid]` does, without
+its per-call device and hook lookups), tensors passed as the new call's addresses. A later call with the same key costs the key, one dict lookup
 and the replay:
 
     def op(x, alpha):
@@ -291,6 +291,7 @@ class _Record:
             grid3 = tuple(int(g) for g in (*grid, 1, 1)[:3])
             # Triton 3.6 raised IndexError on a 2-tuple grid here: always three.
             runner = bind(compiled[grid3], "r")
+            lean = _lean_launcher(compiled)
             out = []
             for v in _bound(kernel, args, kwargs):
                 if isinstance(v, Tensor):
@@ -303,7 +304,18 @@ class _Record:
                     out.append(f"{bind(_with_base, 'f')}({bind(_with_base(v, None), 'd')}, i{k})")
                 else:
                     out.append(literal(v))
-            body.append(f"{runner}({', '.join(out)})")
+            args_src = ", ".join(out)
+            if lean is None:
+                body.append(f"{runner}({args_src})")
+            else:
+                # What CompiledKernel[grid] does, less its per-call lookups: the compiled
+                # launcher on the current stream, while no launch hook (a profiler) is set.
+                run, function, meta, hooks, stream, device = (bind(x, "l") for x in lean)
+                body.append(f"if {hooks}.launch_enter_hook is None and {hooks}.launch_exit_hook is None:")
+                body.append(f"    {run}({grid3[0]}, {grid3[1]}, {grid3[2]}, {stream}({device}()), {function}, "
+                            f"{meta}, None, None, None, {args_src})")
+                body.append("else:")
+                body.append(f"    {runner}({args_src})")
         for counter, label in self.misses:
             body.append(f"{bind(counter, 'm')}[{label!r}] += 1")
         body.append(f"return {self._result_expr(result, Tensor)}")
@@ -342,6 +354,23 @@ class _Record:
             if result.data_ptr() == a.data_ptr() and result.is_contiguous() and result.numel() == a.numel():
                 return f"a{j}.view({tuple(result.shape)!r})"
         raise _Refused("a result that is neither an input nor an allocation")
+
+
+def _lean_launcher(compiled):
+    """(run, function, packed_metadata, hooks, get_stream, get_device) of a compiled kernel
+    whose launcher takes the arguments CompiledKernel[grid] passes it (Triton 3.2 to 3.9:
+    grid, stream, function, metadata, launch metadata, enter and exit hooks, arguments),
+    or None: the replay then calls CompiledKernel[grid]."""
+    try:
+        from triton import knobs
+        from triton.runtime import driver
+
+        active = driver.active
+        parts = (compiled.run, compiled.function, compiled.packed_metadata, knobs.runtime,
+                 active.get_current_stream, active.get_current_device)
+    except Exception:  # another Triton, or no GPU driver
+        return None
+    return parts if all(callable(p) for p in (parts[0], parts[4], parts[5])) else None
 
 
 def _is_constant(v) -> bool:

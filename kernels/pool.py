@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
+from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
@@ -57,6 +58,9 @@ def _max_pool2d_kernel(x_ptr, out_ptr, idx_ptr, n, H, W, OH, OW, SH, SW, PH, PW,
             arg = tl.where(take, (h * W + w).to(tl.int64), arg)
     tl.store(out_ptr + offs, best.to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(idx_ptr + offs, arg, mask=mask)
+
+
+_max_pool2d_kernel = launch.recorded(_max_pool2d_kernel)  # its calls are replayed (kernels/launch.py)
 
 
 def launch_max_pool2d(x, out, idx, kernel, stride, padding, dilation, config: Config) -> None:
@@ -199,6 +203,22 @@ SPECS = (SPEC,)
 def max_pool2d_with_indices(self: torch.Tensor, kernel_size, stride=(), padding=0, dilation=1,
                             ceil_mode: bool = False):
     """aten.max_pool2d_with_indices: (out, indices), indices int64 into each input plane."""
+    as_tuple = lambda v: (v,) if isinstance(v, int) else tuple(v)  # noqa: E731
+    try:  # the direct launch (kernels/launch.py)
+        key = (SPEC, as_tuple(kernel_size), as_tuple(stride), as_tuple(padding), as_tuple(dilation),
+               bool(ceil_mode), *launch.tensor_key(self))
+    except (AttributeError, TypeError):
+        raise KernelError("max_pool2d_with_indices: bad arguments") from None
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(self)
+    return launch.remember(key, (self,), _max_pool2d_call, self, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+REMEMBERED = launch.REMEMBERED
+
+
+def _max_pool2d_call(self, kernel_size, stride, padding, dilation, ceil_mode):
     dt = _NAMES.get(self.dtype)
     if dt is None:
         raise KernelError(f"max_pool2d_with_indices: dtype {self.dtype} is not served ({', '.join(TORCH_DTYPES)})")
@@ -209,8 +229,8 @@ def max_pool2d_with_indices(self: torch.Tensor, kernel_size, stride=(), padding=
         raise KernelError(f"max_pool2d_with_indices: {got}")
     k, s, p, d, out_shape = got
     x = self.contiguous()
-    out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
-    idx = torch.empty(out_shape, dtype=torch.int64, device=x.device)
+    out = launch.empty(out_shape, x.dtype, x.device)
+    idx = launch.empty(out_shape, torch.int64, x.device)
     if out.numel() == 0 or x.numel() == 0:
         return out, idx
     config = config_for(SPEC, (dt,), seat_flags(window=f"{k[0]}x{k[1]}"), (out.numel(),))

@@ -23,9 +23,9 @@ BUILTIN_MODULES = (
     "nbx_tune.kernels.elementwise",
     "nbx_tune.kernels.reduce",
     "nbx_tune.kernels.copy",
-    "nbx_tune.kernels.embedding",
+    "nbx_tune.kernels.embed",
     "nbx_tune.kernels.fill",
-    "nbx_tune.kernels.batch_norm",
+    "nbx_tune.kernels.batchnorm",
     "nbx_tune.kernels.pool",
 )
 ENTRY_POINT_GROUP = "nbx_tune.kernels"

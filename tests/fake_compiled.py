@@ -39,6 +39,8 @@ def _extent(t) -> int:
 
 
 class FakeCompiled:
+    function, packed_metadata = "function", "metadata"  # what a lean replay passes back to run
+
     def __init__(self, kernel, bound, options, log):
         self.kernel, self.options, self.log = kernel, options, log
         self.spec = [specialization(v) for v in bound]
@@ -63,6 +65,22 @@ class FakeCompiled:
             self.log.append("direct")
             self.kernel[grid](*real, **self.options)
         return runner
+
+
+    def run(self, g0, g1, g2, stream, function, metadata, launch_metadata, enter_hook, exit_hook, *args):
+        """The compiled launcher, as a lean replay calls it (launch._lean_launcher)."""
+        assert (stream, function, metadata) == ("stream", self.function, self.packed_metadata)
+        assert (launch_metadata, enter_hook, exit_hook) == (None, None, None)
+        self.log.append("lean")
+        self[(g0, g1, g2)](*args)
+
+
+def lean_launcher(compiled):
+    """launch._lean_launcher for FakeCompiled kernels: their run, on a stream called "stream"."""
+    from types import SimpleNamespace
+
+    hooks = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    return (compiled.run, compiled.function, compiled.packed_metadata, hooks, lambda device: "stream", lambda: 0)
 
 
 class FakeTriton:

@@ -16,10 +16,11 @@ import weakref
 import numpy as np
 import pytest
 import torch
-from fake_compiled import FakeTriton
+from fake_compiled import FakeTriton, lean_launcher
 
 from nbx_tune.kernels import (addmm, baddbmm, bmm, certified, conv1d, conv2d, group_norm, launch, layer_norm,
                               mm, mul, rms_norm, scaled_dot_product_attention, silu)
+from nbx_tune.kernels import _to_copy, arange, batch_norm, cat, embedding, max_pool2d_with_indices
 from nbx_tune.kernels import matmul as matmul_module
 from nbx_tune.kernels import sum as nbx_sum
 from nbx_tune.kernels.softmax import softmax
@@ -72,12 +73,22 @@ FAMILIES = {
     "reduce": (nbx_sum, lambda b: (b(5, 37), 1), {}),
     "conv": (conv2d, lambda b: (b(1, 3, 8, 8), b(4, 3, 3, 3)), {"padding": 1}),
     "matmul": (mm, lambda b: (b(37, 32), b(32, 48)), {}),
+    "copy": (_to_copy, lambda b: (b(37, 16),), {"dtype": torch.float16}),
+    "cat": (lambda x, dim: cat([x], dim), lambda b: (b(3, 5, 7),), {"dim": 1}),  # one input, one launch
+    # eps keeps var + eps positive for any filled value
+    "batch_norm": (lambda x, m, v, w, c, **kw: batch_norm(x, w, c, m, v, **kw),
+                   lambda b: (b(2, 4, 5), b(4), b(4), b(4), b(4)), {"training": False, "momentum": 0.1, "eps": 100.0}),
+    "max_pool2d": (lambda x, **kw: max_pool2d_with_indices(x, **kw)[1], lambda b: (b(1, 3, 9, 7),),
+                   {"kernel_size": 3, "stride": 2, "padding": 1}),
 }
 REPLAYS_STRIDES = ("attention", "elementwise_binary", "reduce", "conv", "matmul")  # the others copy such an input
 
 
+@pytest.mark.parametrize("lean", [False, True], ids=["runner", "lean"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_replay_is_bit_identical_to_the_launch_through_triton(fake, family):
+def test_a_replay_is_bit_identical_to_the_launch_through_triton(fake, family, lean, monkeypatch):
+    if lean:  # replays call the compiled launcher itself (launch._lean_launcher)
+        monkeypatch.setattr(launch, "_lean_launcher", lean_launcher)
     op, make, kw = FAMILIES[family]
     args = make(buf)
     fill(args, 1)
@@ -88,7 +99,22 @@ def test_a_replay_is_bit_identical_to_the_launch_through_triton(fake, family):
     third = op(*args, **kw)
     launch.forget()
     assert torch.equal(third, op(*args, **kw))  # Triton's launch on the same data
-    assert fake.log == ["triton", "direct", "direct", "triton"]
+    replayed = ["lean", "direct"] if lean else ["direct"]
+    assert fake.log == ["triton", *replayed, *replayed, "triton"]
+
+
+def test_a_lean_replay_still_calls_launch_hooks(fake, monkeypatch):
+    """With a launch hook set (a profiler), a replay goes through CompiledKernel[grid]."""
+    def with_hook(compiled):
+        run, fn, meta, hooks, stream, device = lean_launcher(compiled)
+        hooks.launch_enter_hook = lambda *a: None
+        return run, fn, meta, hooks, stream, device
+
+    monkeypatch.setattr(launch, "_lean_launcher", with_hook)
+    x = buf(37, 16)
+    fill([x], 1)
+    assert torch.equal(silu(x), silu(x))
+    assert fake.log == ["triton", "direct"]
 
 
 def _variants(family, make):
@@ -118,6 +144,21 @@ def test_a_changed_dtype_alignment_device_or_stride_is_never_served_another_repl
         if what == "device":  # one device here, really: the base call's replay computes the same
             plain = tuple(t.as_subclass(torch.Tensor) if isinstance(t, torch.Tensor) else t for t in args)
             assert torch.equal(op(*plain, **kw), got)
+
+
+def test_an_embedding_and_an_arange_replay(fake):
+    w, ids = fresh(37, 16, seed=20), torch.tensor([[3, 0, 36, 5]])
+    first, second = embedding(w, ids), embedding(w, ids)
+    ids.copy_(torch.tensor([[1, 2, 3, 4]]))  # new indices in the same buffer
+    assert torch.equal(first, second) and torch.equal(embedding(w, ids), w[ids])
+    assert torch.equal(arange(37), torch.arange(37)) and torch.equal(arange(37), torch.arange(37))
+    assert fake.log == ["triton", "direct", "direct", "triton", "direct"]
+    fake.clear()
+    x, y = fresh(3, 5, 7, seed=21), fresh(3, 2, 7, seed=22)
+    assert torch.equal(cat([x, y], 1), torch.cat([x, y], 1))
+    y.copy_(fresh(3, 2, 7, seed=23))
+    assert torch.equal(cat([x, y], 1), torch.cat([x, y], 1))  # one launch per input, replayed
+    assert fake.log == ["triton", "triton", "direct", "direct"]
 
 
 def test_the_interpreter_compiles_nothing_so_every_call_goes_through_triton():

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import batch_norm as bn
+from nbx_tune.kernels import batchnorm as bn
 from nbx_tune.kernels import pool
 from nbx_tune.kernels.registry import spec_for_op
 from nbx_tune.kernels.spec import NotServable

@@ -12,7 +12,7 @@ import torch
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import copy as cp
-from nbx_tune.kernels import embedding as emb
+from nbx_tune.kernels import embed as emb
 from nbx_tune.kernels import fill
 from nbx_tune.kernels.registry import spec_for_op
 from nbx_tune.kernels.spec import Config, NotServable
@@ -227,3 +227,20 @@ def test_planted_shifted_cat_slice_is_caught():
     cp.launch_copy(x1[:, :3], out[:, 6:], cfg)
     r = screening.compare("out", out, case.reference("out", out), 0.0, problem)
     assert r.reason == "unwritten_output"
+
+
+def test_public_ops_stay_functions_once_every_kernel_module_is_imported():
+    """A module named like an op (`kernels/embedding.py`) would replace the op on the package
+    once imported: the new families' modules are named apart from their ops."""
+    import importlib
+    import types
+
+    import nbx_tune.kernels as k
+    from nbx_tune.kernels.registry import BUILTIN_MODULES
+
+    for m in BUILTIN_MODULES:
+        importlib.import_module(m)
+    for name in ("cat", "_to_copy", "clone", "copy_", "embedding", "arange", "full", "zeros", "ones", "fill_",
+                 "zero_", "batch_norm", "_native_batch_norm_legit_no_training", "max_pool2d_with_indices"):
+        op = getattr(k, name)
+        assert callable(op) and not isinstance(op, types.ModuleType), name

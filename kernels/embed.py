@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
+from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
@@ -39,6 +40,9 @@ def _embedding_kernel(w_ptr, idx_ptr, out_ptr, T, D, stride_w,
     row = tl.load(idx_ptr + t, mask=tm, other=0).to(tl.int64)
     v = tl.load(w_ptr + row[:, None] * stride_w + d[None, :], mask=m)
     tl.store(out_ptr + t.to(tl.int64)[:, None] * D + d[None, :], v, mask=m)
+
+
+_embedding_kernel = launch.recorded(_embedding_kernel)  # its calls are replayed (kernels/launch.py)
 
 
 def launch_embedding(weight, indices, out, config: Config) -> None:
@@ -143,6 +147,20 @@ SPECS = (SPEC,)
 def embedding(weight: torch.Tensor, indices: torch.Tensor, padding_idx: int = -1,
               scale_grad_by_freq: bool = False, sparse: bool = False) -> torch.Tensor:
     """aten.embedding: weight[indices] (padding_idx and the rest concern only the gradient)."""
+    try:  # the direct launch (kernels/launch.py)
+        key = (SPEC, *launch.tensor_key(weight), *launch.tensor_key(indices))
+    except AttributeError:
+        raise KernelError("embedding: weight and indices must be tensors") from None
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(weight, indices)
+    return launch.remember(key, (weight, indices), _embedding_call, weight, indices)
+
+
+REMEMBERED = launch.REMEMBERED
+
+
+def _embedding_call(weight: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     w_dt, i_dt = _NAMES.get(weight.dtype), _NAMES.get(indices.dtype)
     if w_dt not in WEIGHT_DTYPES or i_dt not in INDEX_DTYPES:
         raise KernelError(f"embedding: dtypes {weight.dtype}, {indices.dtype} are not served "
@@ -152,7 +170,7 @@ def embedding(weight: torch.Tensor, indices: torch.Tensor, padding_idx: int = -1
     if weight.stride(1) != 1:
         weight = weight.contiguous()
     indices = indices.contiguous()
-    out = torch.empty((*indices.shape, weight.shape[1]), dtype=weight.dtype, device=weight.device)
+    out = launch.empty((*indices.shape, weight.shape[1]), weight.dtype, weight.device)
     if out.numel() == 0:
         return out
     config = config_for(SPEC, (w_dt, i_dt), seat_flags(), (indices.numel(), weight.shape[1]))

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
+from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
@@ -49,6 +50,9 @@ def _batch_norm_kernel(x_ptr, y_ptr, mean_ptr, var_ptr, w_ptr, b_ptr, n, C, S, e
         b = tl.load(b_ptr + c, mask=mask, other=0.0).to(tl.float32)
         y = y * w + b
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_batch_norm_kernel = launch.recorded(_batch_norm_kernel)  # its calls are replayed (kernels/launch.py)
 
 
 def launch_batch_norm(x, y, mean, var, weight, bias, eps: float, config: Config) -> None:
@@ -200,7 +204,24 @@ SPECS = (SPEC,)
 
 # ----------------------------------------------------------------------------- public ops
 
-def _run(x, weight, bias, running_mean, running_var, eps, what):
+REMEMBERED = launch.REMEMBERED
+
+
+def _run(x, weight, bias, running_mean, running_var, eps, what, saved=False):
+    """The direct launch (kernels/launch.py) of `_call`; saved: return the empty saved
+    statistics too."""
+    tensors = (x, weight, bias, running_mean, running_var)
+    try:
+        key = (SPEC, eps, saved, *(None if t is None else launch.tensor_key(t) for t in tensors))
+    except AttributeError:
+        raise KernelError(f"{what}: the operands must be tensors or None") from None
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(*tensors)
+    return launch.remember(key, tensors, _call, *tensors, eps, what, saved)
+
+
+def _call(x, weight, bias, running_mean, running_var, eps, what, saved):
     if running_mean is None or running_var is None:
         raise KernelError(f"{what}: batch statistics (no running_mean/running_var) are not served")
     if (weight is None) != (bias is None):
@@ -213,13 +234,14 @@ def _run(x, weight, bias, running_mean, running_var, eps, what):
     if x.dim() < 2:
         raise KernelError(f"{what}: an input of rank {x.dim()} (2 or more expected)")
     x = x.contiguous()
-    y = torch.empty_like(x)
+    y = launch.empty(x.shape, x.dtype, x.device)
+    empty = (launch.empty((0,), running_mean.dtype, x.device), launch.empty((0,), running_mean.dtype, x.device))
     if x.numel() == 0:
-        return y
+        return (y, *empty) if saved else y
     stats = [t.contiguous() if t is not None else None for t in (running_mean, running_var, weight, bias)]
     config = config_for(SPEC, (x_dt, p_dt.pop()), seat_flags(affine=int(weight is not None)), (x.numel(),))
     launch_batch_norm(x, y, *stats, eps, config)
-    return y
+    return (y, *empty) if saved else y
 
 
 def batch_norm(input: torch.Tensor, weight, bias, running_mean, running_var, training: bool,
@@ -233,6 +255,5 @@ def batch_norm(input: torch.Tensor, weight, bias, running_mean, running_var, tra
 def _native_batch_norm_legit_no_training(input: torch.Tensor, weight, bias, running_mean, running_var,
                                          momentum: float, eps: float):
     """(output, save_mean, save_invstd) as on CUDA in inference: the saved statistics empty."""
-    y = _run(input, weight, bias, running_mean, running_var, eps, "_native_batch_norm_legit_no_training")
-    empty = running_mean.new_empty((0,))
-    return y, empty, empty.clone()
+    return _run(input, weight, bias, running_mean, running_var, eps, "_native_batch_norm_legit_no_training",
+                saved=True)
