@@ -187,15 +187,15 @@ def show(
                       f"runner-up {c['runner_up'] or '-'} {render.ms(c['runner_up_ms'])} ms, margin {margin}",
                       highlight=False)
             for sc in c["screens"]:
-                out.print(f"  screened at {sc['problem']['dims']}: err {sc['err']:.3g} <= rtol {sc['rtol']:.3g}",
-                          highlight=False)
+                out.print(f"  screened at {sc['problem']['dims']}: err {sc['err']:.3g} <= rtol {sc['rtol']:.3g}"
+                          + (f", two launches: {sc['repeat']}" if sc.get("repeat") else ""), highlight=False)
             if c["unscreened"]:
                 out.print(f"  [yellow]unscreened:[/] {c['unscreened']}")
         out.print(f"  search: {render.search_text(h, c)}", highlight=False)
         if h["measurements"]:
             t = Table(title="timed candidates")
             for col in ("config", "median ms", "p20", "p80", "method"):
-                t.add_column(col)
+                t.add_column(col, overflow="fold")
             for m in h["measurements"][:12]:
                 t.add_row(m["config"], render.ms(m["median_ms"]), render.ms(m["p20_ms"]),
                           render.ms(m["p80_ms"]), m["method"])
@@ -203,7 +203,7 @@ def show(
     if d["refusals"]:
         t = Table(title=f"refusals ({len(d['refusals'])})")
         for col in ("tuning", "config", "reason", "detail"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")  # a config's tail (warps, stages) tells two apart
         for r in d["refusals"]:
             t.add_row(str(r["tuning"]), r["config"] or "(whole seat)", r["reason"], r["detail"])
         out.print(t)
@@ -230,7 +230,7 @@ def refusals(
         return
     t = Table(title=f"{len(rows)} refusals")
     for col in ("seat", "config", "reason", "detail", "Triton"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # a config's tail (warps, stages) tells two apart
     for r in rows:
         t.add_row(f"{r['seat']} {r['label']}", r["config"] or "(whole seat)", r["reason"], r["detail"],
                   r["triton_version"])

@@ -159,8 +159,9 @@ class RichReporter:
         w = result.winner
         won = f"{short_config(w.config.key())} {w.timing.median_ms:.4g} ms" if w else "no certificate"
         refused = sum(1 for r in result.records if r.reason)
-        self.console.print(f"  {status_text(result.outcome)} {label}: {won} "
-                           f"({refused} of {len(result.records)} candidates refused, {result.total_s:.1f} s)")
+        what = (f"{refused} of {len(result.records)} candidates refused" if result.records
+                else "the winner screened at the shapes seen since")  # a re-screen
+        self.console.print(f"  {status_text(result.outcome)} {label}: {won} ({what}, {result.total_s:.1f} s)")
 
     def notice(self, text: str) -> None:
         self.console.print(f"[yellow]note:[/] {text}")

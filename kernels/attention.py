@@ -586,6 +586,17 @@ class AttentionSpec(KernelSpec):
         return Problem(self.name, (dtype,), seat_flags(causal=int(causal)), (B * Hq, Lq, Lk, D, Dv),
                        extra)
 
+    def resized(self, problem, dims):
+        # The sequence lengths only: batch x heads and the head dims stay (the extra holds
+        # them); a causal mask over a square stays square.
+        BH, _, _, D, Dv = problem.dims
+        Lq, Lk = dims[1], dims[2]
+        if dict(problem.flags)["causal"] == "1" and (Lq == Lk) != (problem.dims[1] == problem.dims[2]):
+            return None
+        if max(Lq * D, Lk * D, Lk * Dv, Lq * Dv) > INT32_MAX:
+            return None
+        return Problem(problem.kernel, problem.dtypes, problem.flags, (BH, Lq, Lk, D, Dv), problem.extra)
+
     # -- inputs, oracle, outputs, launch
     def input_shapes(self, problem):
         _, Lq, Lk, D, Dv = problem.dims

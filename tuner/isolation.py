@@ -82,6 +82,8 @@ def _serve(conn, plugins):
                 conn.send(("ready",))
             elif kind == "screen":
                 conn.send(("outcome", runner.screen(msg[1])))
+            elif kind == "confirm":
+                conn.send(("outcome", runner.confirm(msg[1])))
             elif kind == "time":
                 conn.send(("outcome", runner.time(msg[1], msg[2])))
         except BaseException as e:
@@ -250,6 +252,14 @@ class Isolated:
         if self.broken is not None:
             raise self.broken
         reply, failure = self._call(("screen", config), self.timeout)
+        if failure is not None:
+            return Outcome(reason=failure[0], detail=failure[1])
+        return reply[1]
+
+    def confirm(self, config) -> Outcome:
+        if self.broken is not None:
+            raise self.broken
+        reply, failure = self._call(("confirm", config), self.timeout)
         if failure is not None:
             return Outcome(reason=failure[0], detail=failure[1])
         return reply[1]

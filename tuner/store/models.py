@@ -159,6 +159,8 @@ class Refusal(Base):
     reason: Mapped[str] = mapped_column(String(32), index=True)
     detail: Mapped[str] = mapped_column(Text)
     problem: Mapped[str | None] = mapped_column(Text)  # the shape it failed at, if any
+    err: Mapped[float | None] = mapped_column(Float)  # its measured error there, if judged
+    rtol: Mapped[float | None] = mapped_column(Float)  # the tolerance it was judged against
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -206,6 +208,8 @@ REFUSAL_REASONS = {
     "wrong_answer": "error against the fp64 oracle over the profile's tolerance",
     "non_finite": "NaN or Inf where the oracle is finite",
     "unwritten_output": "left output elements unwritten (still poisoned)",
+    "imprecise": "error far above the most accurate candidate's on the same inputs",
+    "nondeterministic": "two launches on the same inputs differ bit for bit (not allowed by the kernel)",
     "dtype_unscreenable": "the profile cannot screen this dtype (the whole seat)",
     "prepare_error": "the seat's inputs or fp64 oracle could not be made (the whole seat)",
     "all_refused": "every candidate was refused (the whole seat)",
