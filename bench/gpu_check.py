@@ -162,7 +162,7 @@ def planted(profile, scale: str) -> tuple[list, bool]:
         ("mask bug, bucket edge", (pl.GEMM_GOOD[0], pl.MASK_BUG), True,
          [gemm(M, n, K, "float16") for n in (1056, 1152)], pl.MASK_BUG, "wrong_answer"),
         ("fp16 accumulator", (*pl.GEMM_GOOD, pl.ACC16), False,
-         [gemm(16, 24, 2048, "float16") if small else gemm(256, 256, 4096, "float16")], pl.ACC16, "imprecise"),
+         [gemm(16, 24, 8192, "float16") if small else gemm(256, 256, 4096, "float16")], pl.ACC16, "imprecise"),
         ("split-K atomics", (*pl.GEMM_GOOD, pl.SPLIT_K), False,
          [gemm(16, 16, 64, "float32") if small else gemm(512, 512, 4096, "float32")], pl.SPLIT_K, "nondeterministic"),
     ]

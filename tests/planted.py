@@ -188,7 +188,9 @@ SPECS = (SPEC, FAULTY, POISONING, UNPREPARABLE)
 @triton.jit
 def _gemm(a_ptr, b_ptr, c_ptr, M, N, K, nudge, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
           MASK_BUG: tl.constexpr, ACC16: tl.constexpr, SPLIT_K: tl.constexpr):
-    pm, pn, pk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # The K slice is the fastest-varying program id, so a tile's slices run side by side
+    # and their atomics race (slices launched one after another would add in one order).
+    pk, pm, pn = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pm * BM + tl.arange(0, BM)
     rn = pn * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -221,7 +223,7 @@ def launch_gemm(a, b, c, config, nudge=0.0):
     N = b.shape[1]
     if config["SPLIT_K"] > 1:
         c.zero_()
-    grid = (triton.cdiv(M, config["BM"]), triton.cdiv(N, config["BN"]), config["SPLIT_K"])
+    grid = (config["SPLIT_K"], triton.cdiv(M, config["BM"]), triton.cdiv(N, config["BN"]))
     _gemm[grid](a, b, c, M, N, K, nudge, **config.kwargs)
 
 

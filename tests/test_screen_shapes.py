@@ -70,7 +70,7 @@ def test_tile_edges_of_the_bucket_are_screened_even_if_no_census_saw_them():
 
 def test_an_fp16_accumulator_is_imprecise_and_a_racing_split_k_nondeterministic():
     spec = planted.GemmSpec((*planted.GEMM_GOOD, planted.ACC16, planted.SPLIT_K), edges=False)
-    p = gemm(16, 24, 2048)
+    p = gemm(16, 24, 8192)
     res = tune(spec, [p])
     recs = by_config(res)
     acc = recs[planted.ACC16]
