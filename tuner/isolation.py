@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import sys
 import tempfile
 import traceback
 
-from nbx_tune.tuner.executor import (ContextPoisoned, Outcome, SeatJob, SeatPrepareError, SeatRunner,
+from nbx_tune.tuner.executor import (ContextPoisoned, Outcome, SeatJob, SeatPrepareError, SeatRunner, WorkerLost,
                                       classify_exception, is_fatal)
 
 PREPARE_TIMEOUT_FACTOR = 10  # making a seat's inputs and fp64 oracles may take longer than one candidate
@@ -212,7 +213,12 @@ class Isolated:
             self.proc.join(timeout=10)
             code = self.proc.exitcode
             how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-            failure = ("crash", f"worker died ({how}): {self._last_words() or 'no output'}")
+            # SIGKILL is what the out-of-memory killer and `kill -9` send; no fault of a
+            # candidate ends a process that way (a GPU fault is SIGSEGV or SIGABRT).
+            outside = code == -signal.SIGKILL
+            failure = ("worker_lost" if outside else "crash",
+                       f"worker died ({how}{', killed from outside: out of memory?' if outside else ''}): "
+                       f"{self._last_words() or 'no output'}", True)
         # Preparing the seat again in the fresh worker may kill it too: this candidate keeps
         # its own refusal, and the next request refuses the seat (tuner/tune.py), never a loop.
         self._replace(prepare=msg[0] != "seat")
@@ -223,7 +229,9 @@ class Isolated:
                                     self.timeout * PREPARE_TIMEOUT_FACTOR)
         if failure is not None:
             self.job = None
-            raise SeatPrepareError(f"making the seat's inputs and oracle killed the worker: {failure[1]}")
+            if len(failure) > 2:  # the worker died: not an error of the seat's own
+                raise WorkerLost(f"the worker died while making the seat's inputs and oracle: {failure[1]}")
+            raise SeatPrepareError(f"making the seat's inputs and oracle failed: {failure[1]}")
 
     # -- the executor interface
     def _precompile(self, spec, job: SeatJob, configs) -> None:
@@ -241,21 +249,23 @@ class Isolated:
         # usual pace, not a launch held up that long.
         self._prepare()
 
+    def _request(self, msg) -> Outcome:
+        # A worker killed from outside is given the candidate once more, in its replacement.
+        for attempt in range(2):
+            if self.broken is not None:
+                raise self.broken
+            reply, failure = self._call(msg, self.timeout)
+            if failure is None:
+                return reply[1]
+            if failure[0] != "worker_lost":
+                break
+        return Outcome(reason=failure[0], detail=failure[1])
+
     def screen(self, config) -> Outcome:
-        if self.broken is not None:
-            raise self.broken
-        reply, failure = self._call(("screen", config), self.timeout)
-        if failure is not None:
-            return Outcome(reason=failure[0], detail=failure[1])
-        return reply[1]
+        return self._request(("screen", config))
 
     def time(self, config, mode: str = "full") -> Outcome:
-        if self.broken is not None:
-            raise self.broken
-        reply, failure = self._call(("time", config, mode), self.timeout)
-        if failure is not None:
-            return Outcome(reason=failure[0], detail=failure[1])
-        return reply[1]
+        return self._request(("time", config, mode))
 
     def end_seat(self) -> None:
         self.spec = self.job = self.broken = None

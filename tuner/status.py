@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from nbx_tune.kernels.spec import Problem
 from nbx_tune.tuner import provenance
+from nbx_tune.tuner.store.models import TRANSIENT_REASONS
 
 STATUSES = ("certified", "unscreened", "pending", "refused", "stale")
 
@@ -30,6 +31,8 @@ def seat_status(cert, cert_tuning, last_tuning, problems: list[Problem], spec, p
                 seat_refusal=None) -> Status:
     if profile is None:
         return Status("stale", "profile not known here") if cert is not None else Status("pending")
+    if seat_refusal is not None and seat_refusal.reason in TRANSIENT_REASONS:
+        return Status("pending", f"{seat_refusal.reason}: {seat_refusal.detail}; tried again by the next census")
     if cert is not None:
         why = provenance.stale_reason(cert_tuning, spec, profile)
         if why is None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from nbx_tune.kernels.spec import Config, KernelSpec, Problem
 from nbx_tune.tuner.bench import Timing
 from nbx_tune.tuner import screen as screening
-from nbx_tune.tuner.executor import SeatJob, SeatPrepareError
+from nbx_tune.tuner.executor import SeatJob, SeatPrepareError, WorkerLost
 from nbx_tune.tuner.screen import ScreenResult
 
 
@@ -196,14 +196,20 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
     except SeatPrepareError as e:  # at the start, or in a worker that replaced a dead one
         reporter.notice(f"{label}: not certified: {e}")
         kept = {id(r) for r in records}  # the candidates judged before it, with their reasons
+        reason = "worker_lost" if isinstance(e, WorkerLost) else "prepare_error"
         return SeatResult("refused", records + [r for r in by_config.values() if id(r) not in kept],
-                          seat_refusal=("prepare_error", str(e)), total_s=time.perf_counter() - t0)
+                          seat_refusal=(reason, str(e)), total_s=time.perf_counter() - t0)
     finally:
         executor.end_seat()
 
     total = time.perf_counter() - t0
+    lost = [r for r in records if r.reason == "worker_lost"]
+    # Candidates whose worker was killed from outside were not judged: the seat is marked
+    # so the next census tunes it again (tuner/status.py), certified or not.
+    lost_note = ("worker_lost", f"{len(lost)} candidate(s) not judged: their worker was killed from "
+                 f"outside twice (out of memory?): the next census tunes the seat again") if lost else None
     if not ranked:
-        return SeatResult("refused", records, seat_refusal=(
+        return SeatResult("refused", records, seat_refusal=lost_note or (
             "all_refused", f"all {len(spec.configs())} candidates refused"),
             screened=tuple(screen_at), screen_s=screen_s, bench_s=bench_s, total_s=total)
     winner = ranked[0]
@@ -211,7 +217,7 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
     margin = (runner.timing.median_ms - winner.timing.median_ms) / winner.timing.median_ms if runner else None
     unscreened = "; ".join(skipped) or None
     return SeatResult("unscreened" if unscreened else "certified", records, winner, runner, margin,
-                      unscreened=unscreened, screened=tuple(screen_at),
+                      seat_refusal=lost_note, unscreened=unscreened, screened=tuple(screen_at),
                       screen_s=screen_s, bench_s=bench_s, total_s=total)
 
 

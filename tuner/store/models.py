@@ -196,4 +196,8 @@ REFUSAL_REASONS = {
     "dtype_unscreenable": "the profile cannot screen this dtype (the whole seat)",
     "prepare_error": "the seat's inputs or fp64 oracle could not be made (the whole seat)",
     "all_refused": "every candidate was refused (the whole seat)",
+    "worker_lost": "the worker was killed from outside (out of memory, kill -9) or died preparing "
+                   "the seat: not judged; the next census tries again",
 }
+# Failures that are not the candidate's or the seat's own: never final.
+TRANSIENT_REASONS = frozenset({"worker_lost"})
