@@ -148,7 +148,7 @@ def test_a_kernel_edit_makes_certificates_stale_never_served_and_retuned(tmp_pat
     certified.reload()
     st = certified.state()
     assert not any(k[0] == "test_double" for k in st.entries)
-    assert any("kernel_source_hash" in why for _, _, why in st.stale)
+    assert any("kernel source changed" in why for _, _, why in st.stale)
     rep = census(str(t), db_url)
     assert rep.seats[0].status == "certified" and rep.seats[0].action == "tuned"
     shown = api.show_seat(str(rep.seats[0].id), db_url)

@@ -293,15 +293,16 @@ def export(profile: str, out: str, db=None, plugins=()):
         store.close()
 
 
-def import_(path: str, db=None, plugins=()):
-    from nbx_tune.tuner.export import check_table, import_table
+def import_(path: str, db=None, plugins=(), notice=None):
+    ensure_device(notice)  # an entry that claims to beat the current certificate is screened here
+    load_plugins(plugins)
+    from nbx_tune.tuner.export import check_table, import_table, screen_here
     from nbx_tune.tuner.store import Store
 
-    load_plugins(plugins)
     checked = check_table(path, known_profiles())  # a bad table fails before the database opens
     store = Store(db)
     try:
-        return import_table(store, checked)
+        return import_table(store, checked, screen_here)
     finally:
         store.close()
 
