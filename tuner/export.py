@@ -64,7 +64,7 @@ class ExportSummary:
 def export_table(store, profile, out: str | Path) -> ExportSummary:
     specs = all_specs()
     entries, skipped = [], []
-    with store.session() as s:
+    with store.session(write=False) as s:
         rows = s.execute(select(Seat, Certificate, Tuning)
                          .join(Certificate, Certificate.seat_id == Seat.id)
                          .join(Tuning, Tuning.id == Certificate.tuning_id)

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from nbx_tune.errors import StoreError
 from nbx_tune.kernels.spec import Problem
-from nbx_tune.tuner.store.db import open_engine, safe_url
+from nbx_tune.tuner.store.db import WRITE, open_engine, safe_url
 from nbx_tune.tuner.store.models import (CensusRun, Certificate, Measurement, Refusal, Seat,
                                          SeatShape, Trace, TraceNeed, Tuning, utcnow)
 
@@ -87,13 +87,14 @@ class Store:
         self.engine.dispose()
 
     @contextmanager
-    def session(self):
-        """One transaction. Its BEGIN takes the write lock (SQLite: BEGIN IMMEDIATE, with a
-        busy timeout) and is retried while another writer holds it, so users never see
-        "database is locked"; once begun, the block runs to commit or rollback."""
+    def session(self, write: bool = True):
+        """One transaction. A writer's BEGIN takes the write lock (SQLite: BEGIN IMMEDIATE,
+        with a busy timeout) and is retried while another writer holds it, so users never
+        see "database is locked"; once begun, the block runs to commit or rollback. A read
+        (write=False) takes no lock: queries never wait behind a census."""
         s = self._sessions()
         try:
-            self._begin(s)
+            self._begin(s, write)
             yield s
             s.commit()
         except OperationalError as e:
@@ -105,10 +106,10 @@ class Store:
         finally:
             s.close()
 
-    def _begin(self, s: Session) -> None:
+    def _begin(self, s: Session, write: bool = True) -> None:
         for attempt in range(LOCK_RETRIES):
             try:
-                s.connection()
+                s.connection(execution_options={WRITE: write})
                 return
             except OperationalError as e:
                 s.rollback()
@@ -199,7 +200,7 @@ class Store:
             return sid
 
     def claimed_by(self, seat_id: int) -> str | None:
-        with self.session() as s:
+        with self.session(write=False) as s:
             return s.scalar(select(Seat.claimed_by).where(Seat.id == seat_id, Seat.claim_expires >= time.time()))
 
     def extend_claim(self, seat_id: int, holder: str, ttl_s: float) -> bool:
@@ -264,7 +265,7 @@ class Store:
 
     def seat_records(self, profile: str | None = None, kernel: str | None = None,
                      seat_ids=None) -> list[SeatRecord]:
-        with self.session() as s:
+        with self.session(write=False) as s:
             q = select(Seat)
             if profile:
                 q = q.where(Seat.profile == profile)
@@ -297,7 +298,7 @@ class Store:
 
     def refusals(self, kernel=None, reason=None, profile=None, seat_id=None, limit=None):
         """(Refusal, Seat, Tuning) rows, newest first."""
-        with self.session() as s:
+        with self.session(write=False) as s:
             q = (select(Refusal, Seat, Tuning).join(Seat, Seat.id == Refusal.seat_id)
                  .join(Tuning, Tuning.id == Refusal.tuning_id))
             if kernel:
@@ -315,7 +316,7 @@ class Store:
 
     def history(self, seat_id: int):
         """Every tuning of a seat with its certificate (if any) and measurements."""
-        with self.session() as s:
+        with self.session(write=False) as s:
             tunings = s.scalars(select(Tuning).where(Tuning.seat_id == seat_id).order_by(Tuning.id)).all()
             certs = {c.tuning_id: c for c in s.scalars(select(Certificate).where(Certificate.seat_id == seat_id))}
             meas = {}
@@ -326,7 +327,7 @@ class Store:
 
     def find_seat(self, ref: str, profile: str | None = None) -> Seat | None:
         """A seat by id or by its label `kernel|dtypes|flags|bucket`."""
-        with self.session() as s:
+        with self.session(write=False) as s:
             if ref.isdigit():
                 return s.get(Seat, int(ref))
             parts = ref.split("|")
@@ -343,7 +344,7 @@ class Store:
             return found[0] if found else None
 
     def census_runs(self, limit: int = 20):
-        with self.session() as s:
+        with self.session(write=False) as s:
             return s.execute(select(CensusRun, Trace).join(Trace, Trace.id == CensusRun.trace_id)
                              .order_by(CensusRun.id.desc()).limit(limit)).all()
 

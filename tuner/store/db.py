@@ -3,8 +3,8 @@
 A fresh database is created at the migrations' head. An older schema is refused with the
 command that upgrades it; a newer one (written by a later nbx-tune) is refused too, since
 this code cannot know what it means. SQLite runs in WAL mode with a busy timeout, and every
-transaction takes the write lock up front (BEGIN IMMEDIATE) so that two writers queue
-instead of failing on a lock upgrade.
+writing transaction takes the write lock up front (BEGIN IMMEDIATE) so that two writers
+queue instead of failing on a lock upgrade; a read takes no lock and never waits.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from nbx_tune.errors import StoreError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 BUSY_TIMEOUT_MS = 60_000
+WRITE = "nbx_write"  # the execution option that marks a transaction as a writer's
 MIGRATION_LOCK = 0x6E6278  # the advisory lock key schema changes take on PostgreSQL
 
 
@@ -79,7 +80,9 @@ def _sqlite_setup(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn):
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # Writers take the lock at BEGIN and queue; readers (the default) never wait on a
+        # writer: in WAL mode a deferred read sees the last commit.
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(WRITE) else "BEGIN")
 
 
 def make_engine(url: str) -> Engine:
@@ -143,8 +146,8 @@ def _checked_revision(engine: Engine, allow_old: bool) -> str | None:
         with engine.connect() as conn:
             # Tables first, then the revision: on PostgreSQL (READ COMMITTED) each read sees
             # its own snapshot, and a migration another process commits between them then
-            # shows as a revision, never as tables without one. (SQLite's BEGIN IMMEDIATE
-            # holds both reads in one transaction.)
+            # shows as a revision, never as tables without one. (SQLite holds both reads in
+            # one transaction.)
             tables = set(inspect(conn).get_table_names())
             rev = MigrationContext.configure(conn).get_current_revision()
     except OperationalError as e:
@@ -168,7 +171,7 @@ def _checked_revision(engine: Engine, allow_old: bool) -> str | None:
 def _upgrade_locked(engine: Engine, only_if_empty: bool) -> None:
     """Migrate under a lock, deciding inside it: two processes opening one fresh database
     at once create the schema once (PostgreSQL: an advisory lock; SQLite: BEGIN IMMEDIATE)."""
-    with engine.begin() as conn:
+    with engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
         if only_if_empty and MigrationContext.configure(conn).get_current_revision() is not None:
