@@ -154,3 +154,68 @@ def test_a_kernel_edit_makes_certificates_stale_never_served_and_retuned(tmp_pat
     shown = api.show_seat(str(rep.seats[0].id), db_url)
     certs = [h["certificate"] for h in shown["history"] if "certificate" in h]
     assert [c["current"] for c in certs] == [False, True]  # history stays queryable
+
+
+def test_planning_and_recording_a_long_trace_is_linear_and_says_what_it_does(tmp_path, db_url, monkeypatch):
+    """3,000 distinct shapes of one seat: judging the seat compares each shape a bounded
+    number of times (the old `p not in rec.problems` compared about n^2 / 2 times: 4.5
+    million here), and a census over a long trace announces its planning and recording."""
+    from nbx_tune.kernels.spec import Problem
+    from nbx_tune.tuner import census as census_mod
+    from nbx_tune.tuner.census import load_plan, run_census
+    from nbx_tune.tuner.store import Store
+
+    n = 3000
+    t = trace(tmp_path, "".join(f"test.double\tfloat32\t{1000 + i}\t\t1\n" for i in range(n)))
+    prof = builtin_profiles()["interpreter"]
+    monkeypatch.setattr(census_mod, "BIG_PLAN", 100)
+    notices = []
+
+    class Rep:
+        def coverage(self, report):
+            pass
+
+        def notice(self, text):
+            notices.append(text)
+
+    store = Store(db_url)
+    try:
+        run_census(load_plan(t, prof, notices.append), store, None, Rep())
+        assert any("mapping 3,000 trace rows" in x for x in notices)
+        assert any("recording 3,000 shapes of 1 seats" in x for x in notices)
+        calls = [0]
+        eq = Problem.__eq__
+
+        def counting(a, b):
+            calls[0] += 1
+            return eq(a, b)
+
+        monkeypatch.setattr(Problem, "__eq__", counting)
+        rep = run_census(load_plan(t, prof), store, None, None)
+        assert rep.seats[0].shapes == n and rep.seats[0].status == "pending"
+        assert calls[0] < 20 * n
+    finally:
+        store.close()
+
+
+def test_an_interrupted_census_is_recorded_interrupted_never_left_running(tmp_path, db_url):
+    from nbx_tune.tuner.census import load_plan, run_census
+    from nbx_tune.tuner.store import Store
+
+    t = trace(tmp_path, "test.double\tfloat32\t1000\t\t1\n")
+
+    class Interrupting:
+        def coverage(self, report):
+            raise KeyboardInterrupt  # Ctrl-C while the coverage table is drawn
+
+        def notice(self, text):
+            pass
+
+    store = Store(db_url)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_census(load_plan(t, builtin_profiles()["interpreter"]), store, None, Interrupting())
+        runs = store.census_runs()
+        assert [r.status for r, _ in runs] == ["interrupted"]
+    finally:
+        store.close()

@@ -77,7 +77,7 @@ def census(model: str, db: str | None = None, profile: str | None = None, dry_ru
         from nbx_tune.tuner.store import Store
 
         prof = resolve_profile(profile, for_tuning=tunes)
-        plan = load_plan(model, prof)  # a malformed trace fails here, before any database I/O
+        plan = load_plan(model, prof, reporter.notice if reporter else None)  # fails before any database I/O
         # A dry run reads the database if there is one, and never creates or writes it.
         store = _existing_store(db) if dry_run else Store(db)
         try:

@@ -58,8 +58,13 @@ class Plan:
     not_servable: list = field(default_factory=list)  # (line, op, reason, launches)
 
 
-def plan(trace: Trace, sha256: str, profile) -> Plan:
+BIG_PLAN = 20_000  # rows or shapes above which a census says what it is doing before doing it
+
+
+def plan(trace: Trace, sha256: str, profile, notice=None) -> Plan:
     p = Plan(trace, sha256, profile)
+    if notice is not None and len(trace.rows) > BIG_PLAN:
+        notice(f"mapping {len(trace.rows):,} trace rows to seats")
     for row in trace.rows:
         spec = spec_for_op(row.op)
         if spec is None:
@@ -88,10 +93,10 @@ def plan(trace: Trace, sha256: str, profile) -> Plan:
     return p
 
 
-def load_plan(path: str | Path, profile) -> Plan:
+def load_plan(path: str | Path, profile, notice=None) -> Plan:
     trace = read_trace(path)
     sha = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    return plan(trace, sha, profile)
+    return plan(trace, sha, profile, notice)
 
 
 @dataclass
@@ -162,7 +167,7 @@ def report_lines(store, pl: Plan, ids: dict | None) -> list[SeatLine]:
             cfg = ms = None
         else:
             # A dry run has not recorded this trace's shapes: judge with them too.
-            seen = rec.problems + [p for p in problems if p not in rec.problems]
+            seen = list(dict.fromkeys((*rec.problems, *problems)))  # linear: 200k-row traces
             st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, seen,
                              specs.get(sp.kernel), pl.profile, rec.seat_refusal)
             cfg = rec.cert.config if rec.cert else None
@@ -195,16 +200,23 @@ def run_census(pl: Plan, store, tuner=None, reporter=None, dry_run: bool = False
     profile = pl.profile
     if dry_run:
         return _report(pl, report_lines(store, pl, find_existing(store, pl)), None, True, t0)
+    shapes = sum(len(sp.problems) for sp in pl.seats.values())
+    if reporter is not None and shapes > BIG_PLAN:
+        reporter.notice(f"recording {shapes:,} shapes of {len(pl.seats):,} seats")
     run_id, ids = store.record_census(pl.trace, pl.sha256, profile.name,
                                       {k: sp.problems for k, sp in pl.seats.items()})
-    before = report_lines(store, pl, ids)
-    if reporter is not None:
-        reporter.coverage(_report(pl, before, run_id, False, t0))
     status = "done"
-    try:
+    before = []
+    try:  # from here on the run row is finished whatever happens: never left `running`
+        before = report_lines(store, pl, ids)
+        if reporter is not None:
+            reporter.coverage(_report(pl, before, run_id, False, t0))
         if tuner is not None:
             todo = [ln for ln in before if ln.status in ("pending", "stale", "unscreened")]
             tuner.run(todo, pl, ids, run_id, reporter)
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
     except BaseException:
         status = "failed"
         raise

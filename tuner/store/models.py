@@ -46,7 +46,7 @@ class CensusRun(Base):
     profile: Mapped[str] = mapped_column(String(64))
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    status: Mapped[str] = mapped_column(String(16))  # running | done | failed
+    status: Mapped[str] = mapped_column(String(16))  # running | done | failed | interrupted
     host: Mapped[str] = mapped_column(String(255))
     pid: Mapped[int] = mapped_column(Integer)
     summary: Mapped[str | None] = mapped_column(Text)  # JSON: coverage and outcome counts
