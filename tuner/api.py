@@ -8,9 +8,10 @@ import os
 import sys
 from dataclasses import dataclass
 
-from nbx_tune.errors import NbxError, ProfileError
+from nbx_tune.errors import NbxError, ProfileError, StoreError
 from nbx_tune.profiles import (builtin_profiles, current_target, device_info, get_profile,
                                gpu_available, interpreter_enabled, match_profile)
+from nbx_tune.tuner.reasons import REFUSAL_REASONS  # noqa: F401 (the CLI's --reason help)
 
 
 def ensure_device(notice=None) -> None:
@@ -33,6 +34,21 @@ def ensure_device(notice=None) -> None:
     os.environ["TRITON_INTERPRET"] = "1"
     if notice:
         notice("no GPU found: running on Triton's CPU interpreter (TRITON_INTERPRET=1)")
+
+
+def check_plugins(plugins) -> None:
+    """A plugin module that cannot be found is one line here, before any worker process
+    tries (and prints its own traceback)."""
+    import importlib.util
+
+    for p in plugins or ():
+        try:
+            found = importlib.util.find_spec(p) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise NbxError(f"plugin {p}: cannot import: no module named {p!r} (is it installed, "
+                           "or on PYTHONPATH?)")
 
 
 def load_plugins(plugins) -> None:
@@ -69,6 +85,10 @@ def census(model: str, db: str | None = None, profile: str | None = None, dry_ru
     """dry_run: plan only, write nothing. enqueue: record the plan for workers, tune nothing
     (any profile: the workers of its device tune it)."""
     tunes = not (dry_run or enqueue)
+    from nbx_tune.tuner.strategies import get_strategy
+
+    get_strategy(strategy)  # a bad --strategy fails before any process starts or file is made
+    check_plugins(plugins)  # and a missing plugin before the worker processes try to import it
     executor = _early_executor(isolate and tunes, plugins)
     try:
         ensure_device(reporter.notice if reporter else None)  # before anything imports triton
@@ -82,11 +102,13 @@ def census(model: str, db: str | None = None, profile: str | None = None, dry_ru
         store = _existing_store(db) if dry_run else Store(db)
         try:
             if dry_run:
-                return run_census(plan, store, dry_run=True)
-            if enqueue:
-                return run_census(plan, store, None, reporter)
-            tuner = make_tuner(store, prof, strategy, isolate, executor)
-            return run_census(plan, store, tuner, reporter)
+                rep = run_census(plan, store, dry_run=True)
+            elif enqueue:
+                rep = run_census(plan, store, None, reporter)
+            else:
+                rep = run_census(plan, store, make_tuner(store, prof, strategy, isolate, executor), reporter)
+            rep.db = store.url if store is not None else None
+            return rep
         finally:
             if store is not None:
                 store.close()
@@ -151,12 +173,17 @@ def make_tuner(store, profile, strategy: str = "pruned", isolate: bool = True, e
     return SeatTuner(store, profile, device_info(), executor, get_strategy(strategy))
 
 
-def _existing_store(db: str | None):
+def _existing_store(db: str | None, required: bool = False):
+    """The store of a database that exists; None, or with `required` an error, for a SQLite
+    file that does not: a query never creates a database (a mistyped --db would otherwise
+    report an empty one and exit 0)."""
     from nbx_tune import settings
     from nbx_tune.tuner.store import Store
 
     url = settings.db_url(db)
-    if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):
+    if _missing_sqlite(url):
+        if required:
+            _missing_sqlite(url, raise_it=True)
         return None
     return Store(url)
 
@@ -204,7 +231,7 @@ def seat_views(db=None, status=None, kernel=None, profile=None, plugins=()) -> l
     specs = all_specs()
     prof_name = get_profile(profile).name if profile else None
     profiles = known_profiles(get_profile(profile) if profile else None)
-    store = Store(db)
+    store = _existing_store(db, required=True)
     try:
         out = []
         for r in store.seat_records(profile=prof_name, kernel=kernel):
@@ -223,9 +250,8 @@ def seat_views(db=None, status=None, kernel=None, profile=None, plugins=()) -> l
 
 def show_seat(ref: str, db=None, profile=None, plugins=()) -> dict:
     from nbx_tune.tuner.export import iso_utc
-    from nbx_tune.tuner.store import Store
 
-    store = Store(db)
+    store = _existing_store(db, required=True)
     try:
         seat = store.find_seat(ref, get_profile(profile).name if profile else None)
         if seat is None:
@@ -259,34 +285,35 @@ def show_seat(ref: str, db=None, profile=None, plugins=()) -> dict:
         store.close()
 
 
-def refusal_rows(db=None, kernel=None, reason=None, profile=None, limit=None) -> list[dict]:
+def refusal_rows(db=None, kernel=None, reason=None, profile=None, limit=None, with_total=False):
+    """Refusals, newest first; with_total: (rows, how many match in all)."""
     from nbx_tune.tuner.export import iso_utc
-    from nbx_tune.tuner.store import Store
-    from nbx_tune.tuner.store.models import REFUSAL_REASONS
 
     if reason and reason not in REFUSAL_REASONS:
         raise NbxError(f"unknown reason {reason!r}; known: {', '.join(REFUSAL_REASONS)}")
-    store = Store(db)
+    prof_name = get_profile(profile).name if profile else None
+    store = _existing_store(db, required=True)
     try:
-        return [{"id": r.id, "seat": seat.id, "profile": seat.profile,
+        rows = [{"id": r.id, "seat": seat.id, "profile": seat.profile,
                  "label": "|".join((seat.kernel, seat.dtypes, seat.flags, seat.bucket)),
                  "config": r.config, "reason": r.reason, "detail": r.detail, "tuning": t.id,
                  "triton_version": t.triton_version, "kernel_source_hash": t.kernel_source_hash,
                  "device": t.device_name, "at": iso_utc(r.created_at)}
-                for r, seat, t in store.refusals(kernel=kernel, reason=reason,
-                                                 profile=get_profile(profile).name if profile else None,
-                                                 limit=limit)]
+                for r, seat, t in store.refusals(kernel=kernel, reason=reason, profile=prof_name, limit=limit)]
+        if not with_total:
+            return rows
+        total = len(rows) if not limit or len(rows) < limit else store.count_refusals(kernel, reason, prof_name)
+        return rows, total
     finally:
         store.close()
 
 
 def export(profile: str, out: str, db=None, plugins=()):
     from nbx_tune.tuner.export import export_table
-    from nbx_tune.tuner.store import Store
 
     load_plugins(plugins)
     prof = get_profile(profile)
-    store = Store(db)
+    store = _existing_store(db, required=True)
     try:
         return export_table(store, prof, out)
     finally:
@@ -308,14 +335,30 @@ def import_(path: str, db=None, plugins=(), notice=None):
 
 
 def db_upgrade(db=None) -> tuple:
+    """(the URL as it may be printed, revision before, revision after)."""
     from nbx_tune import settings
-    from nbx_tune.tuner.store.db import make_engine, upgrade
+    from nbx_tune.tuner.store.db import make_engine, safe_url, upgrade
 
-    engine = make_engine(settings.db_url(db))
+    url = settings.db_url(db)
+    engine = make_engine(url)
     try:
-        return upgrade(engine)
+        return (safe_url(url), *upgrade(engine))
     finally:
         engine.dispose()
+
+
+def trace(output, argv: list[str]):
+    """Record a program's aten ops into a trace file (tuner/recorder.py)."""
+    from nbx_tune.tuner.recorder import trace_command
+
+    return trace_command(output, argv)
+
+
+def run_fleet(gpus: list[str], command: list[str]) -> None:
+    """Start `command` once per GPU id, each seeing only its GPU, and wait for all."""
+    from nbx_tune.tuner.fleet import spawn_workers, wait_workers
+
+    wait_workers(spawn_workers(gpus, command))
 
 
 def db_current(db=None) -> dict:
@@ -323,6 +366,7 @@ def db_current(db=None) -> dict:
     from nbx_tune.tuner.store.db import current_revision, head_revision, make_engine, safe_url
 
     url = settings.db_url(db)
+    _missing_sqlite(url, raise_it=True)
     engine = make_engine(url)
     try:
         return {"url": safe_url(url), "revision": current_revision(engine), "head": head_revision()}
@@ -334,3 +378,12 @@ def db_current(db=None) -> dict:
         raise
     finally:
         engine.dispose()
+
+
+def _missing_sqlite(url: str, raise_it: bool = False) -> bool:
+    path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else None
+    if path is None or path == ":memory:" or path.startswith("file:") or os.path.exists(path):
+        return False
+    if raise_it:
+        raise StoreError(f"no database at {path} (a mistyped --db? a census creates one)")
+    return True

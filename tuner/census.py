@@ -130,6 +130,7 @@ class Report:
     run_id: int | None = None
     dry_run: bool = False
     seconds: float = 0.0
+    db: str | None = None  # the database, as it may be printed
 
     def counts(self) -> dict:
         c = Counter(s.status for s in self.seats)
@@ -144,7 +145,9 @@ class Report:
                 "launches": self.launches, "dry_run": self.dry_run, "run_id": self.run_id,
                 "seconds": round(self.seconds, 3), "coverage": self.counts(),
                 "seats": [s.to_dict() for s in self.seats],
-                "not_covered": [{"op": op, "launches": n} for op, n in sorted(self.uncovered.items())],
+                "db": self.db,
+                "not_covered": [{"op": op, "launches": n, "reason": "no kernel serves this op"}
+                                for op, n in sorted(self.uncovered.items())],
                 "not_servable": [{"line": ln, "op": op, "reason": why, "launches": n}
                                  for ln, op, why, n in self.not_servable]}
 

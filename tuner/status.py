@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from nbx_tune.kernels.spec import Problem
 from nbx_tune.tuner import provenance
-from nbx_tune.tuner.store.models import TRANSIENT_REASONS
+from nbx_tune.tuner.reasons import TRANSIENT_REASONS
 
 STATUSES = ("certified", "unscreened", "pending", "refused", "stale")
 

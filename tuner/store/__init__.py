@@ -329,6 +329,17 @@ class Store:
                 q = q.limit(limit)
             return s.execute(q).all()
 
+    def count_refusals(self, kernel=None, reason=None, profile=None) -> int:
+        with self.session(write=False) as s:
+            q = select(func.count(Refusal.id)).join(Seat, Seat.id == Refusal.seat_id)
+            if kernel:
+                q = q.where(Seat.kernel == kernel)
+            if reason:
+                q = q.where(Refusal.reason == reason)
+            if profile:
+                q = q.where(Seat.profile == profile)
+            return int(s.scalar(q) or 0)
+
     def history(self, seat_id: int):
         """Every tuning of a seat with its certificate (if any) and measurements."""
         with self.session(write=False) as s:
@@ -343,8 +354,8 @@ class Store:
     def find_seat(self, ref: str, profile: str | None = None) -> Seat | None:
         """A seat by id or by its label `kernel|dtypes|flags|bucket`."""
         with self.session(write=False) as s:
-            if ref.isdigit():
-                return s.get(Seat, int(ref))
+            if ref.isdigit():  # past 2^63 no row can have it, and SQLite would overflow
+                return s.get(Seat, int(ref)) if int(ref) < 2 ** 63 else None
             parts = ref.split("|")
             if len(parts) != 4:
                 return None
