@@ -197,3 +197,37 @@ def test_refusals_say_how_many_there_are_and_list_every_reason_in_help(tmp_path,
     assert f"{total} refusals" in run("refusals", "--db", db_url, "--limit", "0").stdout
     helptext = " ".join(run("refusals", "--help").stdout.split())
     assert all(reason in helptext for reason in REFUSAL_REASONS)
+
+
+def test_ctrl_c_says_what_was_kept_and_exits_130(monkeypatch, db_url):
+    from nbx_tune.tuner import api
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "seat_views", interrupted)
+    r = run("seats", "--db", db_url)
+    assert r.exit_code == 130 and "interrupted:" in r.stderr and "run the same command again" in r.stderr
+
+
+def test_the_cli_reaches_the_tuner_only_through_its_api_and_catches_errors_once():
+    import ast
+    from pathlib import Path
+
+    import nbx_tune.cli as cli
+
+    for f in Path(cli.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nbx_tune.tuner"):
+                assert node.module == "nbx_tune.tuner.api" or (
+                    node.module == "nbx_tune.tuner" and [a.name for a in node.names] == ["api"]), (f, node.module)
+        assert f.read_text().count("render.error(") <= 1  # printed in one place: the root group
+
+
+def test_a_seat_summary_tells_pruned_configs_from_wrong_ones():
+    from types import SimpleNamespace as R
+
+    from nbx_tune.cli.render import candidate_summary
+
+    recs = [R(reason="equivalent")] * 7 + [R(reason="wrong_answer"), R(reason=None), R(reason=None)]
+    assert candidate_summary(recs) == "10 candidates: 7 pruned unlaunched (equivalent 7), 1 failed (wrong_answer 1), 2 passed"
