@@ -81,7 +81,8 @@ def test_census_certifies_then_the_second_tunes_nothing_and_launches_read_it(tmp
 def test_dry_run_and_bad_traces_write_nothing(tmp_path, db_url):
     db_file = Path(db_url[len("sqlite:///"):])
     rep = census(str(trace(tmp_path, MATMUL_TRACE)), db_url, dry_run=True)
-    assert rep.dry_run and rep.counts()["pending"]["seats"] == 3
+    assert rep.dry_run and rep.counts()["pending"]["seats"] == 2
+    assert rep.counts()["refused"]["seats"] == 1  # bf16 on the interpreter: predicted, as the run would
     assert not db_file.exists()
     bad = trace(tmp_path, "aten.mm\tfloat32,float32\t4x4;4x4\t\t1\naten.mm\tfloat32\t4xq\t\t1\n", "bad.tsv")
     with pytest.raises(TraceError, match=r"bad.tsv: line 4: column 3 \(shapes\)"):
@@ -219,3 +220,15 @@ def test_an_interrupted_census_is_recorded_interrupted_never_left_running(tmp_pa
         assert [r.status for r, _ in runs] == ["interrupted"]
     finally:
         store.close()
+
+
+def test_a_dry_run_predicts_refusals_and_byte_budget_overruns(tmp_path, db_url):
+    """The plan says what the census will do: a bf16 seat on the interpreter is refused
+    unlaunched, a shape over the screen budget makes its seat unscreened."""
+    t = trace(tmp_path, "aten.mm\tbfloat16,bfloat16\t16x16;16x16\t\t1\ntest.double\tfloat32\t700\t\t1\n")
+    profile = _profile_with_budget(tmp_path, 4000)
+    dry = {s.kernel: s for s in census(str(t), db_url, profile=profile, dry_run=True).seats}
+    assert dry["matmul"].status == "refused" and "predicted dtype_unscreenable" in dry["matmul"].why
+    assert dry["test_double"].status == "pending" and "predicted unscreened" in dry["test_double"].why
+    real = {s.kernel: s for s in census(str(t), db_url, profile=profile).seats}
+    assert real["matmul"].status == "refused" and real["test_double"].status == "unscreened"

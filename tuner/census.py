@@ -180,6 +180,37 @@ def report_lines(store, pl: Plan, ids: dict | None) -> list[SeatLine]:
     return lines
 
 
+def predict(pl: Plan, lines: list[SeatLine]) -> list[SeatLine]:
+    """A dry run says what the census would do to each seat it would tune: refuse it
+    unlaunched (a dtype the profile cannot screen), or certify it unscreened (a shape over
+    the screen's byte budget)."""
+    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.tuner.tune import seat_job, unscreenable
+
+    specs = all_specs()
+    for ln in lines:
+        if ln.status not in ("pending", "stale"):
+            continue
+        spec, problems = specs.get(ln.kernel), list(pl.seats[_key(ln.label)].problems)
+        if spec is None:
+            continue
+        bad = unscreenable(spec, pl.profile, problems)
+        if bad:
+            ln.status, ln.why = "refused", f"predicted dtype_unscreenable: {bad[1]}"
+            continue
+        _, skipped = seat_job(spec, pl.profile, ln.label, problems, "cpu")
+        if skipped:
+            over = ", ".join(f"{n / 2**20:.0f} MiB" for _, n in skipped)
+            ln.why = "; ".join(x for x in (ln.why, (
+                f"predicted unscreened: operands of {over} > the profile's "
+                f"{pl.profile.screen_max_bytes / 2**20:.0f} MiB screen budget")) if x)
+    return lines
+
+
+def _key(label: str) -> tuple:
+    return tuple(label.split("|"))
+
+
 def _report(pl: Plan, lines, run_id, dry_run, t0) -> Report:
     return Report(pl.trace.path, pl.profile.name, len(pl.trace.rows), pl.trace.launches, lines,
                   dict(pl.uncovered), list(pl.not_servable), run_id, dry_run, time.perf_counter() - t0)
@@ -202,7 +233,7 @@ def run_census(pl: Plan, store, tuner=None, reporter=None, dry_run: bool = False
     t0 = time.perf_counter()
     profile = pl.profile
     if dry_run:
-        return _report(pl, report_lines(store, pl, find_existing(store, pl)), None, True, t0)
+        return _report(pl, predict(pl, report_lines(store, pl, find_existing(store, pl))), None, True, t0)
     shapes = sum(len(sp.problems) for sp in pl.seats.values())
     if reporter is not None and shapes > BIG_PLAN:
         reporter.notice(f"recording {shapes:,} shapes of {len(pl.seats):,} seats")
