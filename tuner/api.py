@@ -371,9 +371,9 @@ def db_current(db=None) -> dict:
     try:
         return {"url": safe_url(url), "revision": current_revision(engine), "head": head_revision()}
     except Exception as e:
-        from sqlalchemy.exc import OperationalError
+        from sqlalchemy.exc import DatabaseError
 
-        if isinstance(e, OperationalError):
+        if isinstance(e, DatabaseError):
             raise NbxError(f"cannot open database {safe_url(url)}: {str(e.orig).splitlines()[0]}") from None
         raise
     finally:

@@ -22,7 +22,7 @@ from nbx_tune.errors import NbxError
 from nbx_tune.kernels.registry import spec_for_op
 from nbx_tune.kernels.spec import NotServable, bucket_of, encode_bucket, encode_dtypes, encode_flags
 from nbx_tune.tuner.status import seat_status
-from nbx_tune.tuner.trace import Trace, read_trace
+from nbx_tune.tuner.trace import MAX_INT, Trace, read_trace
 
 
 @dataclass
@@ -75,6 +75,11 @@ def plan(trace: Trace, sha256: str, profile, notice=None) -> Plan:
             problem = spec.problem_from_row(row)
         except (ValueError, KeyError, TypeError) as e:  # a param the kernel could not read
             problem = NotServable(f"unreadable params: {e}")
+        except Exception as e:  # a plugin's bug costs its rows, never the census
+            problem = NotServable(f"kernel {spec.name} could not read this row "
+                                  f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+        if not isinstance(problem, NotServable) and problem.volume > MAX_INT:
+            problem = NotServable("more than 2^63 - 1 elements")
         if isinstance(problem, NotServable):
             p.not_servable.append((row.line, row.op, problem.reason, row.count))
             continue

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import func, select, update
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DatabaseError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from nbx_tune.errors import StoreError
@@ -113,7 +113,7 @@ class Store:
             self._begin(s, write)
             yield s
             s.commit()
-        except OperationalError as e:
+        except (OperationalError, DatabaseError) as e:
             s.rollback()
             raise StoreError(f"database {self.url}: {str(e.orig).splitlines()[0]}") from None
         except BaseException:

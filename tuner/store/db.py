@@ -19,7 +19,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, event, inspect, text
 from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, OperationalError
 
 from nbx_tune import settings
 from nbx_tune.errors import StoreError
@@ -30,10 +30,15 @@ WRITE = "nbx_write"  # the execution option that marks a transaction as a writer
 MIGRATION_LOCK = 0x6E6278  # the advisory lock key schema changes take on PostgreSQL
 
 
+SECRET_PARAMS = ("password", "passwd", "sslpassword", "sslkey")  # query parameters never printed
+
+
 def safe_url(url: str | URL) -> str:
-    """The URL as it may be printed: never with its password."""
+    """The URL as it may be printed: never with its password, in the URL or its query."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        u = make_url(url)
+        hidden = {k: "***" for k in u.query if k.lower() in SECRET_PARAMS}
+        return (u.update_query_dict(hidden) if hidden else u).render_as_string(hide_password=True)
     except Exception:
         return "<unparseable URL>"
 
@@ -41,7 +46,7 @@ def safe_url(url: str | URL) -> str:
 def parse_url(url: str) -> URL:
     try:
         u = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise StoreError(f"bad database URL {safe_url(url)!r}: expected e.g. "
                          "sqlite:///path/to/nbx.db or postgresql+psycopg://user@host/db") from None
     if u.get_backend_name() not in ("sqlite", "postgresql"):
@@ -150,7 +155,7 @@ def _checked_revision(engine: Engine, allow_old: bool) -> str | None:
             # one transaction.)
             tables = set(inspect(conn).get_table_names())
             rev = MigrationContext.configure(conn).get_current_revision()
-    except OperationalError as e:
+    except DatabaseError as e:  # OperationalError, and a damaged file ("file is not a database")
         raise _connect_error(engine, e) from None
     known = {r.revision for r in script.walk_revisions()}
     if rev is None:
@@ -176,7 +181,12 @@ def _upgrade_locked(engine: Engine, only_if_empty: bool) -> None:
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
         if only_if_empty and MigrationContext.configure(conn).get_current_revision() is not None:
             return
-        command.upgrade(_alembic_config(conn), "head")
+        try:
+            command.upgrade(_alembic_config(conn), "head")
+        except Exception as e:  # rolled back with the transaction: the schema is as it was
+            msg = str(getattr(e, "orig", e)).strip().splitlines()
+            raise StoreError(f"database {safe_url(engine.url)}: migrating to {head_revision()} failed "
+                             f"({type(e).__name__}: {msg[0] if msg else ''}); nothing was changed") from None
 
 
 def open_engine(url: str | None = None) -> Engine:
@@ -185,7 +195,7 @@ def open_engine(url: str | None = None) -> Engine:
     if _checked_revision(engine, allow_old=False) is None:
         try:
             _upgrade_locked(engine, only_if_empty=True)
-        except OperationalError as e:
+        except DatabaseError as e:
             raise _connect_error(engine, e) from None
         _checked_revision(engine, allow_old=False)
     return engine
