@@ -213,3 +213,17 @@ class KilledSpec(DoubleSpec):
 
 KILLED = KilledSpec()
 SPECS = (SPEC, FAULTY, POISONING, UNPREPARABLE, KILLED)
+
+
+class BadOracleSpec(DoubleSpec):
+    """A plugin whose fp64 oracle raises: the seat's own error, not the GPU's."""
+
+    name = "test_bad_oracle"
+    ops = ("test.bad_oracle",)
+
+    def oracle(self, problem, inputs):
+        raise ValueError("oracle bug")
+
+
+BAD_ORACLE = BadOracleSpec()
+SPECS = (SPEC, FAULTY, POISONING, UNPREPARABLE, KILLED, BAD_ORACLE)

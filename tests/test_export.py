@@ -32,6 +32,14 @@ def table(tmp_path, db_url):
     return out
 
 
+def test_an_exported_table_is_readable_by_others_as_the_umask_allows(table):
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    assert table.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
+
+
 def test_export_is_deterministic_json_with_provenance(tmp_path, db_url, table):
     again = tmp_path / "again.json"
     api.export("interpreter", str(again), db_url)

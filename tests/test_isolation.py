@@ -150,6 +150,12 @@ def test_a_candidate_whose_worker_is_killed_from_outside_is_tried_again_not_refu
     assert res.outcome == "certified" and res.seat_refusal is None
 
 
+def test_an_oracle_that_raises_is_the_seats_prepare_error_not_a_gpu_fault(tmp_path):
+    res, _ = tune_isolated(load_profile_file(quick_timeout_profile(tmp_path, 60)), planted.BAD_ORACLE, 300)
+    assert res.outcome == "refused" and res.seat_refusal[0] == "prepare_error"
+    assert "ValueError: oracle bug" in res.seat_refusal[1] and "GPU context" not in res.seat_refusal[1]
+
+
 def test_a_worker_profile_is_written_when_asked_and_names_the_screen(tmp_path, monkeypatch):
     import pstats
 

@@ -73,7 +73,9 @@ def test_a_plugin_cannot_take_an_op_another_kernel_serves(on_path):
         name = "thief"
         ops = ("aten.mm",)
 
-    with pytest.raises(KernelError, match="op aten.mm of kernel 'thief' .* is already served by 'matmul'"):
+    registry.all_specs()
+    with pytest.raises(KernelError, match="plugin kernel 'thief' .* claims op aten.mm, which the built-in kernel "
+                                          "'matmul' serves"):
         registry.register(Thief(), "test")
     with pytest.raises(KernelError, match="plugin no_such_plugin: cannot import"):
         registry.load_plugin("no_such_plugin")
@@ -84,3 +86,18 @@ def test_the_docs_name_every_part_of_the_example():
     src = (PLUGIN_DIR / "nbx_swiglu.py").read_text()
     for name in ("_swiglu", "launch_swiglu", "swiglu_fp64", "problem_from_row", "source_parts", "nbx_tune.kernels"):
         assert name in doc and (name in src or name == "nbx_tune.kernels")
+
+
+def test_a_plugin_registered_before_the_built_ins_is_still_the_one_blamed(on_path, monkeypatch):
+    import nbx_swiglu
+
+    class Thief(nbx_swiglu.SwiGLUSpec):
+        name = "thief"
+        ops = ("aten.mm",)
+
+    monkeypatch.setattr(registry, "_specs", {})
+    monkeypatch.setattr(registry, "_by_op", {})
+    monkeypatch.setattr(registry, "_loaded", False)
+    registry.register(Thief(), "test")  # at its import, before anything loaded the built-ins
+    with pytest.raises(KernelError, match="plugin kernel 'thief' .* claims op aten.mm"):
+        registry.all_specs()

@@ -90,6 +90,9 @@ def _write_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # a table is shipped and shared, not private as mkstemp makes it
         os.replace(tmp, path)
     except OSError as e:
         os.unlink(tmp)

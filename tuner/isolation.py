@@ -89,6 +89,9 @@ def _serve(conn, plugins):
             # A poisoned context (or a seat that cannot be prepared) ends this worker: the
             # candidate in flight is refused as a crash and the parent starts a fresh one.
             reason, detail = classify_exception(e)
+            if kind == "seat" and not is_fatal(e):  # the seat's inputs or oracle raised: its own error
+                conn.send(("fatal", "prepare_error", detail, traceback.format_exc(limit=4)))
+                os._exit(3)
             if isinstance(e, ContextPoisoned) or is_fatal(e) or kind == "seat":
                 conn.send(("fatal", "crash", str(e) if isinstance(e, ContextPoisoned) else detail,
                            traceback.format_exc(limit=4)))
@@ -206,7 +209,8 @@ class Isolated:
                 if reply[0] != "fatal":
                     return reply, None
                 self.proc.join(timeout=10)
-                failure = (reply[1], f"{reply[2]} (the worker's GPU context was unusable after it; replaced)")
+                failure = (reply[1], reply[2] if reply[1] == "prepare_error" else
+                           f"{reply[2]} (the worker's GPU context was unusable after it; replaced)")
             else:
                 failure = ("timeout", f"no answer within {timeout:g} s (candidate_timeout_s); worker killed")
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
