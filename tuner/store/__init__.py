@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import func, select, update
-from sqlalchemy.exc import DatabaseError, OperationalError
+from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from nbx_tune.errors import StoreError
@@ -115,6 +115,8 @@ class Store:
             s.commit()
         except (OperationalError, DatabaseError) as e:
             s.rollback()
+            if isinstance(e, IntegrityError):  # a broken invariant is a bug, never a user error
+                raise
             raise StoreError(f"database {self.url}: {str(e.orig).splitlines()[0]}") from None
         except BaseException:
             s.rollback()
