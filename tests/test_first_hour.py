@@ -109,3 +109,20 @@ def test_a_failing_migration_is_one_line_and_changes_nothing(tmp_path, monkeypat
     url = f"sqlite:///{tmp_path / 'n.db'}"
     r = CliRunner().invoke(app, ["db", "upgrade", "--db", url])
     assert one_line(r) and "migrating to" in r.stderr and "disk on fire" in r.stderr
+
+
+def test_the_compile_pool_leaves_a_broken_plugin_to_the_census_one_line(tmp_path):
+    """A plugin that raises on import: the compile pool's processes (on a GPU) used to print
+    a traceback before the census's own one-line error."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "fh_broken_plugin.py").write_text("raise RuntimeError('plugin bug')\n")
+    code = ("from nbx_tune.tuner.precompile import _serve_compiles\n"
+            "import os\nos.nice = lambda n: 0\n"  # not the test's business
+            "_serve_compiles(None, ['fh_broken_plugin'])\n")
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-1500:]

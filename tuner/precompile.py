@@ -15,6 +15,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 
+from nbx_tune.errors import NbxError
+
 
 def _compile_only():
     """Make every `kernel[grid](...)` in this process compile without launching."""
@@ -61,7 +63,10 @@ def _compile(kernel: str, problems, config, device: str) -> str | None:
 
 
 def _serve_compiles(jobs, plugins) -> None:
-    _init(plugins)
+    try:
+        _init(plugins)
+    except NbxError:  # a plugin that cannot be imported: the census says so on one line
+        return
     while True:
         job = jobs.get()
         if job is None:
