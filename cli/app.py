@@ -97,7 +97,7 @@ def census(
               f"{c['refused']['seats']} refused, {c['pending']['seats']} pending, "
               f"{c['stale']['seats']} stale seats in {rep.seconds:.1f} s")
     if not dry_run:
-        out.print(render.next_steps(rep), highlight=False)
+        out.print(render.next_steps(rep, db_given=db is not None), highlight=False)
 
 
 @app.command()

@@ -148,7 +148,8 @@ class RichReporter:
         if self.seats_task is not None:
             self.progress.advance(self.seats_task)
         w = result.winner
-        won = f"{short_config(w.config.key())} {w.timing.median_ms:.4g} ms" if w else "no certificate"
+        won = (f"{short_config(w.config.key())} {w.timing.median_ms:.4g} ms" if w else
+               f"no certificate, {result.seat_refusal[0]}" if result.seat_refusal else "no certificate")
         self.console.print(f"  {status_text(result.outcome)} {label}: {won} "
                            f"({candidate_summary(result.records)}; {result.total_s:.1f} s)")
 
@@ -159,6 +160,8 @@ class RichReporter:
 def candidate_summary(records) -> str:
     """`14 candidates: 7 pruned unlaunched (7 equivalent), 1 failed (wrong_answer 1), 6 passed`:
     a pruned config is not a wrong one."""
+    if not records:
+        return "no candidate run"
     reasons = Counter(r.reason for r in records if r.reason)
     pruned = {k: n for k, n in reasons.items() if k in UNLAUNCHED}
     failed = {k: n for k, n in reasons.items() if k not in UNLAUNCHED}
@@ -175,9 +178,9 @@ def _counts(c: dict) -> str:
     return ", ".join(f"{k} {n}" for k, n in sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def next_steps(rep) -> str:
+def next_steps(rep, db_given: bool = True) -> str:
     """After a census: where the results are and what to try next."""
-    db = f" --db {rep.db}" if rep.db else ""
+    db = f" --db {rep.db}" if rep.db and db_given else ""
     return (f"Results are in {rep.db or 'the database'}. Next: `nbx-tune seats{db}`, "
             f"`nbx-tune show SEAT{db}`, `nbx-tune refusals{db}`; your code gets the certified "
             "configs through `from nbx_tune.kernels import mm` (and the other ops).")
