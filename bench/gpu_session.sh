@@ -4,7 +4,7 @@
 #   bash bench/gpu_session.sh                 every stage, in this order
 #   bash bench/gpu_session.sh fault check     only those (one device call each fits 600 s:
 #                                             "fault check", "census launch", "cost quality")
-# Other stages: direct (the direct launch's GPU proof), tma (every TMA config at odd shapes), profile (a census under cProfile),
+# Other stages: served (what the launch read serves: shipped table, another target, a sibling device), direct (the direct launch's GPU proof), tma (every TMA config at odd shapes), profile (a census under cProfile),
 # schedules (GEMM schedules at 3072^3, exploratory), waves (a GEMM's time against its tile count), cublas (the
 # kernels cuBLAS runs at 2048-4096^3: tile, grid, scheme), ranking (a short GEMM's pick, certified
 # again and again, with the host quiet and busy), unaligned (3000^3 taken apart, exploratory),
@@ -45,6 +45,7 @@ for s in $STAGES; do case $s in
           stage 30 python3 bench/screen_share.py
           stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
   launch) stage ${LAUNCH_S:-100} python3 bench/launch_overhead.py ;;
+  served) stage ${SERVED_S:-60} python3 bench/served_tables.py ;;
   direct) stage ${DIRECT_S:-120} python3 bench/direct_launch_check.py ;;
   tma) stage ${TMA_S:-200} python3 bench/tma_check.py ;;
   profile) stage ${PROFILE_S:-150} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv \
