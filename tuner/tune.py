@@ -194,7 +194,8 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
         ranked = finals()
         bench_s = time.perf_counter() - tb
     except SeatPrepareError as e:  # at the start, or in a worker that replaced a dead one
-        reporter.notice(f"{label}: not certified: {e}")
+        reporter.notice(f"{label}: not certified: {e}" + (
+            "; not the seat's fault: the next census tries it again" if isinstance(e, WorkerLost) else ""))
         kept = {id(r) for r in records}  # the candidates judged before it, with their reasons
         reason = "worker_lost" if isinstance(e, WorkerLost) else "prepare_error"
         return SeatResult("refused", records + [r for r in by_config.values() if id(r) not in kept],
