@@ -27,6 +27,11 @@ def _getter(prov: Any):
     return prov.get if isinstance(prov, dict) else (lambda k: getattr(prov, k, None))
 
 
+def claims(profile, target) -> bool:
+    """Whether `profile` covers devices of compile target `target` (its prefixes)."""
+    return isinstance(target, str) and any(target.startswith(p) for p in profile.compute_capability_matches)
+
+
 def stale_reason(prov: Any, spec, profile, triton_version: str | None = None,
                  device_target: str | None = None) -> str | None:
     """Why a certificate with provenance `prov` (a mapping, or a row with those attributes)
@@ -44,7 +49,7 @@ def stale_reason(prov: Any, spec, profile, triton_version: str | None = None,
         if then != now:
             return f"{what} changed ({then} -> {now})"
     target = get("device_target")
-    if not isinstance(target, str) or not any(target.startswith(p) for p in profile.compute_capability_matches):
+    if not claims(profile, target):
         return f"made on device {target}, which profile {profile.name} does not claim"
     if device_target is not None and target != device_target:
         return f"made for compile target {target}, not this device's {device_target}"

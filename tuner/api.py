@@ -66,7 +66,9 @@ def resolve_profile(name: str | None, for_tuning: bool):
     profile = get_profile(name)
     if for_tuning:
         target = current_target()
-        if not any(target.startswith(p) for p in profile.compute_capability_matches):
+        from nbx_tune.kernels.validity import claims
+
+        if not claims(profile, target):
             raise ProfileError(f"profile {profile.name} does not claim this device ({target}); a census "
                                "tunes on the device it runs on (use --dry-run to plan for another profile)")
     return profile

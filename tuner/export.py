@@ -133,7 +133,7 @@ def check_table(path: str | Path, profiles: dict) -> CheckedTable:
     for i, e in enumerate(doc["entries"]):
         label = "|".join((e["kernel"], e["dtypes"], e["flags"], e["bucket"]))
         prov = e["provenance"]
-        if not any(prov["device_target"].startswith(p) for p in profile.compute_capability_matches):
+        if not validity.claims(profile, prov["device_target"]):
             raise TableError(f"{path}: entries[{i}]: made on device {prov['device_target']}, which profile "
                              f"{name} does not claim (a table for another architecture?)")
         why = _code_stale(prov, specs.get(e["kernel"]), profile)
@@ -229,7 +229,7 @@ def screen_here(spec, profile, config: str, problems) -> str | None:
     from nbx_tune.tuner.tune import seat_job
 
     target = current_target()
-    if not any(target.startswith(p) for p in profile.compute_capability_matches):
+    if not validity.claims(profile, target):
         return f"this device ({target}) is not one profile {profile.name} claims"
     if not problems:
         return "the current certificate records no screened shape"
