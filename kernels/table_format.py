@@ -7,7 +7,9 @@ certified configs (JSON: no pickle, no code), shipped inside wheels and read at 
                   "provenance": {...}}, ...],
      "sha256": "<hash of the canonical entries>"}
 
-Entries are sorted by seat; the checksum catches an edited or truncated file. Everything
+Entries are sorted by seat; the checksum catches an edited or truncated file. The screened
+range's ends (`screened_min`, `screened_max`) are problem objects; tables written before
+were JSON text in a string, and read the same. Everything
 here is plain data checked field by field: a broken file is a `TableError` naming the file
 and the position, and no entry of it is used.
 """
@@ -31,7 +33,7 @@ PROVENANCE_KEYS = ("device_name", "device_target", "driver", "triton_version", "
 ENTRY_KEYS = {"kernel": str, "dtypes": str, "flags": str, "bucket": str, "config": str,
               "median_ms": float, "spread_ms": list, "runner_up": (str, type(None)),
               "runner_up_ms": (float, type(None)), "margin": (float, type(None)),
-              "screens": list, "screened_min": (str, type(None)), "screened_max": (str, type(None)),
+              "screens": list, "screened_min": (dict, str, type(None)), "screened_max": (dict, str, type(None)),
               "unscreened": (str, type(None)), "timing_method": str, "provenance": dict}
 
 
@@ -138,3 +140,10 @@ def read(path: str | Path) -> dict:
     except (OSError, UnicodeDecodeError) as e:
         raise TableError(f"{p}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     return loads(text, str(p))
+
+
+def problem_text(value) -> str | None:
+    """A screened-range end as the database holds it (JSON text), from either form."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True)

@@ -32,6 +32,14 @@ def table(tmp_path, db_url):
     return out
 
 
+def test_a_table_written_with_the_screened_range_as_text_still_imports(tmp_path, db_url, table):
+    legacy = _resigned(table, tmp_path / "legacy.json", lambda d: [
+        e.update(screened_min=json.dumps(e["screened_min"]), screened_max=json.dumps(e["screened_max"]))
+        for e in d["entries"]])
+    assert api.import_(str(legacy), f"sqlite:///{tmp_path / 'l.db'}").added == 2
+    assert api.seat_views(f"sqlite:///{tmp_path / 'l.db'}")[0].status == "certified"
+
+
 def test_an_exported_table_is_readable_by_others_as_the_umask_allows(table):
     import os
 
@@ -50,6 +58,7 @@ def test_export_is_deterministic_json_with_provenance(tmp_path, db_url, table):
     assert set(table_format.PROVENANCE_KEYS) <= set(e["provenance"])
     assert e["provenance"]["kernel_source_hash"] == planted.SPEC.source_hash
     assert e["screens"] and all(s["err"] <= s["rtol"] for s in e["screens"])
+    assert isinstance(e["screened_max"], dict) and e["screened_max"]["kernel"] == "test_double"  # not JSON in a string
 
 
 def test_kernels_load_an_exported_table_named_by_nbx_tune_table(tmp_path, table, monkeypatch):

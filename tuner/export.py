@@ -37,8 +37,10 @@ def _entry(seat: Seat, cert: Certificate, t: Tuning) -> dict:
         "kernel": seat.kernel, "dtypes": seat.dtypes, "flags": seat.flags, "bucket": seat.bucket,
         "config": cert.config, "median_ms": cert.median_ms, "spread_ms": [cert.p20_ms, cert.p80_ms],
         "runner_up": cert.runner_up, "runner_up_ms": cert.runner_up_ms, "margin": cert.margin,
-        "screens": json.loads(cert.screens), "screened_min": cert.screened_min,
-        "screened_max": cert.screened_max, "unscreened": cert.unscreened,
+        "screens": json.loads(cert.screens), "unscreened": cert.unscreened,
+        # objects, not JSON text inside JSON
+        "screened_min": json.loads(cert.screened_min) if cert.screened_min else None,
+        "screened_max": json.loads(cert.screened_max) if cert.screened_max else None,
         "timing_method": cert.timing_method, "provenance": prov,
     }
 
@@ -188,7 +190,8 @@ def import_table(store, checked: CheckedTable, screen=None) -> ImportSummary:
                                p20_ms=e["spread_ms"][0], p80_ms=e["spread_ms"][1], runner_up=e["runner_up"],
                                runner_up_ms=e["runner_up_ms"], margin=e["margin"],
                                screens=json.dumps(e["screens"], sort_keys=True),
-                               screened_min=e["screened_min"], screened_max=e["screened_max"],
+                               screened_min=table_format.problem_text(e["screened_min"]),
+                               screened_max=table_format.problem_text(e["screened_max"]),
                                unscreened=e["unscreened"], timing_method=e["timing_method"], created_at=made)
             why = None
             if cur_valid and current.median_ms <= e["median_ms"]:
