@@ -1,10 +1,13 @@
-"""GPU proof of matmul's direct launch (kernels/certified.py `direct_launch`): for each case,
-the launch through Triton and the direct launch that follows give bit-identical outputs,
-and direct launches on new data in the same buffers match the fp64 reference. The cases
-cover what Triton specializes a compile on: integers equal to 1 or divisible by 16,
-pointers off 16-byte alignment, transposed strides, broadcast biases, integer alpha/beta.
+"""GPU proof of the direct launch (kernels/launch.py), every kernel family: a call's replay of
+its compiled kernels is bit-identical to its launch through Triton, on the same data and on
+new data in the same buffers (and within the fp64 reference's tolerance), and a call that
+differs in anything Triton compiles for (dtype, strides, a pointer off 16-byte alignment,
+integers equal to 1 or divisible by 16, a broadcast bias, integer alpha/beta) is never
+served another call's replay: its first call goes through Triton. All cases run in one
+process, every dtype, so each replay is found among all the others.
 
     python bench/direct_launch_check.py
+    python bench/direct_launch_check.py --device cpu     # a smoke run under the interpreter
 """
 
 from __future__ import annotations
@@ -17,19 +20,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment, save, table  # noqa: E402
 
 DEV = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda"  # cpu: a smoke run
+if DEV == "cpu":
+    import os
+
+    os.environ["TRITON_INTERPRET"] = "1"
 RTOL = {"float16": 2e-2, "bfloat16": 4e-2, "float32": 1e-4}
 WIDE_CASE = "mm 512x4096x11008"
 
 
-def cases(torch, dt):
-    """(name, op, make(buffers) -> args), buffers allocated once so addresses repeat."""
+def matmul_cases(torch, buf):
     from nbx_tune.kernels import addmm, baddbmm, bmm, mm
 
-    def buf(*shape, offset=0):
-        flat = torch.empty(offset + math.prod(shape), device=DEV, dtype=dt)
-        return flat[offset:].view(*shape)
+    def ref(op):
+        if op in (mm, bmm):
+            return lambda a, b: a @ b
+        return lambda x, a, b, alpha=1.0, beta=1.0: beta * x + alpha * (a @ b)
 
-    return [
+    return [(name, op, args, kw, ref(op)) for name, op, args, kw in [
         ("mm 37x23x45", mm, (buf(37, 23), buf(23, 45)), {}),
         ("mm aligned 64x64x64", mm, (buf(64, 64), buf(64, 64)), {}),
         ("mm a off 16B", mm, (buf(64, 64, offset=1), buf(64, 64)), {}),
@@ -44,9 +51,8 @@ def cases(torch, dt):
         ("bmm 3x19x23x31", bmm, (buf(3, 19, 23), buf(3, 23, 31)), {}),
         ("baddbmm bias (B,1,N)", baddbmm, (buf(3, 1, 31), buf(3, 19, 23), buf(3, 23, 31)), {"alpha": 0.25}),
         ("baddbmm bias (N,)", baddbmm, (buf(31), buf(3, 19, 23), buf(3, 23, 31)), {}),
-        # The same ops at aligned shapes (K = 32, N = 48), and with rows 8 elements apart
-        # (aligned=8 in fp16/bf16, 4 in fp32: hinted, not copied). Launches at aligned=0 stage
-        # padded copies on every call and are never launched directly (kernels/matmul.py).
+        # Rows 8 elements apart (aligned=8 in fp16/bf16, 4 in fp32: hinted, not copied).
+        # Launches at aligned=0 stage padded copies on every call and are never replayed.
         ("mm rows of 8 37x24x40", mm, (buf(37, 24), buf(24, 40)), {}),
         ("baddbmm rows of 8 bias (B,1,N)", baddbmm, (buf(3, 1, 40), buf(3, 19, 24), buf(3, 24, 40)), {}),
         ("addmm bias (N,) aligned", addmm, (buf(48), buf(37, 32), buf(32, 48)), {"alpha": 2, "beta": 1}),
@@ -54,67 +60,149 @@ def cases(torch, dt):
          {"alpha": 0.25}),
         ("mm 512x4096x4096", mm, (buf(512, 4096), buf(4096, 4096)), {}),
         # Llama-2-7B's up projection: the shipped hopper table serves bf16 a tile 192 wide
-        # (EXTRA_N) loaded through TMA descriptors, made afresh on every direct launch.
+        # (EXTRA_N) loaded through TMA descriptors, made around each call's operands.
         (WIDE_CASE, mm, (buf(512, 4096), buf(4096, 11008)), {}),
-    ][: -2 if DEV == "cpu" else None]  # the interpreter takes minutes over the big ones
+    ]][: -2 if DEV == "cpu" else None]  # the interpreter takes minutes over the big ones
 
 
-def reference(torch, op, args, kw):
-    d = [t.double() for t in args]
-    alpha, beta = float(kw.get("alpha", 1.0)), float(kw.get("beta", 1.0))
-    if op.__name__ in ("mm", "bmm"):
-        return d[0] @ d[1]
-    return beta * d[0] + alpha * (d[1] @ d[2])
+def family_cases(torch, buf):
+    """One op of every other family, at odd shapes, and the same call with its strides or a
+    pointer's alignment changed (other dtypes come from running every dtype)."""
+    import torch.nn.functional as F
+
+    from nbx_tune import kernels as K
+    from nbx_tune.kernels.softmax import softmax
+
+    def t4(*shape):  # the last two dims' strides swapped
+        return buf(*shape[:-2], shape[-1], shape[-2]).transpose(-1, -2)
+
+    q, k, v = (1, 4, 37, 64), (1, 2, 45, 64), (1, 2, 45, 64)  # grouped-query heads
+    return [
+        ("silu 37x45", K.silu, (buf(37, 45),), {}, F.silu),
+        ("silu 37x45 off 16B", K.silu, (buf(37, 45, offset=1),), {}, F.silu),
+        ("mul 37x45 * 45", K.mul, (buf(37, 45), buf(45)), {}, torch.mul),
+        ("mul 37x45 * 45 off 16B", K.mul, (buf(37, 45), buf(45, offset=3)), {}, torch.mul),
+        ("mul transposed * 45", K.mul, (t4(37, 45), buf(45)), {}, torch.mul),
+        ("mul x * x", K.mul, (buf(37, 45),) * 2, {}, torch.mul),
+        ("add 37x45 + 2", K.add, (buf(37, 45), 2), {}, torch.add),
+        ("sdpa causal 1x4x37x64, 2 kv heads", K.scaled_dot_product_attention, (buf(*q), buf(*k), buf(*v)),
+         {"is_causal": True}, lambda *a, **kw: F.scaled_dot_product_attention(*a, enable_gqa=True, **kw)),
+        ("sdpa q transposed", K.scaled_dot_product_attention, (t4(*q), buf(*k), buf(*v)),
+         {"is_causal": True}, lambda *a, **kw: F.scaled_dot_product_attention(*a, enable_gqa=True, **kw)),
+        ("layer_norm 37x45", K.layer_norm, (buf(37, 45), (45,), buf(45), buf(45)), {}, F.layer_norm),
+        ("layer_norm 37x45 off 16B", K.layer_norm, (buf(37, 45, offset=1), (45,), buf(45), buf(45)), {},
+         F.layer_norm),
+        ("rms_norm 37x48", K.rms_norm, (buf(37, 48), (48,), buf(48)), {}, F.rms_norm),
+        ("group_norm 3x8x37", K.group_norm, (buf(3, 8, 37), 4, buf(8), buf(8)), {}, F.group_norm),
+        ("softmax 37x45", softmax, (buf(37, 45), -1), {}, torch.softmax),
+        ("softmax 37x45 dim 0", softmax, (buf(37, 45), 0), {}, torch.softmax),
+        ("sum 37x4099 dim 1", K.sum, (buf(37, 4099), 1), {}, torch.sum),
+        ("sum transposed dim 1", K.sum, (t4(37, 4099), 1), {}, torch.sum),
+        ("conv2d 2x3x11x13 3x3 pad 1", K.conv2d, (buf(2, 3, 11, 13), buf(8, 3, 3, 3), buf(8)), {"padding": 1},
+         F.conv2d),
+        ("conv2d x transposed", K.conv2d, (t4(2, 3, 11, 13), buf(8, 3, 3, 3), buf(8)), {"padding": 1}, F.conv2d),
+        ("conv2d depthwise 2x8x11x13", K.conv2d, (buf(2, 8, 11, 13), buf(8, 1, 3, 3)), {"groups": 8}, F.conv2d),
+        ("_to_copy 37x45 to float32", K._to_copy, (buf(37, 45),), {"dtype": torch.float32},
+         lambda x, dtype: x.to(dtype)),
+        ("clone 37x45 off 16B", K.clone, (buf(37, 45, offset=1),), {}, torch.clone),
+        ("cat 3x5x7, 3x2x7 dim 1", lambda x, y, dim: K.cat([x, y], dim), (buf(3, 5, 7), buf(3, 2, 7)), {"dim": 1},
+         lambda x, y, dim: torch.cat([x, y], dim)),
+        # eps 100 keeps var + eps positive whatever the random statistics
+        ("batch_norm 2x8x11x13", lambda x, m, v, w, b, eps: K.batch_norm(x, w, b, m, v, False, 0.1, eps),
+         (buf(2, 8, 11, 13), buf(8), buf(8), buf(8), buf(8)), {"eps": 100.0},
+         lambda x, m, v, w, b, eps: F.batch_norm(x, m, v, w, b, False, 0.1, eps)),
+        ("max_pool2d 2x3x11x13 3x3/2 pad 1", lambda x, **kw: K.max_pool2d_with_indices(x, **kw)[0],
+         (buf(2, 3, 11, 13),), {"kernel_size": 3, "stride": 2, "padding": 1}, lambda x, **kw: F.max_pool2d(x, **kw)),
+    ]
 
 
 def main() -> None:
     import torch
 
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels import certified, launch
     from nbx_tune.kernels.matmul import _FLAGS, SPEC, alignment, extra_columns, uses_tma, vector_elems
 
+    through = launch.through_triton
+    launched = [0]
+
+    def counting(*a):  # launches through Triton: a call served a replay makes none
+        launched[0] += 1
+        return through(*a)
+
+    launch.through_triton = counting
     g = torch.Generator(device=DEV).manual_seed(0)
     rows, report, failures = [], [], 0
     dtypes = (("float16", torch.float16), ("bfloat16", torch.bfloat16), ("float32", torch.float32))
+    all_cases, expect_replays = [], 0
     for dtname, dt in dtypes[2:] if DEV == "cpu" else dtypes:  # the interpreter: fp32 only, and quickly
-        certified.reload()
-        all_cases = cases(torch, dt)
-        for t in (t for _, _, args, _ in all_cases for t in args):
-            t.copy_(torch.randn(t.shape, device=DEV, generator=g))
-        first = [op(*args, **kw) for _, op, args, kw in all_cases]  # through Triton
-        aligned = sum(alignment(args[-2].stride(), args[-1].stride(), args[-1].shape[-1], args[-2].shape[-1],
-                                vector_elems(dt)) > 0
-                      for _, _, args, _ in all_cases)
-        n_direct = certified.launch_stats()["direct_launches"]
-        # Reverse order, so each direct launch is found among all the remembered ones.
-        for i in reversed(range(len(all_cases))):
-            name, op, args, kw = all_cases[i]
-            same = torch.equal(op(*args, **kw), first[i])
-            for t in args:
+
+        def buf(*shape, offset=0, dt=dt):
+            flat = torch.empty(offset + math.prod(shape), device=DEV, dtype=dt)
+            return flat[offset:].view(*shape)
+
+        for name, op, args, kw, ref in matmul_cases(torch, buf) + family_cases(torch, buf):
+            tensors = [t for t in args if isinstance(t, torch.Tensor)]
+            if op.__module__.endswith("matmul"):  # aligned=0 stages copies: never replayed
+                a, b = tensors[-2:]
+                replayable = alignment(a.stride(), b.stride(), b.shape[-1], a.shape[-1], vector_elems(dt)) > 0
+            else:
+                replayable = True
+            all_cases.append((dtname, name, op, args, kw, ref, replayable))
+            expect_replays += replayable
+    certified.reload()
+    first, through_triton = [], []
+    for dtname, name, op, args, kw, ref, replayable in all_cases:
+        for t in args:
+            if isinstance(t, torch.Tensor):
                 t.copy_(torch.randn(t.shape, device=DEV, generator=g))
-            got = op(*args, **kw)
-            ref = reference(torch, op, args, kw)
-            err = ((got.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
-            ok = same and err <= RTOL[dtname]
-            failures += not ok
-            rows.append([dtname, name, "yes" if same else "NO", f"{err:.1e}", "ok" if ok else "FAIL"])
-            report.append({"dtype": dtname, "case": name, "bit_identical": same, "err": err, "ok": ok})
-        # The interpreter compiles nothing, so a smoke run remembers no direct launch.
-        if DEV != "cpu" and (certified.launch_stats()["direct_launches"] != n_direct or n_direct != aligned):
+        n0 = launched[0]
+        first.append(op(*args, **kw))
+        through_triton.append(launched[0] > n0)  # not served by an earlier call's replay
+    remembered = len(launch.REMEMBERED)
+    for i in reversed(range(len(all_cases))):  # reversed: each replay found among all the others
+        dtname, name, op, args, kw, ref, replayable = all_cases[i]
+        n0 = launched[0]
+        same = torch.equal(op(*args, **kw), first[i])
+        replayed = launched[0] == n0
+        for t in args:
+            if isinstance(t, torch.Tensor):
+                t.copy_(torch.randn(t.shape, device=DEV, generator=g))
+        got = op(*args, **kw)
+        saved = dict(launch.REMEMBERED)
+        launch.REMEMBERED.clear()
+        new_same = torch.equal(got, op(*args, **kw))  # Triton's launch on the new data
+        launch.REMEMBERED.clear()
+        launch.REMEMBERED.update(saved)
+        want = ref(*[t.double() if isinstance(t, torch.Tensor) else t for t in args], **kw)
+        err = ((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+        ok = same and new_same and through_triton[i] and err <= RTOL[dtname] and (
+            DEV == "cpu" or replayed == replayable)
+        failures += not ok
+        rows.append([dtname, name, "yes" if through_triton[i] else "NO", "yes" if replayed else "no",
+                     "yes" if same and new_same else "NO", f"{err:.1e}", "ok" if ok else "FAIL"])
+        report.append({"dtype": dtname, "case": name, "first_through_triton": through_triton[i],
+                       "replayed": replayed, "expected_replay": replayable, "bit_identical": same and new_same,
+                       "err": err, "ok": ok})
+    if DEV != "cpu" and remembered != expect_replays:
+        failures += 1
+        print(f"FAIL: {remembered} replays remembered for {expect_replays} replayable cases; "
+              f"not remembered: {dict(launch.REFUSED)}")
+    if DEV != "cpu":
+        # The wide case must have run a 192-wide TMA tile in bf16, or it proved nothing about them.
+        seat = (SPEC.name, ("bfloat16",), _FLAGS[0, 16], (1, 512, 11008, 4096))
+        served = certified.config_for(SPEC, *seat[1:])
+        print(f"{WIDE_CASE} bfloat16 served {served}")
+        if certified.state().memo[seat][1] is not None:
+            print(f"NOT CHECKED {WIDE_CASE}: no current certificate for its seat (re-certify hopper.json)")
+        elif not (extra_columns(served) and uses_tma(served)):
             failures += 1
-            print(f"FAIL {dtname}: {n_direct} direct launches remembered for {aligned} aligned cases, "
-                  f"{certified.launch_stats()['direct_launches']} after the second pass")
-        if DEV != "cpu" and dtname == "bfloat16":
-            # The wide case must have run a 192-wide TMA tile, or it proved nothing about them.
-            served = certified.config_for(SPEC, (dtname,), _FLAGS[0, 16], (1, 512, 11008, 4096))
-            print(f"{WIDE_CASE} bfloat16 served {served}")
-            if not (extra_columns(served) and uses_tma(served)):
-                failures += 1
-                print(f"FAIL {WIDE_CASE}: the shipped table did not serve a TMA tile with EXTRA_N")
+            print(f"FAIL {WIDE_CASE}: the shipped table did not serve a TMA tile with EXTRA_N")
     env = environment()
-    save("direct_launch_check.json", {"env": env, "checks": report, "failures": failures})
+    save("direct_launch_check.json", {"env": env, "checks": report, "failures": failures,
+                                      "not_remembered": dict(launch.REFUSED)})
     print(f"{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}")
-    print(table(rows, ["dtype", "case", "direct == Triton", "err vs fp64", "result"]))
+    print(table(rows[::-1], ["dtype", "case", "1st via Triton", "replayed", "replay == Triton", "err vs fp64",
+                             "result"]))
     print(f"{len(report)} checks, {failures} failures")
     sys.exit(1 if failures else 0)
 

@@ -19,7 +19,7 @@ from _common import environment, save, table  # noqa: E402
 
 
 # Families never proven on a GPU go first, so that a time limit cuts the proven ones.
-ORDER = ("softmax", "layer_norm", "rms_norm", "group_norm", "reduce", "elementwise_binary",
+ORDER = ("copy", "cat", "embedding", "fill", "batch_norm", "max_pool2d", "softmax", "layer_norm", "rms_norm", "group_norm", "reduce", "elementwise_binary",
          "elementwise_unary", "conv", "attention", "matmul")
 
 
@@ -44,7 +44,8 @@ def _check_task(name: str, index: int, configs_per_row: int, deadline: float, sc
             for c in check_row(spec, current_profile(), _device(), row, configs_per_row)]
 
 
-def correctness(deadline: float, configs_per_row: int, jobs: int, scale: str = "gpu") -> tuple[list, bool]:
+def correctness(deadline: float, configs_per_row: int, jobs: int, scale: str = "gpu",
+                kernels: str | None = None) -> tuple[list, bool]:
     """Every "gpu" example row of every kernel, rows spread over `jobs` processes that share
     the GPU (compiling and the fp64 oracles are CPU work); rows not started by the deadline
     are reported as not run, not hidden."""
@@ -54,6 +55,12 @@ def correctness(deadline: float, configs_per_row: int, jobs: int, scale: str = "
     from nbx_tune.kernels.registry import all_specs
 
     specs = {n: s for n, s in all_specs().items() if not n.startswith(("test_", "bench_"))}
+    if kernels:  # --kernels copy,cat: only those families
+        wanted = kernels.split(",")
+        unknown = sorted(set(wanted) - set(specs))
+        if unknown:
+            raise SystemExit(f"--kernels: unknown {', '.join(unknown)}; known: {', '.join(sorted(specs))}")
+        specs = {n: specs[n] for n in wanted}
     names = sorted(specs, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
     tasks = [(n, i, configs_per_row * 2 if n == "matmul" else configs_per_row)
              for n in names for i in range(len(specs[n].example_rows(scale)))]
@@ -125,6 +132,7 @@ def main() -> int:
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--scale", default="gpu", help="example rows: gpu (default) or small (a local smoke run)")
     ap.add_argument("--jobs", type=int, default=8, help="processes sharing the GPU for the correctness rows")
+    ap.add_argument("--kernels", help="comma-separated kernel names to check (default: all)")
     args = ap.parse_args()
     deadline = time.monotonic() + args.seconds
     env = environment()
@@ -136,7 +144,7 @@ def main() -> int:
         frows, ok2 = fault(profile)
         print(table(frows, ["config", "outcome", "detail"]), flush=True)
     if not args.skip_correctness:
-        rows, ok1 = correctness(deadline, args.configs_per_row, args.jobs, args.scale)
+        rows, ok1 = correctness(deadline, args.configs_per_row, args.jobs, args.scale, args.kernels)
         print(table(rows, ["kernel", "op", "dtype", "checks", "max err", "rtol", "result"]))
     save("gpu_check_env.json", {**env, "correct": ok1, "fault_survived": ok2})
     print(f"correctness: {'PASS' if ok1 else 'FAIL'}; out-of-bounds candidate survived: {'PASS' if ok2 else 'FAIL'}")

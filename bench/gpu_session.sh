@@ -4,15 +4,20 @@
 #   bash bench/gpu_session.sh                 every stage, in this order
 #   bash bench/gpu_session.sh fault check     only those (one device call each fits 600 s:
 #                                             "fault check", "census launch", "cost quality")
-# Other stages: served (what the launch read serves: shipped table, another target, a sibling device), direct (the direct launch's GPU proof), tma (every TMA config at odd shapes), profile (a census under cProfile),
-# schedules (GEMM schedules at 3072^3, exploratory), waves (a GEMM's time against its tile count), cublas (the
-# kernels cuBLAS runs at 2048-4096^3: tile, grid, scheme), ranking (a short GEMM's pick, certified
-# again and again, with the host quiet and busy), unaligned (3000^3 taken apart, exploratory),
-# pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
+# Other stages: coverage (the data-movement, batch norm and pooling families and the integer
+# element-wise path against fp64, every dtype), served (what the launch read serves: shipped table,
+# another target, a sibling device), direct (the direct launch's GPU proof, every family), tma (every TMA config at odd shapes), profile (a census under cProfile),
+# fleet (one GPU's worker against two on the same queue, cold caches; needs 2 GPUs),
+# compare (every served row of the example traces against torch: bench/torch_compare.py), speed (new GEMM
+# and attention candidates against fp64, then every config of the space timed against torch, certified and the HBM floor),
+# recert (every shipped hopper seat re-certified after a source change, against a fresh census),
+# serve (transformers' Llama at 7B's dims, 2 layers: prefill and decode under torch and serve(),
+# eager and CUDA graphs; needs transformers' wheels in .whl), pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
 # has it: the device image ships torch without .pyc files, so every process compiles
-# torch's sources as it imports them).
+# torch's sources as it imports them). Studies (lab/<study>/) are run directly, not from here.
 # Limits are env overrides: FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
-# DIRECT_S TMA_S PROFILE_S SCHEDULES_S WAVES_S CUBLAS_S RANKING_S UNALIGNED_S;
+# COVERAGE_S SERVED_S DIRECT_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S SERVE_S
+# (COMPARE_BUDGET_S, SPEED_BUDGET_S: when compare, speed stop starting new work);
 # CENSUS_TRACES: the trace files of the census stage; QUALITY_ARGS: e.g. --buckets-only.
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
@@ -37,6 +42,8 @@ for s in $STAGES; do case $s in
   fault) stage ${FAULT_S:-60} python3 bench/gpu_check.py --skip-correctness ;;
   check) stage ${CHECK_S:-360} python3 bench/gpu_check.py --skip-fault --seconds ${CHECK_RUN_S:-300} \
            --configs-per-row 2 --jobs 12 ;;
+  coverage) stage ${COVERAGE_S:-240} python3 bench/gpu_check.py --skip-fault --seconds 200 --configs-per-row 3 \
+              --jobs 12 --kernels copy,cat,embedding,fill,batch_norm,max_pool2d,elementwise_binary ;;
   import) for t in bench_out/*.json; do  # tables of an earlier call (carry bench_out), so a census resumes
             [ -f "$t" ] && stage 30 python3 -m nbx_tune.cli.app import "$t"; done ;;
   census) for t in ${CENSUS_TRACES:-examples/traces/llama2_7b_seq512_bf16.tsv examples/traces/gpt2_seq1024_bf16.tsv \
@@ -44,20 +51,21 @@ for s in $STAGES; do case $s in
             census ${CENSUS_S:-150} $t; done
           stage 30 python3 bench/screen_share.py
           stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
-  launch) stage ${LAUNCH_S:-100} python3 bench/launch_overhead.py ;;
+  launch) stage ${LAUNCH_S:-150} python3 bench/launch_overhead.py ;;
   served) stage ${SERVED_S:-60} python3 bench/served_tables.py ;;
-  direct) stage ${DIRECT_S:-120} python3 bench/direct_launch_check.py ;;
+  direct) stage ${DIRECT_S:-300} python3 bench/direct_launch_check.py ;;
+  fleet) stage ${FLEET_S:-500} python3 bench/fleet_scaling.py --gpus 0 0,1 ${FLEET_ARGS:-} ;;
   tma) stage ${TMA_S:-200} python3 bench/tma_check.py ;;
   profile) stage ${PROFILE_S:-150} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv \
              --profile "$OUT/profile" ;;
-  schedules) stage ${SCHEDULES_S:-200} python3 bench/explore_gemm_schedules.py ;;
-  waves) stage ${WAVES_S:-150} python3 bench/probe_waves.py ;;
-  cublas) stage ${CUBLAS_S:-120} python3 bench/probe_cublas.py ;;
-  ranking) stage ${RANKING_S:-200} python3 bench/ranking_repeat.py ;;
-  unaligned) stage ${UNALIGNED_S:-200} python3 bench/explore_unaligned.py ;;
+  speed) stage ${SPEED_S:-330} python3 bench/speed_candidates.py --budget-s ${SPEED_BUDGET_S:-270} ;;
+  compare) stage ${COMPARE_S:-330} python3 bench/torch_compare.py --budget-s ${COMPARE_BUDGET_S:-270} ;;
   pycache) export PYTHONPYCACHEPREFIX=/tmp/pycache; unset PYTHONDONTWRITEBYTECODE
            echo "=== bytecode cached under $PYTHONPYCACHEPREFIX from here on" | tee -a "$LOG" ;;
   cost) stage ${COST_S:-280} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv ;;
+  recert) stage ${RECERT_S:-540} python3 bench/recertify_cost.py ;;  # shipped hopper seats: re-certified vs fresh
+  replay) stage 60 python3 bench/ranking_replay.py ;;  # rankers replayed on the session database's full tunings
   quality) stage ${QUALITY_S:-280} python3 bench/kernel_quality.py ${QUALITY_ARGS:-} ;;
+  serve) stage ${SERVE_S:-240} python3 bench/serve_models.py ${SERVE_ARGS:-} ;;
   *) echo "unknown stage $s" | tee -a "$LOG" ;;
 esac; done

@@ -120,8 +120,8 @@ def main(buckets_only: bool = False) -> None:
             if dict(p.flags)["aligned"] != "16":
                 # The same config on the raw operands, without staging copies or hints (the
                 # kernel as it ran before kernels/matmul.py served rows off 16 elements).
-                _, _, descs, tma = tma_descriptors(a, b, cfg)
-                grid, args = matmul_args(a, b, c, c, 1.0, 0.0, False, cfg, descs=descs, tma=tma)
+                _, _, descs, tma, kmajor = tma_descriptors(a, b, cfg)
+                grid, args = matmul_args(a, b, c, c, 1.0, 0.0, False, cfg, descs=descs, tma=tma, kmajor=kmajor)
                 fns["raw"] = lambda: _matmul_kernel[grid](*args, num_warps=cfg.num_warps,
                                                           num_stages=cfg.num_stages)
             t = side_by_side(fns, rep_ms=300)

@@ -17,8 +17,7 @@ def main() -> None:
     from nbx_tune.tuner.store import Store
     from nbx_tune.tuner.store.models import Seat, Tuning
 
-    store = Store()
-    with store.session() as s:
+    with Store() as store, store.session() as s:
         rows = s.execute(select(Seat.kernel, func.count(Tuning.id), func.sum(Tuning.screen_s),
                                 func.sum(Tuning.bench_s), func.sum(Tuning.total_s))
                          .join(Tuning, Tuning.seat_id == Seat.id).where(Tuning.kind == "tune")

@@ -5,6 +5,9 @@ with torch.matmul (cuBLAS) beside them.
 
     python bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv
     BENCH_STRATEGY=exhaustive python bench/tuning_cost.py TRACE    the census with another strategy
+    BENCH_SEARCH=full python bench/tuning_cost.py TRACE     every candidate at every seat (the
+                                                      default, ranked, is a fresh census: no
+                                                      shipped table seeds it)
     python bench/tuning_cost.py TRACE --profile DIR   census only: its phases on a timeline
                                                       (bench/census_timeline.py), the worker
                                                       under cProfile
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -74,7 +78,9 @@ def main(trace: str, profile_dir: str | None = None) -> None:
     base_env.pop("TRITON_INTERPRET", None)
 
     db = f"sqlite:///{work / 'census.db'}"
-    env = {**base_env, "TRITON_CACHE_DIR": str(work / "cache_census"), "NBX_TUNE_DB": db}
+    search = os.environ.get("BENCH_SEARCH", "ranked")
+    env = {**base_env, "TRITON_CACHE_DIR": str(work / "cache_census"), "NBX_TUNE_DB": db,
+           "NBX_TUNE_SEARCH": search}
     prefix = [sys.executable, "-m", "nbx_tune.cli.app"]
     if profile_dir:
         # The parent's phases on a timeline (a cProfile of it mostly shows waiting on children),
@@ -88,7 +94,8 @@ def main(trace: str, profile_dir: str | None = None) -> None:
     census_s, out, err = timed_process([*prefix, "census", "--model", str(mm_trace), "--json",
                                         "--strategy", strategy], env)
     rep = json.loads(out)
-    print(f"census ({strategy}) of {len(rows)} matmul rows: {census_s:.1f} s (cold Triton cache)", flush=True)
+    print(f"census ({strategy}, search {search}) of {len(rows)} matmul rows: {census_s:.1f} s (cold Triton cache)",
+          flush=True)
     if profile_dir:
         from sqlalchemy import create_engine, text
 
@@ -123,7 +130,7 @@ def main(trace: str, profile_dir: str | None = None) -> None:
 
     os.environ["NBX_TUNE_DB"] = db
     certified.reload()
-    lines, ratios = [], []
+    lines, ratios, losses = [], [], []
     for pick in auto["picks"]:
         p = Problem.from_json(pick["problem"])
         B, M, N, K = p.dims
@@ -138,22 +145,40 @@ def main(trace: str, profile_dir: str | None = None) -> None:
                           "blas": lambda: torch.matmul(a, b)}, rep_ms=200)
         t_cert, t_auto, t_blas = t["cert"], t["auto"], t["blas"]
         ratios.append(t_auto / t_cert)
+        losses.append(max(0.0, t_cert / t_auto - 1))  # against autotune's exhaustive pick
         lines.append([f"B={B} M={M} N={N} K={K} {p.dtypes[0]}", f"{t_cert:.4f}", f"{t_auto:.4f}",
-                      f"{t_blas:.4f}", f"{t_auto / t_cert:.3f}", f"{t_blas / t_cert:.3f}"])
+                      f"{t_blas:.4f}", f"{t_auto / t_cert:.3f}", f"{t_blas / t_cert:.3f}",
+                      f"{100 * losses[-1]:.2f} %"])
     misses = certified.launch_stats()["misses"]
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db)
+    with engine.connect() as conn:
+        searches = dict(conn.execute(text("SELECT search, count(*) FROM tunings GROUP BY search")).fetchall())
+        audits = [x for (x,) in conn.execute(text("SELECT shortcut_loss FROM tunings WHERE search = 'audit' "
+                                                 "AND shortcut_loss IS NOT NULL"))]
+    engine.dispose()
     env_info = environment()
     result = {"env": env_info, "strategy": strategy, "trace": trace, "matmul_rows": len(rows),
               "seats": len(rep["seats"]),
               "census_s": census_s, "autotune_s": auto_s, "speedup": auto_s / census_s,
-              "census_coverage": rep["coverage"], "picks": lines, "misses": misses}
-    save("tuning_cost.json" if strategy == "pruned" else f"tuning_cost-{strategy}.json", result)
+              "census_coverage": rep["coverage"], "picks": lines, "misses": misses, "search": search,
+              "searches": searches, "audit_losses": audits,
+              "loss_median": statistics.median(losses) if losses else None,
+              "loss_max": max(losses) if losses else None}
+    save("tuning_cost.json" if (strategy, search) == ("pruned", "ranked") else
+         f"tuning_cost-{strategy}-{search}.json", result)
     print(f"{env_info['date']} {env_info['gpu']} driver {env_info['driver']} Triton {env_info['triton']} "
           f"torch {env_info['torch']}")
     print(table([[f"{census_s:.1f}", f"{auto_s:.1f}", f"{auto_s / census_s:.2f}x", len(rows), len(rep["seats"])]],
                 ["census s (screens every candidate)", "triton.autotune s", "census faster by",
                  "matmul rows", "seats"]))
     print(table(lines, ["shape", "certified ms", "autotune pick ms", "cuBLAS ms", "autotune/cert",
-                        "cuBLAS/cert"]))
+                        "cuBLAS/cert", "loss vs autotune"]))
+    if losses:
+        print(f"pick loss against autotune's exhaustive pick: median {100 * statistics.median(losses):.2f} %, "
+              f"max {100 * max(losses):.2f} %; census searches {searches}; audited shortcut losses "
+              + (", ".join(f"{100 * x:.2f} %" for x in audits) or "none"))
     shutil.rmtree(work, ignore_errors=True)
 
 

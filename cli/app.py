@@ -85,6 +85,7 @@ def census(
         return
     if dry_run:
         out.print(render.coverage_table(rep))
+    out.print(render.ops_table(rep))
     extra = render.uncovered_table(rep)
     if extra is not None:
         out.print(extra)
@@ -272,6 +273,22 @@ def trace(
         render.print_json({"path": str(summary.path), "rows": summary.rows, "launches": summary.launches})
         return
     out.print(f"wrote {summary.rows} rows ({summary.launches} launches) to {summary.path}", highlight=False)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(
+    command: Optional[List[str]] = typer.Argument(None, help="The command to run, after --."),
+    stats_json: Optional[Path] = typer.Option(None, "--stats-json", help="Also write the per-op stats as JSON."),
+    json_out: bool = typer.Option(False, "--json", help="Print the exit status and per-op stats as JSON "
+                                  "on stdout when the program ends (after its own output)."),
+):
+    """Run a PyTorch program on the certified kernels: nbx-tune run -- python m.py (stats at exit)"""
+    from nbx_tune.tuner import api
+
+    rc, stats = api.run_program(list(command or []), stats_json, json_out)
+    if json_out:
+        render.print_json({"exit_status": rc, "stats": stats})
+    raise typer.Exit(rc)
 
 
 # ----------------------------------------------------------------------------- profiles

@@ -60,6 +60,20 @@ def coverage_table(rep) -> Table:
     return t
 
 
+def ops_table(rep) -> Table:
+    """Coverage per trace op: launches served by a certificate, and why the rest are not."""
+    t = Table(title="Coverage by op")
+    t.add_column("op", overflow="fold")
+    t.add_column("kernel", overflow="fold")
+    t.add_column("launches", justify="right")
+    t.add_column("served", justify="right")
+    t.add_column("the rest", overflow="fold")
+    for e in rep.by_op():
+        rest = ", ".join(f"{n} {st}" for st, n in e["by_status"].items() if st not in ("certified", "unscreened"))
+        t.add_row(e["op"], e["kernel"] or "-", str(e["launches"]), str(e["served"]), rest or "-")
+    return t
+
+
 def uncovered_table(rep) -> Table | None:
     if not rep.uncovered and not rep.not_servable:
         return None
@@ -232,6 +246,7 @@ def show_seat(out: Console, d: dict) -> None:
                           highlight=False)
             if c["unscreened"]:
                 out.print(f"  [yellow]unscreened:[/] {escape(c['unscreened'])}")
+        out.print(f"  search: {escape(search_text(h, c))}", highlight=False)
         if h["measurements"]:
             t = Table(title="timed candidates")
             for col in ("config", "median ms", "p20", "p80", "method"):
@@ -246,6 +261,8 @@ def show_seat(out: Console, d: dict) -> None:
         for r in d["refusals"]:
             t.add_row(str(r["tuning"]), r["config"] or "(whole seat)", r["reason"], r["detail"])
         out.print(t)
+    out.print(f"\nsampled regret of ranked searches ({s['kernel']} on {s['profile']}): "
+              f"{regret_text(d['sampled_regret'])}", highlight=False)
 
 
 def interrupted(console: Console) -> None:
@@ -257,3 +274,21 @@ def interrupted(console: Console) -> None:
 def error(console: Console, message: str) -> None:
     """One line, never wrapped, never read as markup (messages quote user text)."""
     console.print(f"error: {message}", style="bold red", markup=False, highlight=False, soft_wrap=True)
+
+
+def search_text(h: dict, cert: dict | None) -> str:
+    """How a tuning searched (tuner/strategies/search.py), for `nbx-tune show`."""
+    text = h.get("search") or "full"
+    if h.get("seeded_from") is not None:
+        text += f" from tuning {h['seeded_from']}"
+    if cert and cert.get("recertified_from"):
+        text += f" ({cert['recertified_from']})"
+    if h.get("shortcut_loss") is not None:
+        text += f"; the ranked shortlist's pick would have lost {100 * h['shortcut_loss']:.2f} %"
+    return text
+
+
+def regret_text(r: dict | None) -> str:
+    if not r:
+        return "no audit on record"
+    return f"median {100 * r['median']:.2f} %, max {100 * r['max']:.2f} % over {r['audits']} audited seat(s)"

@@ -50,6 +50,20 @@ _OPS = {
     "mean": "nbx_tune.kernels.reduce",
     "amax": "nbx_tune.kernels.reduce",
     "amin": "nbx_tune.kernels.reduce",
+    "_to_copy": "nbx_tune.kernels.copy",
+    "clone": "nbx_tune.kernels.copy",
+    "copy_": "nbx_tune.kernels.copy",
+    "cat": "nbx_tune.kernels.copy",
+    "embedding": "nbx_tune.kernels.embed",
+    "arange": "nbx_tune.kernels.fill",
+    "full": "nbx_tune.kernels.fill",
+    "zeros": "nbx_tune.kernels.fill",
+    "ones": "nbx_tune.kernels.fill",
+    "fill_": "nbx_tune.kernels.fill",
+    "zero_": "nbx_tune.kernels.fill",
+    "batch_norm": "nbx_tune.kernels.batchnorm",
+    "_native_batch_norm_legit_no_training": "nbx_tune.kernels.batchnorm",
+    "max_pool2d_with_indices": "nbx_tune.kernels.pool",
 }
 
 

@@ -9,9 +9,9 @@ and the device's compile target (kernels/validity.py); anything else is stale an
 never served.
 
 After loading, a launch is one dict lookup on (kernel, dtypes, flags, dims); the ladder
-math runs once per distinct shape. A kernel may go further and remember the compiled kernel
-of each exact launch (`direct_launch`, `remember_direct`), skipping Triton's per-call
-argument binding; both memos are dropped by `reload()`, so a new certificate is served.
+math runs once per distinct shape. The public ops go further and replay the compiled
+kernels of each exact call (kernels/launch.py); `reload()` drops both memos, so a new
+certificate is served.
 A seat with no certificate gets the kernel's declared default config, the miss is counted
 (`launch_stats()`), and the log says so once per seat.
 """
@@ -26,20 +26,24 @@ from pathlib import Path
 
 from nbx_tune import settings
 from nbx_tune.errors import KernelError, NbxError
-from nbx_tune.kernels import table_format, validity
+from nbx_tune.kernels import certified_view, launch, table_format, validity
 from nbx_tune.kernels.spec import (Config, KernelSpec, Problem, bucket_of, decode_bucket,
-                                   decode_flags, seat_label)
+                                   decode_flags, label_of, seat_label)
 
 log = logging.getLogger("nbx_tune")
 
 TABLE_DIR = Path(__file__).resolve().parent / "tables"
 MEMO_LIMIT = 1 << 16  # distinct launch shapes remembered before the memo starts over
-DIRECT_LIMIT = 1 << 12  # compiled launches remembered before that memo starts over
 
-VIEW_QUERY = (
-    "SELECT kernel, dtypes, flags, bucket, config, kernel_source_hash, config_space_hash, "
-    "profile_hash, triton_version, device_target FROM certified_configs WHERE profile = :profile"
-)
+class MissTally(Counter):
+    """Misses by seat, with their running total: what serve() reads around one op to tell a
+    launch on a certified config from one on the default."""
+
+    total = 0
+
+    def __setitem__(self, key, value):
+        self.total += value - self.get(key, 0)
+        super().__setitem__(key, value)
 
 
 @dataclass
@@ -49,8 +53,7 @@ class LaunchState:
     device_target: str | None = None  # the running device's: another target is never served
     entries: dict = field(default_factory=dict)  # (kernel, dtypes, flags, bucket) -> (Config, source)
     memo: dict = field(default_factory=dict)  # (kernel, dtypes, flags, dims) -> (Config, miss seat or None)
-    direct: dict = field(default_factory=dict)  # exact launch key -> (runner, fixed args, miss seat or None)
-    misses: Counter = field(default_factory=Counter)
+    misses: Counter = field(default_factory=MissTally)
     stale: list = field(default_factory=list)  # (source, seat label, why)
     sources: list = field(default_factory=list)
     warned: set = field(default_factory=set)
@@ -67,7 +70,7 @@ def _add(state: LaunchState, source: str, kernel: str, dtypes: str, flags: str, 
 
     spec = all_specs().get(kernel)
     if spec is None:
-        state.stale.append((source, f"{kernel}|{dtypes}|{flags}|{bucket}", "no such kernel here"))
+        state.stale.append((source, label_of(kernel, dtypes, flags, bucket), "no such kernel here"))
         return
     dt = tuple(dtypes.split(","))
     fl = decode_flags(flags)
@@ -78,7 +81,7 @@ def _add(state: LaunchState, source: str, kernel: str, dtypes: str, flags: str, 
             index = state.spaces[kernel] = validity.config_index(spec)
         cfg = validity.declared_config(index, config)
     except (KeyError, ValueError) as e:
-        state.stale.append((source, f"{kernel}|{dtypes}|{flags}|{bucket}", f"unreadable: {e}"))
+        state.stale.append((source, label_of(kernel, dtypes, flags, bucket), f"unreadable: {e}"))
         return
     why = validity.stale_reason(prov, spec, state.profile, state.triton_version, state.device_target)
     if why:
@@ -100,28 +103,16 @@ def _load_table(state: LaunchState, path: Path) -> None:
 
 
 def _load_db(state: LaunchState) -> None:
-    url = settings.db_url()
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
-        if not path.exists():
-            return
-        # Open read-only: a launch never creates, migrates or locks the writer's database.
-        url = f"sqlite:///file:{path}?mode=ro&uri=true"
-    from sqlalchemy import create_engine, text
-
     try:
-        engine = create_engine(url)
-        with engine.connect() as conn:
-            rows = conn.execute(text(VIEW_QUERY), {"profile": state.profile.name}).all()
-        engine.dispose()
+        rows = certified_view.read_view(settings.db_url(), state.profile.name)
     except Exception as e:  # an unreadable database costs certified configs, never the launch
         log.warning("nbx-tune: cannot read certified configs from the database (%s: %s); "
                     "launches use declared defaults", type(e).__name__, str(e).splitlines()[0])
         return
-    for (kernel, dtypes, flags, bucket, config, src_h, space_h, prof_h, triton_v, target) in rows:
-        prov = {"kernel_source_hash": src_h, "config_space_hash": space_h,
-                "profile_hash": prof_h, "triton_version": triton_v, "device_target": target}
-        _add(state, "database", kernel, dtypes, flags, bucket, config, prov)
+    if rows is None:
+        return
+    for r in rows:  # the row's provenance columns are what the staleness check reads
+        _add(state, "database", r["kernel"], r["dtypes"], r["flags"], r["bucket"], r["config"], r)
     state.sources.append("database")
 
 
@@ -159,6 +150,7 @@ def reload() -> None:
     global _state
     with _lock:
         _state = None
+        launch.forget()
 
 
 def _resolve(st: LaunchState, spec: KernelSpec, dtypes, flags, dims) -> tuple:
@@ -190,41 +182,18 @@ def config_for(spec: KernelSpec, dtypes: tuple, flags: tuple, dims: tuple) -> Co
         hit = st.memo[key] = _resolve(st, spec, dtypes, flags, dims)
     if hit[1] is not None:
         st.misses[hit[1]] += 1
+        launch.note_miss(st.misses, hit[1])  # a replay of this call counts it too
     return hit[0]
 
 
-def direct_launch(key) -> tuple | None:
-    """(runner, fixed args) remembered for exactly this launch, or None.
-
-    The key is the kernel's business, and it must hold everything Triton specializes a
-    compile on: every integer argument's value, every pointer's low address bits, dtypes,
-    device and constexprs. A runner launched under a key that misses one of them would run
-    code compiled for other arguments (tests/test_direct_launch.py, bench/direct_launch_check.py)."""
-    st = _state or state()
-    hit = st.direct.get(key)
-    if hit is not None and hit[2] is not None:
-        st.misses[hit[2]] += 1  # a default config served directly is still a miss
-    return hit
-
-
-def remember_direct(key, compiled, grid, fixed: tuple, spec: KernelSpec, dtypes, flags, dims) -> None:
-    """Remember what `kernel[grid](...)` returned for this launch. Under the interpreter
-    nothing is compiled (it returns None), and every launch takes Triton's own path."""
-    if compiled is None:
-        return
-    st = _state or state()
-    if len(st.direct) >= DIRECT_LIMIT:
-        st.direct.clear()
-    # CompiledKernel[grid] is the launcher Triton's own tutorials use for a kernel compiled
-    # ahead: it reads the current stream, honours launch hooks, and takes every argument,
-    # constexprs included, in the kernel's order. Unlike kernel[grid] it does not pad the
-    # grid: Triton 3.6 raised IndexError on a 2-tuple on the H200.
-    grid3 = (*grid, 1, 1)[:3]
-    st.direct[key] = (compiled[grid3], fixed, st.memo[(spec.name, dtypes, flags, dims)][1])
-
-
 def launch_stats() -> dict:
-    """Misses by seat, stale certificates skipped, and where configs were loaded from."""
+    """Misses by seat, stale certificates skipped, where configs were loaded from, the
+    direct launches (calls remembered, and why others were not: kernels/launch.py), and per
+    aten op what `serve()` ran (certified, default, torch with reasons) once it was used."""
+    import sys
+
     st = state()
-    return {"profile": st.profile.name, "certified_seats": len(st.entries), "direct_launches": len(st.direct),
-            "misses": dict(st.misses), "stale": list(st.stale), "sources": list(st.sources)}
+    serving = sys.modules.get("nbx_tune.kernels.serve")
+    return {"profile": st.profile.name, "certified_seats": len(st.entries), "direct_launches": len(launch.REMEMBERED),
+            "misses": dict(st.misses), "stale": list(st.stale), "sources": list(st.sources),
+            "not_remembered": dict(launch.REFUSED), "ops": serving.stats() if serving is not None else {}}

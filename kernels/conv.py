@@ -45,9 +45,10 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
+from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import format_shape, numel
-from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags,
+from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags,
                                    uniform_inputs)
 from nbx_tune.oracles import conv as oracle
 
@@ -120,6 +121,9 @@ def _conv_gemm_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+_conv_gemm_kernel = launch.recorded(_conv_gemm_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 @triton.jit
 def _conv_depthwise_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr,
@@ -164,6 +168,9 @@ def _conv_depthwise_kernel(
         acc += tl.load(b_ptr + rn * sb, mask=n_in, other=0.0).to(tl.float32)[None, :]
     y_ptrs = y_ptr + (n * syn + oh * syh + ow * syw)[:, None] + (rn * syc)[None, :]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_in[:, None] & n_in[None, :])
+
+
+_conv_depthwise_kernel = launch.recorded(_conv_depthwise_kernel)  # its calls are replayed (kernels/launch.py)
 
 
 def launch_conv_gemm(x, w, bias, y, stride, padding, dilation, groups: int, config: Config) -> None:
@@ -227,9 +234,6 @@ def _c(bm, bn, bk, warps, stages, nhwc=0, group=8):
 # tall-narrow tiles are the depthwise kernel's good ones (many contiguous pixels of few
 # channels). 128x256x64 at 4 stages (192 KB in fp16) is refused by the shared-memory
 # prune outside Hopper/Blackwell: the space is the same on every device.
-# Measured on an H100 (Triton 3.6, 2026-12-02, fp16, NCHW): best of these vs cuDNN was
-# 0.024 vs 0.029 ms on (8,64,56,56) 3x3, 0.026 vs 0.035 ms on (8,256,56,56) 1x1/2,
-# 0.033 vs 0.052 ms on conv1d (4,80,3001) k3, but 0.166 vs 0.067 ms on (2,320,64,64) 3x3.
 CONFIGS = (
     _c(32, 32, 16, 2, 2), _c(32, 32, 32, 4, 2), _c(64, 32, 32, 4, 2), _c(64, 64, 16, 4, 3),
     _c(64, 64, 32, 4, 2), _c(64, 64, 32, 4, 3), _c(64, 64, 64, 4, 3), _c(128, 16, 32, 4, 2),
@@ -240,10 +244,9 @@ CONFIGS = (
     _c(128, 128, 32, 8, 4), _c(128, 128, 64, 4, 3), _c(128, 128, 64, 8, 3), _c(128, 128, 64, 8, 4),
     _c(256, 64, 32, 8, 3), _c(256, 64, 64, 8, 3), _c(64, 256, 32, 8, 3), _c(256, 128, 32, 8, 3),
     _c(256, 128, 64, 8, 3), _c(128, 256, 32, 8, 3), _c(128, 256, 64, 8, 3), _c(128, 256, 64, 8, 4),
-    # Channels-last copies first (NHWC=1): on an H200 (2026-12-02, fp16, copies included)
-    # (2,320,64,64) 3x3 took 0.087 ms at 128x256x64 (cuDNN 0.062 there; NCHW's best was
-    # 0.166 on an H100, cuDNN 0.067), while (8,64,56,56) 3x3 lost to NCHW (0.040 ms, of
-    # which the copies 0.019). The two smallest fit 64 KB of shared memory in fp32.
+    # Channels-last copies first (NHWC=1): worth their copies where many input channels
+    # make NCHW's gathers the bottleneck (wide late layers), a loss on small ones; the
+    # tuner decides per seat. The two smallest fit 64 KB of shared memory in fp32.
     _c(64, 64, 32, 4, 3, 1), _c(128, 64, 32, 4, 3, 1), _c(64, 128, 64, 4, 3, 1),
     _c(128, 128, 32, 4, 3, 1), _c(128, 128, 64, 4, 3, 1), _c(128, 128, 64, 8, 4, 1),
     _c(256, 32, 32, 8, 3, 1), _c(256, 128, 64, 8, 3, 1), _c(128, 256, 32, 8, 3, 1),
@@ -259,8 +262,7 @@ DEPTHWISE_DEFAULTS = (_c(128, 32, 32, 4, 3), _c(64, 32, 32, 4, 2), _c(32, 32, 32
 
 def _gemm_defaults(problem: Problem) -> tuple:
     """A narrow tile for few output channels per group, BLOCK_K=16 for few input channels:
-    on an H100 (fp16) the (8,256,28,28) 32-group 3x3 took 0.117 ms with 128x128x32 and
-    0.032 ms with 128x32x16; the 64-channel ResNet 3x3 0.038 vs 0.024 ms at 128x64x64."""
+    a wide tile over a group of 8 output channels computes mostly masked lanes."""
     _, _, ci, co, groups = problem.dims
     cog, cig = co // groups, ci // groups
     bk = 16 if cig < 32 else 32
@@ -300,11 +302,8 @@ class ConvSpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "1-D/2-D convolution: implicit GEMM (groups >= 1) and direct depthwise"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def default_config(self, profile, problem):
         if not _is_depthwise(problem):
@@ -399,11 +398,9 @@ class ConvSpec(KernelSpec):
         has_bias = len(shapes) == 3
         if has_bias and p.get("bias") == "None":
             return NotServable("bias=None but the row has a third tensor")
-        if len(set(row.dtypes)) != 1:
-            return NotServable(f"mixed dtypes {','.join(row.dtypes)}: the kernel takes one dtype")
-        dtype = row.dtypes[0]
-        if dtype not in TORCH_DTYPES:
-            return NotServable(f"dtype {dtype} is not served (float16, bfloat16, float32)")
+        dtype = one_dtype(row, TORCH_DTYPES)
+        if isinstance(dtype, NotServable):
+            return dtype
         x, w = shapes[0], shapes[1]
         nd = len(x) - 2
         if nd not in (1, 2):
@@ -507,6 +504,9 @@ class ConvSpec(KernelSpec):
             out = oracle.conv2d(*args, g["stride"], g["padding"], g["dilation"], g["groups"])
         return {"out": out}
 
+    def serve_ops(self):
+        return {"aten.convolution": _serve_convolution}
+
     def launch(self, config, problem, inputs, outputs):
         g = self._geometry(problem)
         x, w, y = inputs["input"], inputs["weight"], outputs["out"]
@@ -524,6 +524,7 @@ SPEC = ConvSpec()
 
 # ----------------------------------------------------------------------------- public ops
 
+REMEMBERED, tensor_key = launch.REMEMBERED, launch.tensor_key
 _DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
 
@@ -547,6 +548,24 @@ def _tuple(v, nd: int, name: str) -> tuple:
     if len(v) != nd:
         raise KernelError(f"conv: {name} {v} has {len(v)} values for a {nd}-D convolution")
     return v
+
+
+def _hashable(v):
+    return tuple(v) if type(v) is list else v  # an aten op's int[] arguments arrive as lists
+
+
+def _direct(x, w, bias, stride, padding, dilation, groups, nd):
+    # The direct launch (kernels/launch.py): a call whose key was seen replays its kernel.
+    try:
+        key = (SPEC, nd, _hashable(stride), _hashable(padding), _hashable(dilation), groups,
+               x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, tensor_key(w),
+               None if bias is None else tensor_key(bias))
+        hit = REMEMBERED.get(key)
+    except (AttributeError, TypeError):  # not tensors, or unhashable: the checks say so
+        return _conv(x, w, bias, stride, padding, dilation, groups, nd)
+    if hit is not None:
+        return hit(x, w, bias)
+    return launch.remember(key, (x, w, bias), _conv, x, w, bias, stride, padding, dilation, groups, nd)
 
 
 def _conv(x, w, bias, stride, padding, dilation, groups, nd):
@@ -599,7 +618,7 @@ def _conv(x, w, bias, stride, padding, dilation, groups, nd):
         w = w.contiguous()
     if max(x.numel(), w.numel(), nb * co * numel(out)) > INT32_MAX:
         raise KernelError(f"conv{nd}d: a tensor of 2^31 elements or more (the kernels index in int32)")
-    y = torch.empty((nb, co, *out), device=x.device, dtype=x.dtype)
+    y = launch.empty((nb, co, *out), x.dtype, x.device)
     if nb == 0:
         return y.squeeze(0) if unbatched else y
     if nd == 1:
@@ -624,10 +643,21 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     """torch.nn.functional.conv2d: input (N, C_in, H, W) or (C_in, H, W), weight (C_out,
     C_in/groups, KH, KW), padding numbers or 'valid'/'same'; any input strides; the output is
     contiguous NCHW."""
-    return _conv(input, weight, bias, stride, padding, dilation, groups, 2)
+    return _direct(input, weight, bias, stride, padding, dilation, groups, 2)
 
 
 def conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride=1,
            padding=0, dilation=1, groups: int = 1) -> torch.Tensor:
     """torch.nn.functional.conv1d: input (N, C_in, W) or (C_in, W), weight (C_out, C_in/groups, K)."""
-    return _conv(input, weight, bias, stride, padding, dilation, groups, 1)
+    return _direct(input, weight, bias, stride, padding, dilation, groups, 1)
+
+
+def _serve_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                       groups):
+    """aten.convolution's arguments, for serve(): 1-D and 2-D, not transposed."""
+    if transposed:
+        raise KernelError("conv: transposed convolution is not served")
+    nd = weight.dim() - 2
+    if nd not in (1, 2):
+        raise KernelError(f"conv: {nd}-D convolution is not served (1-D, 2-D)")
+    return _direct(input, weight, bias, stride, padding, dilation, groups, nd)

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
+from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
@@ -38,6 +39,7 @@ TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32":
 # What a 0-d operand (or a Python number) may be: torch converts it to the other's dtype.
 SCALAR_DTYPES = {**TORCH_DTYPES, "float64": torch.float64, "int32": torch.int32, "int64": torch.int64}
 _NAMES = {v: k for k, v in SCALAR_DTYPES.items()}
+INT_DTYPES = ("int32", "int64")
 INDEX_LIMIT = 2**31 - 2**17  # beyond this offsets are computed in int64
 MAX_RANK = 5  # broadcast dims after merging (the kernel decomposes indices over up to 5)
 
@@ -114,6 +116,9 @@ def _unary_kernel(x_ptr, y_ptr, n, p0, p1, p2,
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+_unary_kernel = launch.recorded(_unary_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 @triton.jit
 def _binary_math(a, b, alpha, FN: tl.constexpr):
     if FN == "add":
@@ -139,8 +144,9 @@ def _binary_kernel(a_ptr, b_ptr, out_ptr, n, b_value, alpha,
                    SA0, SA1, SA2, SA3, SA4,
                    SB0, SB1, SB2, SB3, SB4,
                    FN: tl.constexpr, A_KIND: tl.constexpr, B_KIND: tl.constexpr,
-                   NDIM: tl.constexpr, INT64: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """out[i] = FN(a, b) over the contiguous output. An operand is FLAT (0: its element i),
+                   NDIM: tl.constexpr, INT64: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                   INT: tl.constexpr = False):
+    """out[i] = FN(a, b) over the contiguous output (INT: integers, computed in int64). An operand is FLAT (0: its element i),
     SCALAR (1: one element, loaded once), STRIDED (2: element i's broadcast offset) or
     VALUE (3, b only: the runtime scalar b_value). STRIDED offsets decompose i over the
     merged output dims: D1..D4 are the sizes of the innermost dims (D1 innermost), SA1..
@@ -179,21 +185,30 @@ def _binary_kernel(a_ptr, b_ptr, out_ptr, n, b_value, alpha,
         a_off += rem * SA0
         b_off += rem * SB0
     if A_KIND == 0:
-        a = tl.load(a_ptr + offs, mask=mask, other=1.0).to(tl.float32)
+        a = tl.load(a_ptr + offs, mask=mask, other=1)
     elif A_KIND == 1:
-        a = tl.load(a_ptr).to(tl.float32)
+        a = tl.load(a_ptr)
     else:
-        a = tl.load(a_ptr + a_off, mask=mask, other=1.0).to(tl.float32)
+        a = tl.load(a_ptr + a_off, mask=mask, other=1)
     if B_KIND == 0:
-        b = tl.load(b_ptr + offs, mask=mask, other=1.0).to(tl.float32)
+        b = tl.load(b_ptr + offs, mask=mask, other=1)
     elif B_KIND == 1:
-        b = tl.load(b_ptr).to(tl.float32)
+        b = tl.load(b_ptr)
     elif B_KIND == 2:
-        b = tl.load(b_ptr + b_off, mask=mask, other=1.0).to(tl.float32)
+        b = tl.load(b_ptr + b_off, mask=mask, other=1)
     else:
-        b = b_value  # a float argument: already fp32
+        b = b_value  # a float argument (an int one when INT)
+    if INT:  # exact; `+ zeros` because an int argument of 1 arrives as a constexpr
+        a = a.to(tl.int64)
+        b = (b + tl.zeros([BLOCK_SIZE], dtype=tl.int64)).to(tl.int64)
+    else:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
     y = _binary_math(a, b, alpha, FN)
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+_binary_kernel = launch.recorded(_binary_kernel)  # its calls are replayed (kernels/launch.py)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -210,7 +225,7 @@ def launch_unary(x, y, fn: str, params: tuple, config: Config) -> None:
     n = y.numel()
     grid = (triton.cdiv(n, config["BLOCK_SIZE"]),)
     _unary_kernel[grid](x, y, n, float(params[0]), float(params[1]), float(params[2]),
-                        FN=fn, INT64=n > INDEX_LIMIT, **config.kwargs)
+               FN=fn, INT64=n > INDEX_LIMIT, **config.kwargs)
 
 
 def broadcast_shape(*shapes) -> tuple[int, ...] | None:
@@ -311,11 +326,12 @@ def launch_binary_plan(a, b, out, plan, fn: str, b_value: float, alpha: float, c
     _, ls_b = _levels(sizes, sb)
     extent = max(sum((k - 1) * abs(s) for k, s in zip(sizes, st)) for st in (sa, sb))
     grid = (triton.cdiv(n, config["BLOCK_SIZE"]),)
+    num = float if out.dtype.is_floating_point else int
     _binary_kernel[grid](
-        a, a if b is None else b, out, n, float(b_value), float(alpha),
+        a, a if b is None else b, out, n, num(b_value), num(alpha),
         d[0], d[1], d[2], d[3], *ls_a, *ls_b,
         FN=fn, A_KIND=a_kind, B_KIND=b_kind, NDIM=len(sizes),
-        INT64=max(n, extent) > INDEX_LIMIT, **config.kwargs,
+        INT64=max(n, extent) > INDEX_LIMIT, INT=num is int, **config.kwargs,
     )
 
 
@@ -351,7 +367,12 @@ def _promote(x: str, y: str) -> str:
 
 
 def result_dtype(a_dt: str, a_0d: bool, b_dt: str, b_0d: bool) -> str | NotServable:
-    """torch's result dtype of a binary op on floating tensors (or NotServable)."""
+    """torch's result dtype of a binary op on floating tensors, or on integer ones (or
+    NotServable)."""
+    if a_dt in INT_DTYPES and b_dt in INT_DTYPES:  # positions and lengths: exact in int64
+        if a_0d == b_0d:
+            return "int64" if "int64" in (a_dt, b_dt) else "int32"
+        return b_dt if a_0d else a_dt
     for dt, zero_d in ((a_dt, a_0d), (b_dt, b_0d)):
         if dt not in (SCALAR_DTYPES if zero_d else TORCH_DTYPES):
             kind = "a 0-d operand" if zero_d else "an operand"
@@ -397,11 +418,8 @@ class ElementwiseUnarySpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "one-stream element-wise math: relu, gelu, silu, sigmoid, tanh, exp, log, ..."
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def smem_bytes(self, config, problem):
         return 0  # no reduction, no layout conversion: registers only
@@ -482,6 +500,9 @@ class ElementwiseUnarySpec(KernelSpec):
     def output_specs(self, problem):
         return {"y": (tuple(problem.get("shape")), problem.dtypes[0])}
 
+    def serve_ops(self):
+        return _serve_unary()
+
     def launch(self, config, problem, inputs, outputs):
         fn = dict(problem.flags)["fn"]
         params = pow_params(problem.get("exponent")) if fn == "pow" else (0.0, 0.0, 0.0)
@@ -539,11 +560,8 @@ class ElementwiseBinarySpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "two-operand element-wise math with broadcasting: add, sub, mul, div, maximum, ..."
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def smem_bytes(self, config, problem):
         return 0  # no reduction, no layout conversion: registers only
@@ -563,7 +581,9 @@ class ElementwiseBinarySpec(KernelSpec):
             mode = row.params.str("rounding_mode")
             return NotServable(f"div rounding_mode={mode}: rounding modes are not served "
                                "(a floor/trunc of an fp32 quotient can differ by one from the exact one)")
-        scalar_op = op.endswith(".Scalar")
+        # A Python number in the Tensor slot, written as a param (other=1e-06) rather than a
+        # 0-d operand: the same launch as the `.Scalar` overload's.
+        scalar_op = op.endswith(".Scalar") or (len(row.shapes) == 1 and "other" in row.params)
         want = 1 if scalar_op else 2
         if len(row.shapes) != want:
             return NotServable(f"{op} takes {want} tensor(s), the row has {len(row.shapes)}")
@@ -600,6 +620,8 @@ class ElementwiseBinarySpec(KernelSpec):
         out_dt = result_dtype(a_dt, len(a_shape) == 0, b_dt, b_0d)
         if isinstance(out_dt, NotServable):
             return out_dt
+        if out_dt in INT_DTYPES and fn == "div":
+            return NotServable("true division of integers is not served")
         out_shape = broadcast_shape(a_shape, b_shape or ())
         if out_shape is None:
             return NotServable(f"shapes {format_shape(a_shape)} and {format_shape(b_shape)} do not broadcast")
@@ -652,6 +674,9 @@ class ElementwiseBinarySpec(KernelSpec):
 
     def output_specs(self, problem):
         return {"out": (tuple(problem.get("out_shape")), problem.dtypes[0])}
+
+    def serve_ops(self):
+        return _serve_binary()
 
     def launch(self, config, problem, inputs, outputs):
         fn = dict(problem.flags)["fn"]
@@ -707,6 +732,12 @@ class ElementwiseBinarySpec(KernelSpec):
             make_row("aten.mul.Tensor", ["float16", "float32"], [same, ()]),
             make_row("aten.sub.Tensor", ["float32", "float16"], [(), same]),
         ]
+        # Integer position arithmetic (cache_position + offset, lengths), exact in int64.
+        rows += [make_row("aten.add.Tensor", ["int64", "int64"], [odd, ()]),
+                 make_row("aten.mul.Tensor", ["int64", "int64"], list(bc)),
+                 make_row("aten.sub.Tensor", ["int32", "int64"], [same, ()], {"alpha": "3"}),
+                 make_row("aten.maximum", ["int64", "int64"], [same, same]),
+                 make_row("aten.rsub.Scalar", ["int64"], [odd], {"other": "1"})]
         if scale != "small":
             rows += [make_row("aten.add.Tensor", ["bfloat16", "float16"], [same, same]),
                      make_row("aten.mul.Tensor", ["bfloat16", "float32"], [same, ()])]
@@ -720,6 +751,7 @@ SPECS = (UNARY_SPEC, BINARY_SPEC)
 
 # ----------------------------------------------------------------------------- public ops
 
+REMEMBERED = launch.REMEMBERED
 _UNARY_FLAGS = {fn: seat_flags(fn=fn) for fn in UNARY_FNS}
 _NO_PARAMS = (0.0, 0.0, 0.0)
 
@@ -733,11 +765,23 @@ def _dtype_name(t: torch.Tensor, what: str) -> str:
 
 
 def _unary(fn: str, x: torch.Tensor, params=_NO_PARAMS) -> torch.Tensor:
+    # The direct launch (kernels/launch.py): a call whose key was seen replays its kernel.
+    try:
+        key = (UNARY_SPEC, fn, params, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15)
+    except AttributeError:
+        raise KernelError(f"{fn}: the operand must be a tensor") from None
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(x)
+    return launch.remember(key, (x,), _unary_call, fn, x, params)
+
+
+def _unary_call(fn: str, x: torch.Tensor, params) -> torch.Tensor:
     dt = _dtype_name(x, fn)
     if dt not in TORCH_DTYPES:
         raise KernelError(f"{fn}: dtype {x.dtype} is not served (float16, bfloat16, float32)")
-    x = x.contiguous()
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    x = x.contiguous()  # a copy when it is not: never remembered
+    y = launch.empty(x.shape, x.dtype, x.device)
     n = x.numel()
     if n == 0:
         return y
@@ -835,6 +879,8 @@ def _binary_plan_for(fn, a, b, b_is_value, b_dt, python_number):
             raise KernelError(f"{fn}: shapes {a_shape} and {b_shape} do not broadcast")
     if isinstance(out_dt, NotServable):
         raise KernelError(f"{fn}: {out_dt.reason}")
+    if out_dt in INT_DTYPES and fn == "div":
+        raise KernelError("div: true division of integers is not served")
     try:
         plan = binary_plan(out_shape, a_shape, a.stride(), b_shape,
                            None if b_is_value else b.stride())
@@ -842,7 +888,7 @@ def _binary_plan_for(fn, a, b, b_is_value, b_dt, python_number):
         raise KernelError(f"{fn}: {e}") from None
     layout = layout_of(plan[1], plan[2])
     flags = {f: seat_flags(fn=f, layout=layout) for f in BINARY_FNS}
-    hit = (plan, out_shape, TORCH_DTYPES[out_dt], (out_dt, a_dt, b_dt), flags)
+    hit = (plan, out_shape, SCALAR_DTYPES[out_dt], (out_dt, a_dt, b_dt), flags)
     if len(_BINARY_PLANS) >= 1 << 14:
         _BINARY_PLANS.clear()
     _BINARY_PLANS[key] = hit
@@ -850,6 +896,29 @@ def _binary_plan_for(fn, a, b, b_is_value, b_dt, python_number):
 
 
 def _binary(fn: str, a: torch.Tensor, b, alpha: float = 1.0) -> torch.Tensor:
+    # The direct launch (kernels/launch.py). A Python number is in the key with its type (an
+    # int and a float are different seats); so is the value of a scalar tensor on another
+    # device, which the launch passes as a number. b is a: one input, both operands at its address.
+    try:
+        dev = a.device
+        if not isinstance(b, torch.Tensor):
+            bk, b_in = (type(b), b), False
+        elif b is a:
+            bk, b_in = None, False
+        elif b.device != dev:
+            bk, b_in = (b.dtype, b.device, b.item() if b.dim() == 0 else b.shape), True
+        else:
+            bk, b_in = (b.shape, b.stride(), b.dtype, b.data_ptr() & 15), True
+        key = (BINARY_SPEC, fn, alpha, a.shape, a.stride(), a.dtype, dev, a.data_ptr() & 15, bk)
+        hit = REMEMBERED.get(key)
+    except (AttributeError, TypeError):  # not a tensor, or an unhashable b: the checks say so
+        return _binary_call(fn, a, b, alpha)
+    if b_in:
+        return hit(a, b) if hit is not None else launch.remember(key, (a, b), _binary_call, fn, a, b, alpha)
+    return hit(a) if hit is not None else launch.remember(key, (a,), _binary_call, fn, a, b, alpha)
+
+
+def _binary_call(fn: str, a: torch.Tensor, b, alpha: float) -> torch.Tensor:
     if not isinstance(a, torch.Tensor):
         raise KernelError(f"{fn}: the first operand must be a tensor")
     value, python_number = 0.0, False
@@ -866,7 +935,7 @@ def _binary(fn: str, a: torch.Tensor, b, alpha: float = 1.0) -> torch.Tensor:
         b_dt = "int64" if isinstance(b, int) else "float64"
         b, value, is_value, python_number = None, b, True, True
     plan, out_shape, out_dtype, dtypes, flags = _binary_plan_for(fn, a, b, is_value, b_dt, python_number)
-    out = torch.empty(out_shape, dtype=out_dtype, device=a.device)
+    out = launch.empty(out_shape, out_dtype, a.device)
     n = plan[0]
     if out.numel() == 0:
         return out
@@ -907,3 +976,27 @@ def maximum(a: torch.Tensor, b) -> torch.Tensor:
 def minimum(a: torch.Tensor, b) -> torch.Tensor:
     """Element-wise min, NaN-propagating."""
     return _binary("minimum", a, b)
+
+
+# ----------------------------------------------------------------------------- serve()
+
+def _serve_unary() -> dict:
+    ops = {op: globals()[fn] for op, fn in _UNARY_OPS.items()}
+    ops["aten.gelu"] = lambda x, approximate="none": gelu(x, approximate)
+    return ops
+
+
+def _inplace(fn):
+    """An in-place op on the out-of-place kernel: the result is copied into self (cast as
+    torch's in-place ops cast it)."""
+    def run(a, b, *args, **kwargs):
+        return a.copy_(fn(a, b, *args, **kwargs))
+    return run
+
+
+def _serve_binary() -> dict:
+    fns = {"add": add, "sub": sub, "rsub": rsub, "mul": mul, "div": div, "maximum": maximum,
+           "minimum": minimum}
+    ops = {op: fns[fn] for op, fn in _BINARY_OPS.items() if op != "aten.div.Tensor_mode"}
+    ops.update({op: _inplace(ops[base]) for op, base in _INPLACE_OPS.items()})
+    return ops

@@ -18,8 +18,9 @@ except ImportError:  # Triton before 3.4: no host-side descriptors, so no TMA ti
     TensorDescriptor = None
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels.certified import config_for, direct_launch, remember_direct
-from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags,
+from nbx_tune.kernels import launch
+from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags,
                                    uniform_inputs)
 from nbx_tune.oracles import matmul as oracle
 
@@ -39,7 +40,8 @@ def _matmul_kernel(
     alpha, beta,
     HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    ALIGN_AB: tl.constexpr, ALIGN_C: tl.constexpr, EXTRA_N: tl.constexpr = 0, TMA: tl.constexpr = 0,
+    ALIGN_AB: tl.constexpr, ALIGN_C: tl.constexpr, B_KMAJOR: tl.constexpr = 0, EXTRA_N: tl.constexpr = 0,
+    TMA: tl.constexpr = 0,
 ):
     # Triton knows an integer argument's divisibility only when it is a multiple of 16; a
     # row 3000 elements long is a multiple of 8 (16 bytes in fp16) and would load one element
@@ -60,8 +62,8 @@ def _matmul_kernel(
     pid = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)
     # A tile is BLOCK_N + EXTRA_N columns wide, in two accumulators: Triton's blocks are
-    # powers of two, their sum need not be. At 3072^3 128x192 tiles fill 2.91 waves of the
-    # H200's 132 SMs, where 128x128 fill 4.36 and 128x256 2.18 (docs/benchmarks.md).
+    # powers of two, their sum need not be: at some sizes only a 192-wide tile leaves the
+    # last wave of programs nearly full.
     TILE_N: tl.constexpr = BLOCK_N + EXTRA_N
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, TILE_N)
@@ -81,25 +83,39 @@ def _matmul_kernel(
         # A and B through the TMA unit (host-side descriptors, `tma_descriptors`): bulk
         # asynchronous copies with no address arithmetic in registers, and boxes past an
         # edge read as zeros, so no wrap and no K mask. TMA is 3 for batched descriptors
-        # (batch, rows, cols), 2 for one product. 0.97 of cuBLAS at 4096^3 fp16 and 0.72 at
-        # 3000^3, where pointer loads reach 0.86 and 0.59 (docs/benchmarks.md).
+        # (batch, rows, cols), 2 for one product.
         m0 = pid_m * BLOCK_M
         n0 = pid_n * TILE_N
         bi = tl.program_id(1)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
             k0 = k * BLOCK_K
+            # B_KMAJOR: B is column-major (an nn.Linear weight passed as W.t()); its
+            # descriptor reads W's (N, K) rows in BLOCK_N x BLOCK_K boxes, transposed in
+            # shared memory for the dot instead of copied on the host.
             if TMA == 3:
                 a = a_desc.load([bi, m0, k0]).reshape(BLOCK_M, BLOCK_K)
-                b = b_desc.load([bi, k0, n0]).reshape(BLOCK_K, BLOCK_N)
+                if B_KMAJOR:
+                    b = b_desc.load([bi, n0, k0]).reshape(BLOCK_N, BLOCK_K).T
+                else:
+                    b = b_desc.load([bi, k0, n0]).reshape(BLOCK_K, BLOCK_N)
             else:
                 a = a_desc.load([m0, k0])
-                b = b_desc.load([k0, n0])
+                if B_KMAJOR:
+                    b = b_desc.load([n0, k0]).T
+                else:
+                    b = b_desc.load([k0, n0])
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
             if EXTRA_N > 0:
                 if TMA == 3:
-                    b2 = b2_desc.load([bi, k0, n0 + BLOCK_N]).reshape(BLOCK_K, EXTRA_N)
+                    if B_KMAJOR:
+                        b2 = b2_desc.load([bi, n0 + BLOCK_N, k0]).reshape(EXTRA_N, BLOCK_K).T
+                    else:
+                        b2 = b2_desc.load([bi, k0, n0 + BLOCK_N]).reshape(BLOCK_K, EXTRA_N)
                 else:
-                    b2 = b2_desc.load([k0, n0 + BLOCK_N])
+                    if B_KMAJOR:
+                        b2 = b2_desc.load([n0 + BLOCK_N, k0]).T
+                    else:
+                        b2 = b2_desc.load([k0, n0 + BLOCK_N])
                 acc2 = tl.dot(a, b2, acc2, input_precision=INPUT_PRECISION)
     else:
         rk = tl.arange(0, BLOCK_K)
@@ -132,6 +148,9 @@ def _matmul_kernel(
                   HAS_BIAS)
 
 
+_matmul_kernel = launch.recorded(_matmul_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 @triton.jit
 def _epilogue(acc, rm, rn, M, N, c_at, stride_cm, stride_cn, x_at, stride_xm, stride_xn, alpha, beta,
               HAS_BIAS: tl.constexpr):
@@ -143,6 +162,145 @@ def _epilogue(acc, rm, rn, M, N, c_at, stride_cm, stride_cn, x_at, stride_xm, st
         acc += beta * tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
     c_ptrs = c_at + rm[:, None] * stride_cm + rn[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_at.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _matmul_splitk_kernel(
+    a_ptr, b_ptr, w_ptr, a_desc, b_desc,
+    M, N, K, NB,
+    stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn,
+    stride_ws, stride_wb,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr, ALIGN_AB: tl.constexpr, TMA: tl.constexpr = 0, B_KMAJOR: tl.constexpr = 0,
+):
+    # Split-K: program (tile, batch, split) sums its share of K, whole BLOCK_K blocks, into
+    # an fp32 partial tile of the workspace w (SPLIT_K, B, M, N); `_splitk_reduce_kernel`
+    # then adds the SPLIT_K partials in split order. No atomics: every launch sums the same
+    # numbers in the same order, so results are bitwise reproducible. For M <= BLOCK_M this
+    # is a GEMV-style schedule: B is read once, by N / BLOCK_N x SPLIT_K programs.
+    if ALIGN_AB > 1:
+        K = K // ALIGN_AB * ALIGN_AB
+        NB = NB // ALIGN_AB * ALIGN_AB
+        stride_ab = stride_ab // ALIGN_AB * ALIGN_AB
+        stride_am = stride_am // ALIGN_AB * ALIGN_AB
+        stride_bb = stride_bb // ALIGN_AB * ALIGN_AB
+        stride_bk = stride_bk // ALIGN_AB * ALIGN_AB
+    pid = tl.program_id(0)
+    batch = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_pid_n
+    first_m = (pid // group) * GROUP_M
+    group_m = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % group_m
+    pid_n = (pid % group) // group_m
+
+    per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_lo = split * per
+    k_hi = tl.minimum(K, k_lo + per)  # below k_lo when the split is empty: no iteration
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    # Rows and columns past the edge wrap to valid ones, as in `_matmul_kernel`.
+    a_ptrs = a_ptr + batch * stride_ab + (rm % M)[:, None] * stride_am + (k_lo + rk)[None, :] * stride_ak
+    b_ptrs = b_ptr + batch * stride_bb + (k_lo + rk)[:, None] * stride_bk + (rn % NB)[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if TMA > 0:
+        # Through descriptors as in `_matmul_kernel`: a split's range is whole BLOCK_K
+        # blocks, so no box crosses into the next split's, and boxes past K read zeros.
+        m0 = pid_m * BLOCK_M
+        n0 = pid_n * BLOCK_N
+        bi = tl.program_id(1)
+        for k in range(k_lo, k_hi, BLOCK_K):
+            if TMA == 3:
+                a = a_desc.load([bi, m0, k]).reshape(BLOCK_M, BLOCK_K)
+                if B_KMAJOR:
+                    b = b_desc.load([bi, n0, k]).reshape(BLOCK_N, BLOCK_K).T
+                else:
+                    b = b_desc.load([bi, k, n0]).reshape(BLOCK_K, BLOCK_N)
+            else:
+                a = a_desc.load([m0, k])
+                if B_KMAJOR:
+                    b = b_desc.load([n0, k]).T
+                else:
+                    b = b_desc.load([k, n0])
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    else:
+        for k in range(k_lo, k_hi, BLOCK_K):
+            k_left = k_hi - k
+            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+    w_at = w_ptr + split.to(tl.int64) * stride_ws + batch * stride_wb
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    tl.store(w_at + rm[:, None] * N + rn[None, :], acc, mask=mask)
+
+
+_matmul_splitk_kernel = launch.recorded(_matmul_splitk_kernel)  # its calls are replayed (kernels/launch.py)
+
+
+@triton.jit
+def _splitk_reduce_kernel(
+    w_ptr, c_ptr, bias_ptr, M, N,
+    stride_ws, stride_wb, stride_cb, stride_cm, stride_cn, stride_xb, stride_xm, stride_xn,
+    alpha, beta,
+    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # c = alpha * (sum of the SPLIT_K partials, in split order) [+ beta * bias].
+    batch = tl.program_id(1).to(tl.int64)
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = idx < M * N
+    w_at = w_ptr + batch * stride_wb + idx
+    acc = tl.load(w_at, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(w_at + s * stride_ws, mask=ok, other=0.0)
+    rm = idx // N
+    rn = idx % N
+    acc = acc * alpha
+    if HAS_BIAS:
+        x = tl.load(bias_ptr + batch * stride_xb + rm * stride_xm + rn * stride_xn, mask=ok, other=0.0)
+        acc += beta * x.to(tl.float32)
+    c_ptrs = c_ptr + batch * stride_cb + rm * stride_cm + rn * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=ok)
+
+
+_splitk_reduce_kernel = launch.recorded(_splitk_reduce_kernel)  # its calls are replayed (kernels/launch.py)
+
+
+def split_k(config: Config) -> int:
+    """The config's SPLIT_K: programs that share one output tile's K (1 when absent)."""
+    return config.kwargs.get("SPLIT_K", 1)
+
+
+def launch_splitk(a, b, c, bias, alpha: float, beta: float, config: Config, align_ab: int = 1):
+    """c = alpha * (a @ b) [+ beta * bias] by split-K (`_matmul_splitk_kernel`, then
+    `_splitk_reduce_kernel`), through an fp32 workspace of SPLIT_K x c's elements. a, b as
+    `launch_matmul` leaves them (staged where it staged them); bias expanded or None. A
+    TMA config reads A and B through descriptors (`tma_descriptors`)."""
+    a, b, descs, tma, kmajor = tma_descriptors(a, b, config)
+    M, K = a.shape[-2:]
+    N, NB = c.shape[-1], b.shape[-1]
+    B = a.shape[0] if a.dim() == 3 else 1
+    sk = split_k(config)
+    block = 512  # the reduction's elements per program: a decode row of 4096 spreads over 8
+    w = launch.empty((sk, B, M, N), torch.float32, a.device)
+    sa, sb, sc = _strides3(a), _strides3(b), _strides3(c)
+    sx = _strides3(bias) if bias is not None else sc
+    grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]), B, sk)
+    _matmul_splitk_kernel[grid](
+        a, b, w, *descs[:2], M, N, K, NB, *sa, *sb, w.stride(0), w.stride(1),
+        "ieee" if a.dtype == torch.float32 else "tf32",
+        config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], sk, align_ab, tma, kmajor,
+        num_warps=config.num_warps, num_stages=config.num_stages)
+    _splitk_reduce_kernel[(triton.cdiv(M * N, block), B)](
+        w, c, c if bias is None else bias, M, N, w.stride(0), w.stride(1), *sc, *sx, alpha, beta,
+        bias is not None, sk, block, num_warps=4)
+    return grid
 
 
 def extra_columns(config: Config) -> int:
@@ -179,26 +337,40 @@ def _tma_copy(t):
     return out
 
 
+def b_kmajor(b, batched: bool) -> bool:
+    """Whether a TMA config reads b column-major (`_matmul_kernel`'s B_KMAJOR): b is not
+    readable in place row-major but its transpose is (an nn.Linear weight passed as W.t())."""
+    return not tma_ready(b, batched) and tma_ready(b.transpose(-1, -2), batched)
+
+
 def tma_descriptors(a, b, config: Config) -> tuple:
-    """(a, b, (a_desc, b_desc, b2_desc), the kernel's TMA) for a TMA config: host-side
-    descriptors of A's BLOCK_M x BLOCK_K boxes and B's BLOCK_K x BLOCK_N (and x EXTRA_N)
-    boxes, 3-D when there is a batch of more than one product. An operand TMA cannot read in
-    place (`tma_ready`) is replaced by an aligned copy. Other configs: a, b, no descriptors, 0."""
+    """(a, b, (a_desc, b_desc, b2_desc), the kernel's TMA, its B_KMAJOR) for a TMA config:
+    host-side descriptors of A's BLOCK_M x BLOCK_K boxes and B's BLOCK_K x BLOCK_N (and x
+    EXTRA_N) boxes, 3-D when there is a batch of more than one product; a column-major B
+    (`b_kmajor`) is described as its transpose, in BLOCK_N x BLOCK_K boxes. An operand TMA
+    cannot read in place either way is replaced by an aligned copy. Other configs: a, b, no
+    descriptors, 0, 0."""
     if not uses_tma(config):
-        return a, b, _NO_DESC, 0
+        return a, b, _NO_DESC, 0, 0
     batched = a.dim() == 3 and a.shape[0] > 1
     if not tma_ready(a, batched):
         a = _tma_copy(a)
-    if not tma_ready(b, batched):
+    kmajor = b_kmajor(b, batched)
+    if not kmajor and not tma_ready(b, batched):
         b = _tma_copy(b)
     bm, bn, bk, extra = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], extra_columns(config)
     if batched:
         da, db, lead = a, b, [1]
     else:
         da, db, lead = (a[0], b[0], []) if a.dim() == 3 else (a, b, [])
-    descs = (TensorDescriptor.from_tensor(da, lead + [bm, bk]), TensorDescriptor.from_tensor(db, lead + [bk, bn]),
-             TensorDescriptor.from_tensor(db, lead + [bk, extra]) if extra else None)
-    return a, b, descs, 3 if batched else 2
+    if kmajor:
+        db = db.transpose(-1, -2)
+        boxes = (lead + [bn, bk], lead + [extra, bk])
+    else:
+        boxes = (lead + [bk, bn], lead + [bk, extra])
+    descs = (TensorDescriptor.from_tensor(da, lead + [bm, bk]), TensorDescriptor.from_tensor(db, boxes[0]),
+             TensorDescriptor.from_tensor(db, boxes[1]) if extra else None)
+    return a, b, descs, 3 if batched else 2, int(kmajor)
 
 
 def _strides3(t):
@@ -207,12 +379,13 @@ def _strides3(t):
 
 
 def matmul_args(a, b, c, x, alpha: float, beta: float, has_bias: bool, config: Config,
-                align_ab: int = 1, align_c: int = 1, descs: tuple = _NO_DESC, tma: int = 0) -> tuple:
+                align_ab: int = 1, align_c: int = 1, descs: tuple = _NO_DESC, tma: int = 0,
+                kmajor: int = 0) -> tuple:
     """(grid, every argument of `_matmul_kernel` in its order, constexprs included): a
     launch through Triton and a direct launch of the compiled kernel pass exactly these.
     a and b may be staged copies, wider than the product (stage_operands): N is c's.
     align_ab / align_c: the kernel's ALIGN_AB / ALIGN_C hints (`launch_matmul` says when);
-    descs, tma: what `tma_descriptors` gave for a TMA config."""
+    descs, tma, kmajor: what `tma_descriptors` gave for a TMA config."""
     M, K = a.shape[-2:]
     N, NB = c.shape[-1], b.shape[-1]
     B = a.shape[0] if a.dim() == 3 else 1
@@ -222,7 +395,7 @@ def matmul_args(a, b, c, x, alpha: float, beta: float, has_bias: bool, config: C
     args = (a, b, c, x, *descs, M, N, K, NB, *sa, *sb, *sc, *sx, alpha, beta,
             has_bias, "ieee" if a.dtype == torch.float32 else "tf32",
             config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], align_ab, align_c,
-            extra_n, tma)
+            kmajor, extra_n, tma)
     return grid, args
 
 
@@ -259,7 +432,7 @@ def stage_operands(a, b, vec: int):
     not be 16-byte vectors: not row-major, or a row or stride not a multiple of vec.
 
     With a row stride like 50257 Triton loads one element at a time, without software
-    pipelining, and ran a GEMM at 0.09 of cuBLAS on the H200 (docs/benchmarks.md). A copy
+    pipelining, a small fraction of the speed of aligned loads. A copy
     costs a pass over its operand, so an operand whose rows are aligned is left as it is.
     When K is not a multiple of vec both are padded in K (to 16), so that the K mask is
     uniform over each vector: the zeros add nothing to the sums. A staged B is N padded to
@@ -289,14 +462,17 @@ def launch_matmul(a, b, c, bias, alpha: float, beta: float, config: Config):
         a, b = stage_operands(a, b, vec)
         align_ab = vec
         align_c = vec if rows_aligned(c.shape, c.stride(), vec) else 1
-    a, b, descs, tma = tma_descriptors(a, b, config)
+    if split_k(config) > 1:  # two kernels and a workspace (`launch.empty`): replayed like the rest
+        return None, launch_splitk(a, b, c, bias, alpha, beta, config, align_ab), None
+    a, b, descs, tma, kmajor = tma_descriptors(a, b, config)
     grid, args = matmul_args(a, b, c, c if bias is None else bias, alpha, beta, bias is not None, config,
-                             align_ab, align_c, descs, tma)
+                             align_ab, align_c, descs, tma, kmajor)
     return _matmul_kernel[grid](*args, num_warps=config.num_warps, num_stages=config.num_stages), grid, args
 
 
-def _c(bm, bn, bk, warps, stages, group=8, extra_n=0, tma=0):
-    extra = {**({"EXTRA_N": extra_n} if extra_n else {}), **({"TMA": 1} if tma else {})}
+def _c(bm, bn, bk, warps, stages, group=8, extra_n=0, tma=0, split=1):
+    extra = {**({"EXTRA_N": extra_n} if extra_n else {}), **({"TMA": 1} if tma else {}),
+             **({"SPLIT_K": split} if split > 1 else {})}
     return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, **extra,
                        num_warps=warps, num_stages=stages)
 
@@ -318,14 +494,36 @@ CONFIGS = (
     _c(128, 256, 32, 8, 3), _c(256, 128, 32, 8, 3), _c(128, 256, 64, 8, 3), _c(256, 128, 64, 8, 3),
     _c(128, 256, 64, 8, 4), _c(256, 128, 64, 8, 4), _c(128, 256, 64, 8, 5),
     # Tiles 192 wide (128 + 64 in a second accumulator), for sizes where 128 and 256 both
-    # leave the last wave mostly empty: certified at 3072^3 on the H200, 0.86 of cuBLAS
-    # against 0.82 for the rest; slower at 2048^3 and 4096^3 (docs/benchmarks.md).
+    # leave the last wave mostly empty (3072^3); slower elsewhere, so the tuner picks them
+    # only where they win.
     _c(128, 128, 32, 8, 4, extra_n=64), _c(128, 128, 32, 8, 5, extra_n=64), _c(128, 128, 32, 8, 6, extra_n=64),
-    # A and B through TMA descriptors: on the H200 0.97 of cuBLAS at 4096^3 fp16 (pointer
-    # loads 0.86) and 0.72 at 3000^3 (0.59), level at 2048^3 and 3072^3 (docs/benchmarks.md).
+    # A and B through TMA descriptors: faster than pointer loads at large and unaligned
+    # sizes on devices with a TMA unit, refused unlaunched on the others.
     _c(128, 256, 64, 8, 3, tma=1), _c(128, 256, 64, 8, 4, tma=1), _c(128, 128, 64, 4, 3, tma=1),
     _c(128, 128, 64, 8, 4, tma=1), _c(128, 128, 64, 8, 4, extra_n=64, tma=1),
     _c(128, 128, 32, 8, 5, extra_n=64, tma=1),
+    # Split-K (`_matmul_splitk_kernel`): decode GEMMs (M <= 64) have N / BLOCK_N tiles, too
+    # few programs to keep enough loads in flight on 132 SMs; splitting K multiplies them.
+    # With BLOCK_M >= M, B is read once (GEMV-style). Refused where K is short or the tiles
+    # already fill the machine (`split_refusal`).
+    _c(16, 64, 128, 4, 4, split=4), _c(16, 64, 128, 4, 4, split=8), _c(16, 128, 128, 4, 4, split=4),
+    _c(16, 64, 256, 4, 3, split=4), _c(32, 64, 128, 4, 4, split=4), _c(64, 64, 128, 4, 4, split=4),
+    _c(64, 128, 64, 4, 4, split=2),
+    # The same skinny tiles unsplit, for decode GEMMs whose N alone gives hundreds of tiles
+    # (an LM head: N = 32000 is 500 tiles of 64), where split-K is refused.
+    _c(16, 64, 128, 4, 4), _c(16, 128, 128, 4, 4),
+    # Mid-size GEMMs (a few hundred rows: 800 x 1536 x 8960 is 84 128x128 tiles for 132 SMs).
+    _c(64, 128, 64, 4, 4, split=4), _c(128, 128, 64, 8, 3, split=2), _c(128, 128, 64, 8, 3, split=4),
+    _c(128, 64, 64, 4, 4, split=2),
+    # Mid-size GEMMs through TMA in smaller tiles (800 x 1536 x 1536: 84 tiles of 128 x 128,
+    # 156 of 64 x 128, 312 of 64 x 64 for 132 SMs), deep pipelines, BLOCK_K up to 128.
+    _c(64, 128, 64, 4, 4, tma=1), _c(64, 128, 128, 4, 3, tma=1), _c(128, 64, 64, 4, 4, tma=1),
+    _c(64, 64, 128, 4, 4, tma=1), _c(128, 128, 128, 8, 3, tma=1), _c(64, 256, 64, 4, 4, tma=1),
+    # M = 64 decode: split-K in 128-deep K blocks (fewer, longer loads per program).
+    _c(64, 64, 128, 4, 4, split=8), _c(64, 128, 128, 4, 3, split=4),
+    # Split-K through TMA: K-heavy mid-size GEMMs (800 x 1536 x 8960) and M = 64 decode.
+    _c(128, 128, 64, 8, 3, tma=1, split=2), _c(64, 128, 64, 4, 4, tma=1, split=2),
+    _c(64, 128, 128, 4, 3, tma=1, split=4),
 )
 
 # Served when a seat has no certificate: the first that fits the device.
@@ -338,9 +536,9 @@ def alignment(strides_a, strides_b, n: int, k: int, vec: int) -> int:
     operands are row-major with N, K and every other stride multiples of vec; else 0.
 
     Triton specializes integer arguments on divisibility by 16 and compiles a different
-    kernel for each case: on the H200 a bf16 GEMM with N=10753 ran 6x slower than at
-    N=11008 under every config, and the best config differed, so the cases are different
-    seats (docs/benchmarks.md). Below 16, `launch_matmul` makes up what Triton cannot see:
+    kernel for each case: an N one off a multiple of 16 runs several times slower under
+    every config, and the best config differs, so the cases are different seats. Below
+    16, `launch_matmul` makes up what Triton cannot see:
     hints at vec, and at 0 staging copies of the operands that are not row-aligned."""
     if n % 16 == 0:
         for s in strides_a + strides_b:  # a plain loop: a generator costs 0.5 us on every launch
@@ -356,6 +554,30 @@ def alignment(strides_a, strides_b, n: int, k: int, vec: int) -> int:
     return vec
 
 
+# Split-K pays a pass over its fp32 workspace: with this many output tiles every device the
+# profiles describe is already full (the H200 has 132 SMs), and splitting only adds that pass.
+SPLIT_MAX_TILES = 256
+SPLIT_MIN_BLOCKS = 2  # K blocks each split must have at least: else the split is mostly overhead
+
+
+def split_refusal(config: Config, problem: Problem) -> tuple[str, str] | None:
+    """("not_applicable", why) for a split-K config at a seat it cannot help (judged at the
+    seat's largest shape; a split-K config is correct at any shape)."""
+    sk = split_k(config)
+    if sk == 1:
+        return None
+    Bn, M, N, K = problem.dims
+    bk = config["BLOCK_K"]
+    if K < SPLIT_MIN_BLOCKS * sk * bk:
+        return ("not_applicable", f"SPLIT_K {sk} over K {K}: fewer than {SPLIT_MIN_BLOCKS} blocks of {bk} per split")
+    tiles = Bn * -(-M // config["BLOCK_M"]) * -(-N // config["BLOCK_N"])
+    if tiles >= SPLIT_MAX_TILES:
+        return ("not_applicable", f"{tiles} output tiles without a split (>= {SPLIT_MAX_TILES}): nothing to gain")
+    if sk * Bn * M * N > INT32_MAX:
+        return ("not_applicable", f"a workspace of {sk} x {Bn * M * N} elements (indexed in int32)")
+    return None
+
+
 def _broadcastable(shape, target) -> bool:
     if len(shape) > len(target):
         return False
@@ -369,13 +591,13 @@ class MatmulSpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "tiled GEMM with grouped ordering: mm, addmm, bmm, baddbmm"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
+    config_space = CONFIGS
+    default_configs = DEFAULTS
 
     def static_refusal(self, profile, config, problem):
+        why = split_refusal(config, problem)
+        if why:
+            return why
         if uses_tma(config):
             if TensorDescriptor is None:
                 return ("no_tma", f"TMA loads need host-side tensor descriptors, which Triton "
@@ -391,7 +613,8 @@ class MatmulSpec(KernelSpec):
         return max(config.num_stages, 1) * width * config["BLOCK_K"] * esize
 
     def source_parts(self):
-        return (_matmul_kernel, _epilogue, extra_columns, uses_tma, tma_ready, _tma_copy, tma_descriptors,
+        return (_matmul_kernel, _epilogue, _matmul_splitk_kernel, _splitk_reduce_kernel, split_k, launch_splitk,
+                extra_columns, uses_tma, tma_ready, _tma_copy, b_kmajor, tma_descriptors,
                 matmul_args, vector_elems, rows_aligned, _padded, stage_operands, launch_matmul, alignment)
 
     def example_rows(self, scale):
@@ -421,11 +644,9 @@ class MatmulSpec(KernelSpec):
         want = 3 if has_input else 2
         if len(row.shapes) != want:
             return NotServable(f"{op} takes {want} tensors, the row has {len(row.shapes)}")
-        if len(set(row.dtypes)) != 1:
-            return NotServable(f"mixed dtypes {','.join(row.dtypes)}: the kernel takes one dtype")
-        dtype = row.dtypes[0]
-        if dtype not in TORCH_DTYPES:
-            return NotServable(f"dtype {dtype} is not served (float16, bfloat16, float32)")
+        dtype = one_dtype(row, TORCH_DTYPES)
+        if isinstance(dtype, NotServable):
+            return dtype
         a, b = row.shapes[-2], row.shapes[-1]
         rank = 3 if batched else 2
         if len(a) != rank or len(b) != rank:
@@ -485,6 +706,9 @@ class MatmulSpec(KernelSpec):
         Bn, M, N, _ = problem.dims
         return {"c": ((Bn, M, N), problem.dtypes[0])}
 
+    def serve_ops(self):
+        return {"aten.mm": mm, "aten.addmm": addmm, "aten.bmm": bmm, "aten.baddbmm": baddbmm}
+
     def launch(self, config, problem, inputs, outputs):
         Bn, M, N, _ = problem.dims
         bias = inputs.get("bias")
@@ -499,13 +723,27 @@ SPEC = MatmulSpec()
 
 # ----------------------------------------------------------------------------- public ops
 
+REMEMBERED, tensor_key = launch.REMEMBERED, launch.tensor_key
 _DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 _FLAGS = {(bias, aligned): seat_flags(bias=bias, aligned=aligned) for bias in (0, 1) for aligned in (0, 4, 8, 16)}
 
 
 def _run(a, b, bias, alpha, beta, rank):
-    # Every launch passes here: shapes are read once as tuples, because each torch
-    # attribute access costs a fraction of a microsecond (bench/launch_overhead.py).
+    # The direct launch (kernels/launch.py): a call whose key was seen replays its compiled
+    # kernel. alpha and beta are in the key, so a replay passes them as they were.
+    try:
+        key = (SPEC, rank, float(alpha), float(beta), a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15,
+               b.shape, b.stride(), b.dtype, b.device, b.data_ptr() & 15,
+               None if bias is None else tensor_key(bias))
+    except AttributeError:  # not tensors: the checks below say so
+        return _matmul(a, b, bias, alpha, beta, rank)
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(a, b, bias)
+    return launch.remember(key, (a, b, bias), _matmul, a, b, bias, alpha, beta, rank)
+
+
+def _matmul(a, b, bias, alpha, beta, rank):
     ash, bsh = tuple(a.shape), tuple(b.shape)
     if len(ash) != rank or len(bsh) != rank:
         raise KernelError(f"matmul: expected rank-{rank} operands, got {ash} and {bsh}")
@@ -521,40 +759,19 @@ def _run(a, b, bias, alpha, beta, rank):
     M, K, N = ash[-2], ash[-1], bsh[-1]
     has_bias = bias is not None and beta != 0
     out_shape = (*ash[:-1], N)
-    c = a.new_empty(out_shape)  # a's device and dtype: cheaper than torch.empty with both
+    c = launch.empty(out_shape, dt, a.device)
     if M == 0 or N == 0 or K == 0 or (rank == 3 and ash[0] == 0):
         return c.zero_() if not has_bias else c.copy_(beta * bias.expand(out_shape))
     # Triton passes a Python int as an integer and specializes on its value (1 becomes a
     # constant), so alpha=1 and alpha=2 would need two compiled kernels; floats never do.
     alpha, beta = float(alpha), float(beta)
-    sa, sb = a.stride(), b.stride()
-    x = bias if has_bias else c
-    # The exact launch. Every integer argument follows from the shapes and strides here
-    # (c is contiguous, an expanded bias's strides follow from its own); Triton 3.x also
-    # specializes a pointer on 16-byte alignment, which its low 4 address bits decide.
-    key = (dt, a.get_device(), ash, bsh, sa, sb, a.data_ptr() & 15, b.data_ptr() & 15, c.data_ptr() & 15,
-           (tuple(x.shape), x.stride(), x.data_ptr() & 15) if has_bias else None)
-    hit = direct_launch(key)
-    if hit is not None:
-        ints, consts, tma_config = hit[1]
-        # An expanded view keeps the bias's address; its broadcast strides are in `ints`.
-        # TMA descriptors hold the operands' addresses: made afresh on every call.
-        descs = _NO_DESC if tma_config is None else tma_descriptors(a, b, tma_config)[2]
-        hit[0](a, b, c, x, *descs, *ints, alpha, beta, *consts)
-        return c
     dims = (ash[0] if rank == 3 else 1, M, N, K)
-    aligned = alignment(sa, sb, N, K, 16 // a.element_size())
+    aligned = alignment(a.stride(), b.stride(), N, K, 16 // a.element_size())
     flags = _FLAGS[int(has_bias), aligned]
     config = config_for(SPEC, (name,), flags, dims)
-    compiled, grid, args = launch_matmul(a, b, c, bias.expand(out_shape) if has_bias else None,
-                                         alpha, beta, config)
-    # Fixed under this key: M, N, K, NB and the 12 strides (args 7-22), and the constexprs
-    # (25 on). The tensors, the TMA descriptors (4-6) and alpha, beta (23, 24) are passed
-    # afresh on every call. A launch that copied an operand (staged at aligned=0, or for a
-    # TMA descriptor) copies it every time: not remembered.
-    if args[0] is a and args[1] is b:
-        remember_direct(key, compiled, grid, (args[7:23], args[25:], config if uses_tma(config) else None),
-                        SPEC, (name,), flags, dims)
+    # A launch that copies an operand (staged at aligned=0, or for a TMA descriptor) is not
+    # remembered: its copies are fresh buffers each time (kernels/launch.py).
+    launch_matmul(a, b, c, bias.expand(out_shape) if has_bias else None, alpha, beta, config)
     return c
 
 

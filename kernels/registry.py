@@ -22,6 +22,11 @@ BUILTIN_MODULES = (
     "nbx_tune.kernels.norms",
     "nbx_tune.kernels.elementwise",
     "nbx_tune.kernels.reduce",
+    "nbx_tune.kernels.copy",
+    "nbx_tune.kernels.embed",
+    "nbx_tune.kernels.fill",
+    "nbx_tune.kernels.batchnorm",
+    "nbx_tune.kernels.pool",
 )
 ENTRY_POINT_GROUP = "nbx_tune.kernels"
 

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
+from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
@@ -87,6 +88,9 @@ def _softmax_kernel(
             tl.store(y_row + c * sy_n, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+_softmax_kernel = launch.recorded(_softmax_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 def launch_softmax(x3, y3, log: bool, safe: bool, config: Config) -> None:
     """y3 = softmax(x3) along dim 1 of the (outer, N, inner) views x3, y3 (any strides)."""
     outer, N, inner = x3.shape
@@ -107,8 +111,8 @@ def _c(rows, block, warps, stages=1):
 # Short rows pack several rows into one program (ROWS x BLOCK tiles of 1-4K elements);
 # rows up to 16384 fit one block held in registers (16-32 fp32 values a thread); longer
 # rows loop over BLOCK-sized chunks. num_stages stays 1: Triton's pipeliner leaves these
-# loops alone (compiled for sm_90 with Triton 3.9, 2026-12-02: the same PTX for
-# num_stages 1 to 4, no cp.async), so staged copies would only be timed twice.
+# loops alone (the PTX for sm_90 is the same for num_stages 1 to 4, with no cp.async), so
+# staged copies would only be timed twice.
 CONFIGS = (
     _c(16, 64, 4), _c(32, 64, 4), _c(8, 128, 4), _c(16, 128, 8), _c(4, 256, 4), _c(8, 256, 8),
     _c(2, 512, 4), _c(4, 512, 8), _c(1, 1024, 4), _c(1, 1024, 8), _c(2, 1024, 8),
@@ -126,17 +130,6 @@ OPS = {"aten._softmax": (False, False), "aten._safe_softmax": (False, True),
        "aten._log_softmax": (True, False)}
 
 
-def row_defaults(configs, profile, problem, spec) -> Config | None:
-    """The first of `configs` whose BLOCK holds the row (dims[0]) and that the profile
-    admits; else the admitted one with the largest block."""
-    n = problem.dims[0]
-    admitted = [c for c in configs if not spec.static_refusal(profile, c, problem)]
-    for c in admitted:
-        if c["BLOCK"] >= n:
-            return c
-    return admitted[-1] if admitted else None
-
-
 class SoftmaxSpec(KernelSpec):
     name = "softmax"
     ops = tuple(OPS)
@@ -144,19 +137,14 @@ class SoftmaxSpec(KernelSpec):
     dtypes = tuple(TORCH_DTYPES)
     description = "row softmax / log-softmax / safe softmax over any dim, online for long rows"
 
-    def configs(self):
-        return CONFIGS
-
-    def default_preference(self):
-        return DEFAULTS
-
-    def default_config(self, profile, problem):
-        return row_defaults(DEFAULTS, profile, problem, self) or super().default_config(profile, problem)
+    config_space = CONFIGS
+    default_configs = DEFAULTS
+    default_holds_row = True
 
     def smem_bytes(self, config, problem):
         # Cross-warp steps of the row max and the row sum: at most one fp32 per row and
-        # warp each. Nothing else is staged in shared memory (compiled for sm_90 with
-        # Triton 3.9, 2026-12-02: 32 to 256 bytes for every config, under this estimate).
+        # warp each. Nothing else is staged in shared memory (the compiled kernels' shared
+        # memory stays under this estimate for every config).
         return 2 * config["ROWS"] * config.num_warps * 4
 
     def source_parts(self):
@@ -279,6 +267,9 @@ class SoftmaxSpec(KernelSpec):
     def output_specs(self, problem):
         return {"out": (tuple(problem.get("shape")), problem.dtypes[1])}
 
+    def serve_ops(self):
+        return {"aten._softmax": _serve_softmax, "aten._log_softmax": _serve_log_softmax}
+
     def launch(self, config, problem, inputs, outputs):
         fl = dict(problem.flags)
         x, y = inputs["x"], outputs["out"]
@@ -301,12 +292,25 @@ SPEC = SoftmaxSpec()
 
 # ----------------------------------------------------------------------------- public ops
 
+REMEMBERED = launch.REMEMBERED
 _DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 _FLAGS = {(log, strided): seat_flags(log=int(log), safe=0, strided=int(strided))
           for log in (False, True) for strided in (False, True)}
 
 
 def _run(x: torch.Tensor, dim: int, log: bool, dtype) -> torch.Tensor:
+    # The direct launch (kernels/launch.py): a call whose key was seen replays its kernel.
+    try:
+        key = (SPEC, dim, log, dtype, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15)
+    except AttributeError:
+        raise KernelError("softmax: the input must be a tensor") from None
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(x)
+    return launch.remember(key, (x,), _softmax, x, dim, log, dtype)
+
+
+def _softmax(x: torch.Tensor, dim: int, log: bool, dtype) -> torch.Tensor:
     name = _DTYPE_NAMES.get(x.dtype)
     if name is None:
         raise KernelError(f"softmax: dtype {x.dtype} is not served (float16, bfloat16, float32)")
@@ -320,8 +324,8 @@ def _run(x: torch.Tensor, dim: int, log: bool, dtype) -> torch.Tensor:
         raise KernelError(f"softmax: dim {dim} is out of range for a rank-{rank} tensor")
     dim %= rank
     if not x.is_contiguous():
-        x = x.contiguous()
-    y = torch.empty(x.shape, device=x.device, dtype=out_dtype)
+        x = x.contiguous()  # a copy: never remembered
+    y = launch.empty(x.shape, out_dtype, x.device)
     if x.numel() == 0:
         return y
     dims3 = _view3(x.shape, dim)
@@ -340,3 +344,12 @@ def softmax(x: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None) -> t
 def log_softmax(x: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None) -> torch.Tensor:
     """torch.nn.functional.log_softmax(x, dim, dtype=dtype), likewise."""
     return _run(x, dim, True, dtype)
+
+
+def _serve_softmax(x, dim, half_to_float):
+    """aten._softmax's arguments, for serve()."""
+    return _run(x, dim, False, torch.float32 if half_to_float else None)
+
+
+def _serve_log_softmax(x, dim, half_to_float):
+    return _run(x, dim, True, torch.float32 if half_to_float else None)

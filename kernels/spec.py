@@ -8,9 +8,11 @@ fp64 reference (`make_inputs`, `oracle`), and how to launch one config (`launch`
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import json
+import textwrap
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Callable, Mapping, Sequence
@@ -131,6 +133,15 @@ class NotServable:
     reason: str
 
 
+def one_dtype(row, served: Sequence[str]) -> str | NotServable:
+    """The one dtype of a row whose tensors must share it, if the kernel serves it."""
+    if len(set(row.dtypes)) != 1:
+        return NotServable(f"mixed dtypes {','.join(row.dtypes)}: the kernel takes one dtype")
+    if row.dtypes[0] not in served:
+        return NotServable(f"dtype {row.dtypes[0]} is not served ({', '.join(served)})")
+    return row.dtypes[0]
+
+
 # ----------------------------------------------------------------------------- the spec
 
 class KernelSpec:
@@ -142,21 +153,39 @@ class KernelSpec:
     key: tuple[KeyDim, ...] = ()
     dtypes: tuple[str, ...] = ()  # element dtypes the kernel claims
     description: str = ""
+    # The config space, and the defaults served before a seat is certified, most preferred
+    # first. Declared as data; a spec that computes them overrides `configs()` and
+    # `default_preference()` instead, which are what the tuner and the launch read.
+    config_space: Sequence[Config] = ()
+    default_configs: Sequence[Config] = ()
+    # True for a row kernel: its default is the first whose BLOCK holds the row (dims[0]).
+    default_holds_row: bool = False
+    # Data movement (copies, casts, gathers, fills): the oracle is exact, and the screen
+    # compares every output bit for bit (a tolerance of 0) in every dtype.
+    exact: bool = False
 
     # -- declared by each family
     def configs(self) -> Sequence[Config]:
-        raise NotImplementedError
+        if not self.config_space:
+            raise NotImplementedError(f"{type(self).__name__} declares no config_space")
+        return self.config_space
 
     def default_config(self, profile, problem: Problem) -> Config:
         """The config served when a seat has no certificate: the first declared default
-        that passes the profile's static prune."""
-        for c in self.default_preference():
-            if not self.static_refusal(profile, c, problem):
-                return c
-        return self.default_preference()[-1]
+        that passes the profile's static prune (with `default_holds_row`, the first of
+        those whose BLOCK holds the row, else the last of them); else the last default."""
+        defaults = self.default_preference()
+        admitted = [c for c in defaults if not self.static_refusal(profile, c, problem)]
+        if not admitted:
+            return defaults[-1]
+        if self.default_holds_row:
+            return next((c for c in admitted if c["BLOCK"] >= problem.dims[0]), admitted[-1])
+        return admitted[0]
 
     def default_preference(self) -> Sequence[Config]:
-        raise NotImplementedError
+        if not self.default_configs:
+            raise NotImplementedError(f"{type(self).__name__} declares no default_configs")
+        return self.default_configs
 
     def smem_bytes(self, config: Config, problem: Problem) -> int:
         return 0
@@ -191,6 +220,18 @@ class KernelSpec:
         interpreter, "gpu" sits around real sizes. The self-check runs them against the
         oracle (tests on the interpreter, bench/gpu_check.py on a GPU)."""
         return []
+
+    def serve_ops(self) -> Mapping[str, Callable]:
+        """How `nbx_tune.serve()` runs this family: aten op (`aten.mm`, `aten.add.Tensor`;
+        the default overload may be written without `.default`) -> a function taking the
+        op's arguments as the dispatcher passes them (positional ones by position, kwarg-only
+        ones by schema name when not defaulted; a Python number stays a number) and
+        returning what the op returns, through the family's public ops, so the launch uses
+        the same seat a trace row of that op maps to. It raises `KernelError` before
+        launching anything when it does not serve the arguments; serve() then runs torch and
+        counts the reason. Ops beyond `ops` may appear where a composite reaches the same
+        seats (`aten.layer_norm` for `aten.native_layer_norm`)."""
+        return {}
 
     def source_parts(self) -> Sequence[Callable]:
         """The code whose change makes certificates stale: the jitted kernel(s) and the
@@ -228,17 +269,31 @@ class KernelSpec:
 
     @cached_property
     def source_hash(self) -> str:
-        # The Python source of each part: a JITFunction and the interpreter's
-        # InterpretedFunction both wrap it as `.fn`, so the hash is the same on either.
-        h = hashlib.sha256()
-        for part in self.source_parts():
-            h.update(inspect.getsource(getattr(part, "fn", part)).encode())
-        return h.hexdigest()[:16]
+        return code_hash(self.source_parts())
 
     @cached_property
     def config_space_hash(self) -> str:
         h = hashlib.sha256("\n".join(c.key() for c in self.configs()).encode())
         return h.hexdigest()[:16]
+
+
+def code_hash(parts: Sequence[Callable]) -> str:
+    """A hash of what the parts' code does, not of its text: each part's syntax tree with
+    docstrings dropped (comments and formatting never reach the tree), so tidying a kernel
+    does not stale its certificates while any change to what it computes does. A
+    JITFunction and the interpreter's InterpretedFunction both wrap the function as `.fn`,
+    so the hash is the same on either."""
+    h = hashlib.sha256()
+    for part in parts:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(part, "fn", part))))
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module))
+                    and body and isinstance(body[0], ast.Expr)
+                    and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
+        h.update(ast.dump(tree, annotate_fields=False, include_attributes=False).encode())
+    return h.hexdigest()[:16]
 
 
 DTYPE_SIZES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1,
@@ -247,9 +302,8 @@ DTYPE_SIZES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 
 
 def uniform_inputs(rng: np.random.Generator, shape, scale: float = 1.0) -> np.ndarray:
     """float32 values uniform in [-scale, scale): the input of a GEMM-sized screen. Zero
-    mean like a normal sample, and far cheaper: normal float64 samples took 5.2 s of a
-    six-seat GEMM census's worker on the H200 host, and on a 2-core CPU a 4096x4096 sample
-    takes 0.03 s this way against 0.48 s."""
+    mean like a normal sample, and an order of magnitude cheaper to draw than normal
+    float64 samples, which cost seconds of a GEMM census."""
     x = rng.random(shape, dtype=np.float32)
     x *= np.float32(2 * scale)
     x -= np.float32(scale)
@@ -303,6 +357,18 @@ def bucket_of(profile, key: Sequence[KeyDim], dims: Sequence[int]) -> Bucket:
     return tuple(profile.ladder(d.ladder).bucket(v) for d, v in zip(key, dims))
 
 
+def label_of(kernel: str, dtypes: str, flags: str, bucket: str) -> str:
+    """The human form of a seat from its encoded parts (the store's columns, a table's
+    fields): `matmul|float16|aligned=16,bias=0|B=1,M=497..512,N=4096,K=4096`."""
+    return "|".join((kernel, dtypes, flags, bucket))
+
+
+def split_label(label: str) -> tuple[str, str, str, str] | None:
+    """`label_of`'s parts back, or None when `label` is not a seat's label."""
+    parts = label.split("|")
+    return tuple(parts) if len(parts) == 4 else None
+
+
 def seat_label(kernel: str, dtypes, flags, key, bucket: Bucket) -> str:
-    """The human form of a seat: `matmul|float16|aligned=16,bias=0|B=1,M=497..512,N=4096,K=4096`."""
-    return "|".join((kernel, encode_dtypes(dtypes), encode_flags(flags), encode_bucket(key, bucket)))
+    """`label_of` from a seat's decoded parts."""
+    return label_of(kernel, encode_dtypes(dtypes), encode_flags(flags), encode_bucket(key, bucket))

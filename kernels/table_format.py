@@ -9,7 +9,11 @@ certified configs (JSON: no pickle, no code), shipped inside wheels and read at 
 
 Entries are sorted by seat; the checksum catches an edited or truncated file. The screened
 range's ends (`screened_min`, `screened_max`) are problem objects; tables written before
-were JSON text in a string, and read the same. Everything
+were JSON text in a string, and read the same. Provenance may hold optional keys beyond
+PROVENANCE_KEYS, which readers pass over: `search` (how the winner was found: full,
+recertified, fallback, ranked, audit), `recertified_from` (the tuning it was re-certified
+from, in words) and `sampled_regret` (the kernel's audited losses of ranked searches:
+{"audits", "median", "max"}). Everything
 here is plain data checked field by field: a broken file is a `TableError` naming the file
 and the position, and no entry of it is used.
 """

@@ -73,3 +73,24 @@ def db_count(url: str, table: str, where: str = "") -> int:
             return c.execute(text(f"SELECT count(*) FROM {table} {where}")).scalar()
     finally:
         engine.dispose()
+
+
+from contextlib import contextmanager  # noqa: E402
+
+
+@contextmanager
+def registered_here(specs):
+    """`specs` registered inside the block only: other tests (census, CLI) still see the
+    registry as the package ships it."""
+    from nbx_tune.kernels import registry
+
+    registry.all_specs()
+    saved = (dict(registry._specs), dict(registry._by_op))
+    for spec in specs:
+        registry.register(spec, "tests")
+    try:
+        yield
+    finally:
+        for live, old in zip((registry._specs, registry._by_op), saved):
+            live.clear()
+            live.update(old)

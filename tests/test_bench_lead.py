@@ -1,6 +1,6 @@
 """The GPU timer's lead (tuner/bench.lead_ms): how long the GPU waits so that a slow host has
 queued every timed launch before the GPU reaches it. The timer itself needs a GPU
-(bench/ranking_repeat.py runs it on one); its arithmetic is checked here."""
+(lab/ranking_stability/ranking_repeat.py runs it on one); its arithmetic is checked here."""
 
 import pytest
 

@@ -39,7 +39,7 @@ MATMUL_TRACE = (
     "aten.mm\tfloat32,float32\t37x29;29x45\t\t3\n"
     "aten.addmm\tfloat16,float16,float16\t45;33x29;29x45\tbeta=0.5\t4\n"
     "aten.mm\tbfloat16,bfloat16\t16x16;16x16\t\t1\n"
-    "aten.embedding\tfloat32,int64\t320x64;1x24\t\t7\n"
+    "aten.cumsum\tint64\t1x24\tdim=-1\t7\n"
     "aten.mm\tfloat32,float32\t16x16;17x16\t\t2\n"
 )
 
@@ -53,7 +53,7 @@ def test_census_certifies_then_the_second_tunes_nothing_and_launches_read_it(tmp
     assert (rep.rows, rep.launches) == (5, 17)
     assert c["certified"] == {"seats": 2, "launches": 7}
     assert c["refused"] == {"seats": 1, "launches": 1}  # bf16 cannot be screened here
-    assert rep.uncovered == {"aten.embedding": 7}
+    assert rep.uncovered == {"aten.cumsum": 7}
     assert [(ln, why) for ln, _, why, _ in rep.not_servable] == [(7, "shapes 1x16x16 and 1x17x16 do not multiply")]
     tunings = count(db_url, "tunings")
     assert tunings == 3 and count(db_url, "certificates") == 2
@@ -232,3 +232,31 @@ def test_a_dry_run_predicts_refusals_and_byte_budget_overruns(tmp_path, db_url):
     assert dry["test_double"].status == "pending" and "predicted unscreened" in dry["test_double"].why
     real = {s.kernel: s for s in census(str(t), db_url, profile=profile).seats}
     assert real["matmul"].status == "refused" and real["test_double"].status == "unscreened"
+
+
+def test_the_launch_time_read_of_a_sqlite_database_needs_no_sqlalchemy(tmp_path, db_url):
+    """kernels/ reads the certified_configs view with the standard library (a SQLite URL),
+    every column of the view by its own name, and leaves the file as it was."""
+    import os
+    import subprocess
+    import sys
+
+    census(str(trace(tmp_path, "aten.mm\tfloat32,float32\t21x16;16x24\t\t1\n")), db_url)
+    db = Path(db_url[len("sqlite:///"):])
+    before = db.stat().st_mtime_ns
+    code = ("import sys; from nbx_tune.kernels import certified_view as v; "
+            "rows = v.read_view(sys.argv[1], 'interpreter'); "
+            "print(len(rows), sorted(rows[0]), 'sqlalchemy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, db_url], capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0, out.stderr
+    words = out.stdout.split()
+    assert words[0] == "1" and words[-1] == "False"  # one certificate; SQLAlchemy never imported
+    for col in ("kernel", "dtypes", "flags", "bucket", "config", "kernel_source_hash",
+                "config_space_hash", "profile_hash", "triton_version", "device_target"):
+        assert repr(col) in out.stdout
+    assert db.stat().st_mtime_ns == before
+    from nbx_tune.kernels import certified_view
+
+    assert certified_view.read_view(f"sqlite:///{tmp_path / 'absent.db'}", "interpreter") is None
+    assert not (tmp_path / "absent.db").exists()

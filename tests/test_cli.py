@@ -2,6 +2,7 @@
 tables or JSON, a user error is one line with exit code 1, misuse is exit code 2."""
 
 import json
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -15,7 +16,7 @@ HEAD = "# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
 runner = CliRunner()
 
 COMMANDS = [["census"], ["worker"], ["seats"], ["show"], ["refusals"], ["unscreened"], ["export"], ["import"],
-            ["trace"], ["profiles"], ["profiles", "list"], ["profiles", "show"], ["profiles", "check"],
+            ["trace"], ["run"], ["profiles"], ["profiles", "list"], ["profiles", "show"], ["profiles", "check"],
             ["db"], ["db", "upgrade"], ["db", "current"]]
 
 
@@ -32,7 +33,7 @@ def test_every_command_has_help(cmd):
 @pytest.fixture
 def trace_file(tmp_path):
     p = tmp_path / "t.tsv"
-    p.write_text(HEAD + "test.double\tfloat32\t1000\t\t2\naten.embedding\tfloat32,int64\t320x64;1x24\t\t5\n")
+    p.write_text(HEAD + "test.double\tfloat32\t1000\t\t2\naten.cumsum\tint64\t1x24\tdim=-1\t5\n")
     return p
 
 
@@ -41,7 +42,7 @@ def test_census_json_then_queries(tmp_path, trace_file, db_url):
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
     assert rep["coverage"]["certified"] == {"seats": 1, "launches": 2}
-    assert rep["not_covered"] == [{"op": "aten.embedding", "launches": 5, "reason": "no kernel serves this op"}]
+    assert rep["not_covered"] == [{"op": "aten.cumsum", "launches": 5, "reason": "no kernel serves this op"}]
     seat_id = rep["seats"][0]["id"]
 
     r = run("seats", "--db", db_url, "--json")
@@ -56,6 +57,7 @@ def test_census_json_then_queries(tmp_path, trace_file, db_url):
     assert {"unwritten_output", "wrong_answer", "smem_over_budget"} <= reasons
     r = run("show", rep["seats"][0]["label"], "--db", db_url)
     assert r.exit_code == 0 and "certificate (current)" in r.stdout and "screened at" in r.stdout
+    assert "search: full" in r.stdout and "sampled regret of ranked searches" in r.stdout
 
     r = run("refusals", "--db", db_url, "--reason", "wrong_answer", "--json")
     rows = json.loads(r.stdout)
@@ -76,7 +78,7 @@ def test_census_json_then_queries(tmp_path, trace_file, db_url):
 def test_census_draws_tables_and_progress(trace_file, db_url):
     r = run("census", "--model", str(trace_file), "--db", db_url)
     assert r.exit_code == 0, r.output
-    for text in ("Coverage of", "not covered", "Seats after census run 1", "certified", "aten.embedding"):
+    for text in ("Coverage of", "not covered", "Seats after census run 1", "certified", "aten.cumsum"):
         assert text in r.stdout
     r = run("census", "--model", str(trace_file), "--db", db_url, "--dry-run")
     assert r.exit_code == 0 and "dry run: nothing written" in r.stdout
@@ -231,3 +233,14 @@ def test_a_seat_summary_tells_pruned_configs_from_wrong_ones():
 
     recs = [R(reason="equivalent")] * 7 + [R(reason="wrong_answer"), R(reason=None), R(reason=None)]
     assert candidate_summary(recs) == "10 candidates: 7 pruned unlaunched (equivalent 7), 1 failed (wrong_answer 1), 2 passed"
+
+
+def test_run_is_one_line_for_a_bad_command_and_json_for_a_program(tmp_path):
+    r = run("run", "--", "ls")
+    assert r.exit_code == 1 and r.stderr.strip().startswith("error: run: ls is not a Python interpreter")
+    assert len(r.stderr.strip().splitlines()) == 1
+    script = tmp_path / "prog.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    r = run("run", "--json", "--", sys.executable, str(script))
+    d = json.loads(r.stdout)
+    assert r.exit_code == 3 and d["exit_status"] == 3 and isinstance(d["stats"], dict)

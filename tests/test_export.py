@@ -2,6 +2,7 @@
 refused whole, and imports that merge by keeping the faster certificate."""
 
 import json
+import os
 
 import pytest
 
@@ -52,6 +53,12 @@ def test_export_is_deterministic_json_with_provenance(tmp_path, db_url, table):
     again = tmp_path / "again.json"
     api.export("interpreter", str(again), db_url)
     assert again.read_bytes() == table.read_bytes()
+    # Written whole through a temporary (tuner/files.py), with a new file's usual mode, not
+    # the temporary's 0600: a table is made to be shipped and read by others.
+    mask = os.umask(0)
+    os.umask(mask)
+    assert again.stat().st_mode & 0o777 == 0o666 & ~mask
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
     doc = json.loads(table.read_text())
     assert doc["format_version"] == table_format.FORMAT_VERSION and doc["profile"] == "interpreter"
     e = doc["entries"][0]

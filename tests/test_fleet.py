@@ -79,15 +79,12 @@ def test_seats_show_who_holds_what(tmp_path, any_db):
     from nbx_tune.tuner.store import Store
 
     enqueue(tmp_path, any_db)
-    store = Store(any_db)
-    try:
+    with Store(any_db) as store:
         ids = [v.id for v in api.seat_views(any_db)]
         assert store.claim_next(ids, "hostC:7:gpu1", 60) == ids[0]
         assert store.claim_next(ids, "hostD:8:gpu0", 60) == ids[1]  # skips the held seat
         views = {v.id: v for v in api.seat_views(any_db)}
         assert views[ids[0]].claimed_by == "hostC:7:gpu1" and views[ids[2]].claimed_by is None
-    finally:
-        store.close()
 
 
 def test_the_launch_time_read_works_on_either_engine(tmp_path, any_db, monkeypatch):
@@ -117,3 +114,94 @@ def _json_objects(text: str):
             depth -= 1
             if depth == 0:
                 yield text[start:i + 1]
+
+
+# ----------------------------------------------------------------------------- scaling
+
+def test_workers_take_the_longest_seats_first(tmp_path, any_db):
+    """The queue hands out seats by their estimated cost, so the last ones are short and
+    no GPU idles behind a long seat at the end."""
+    from nbx_tune.profiles import get_profile
+    from nbx_tune.tuner.runner import SeatTuner
+    from nbx_tune.tuner.store import Store
+
+    t = tmp_path / "t.tsv"
+    # A tiny GEMM, a large one, and one between: planned in that order.
+    t.write_text(HEAD + "aten.mm\tfloat32,float32\t17x16;16x24\t\t1\n"
+                 "aten.mm\tfloat32,float32\t300x256;256x320\t\t1\n"
+                 "aten.mm\tfloat32,float32\t70x64;64x96\t\t1\n")
+    api.census(str(t), any_db, enqueue=True)
+    store = Store(any_db)
+    try:
+        from types import SimpleNamespace
+        tuner = SeatTuner(store, get_profile("interpreter"), SimpleNamespace(target="interpreter"), None, None, holder="h:1")
+        todo = tuner.needing_work()
+        ms = [int(label.split("M=")[1].split(",")[0].split("..")[-1]) for _, _, label in todo]
+        assert ms == sorted(ms, reverse=True), todo
+        # claim_next follows that order and skips a seat another live worker holds.
+        ids = [sid for sid, _, _ in todo]
+        assert store.claim(ids[0], "other:1", 60)
+        assert store.claim_next(ids, "h:1", 60) == ids[1]
+        assert store.claim_next(ids, "h:1", 60) == ids[1]  # its own claim, taken again
+        store.release(ids[1], "h:1")
+    finally:
+        store.close()
+
+
+def test_one_host_compiles_a_binary_once(tmp_path, monkeypatch):
+    """Two workers' compile pools on one host: a job whose binary another process is
+    compiling goes back to the queue once, then waits for it (a hit in Triton's cache)."""
+    import fcntl
+
+    from nbx_tune.kernels.spec import Config, Problem
+    from nbx_tune.tuner import precompile
+
+    compiled = []
+    monkeypatch.setattr(precompile, "_compile", lambda k, ps, c, d: compiled.append((k, c)))
+    monkeypatch.setattr(precompile.tempfile, "gettempdir", lambda: str(tmp_path))
+    cfg = Config((("BLOCK", 64),), 4, 2)
+    p1 = Problem("k", ("float32",), (("bias", "0"),), (100,))
+    p2 = Problem("k", ("float32",), (("bias", "0"),), (200,))  # another seat, the same binary
+    assert precompile._lock_path("k", [p1], cfg) == precompile._lock_path("k", [p2], cfg)
+    assert precompile._lock_path("k", [p1], cfg) != precompile._lock_path("k", [p1], Config((("BLOCK", 32),), 4, 2))
+    assert precompile._lock_path("k", [p1], cfg) != precompile._lock_path(
+        "k", [Problem("k", ("float16",), (("bias", "0"),), (100,))], cfg)
+
+    class Q(list):
+        put = list.append
+
+    q = Q()
+    with open(precompile._lock_path("k", [p2], cfg), "a+") as held:  # another pool compiling it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        precompile._take(q, ("k", (p2,), cfg, "cuda"))
+        assert compiled == [] and q == [("k", (p2,), cfg, "cuda", True)]
+    precompile._take(q, q.pop())  # deferred: waits for the lock, which is free now
+    assert compiled == [("k", cfg)]
+
+
+def test_spawned_workers_share_the_hosts_cores(monkeypatch):
+    from nbx_tune.tuner import fleet, precompile
+
+    seen = []
+
+    class P:
+        def __init__(self, argv, env):
+            seen.append(env)
+
+    monkeypatch.setattr(fleet.subprocess, "Popen", P)
+    monkeypatch.setattr(fleet.os, "cpu_count", lambda: 32)
+    monkeypatch.delenv(precompile.COMPILE_PROCS_ENV, raising=False)
+    fleet.spawn_workers(["0", "1"], [])
+    assert [e[precompile.COMPILE_PROCS_ENV] for e in seen] == ["15", "15"]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in seen] == ["0", "1"]
+
+
+def test_a_workers_timeline_splits_its_time():
+    from nbx_tune.tuner.fleet import worker_timeline
+
+    rows = [("a", 12.0, 20.0, "H200"), ("b", 11.0, 15.0, "H200"), ("a", 21.0, 25.0, "H200"),
+            ("b", 15.5, 16.0, "H200")]
+    a, b = worker_timeline(rows, t_launch=10.0, t_end=30.0)
+    assert (a["worker"], a["n_seats"], a["startup_s"], a["busy_s"], a["between_s"], a["idle_end_s"]) == \
+        ("a", 2, 2.0, 12.0, 1.0, 5.0)
+    assert (b["n_seats"], b["startup_s"], b["busy_s"], b["between_s"], b["idle_end_s"]) == (2, 1.0, 4.5, 0.5, 14.0)

@@ -265,3 +265,120 @@ def test_screen_catches_a_wrong_result(monkeypatch):
                         real(q[:, :, :32], k, v, o[:, :, :32], lse[:, :, :32], scale, causal, config))
     r = screening.screen(SPEC, cfg, case, 1e-4, "cpu")
     assert r.reason == "unwritten_output"
+
+
+# ----------------------------------------------------------------------------- decode (split-KV)
+
+def _decode_cfg(split, bm=16, bn=16):
+    return Config.make(BLOCK_M=bm, BLOCK_N=bn, SPLIT_KV=split, num_warps=1, num_stages=1)
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 3e-3)])
+@pytest.mark.parametrize("B,Hq,Hkv,Lq,Lk,D,Dv,causal,split", [
+    (2, 6, 2, 1, 45, 24, 40, False, 3),    # GQA group 3 packed in one tile, a ragged last slice
+    (1, 4, 4, 3, 130, 16, 16, False, 4),   # no GQA, three queries, 130 keys in 4 slices
+    (1, 8, 2, 5, 37, 32, 24, True, 1),     # causal (top-left): rows see 1..5 keys; 20 rows, 2 tiles
+    (1, 2, 1, 2, 70, 24, 24, False, 8),    # more slices than 16-key blocks: empty slices
+    (2, 3, 1, 1, 20, 80, 80, False, 1),
+])
+def test_decode_kernel_matches_the_oracle_and_repeats_bit_for_bit(dtype, tol, B, Hq, Hkv, Lq, Lk, D, Dv,
+                                                                  causal, split):
+    rng = np.random.default_rng(B * 100 + Lk)
+    tdt = getattr(torch, dtype)
+    q, k, v = (torch.from_numpy(rng.standard_normal(s)).to(tdt)
+               for s in ((B, Hq, Lq, D), (B, Hkv, Lk, D), (B, Hkv, Lk, Dv)))
+    Q, K, V = (t.double().numpy() for t in (q, k, v))
+    scale = 0.3
+    ref, ref_lse = oracle.efficient_attention(Q, K, V, causal, scale, compute_log_sumexp=True)
+    outs = []
+    for _ in range(2):
+        o = torch.full((B, Hq, Lq, Dv), float("nan"), dtype=tdt)
+        lse = torch.full((B, Hq, 32), float("nan"), dtype=torch.float32)  # padded: rows past Lq get +inf
+        A.launch_attention(q, k, v, o, lse, scale, causal, _decode_cfg(split))
+        outs.append((o, lse))
+    o, lse = outs[0]
+    assert np.abs(o.double().numpy() - ref).max() / np.abs(ref).max() < tol
+    np.testing.assert_allclose(lse.numpy()[:, :, :Lq], ref_lse[:, :, :Lq], rtol=1e-4, atol=1e-4)
+    assert torch.isinf(lse[:, :, Lq:]).all() and (lse[:, :, Lq:] > 0).all()
+    assert torch.equal(outs[0][0].view(torch.int16 if dtype == "float16" else torch.int32),
+                       outs[1][0].view(torch.int16 if dtype == "float16" else torch.int32))
+    assert torch.equal(outs[0][1].view(torch.int32), outs[1][1].view(torch.int32))
+
+
+def test_decode_configs_are_refused_unlaunched_where_they_cannot_apply():
+    decode = [c for c in SPEC.configs() if "SPLIT_KV" in c.kwargs]
+    assert decode and any(c["SPLIT_KV"] > 1 for c in decode)
+
+    def prob(lq, lk, causal=False):
+        params = {"attn_mask": "None", "enable_gqa": "True", **({"is_causal": "True"} if causal else {})}
+        return SPEC.problem_from_row(make_row(SDPA, ["bfloat16"] * 3, [(1, 32, lq, 128), (1, 8, lk, 128),
+                                                                        (1, 8, lk, 128)], params))
+
+    long_ctx = prob(1, 4096)
+    assert all(SPEC.static_refusal(HOPPER, c, long_ctx) is None for c in decode)
+    prefill = prob(1000, 1000, causal=True)
+    assert all(SPEC.static_refusal(HOPPER, c, prefill)[0] == "not_applicable" for c in decode)
+    short = prob(1, 100)
+    for c in decode:  # slices of 100 keys refused, whole ones kept
+        assert (SPEC.static_refusal(HOPPER, c, short) is not None) == (c["SPLIT_KV"] > 1), c
+
+
+# ----------------------------------------------------------------------------- grouped-query prefill (PACK)
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 3e-3)])
+@pytest.mark.parametrize("B,Hq,Hkv,Lq,Lk,D,Dv,causal,pack,packed", [
+    (1, 8, 2, 37, 37, 32, 32, True, 4, 4),   # group 4 in one program: 4 queries per 16-row tile
+    (2, 4, 2, 21, 45, 24, 40, True, 2, 2),   # Lq < Lk causal, D off its block, Dv != D
+    (1, 6, 2, 19, 11, 16, 16, True, 2, 1),   # group 3, PACK 2: packs gcd(2, 3) = 1 head
+    (1, 12, 2, 9, 30, 16, 24, False, 4, 2),  # group 6, PACK 4: packs 2; not causal
+])
+def test_packed_prefill_matches_the_oracle_and_repeats_bit_for_bit(dtype, tol, B, Hq, Hkv, Lq, Lk, D, Dv, causal,
+                                                                    pack, packed):
+    rng = np.random.default_rng(B * 100 + Lq + Lk)
+    tdt = getattr(torch, dtype)
+    q, k, v = (torch.from_numpy(rng.standard_normal(s)).to(tdt)
+               for s in ((B, Hq, Lq, D), (B, Hkv, Lk, D), (B, Hkv, Lk, Dv)))
+    ref, ref_lse = oracle.efficient_attention(*(t.double().numpy() for t in (q, k, v)), causal, 0.3,
+                                              compute_log_sumexp=True)
+    cfg = Config.make(BLOCK_M=16, BLOCK_N=16, PACK=pack, num_warps=1, num_stages=1)
+    launched = []
+    real = A._attn_fwd_kernel
+
+    class Spy:  # records the grid and the PACK the launch passes
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                launched.append((grid, kw["PACK"]))
+                return real[grid](*args, **kw)
+            return run
+
+    A._attn_fwd_kernel = Spy()
+    try:
+        outs = []
+        for _ in range(2):
+            o = torch.full((B, Hq, Lq, Dv), float("nan"), dtype=tdt)
+            lse = torch.full((B, Hq, -(-Lq // 32) * 32), float("nan"), dtype=torch.float32)  # rows past Lq: +inf
+            A.launch_attention(q, k, v, o, lse, 0.3, causal, cfg)
+            outs.append((o, lse))
+    finally:
+        A._attn_fwd_kernel = real
+    assert launched[0] == ((-(-Lq // (16 // packed)), B * Hq // packed), packed)
+    o, lse = outs[0]
+    assert np.abs(o.double().numpy() - ref).max() / np.abs(ref).max() < tol
+    np.testing.assert_allclose(lse.numpy()[:, :, :Lq], ref_lse[:, :, :Lq], rtol=1e-4, atol=1e-4)
+    assert torch.isinf(lse[:, :, Lq:]).all() and (lse[:, :, Lq:] > 0).all()  # every packed head's padding
+    assert torch.equal(outs[0][0].view(torch.int16 if dtype == "float16" else torch.int32),
+                       outs[1][0].view(torch.int16 if dtype == "float16" else torch.int32))
+
+
+def test_packed_configs_are_refused_where_pack_does_not_divide_the_group():
+    packed = [c for c in SPEC.configs() if c.kwargs.get("PACK", 1) > 1]
+    assert packed
+
+    def prob(hq, hkv):
+        params = {"attn_mask": "None", "is_causal": "True", **({"enable_gqa": "True"} if hq != hkv else {})}
+        return SPEC.problem_from_row(make_row(SDPA, ["bfloat16"] * 3, [(1, hq, 1000, 128), (1, hkv, 1000, 128),
+                                                                        (1, hkv, 1000, 128)], params))
+
+    assert all(SPEC.static_refusal(HOPPER, c, prob(32, 8)) is None for c in packed)  # group 4
+    mha = [SPEC.static_refusal(HOPPER, c, prob(32, 32)) for c in packed]
+    assert all(w is not None and w[0] == "not_applicable" for w in mha)

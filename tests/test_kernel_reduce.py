@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import registered_here
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import reduce as rd
-from nbx_tune.kernels.registry import register, spec_for_op
+from nbx_tune.kernels.registry import spec_for_op
 from nbx_tune.kernels.spec import Config, NotServable, Problem, seat_flags
 from nbx_tune.profiles import get_profile
 from nbx_tune.tuner import screen as screening
@@ -23,18 +24,8 @@ SPEC = rd.SPEC
 
 @pytest.fixture(autouse=True)
 def _registered():
-    """Registered for this file's tests only: other tests (census, CLI) still see the
-    registry as the package ships it."""
-    from nbx_tune.kernels import registry
-
-    registry.all_specs()
-    saved = (dict(registry._specs), dict(registry._by_op))
-    for spec in rd.SPECS:
-        register(spec, "tests")
-    yield
-    for live, old in zip((registry._specs, registry._by_op), saved):
-        live.clear()
-        live.update(old)
+    with registered_here(rd.SPECS):
+        yield
 
 
 def _err(got: torch.Tensor, ref) -> float:

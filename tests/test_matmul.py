@@ -307,3 +307,111 @@ def test_tma_tiles_are_refused_unlaunched_on_a_triton_without_tensor_descriptors
     assert reason == "no_tma" and "tensor descriptors" in detail
     plain = next(c for c in CONFIGS if not c.kwargs.get("TMA") and c.num_stages <= 3)
     assert SPEC.static_refusal(get_profile("hopper"), plain, p) is None
+
+
+def _split(split, bm=16, bn=16, bk=16, tma=0):
+    from nbx_tune.kernels.spec import Config
+
+    return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2, SPLIT_K=split, **({"TMA": 1} if tma else {}),
+                       num_warps=1, num_stages=1)
+
+
+@pytest.mark.parametrize("dt", ["float16", "float32"])
+@pytest.mark.parametrize("batch,m,n,k,split", [(1, 1, 45, 200, 4), (1, 7, 33, 97, 3), (2, 19, 40, 130, 5),
+                                               (1, 37, 24, 40, 4)])
+@pytest.mark.parametrize("tma", [0, 1])
+def test_split_k_matches_the_oracle_and_repeats_bit_for_bit(dt, batch, m, n, k, split, tma):
+    # K = 97 over 3 splits of 16-blocks leaves a ragged last block; K = 40 over 4 splits
+    # leaves the fourth split empty (it must write zeros, not leave its partial unwritten);
+    # M = 1 and 7 are decode rows, N = 45 and 33 cut the last tile; with a bias and alpha.
+    # TMA: the same through descriptors (boxes past K read zeros; unaligned rows copied).
+    tdt = TORCH_DTYPES[dt]
+    g = torch.Generator().manual_seed(m * n + k)
+    a, b, x = (torch.rand(s, generator=g) * 2 - 1 for s in ((batch, m, k), (batch, k, n), (batch, 1, n)))
+    a, b, x = a.to(tdt), b.to(tdt), x.to(tdt)
+    cfg = _split(split, tma=tma)
+    outs = []
+    for _ in range(2):
+        c = torch.full((batch, m, n), float("nan"), dtype=tdt)
+        _, grid, _ = launch_matmul(a, b, c, x.expand(batch, m, n), -1.5, 0.5, cfg)
+        outs.append(c)
+    assert grid == (-(-m // 16) * -(-n // 16), batch, split)
+    ref = oracle.baddbmm(x.double().numpy(), a.double().numpy(), b.double().numpy(), -1.5, 0.5)
+    assert np.abs(outs[0].double().numpy() - ref).max() / np.abs(ref).max() < (2e-3 if dt == "float16" else 1e-5)
+    assert torch.equal(outs[0].view(torch.int16 if dt == "float16" else torch.int32),
+                       outs[1].view(torch.int16 if dt == "float16" else torch.int32))
+
+
+def test_split_k_serves_the_public_op_with_unaligned_and_transposed_operands(monkeypatch):
+    # The public op takes a certified split-K config like any other: here forced as the
+    # default. K = 75 in fp16 is staged (padded), b.t() is column-major.
+    from nbx_tune.kernels import certified, matmul
+
+    monkeypatch.setattr(matmul, "DEFAULTS", (_split(3),))
+    certified.reload()
+    g = torch.Generator().manual_seed(5)
+    a = (torch.rand(5, 75, generator=g) * 2 - 1).half()
+    w = (torch.rand(29, 75, generator=g) * 2 - 1).half()
+    got = mm(a, w.t())
+    ref = oracle.mm(a.double().numpy(), w.double().numpy().T)
+    assert np.abs(got.double().numpy() - ref).max() / np.abs(ref).max() < 2e-3
+    certified.reload()
+
+
+def test_split_k_configs_are_refused_unlaunched_where_they_cannot_help():
+    hopper = get_profile("hopper")
+    splits = [c for c in CONFIGS if c.kwargs.get("SPLIT_K", 1) > 1]
+    assert splits and all("EXTRA_N" not in c.kwargs for c in splits)  # the split kernel has one accumulator
+    tma_split = next(c for c in splits if c.kwargs.get("TMA"))
+    assert SPEC.static_refusal(get_profile("ampere"), tma_split, SPEC.problem_from_row(
+        make_row("aten.mm", ["bfloat16"] * 2, [(8, 4096), (4096, 4096)])))[0] == "no_tma"
+
+    def prob(m, n, k):
+        return SPEC.problem_from_row(make_row("aten.mm", ["bfloat16"] * 2, [(m, k), (k, n)]))
+
+    decode = prob(8, 4096, 4096)
+    assert all(SPEC.static_refusal(hopper, c, decode) is None for c in splits)  # all fit and apply
+    short_k = prob(8, 4096, 128)
+    assert all(SPEC.static_refusal(hopper, c, short_k)[0] == "not_applicable" for c in splits)
+    big = prob(4096, 4096, 4096)  # 1024 tiles even at 128 x 128: the machine is full
+    why = [SPEC.static_refusal(hopper, c, big) for c in splits]
+    assert all(w is not None and w[0] == "not_applicable" and "tiles" in w[1] for w in why)
+    # Split-K configs cost no compile where refused: every refusal names its reason.
+    from nbx_tune.tuner.store.models import REFUSAL_REASONS
+
+    assert "not_applicable" in REFUSAL_REASONS
+
+
+@pytest.mark.parametrize("dt", ["float16", "float32"])
+@pytest.mark.parametrize("batch,m,n,k", [(1, 37, 48, 32), (3, 19, 80, 16), (1, 5, 48, 48)])
+@pytest.mark.parametrize("extra_n", [0, 16])
+def test_tma_tiles_read_a_column_major_b_in_place(dt, batch, m, n, k, extra_n):
+    # An nn.Linear weight W (N, K) passed as W.t(): B's last stride is K, not 1 (the seat is
+    # aligned 16: no staging). TMA reads W's rows in N x K boxes and the kernel transposes
+    # them (B_KMAJOR), so nothing is copied; with EXTRA_N a box lies past N (zeros).
+    cfg, tdt = _tma(extra_n), TORCH_DTYPES[dt]
+    g = torch.Generator().manual_seed(batch * m * n + k + 1)
+    a, w, x = (torch.rand(s, generator=g) * 2 - 1 for s in ((batch, m, k), (batch, n, k), (batch, m, n)))
+    a, w, x = a.to(tdt), w.to(tdt), x.to(tdt)
+    b = w.transpose(1, 2)
+    c = torch.full((batch, m, n), float("nan"), dtype=tdt)
+    _, grid, args = launch_matmul(a, b, c, x, 1.5, -0.5, cfg)
+    assert args[1] is b and args[-3] == 1  # B_KMAJOR, no staging copy
+    ref = oracle.baddbmm(x.double().numpy(), a.double().numpy(), b.double().numpy(), 1.5, -0.5)
+    assert np.abs(c.double().numpy() - ref).max() / np.abs(ref).max() < (2e-3 if dt == "float16" else 1e-5)
+    if batch == 1:  # the public op on a 2-D W.t(), through the same path
+        got = mm(a[0], w[0].t())
+        assert np.abs(got.double().numpy() - oracle.mm(a[0].double().numpy(), w[0].t().double().numpy())).max() \
+            / np.abs(ref).max() < (2e-3 if dt == "float16" else 1e-5)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_split_k_through_tma_reads_a_column_major_b_in_place(batch):
+    # W.t() with K = 96 over 3 splits and N = 48: B_KMAJOR descriptors, nothing copied.
+    g = torch.Generator().manual_seed(9 + batch)
+    a, w = (torch.rand(s, generator=g) * 2 - 1 for s in ((batch, 7, 96), (batch, 48, 96)))
+    b = w.transpose(1, 2)
+    c = torch.full((batch, 7, 48), float("nan"))
+    launch_matmul(a, b, c, None, 1.0, 0.0, _split(3, tma=1))
+    ref = oracle.bmm(a.double().numpy(), b.double().numpy())
+    assert np.abs(c.double().numpy() - ref).max() / np.abs(ref).max() < 1e-5

@@ -101,3 +101,35 @@ def test_a_plugin_registered_before_the_built_ins_is_still_the_one_blamed(on_pat
     registry.register(Thief(), "test")  # at its import, before anything loaded the built-ins
     with pytest.raises(KernelError, match="plugin kernel 'thief' .* claims op aten.mm"):
         registry.all_specs()
+
+
+def test_a_config_space_declared_as_data_or_by_methods_reads_the_same(on_path):
+    """Families declare `config_space`/`default_configs` as data; a plugin that computes
+    them with `configs()`/`default_preference()`, as the worked example does, still works."""
+    import nbx_swiglu
+    from nbx_tune.kernels.rows import make_row
+    from nbx_tune.kernels.spec import KernelSpec
+    from nbx_tune.profiles import get_profile
+
+    by_methods = nbx_swiglu.SwiGLUSpec()
+
+    class ByData(nbx_swiglu.SwiGLUSpec):
+        configs = KernelSpec.configs
+        default_preference = KernelSpec.default_preference
+        config_space = tuple(by_methods.configs())
+        default_configs = tuple(by_methods.default_preference())
+
+    by_data = ByData()
+    assert "config_space" not in vars(nbx_swiglu.SwiGLUSpec)  # the example really uses methods
+    assert by_data.configs() == by_methods.configs() and len(by_data.configs()) == 9
+    assert by_data.config_space_hash == by_methods.config_space_hash
+    profile = get_profile("interpreter")
+    p = by_methods.problem_from_row(make_row("mylib.swiglu", ("float32", "float32"), ((7, 3), (7, 3))))
+    assert by_data.default_config(profile, p) == by_methods.default_config(profile, p)
+    assert by_data.default_config(profile, p)["BLOCK"] == 1024
+
+    class Undeclared(KernelSpec):
+        name = "undeclared"
+
+    with pytest.raises(NotImplementedError, match="Undeclared declares no config_space"):
+        Undeclared().configs()

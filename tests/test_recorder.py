@@ -339,7 +339,8 @@ def test_a_recorded_model_goes_through_a_census(tmp_path):
         conv(image)
     rep = api.census(str(out), f"sqlite:///{tmp_path / 'nbx.db'}", isolate=False)
     kernels = {s.kernel for s in rep.seats}
-    assert {"matmul", "attention", "layer_norm", "conv", "elementwise_unary", "elementwise_binary"} <= kernels
+    assert {"matmul", "attention", "layer_norm", "conv", "elementwise_unary", "elementwise_binary",
+            "batch_norm"} <= kernels
     assert all(s.status == "certified" for s in rep.seats), [(s.label, s.why) for s in rep.seats]
-    assert set(rep.uncovered) == {"aten.batch_norm"} and not rep.not_servable
+    assert not rep.uncovered and not rep.not_servable  # every launch of the model has a kernel
     assert rep.launches == sum(r.count for r in read_trace(out).rows)

@@ -27,11 +27,13 @@ def test_fresh_database_is_created_at_head_with_the_view(any_db):
 
 
 def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(tmp_path, db_url):
-    store = Store(db_url)
-    with store.engine.connect() as c:
-        assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
-        assert c.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 10_000
-        assert c.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    with Store(db_url) as store:
+        pool = store.engine.pool
+        with store.engine.connect() as c:
+            assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert c.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 10_000
+            assert c.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    assert store.engine.pool is not pool  # leaving the block closed the store: its pool is gone
 
 
 def test_switch_to_wal_waits_for_another_connection_instead_of_failing(tmp_path):

@@ -210,7 +210,9 @@ class SeatView:
 
     @property
     def label(self) -> str:
-        return "|".join((self.kernel, self.dtypes, self.flags, self.bucket))
+        from nbx_tune.kernels.spec import label_of
+
+        return label_of(self.kernel, self.dtypes, self.flags, self.bucket)
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "label": self.label}
@@ -237,8 +239,7 @@ def seat_views(db=None, status=None, kernel=None, profile=None, plugins=()) -> l
     try:
         out = []
         for r in store.seat_records(profile=prof_name, kernel=kernel):
-            st = seat_status(r.cert, r.cert_tuning, r.last_tuning, r.problems, specs.get(r.seat.kernel),
-                             profiles.get(r.seat.profile), r.seat_refusal)
+            st = seat_status(r, specs.get(r.seat.kernel), profiles.get(r.seat.profile))
             if status and st.status not in status:
                 continue
             out.append(SeatView(r.seat.id, r.seat.profile, r.seat.kernel, r.seat.dtypes, r.seat.flags,
@@ -267,7 +268,8 @@ def show_seat(ref: str, db=None, profile=None, plugins=()) -> dict:
                  "worker": t.worker, "provenance": {k: getattr(t, k) for k in (
                      "device_name", "device_target", "driver", "triton_version", "torch_version",
                      "kernel_source_hash", "config_space_hash", "profile_hash")},
-                 "candidates": t.candidates, "survivors": t.survivors,
+                 "candidates": t.candidates, "survivors": t.survivors, "search": t.search,
+                 "seeded_from": t.seeded_from, "shortcut_loss": t.shortcut_loss,
                  "seconds": {"screen": round(t.screen_s, 3), "bench": round(t.bench_s, 3),
                              "total": round(t.total_s, 3)},
                  "measurements": [{"config": m.config, "median_ms": m.median_ms, "p20_ms": m.p20_ms,
@@ -278,11 +280,15 @@ def show_seat(ref: str, db=None, profile=None, plugins=()) -> dict:
                     "runner_up": cert.runner_up, "runner_up_ms": cert.runner_up_ms, "margin": cert.margin,
                     "screens": json.loads(cert.screens), "unscreened": cert.unscreened,
                     "timing_method": cert.timing_method, "current": cert.superseded_at is None,
+                    "search": cert.search, "recertified_from": cert.recertified_from,
                     "superseded_reason": cert.superseded_reason}
             history.append(h)
         refusals = [{"tuning": t.id, "config": r.config, "reason": r.reason, "detail": r.detail}
                     for r, _, t in store.refusals(seat_id=seat.id)]
-        return {"seat": view.to_dict(), "history": history, "refusals": refusals}
+        from nbx_tune.tuner.strategies.ranked import regret_summary
+
+        return {"seat": view.to_dict(), "history": history, "refusals": refusals,
+                "sampled_regret": regret_summary(store.shortcut_losses(seat.profile, seat.kernel))}
     finally:
         store.close()
 
@@ -297,7 +303,7 @@ def refusal_rows(db=None, kernel=None, reason=None, profile=None, limit=None, wi
     store = _existing_store(db, required=True)
     try:
         rows = [{"id": r.id, "seat": seat.id, "profile": seat.profile,
-                 "label": "|".join((seat.kernel, seat.dtypes, seat.flags, seat.bucket)),
+                 "label": seat.label,
                  "config": r.config, "reason": r.reason, "detail": r.detail, "tuning": t.id,
                  "triton_version": t.triton_version, "kernel_source_hash": t.kernel_source_hash,
                  "device": t.device_name, "at": iso_utc(r.created_at)}
@@ -315,11 +321,8 @@ def export(profile: str, out: str, db=None, plugins=()):
 
     load_plugins(plugins)
     prof = get_profile(profile)
-    store = _existing_store(db, required=True)
-    try:
+    with _existing_store(db, required=True) as store:
         return export_table(store, prof, out)
-    finally:
-        store.close()
 
 
 def import_(path: str, db=None, plugins=(), notice=None):
@@ -329,11 +332,8 @@ def import_(path: str, db=None, plugins=(), notice=None):
     from nbx_tune.tuner.store import Store
 
     checked = check_table(path, known_profiles())  # a bad table fails before the database opens
-    store = Store(db)
-    try:
+    with Store(db) as store:
         return import_table(store, checked, screen_here)
-    finally:
-        store.close()
 
 
 def db_upgrade(db=None) -> tuple:
@@ -354,6 +354,25 @@ def trace(output, argv: list[str]):
     from nbx_tune.tuner.recorder import trace_command
 
     return trace_command(output, argv)
+
+
+def run_program(argv: list[str], stats_json=None, want_stats: bool = False) -> tuple:
+    """`nbx-tune run`: a program under serve() (tuner/serve_main.py). (its exit status, its
+    per-op stats when `want_stats` or `stats_json`: None if it died before writing them)."""
+    import tempfile
+    from pathlib import Path
+
+    from nbx_tune.tuner.serve_main import run_command
+
+    if not (want_stats or stats_json):
+        return run_command(list(argv)), None
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(stats_json) if stats_json else Path(d) / "stats.json"
+        rc = run_command(list(argv), path)
+        try:
+            return rc, json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return rc, None
 
 
 def run_fleet(gpus: list[str], command: list[str]) -> None:

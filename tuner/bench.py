@@ -10,10 +10,9 @@ On a GPU the timing is `gpu_time`: triton.testing.do_bench's method (CUDA/HIP ev
 around each launch, L2 flushed by a 256 MB memset before it, median of the repeats) with
 one change. do_bench times a launch from an event recorded before the host starts the
 launch, so where the host's launch path takes longer than the GPU's flush and kernel
-together, every sample reads the host's time. On the H200 that is a 2048^3 GEMM (28 us)
-behind a Triton launch of 40 to 60 us: the same config read 0.029 to 0.053 ms from one run
-to the next, and the census's pick fell to 0.41-0.96 of cuBLAS (bench/ranking_repeat.py,
-docs/benchmarks.md, 2026-12-04). Here the GPU first sleeps for as long as the host needs
+together (a GEMM of a few tens of microseconds behind a Triton launch), every sample reads
+the host's time, which varies from run to run and mis-ranks the candidates
+(bench/ranking_repeat.py shows it). Here the GPU first sleeps for as long as the host needs
 to queue the timed launches, so each is queued before the GPU reaches it.
 """
 
@@ -129,9 +128,8 @@ class DoBench:
 
     def __call__(self, fn, mode="full"):
         if mode == "quick":
-            # Only to drop what is far behind (strategies/pruned.py): 10 ms of repeats after
-            # 2 ms of warm-up, a tenth of a full timing's cost. 5 ms after 1 ms (with the
-            # narrower net of pruned.py) certified a 2048^3 GEMM at 0.58 of cuBLAS on the H200.
+            # Only to drop what is far behind (strategies/pruned.py): a tenth of a full
+            # timing's cost. Shorter estimates were too noisy to rank short GEMMs by.
             warmup, rep = min(self.warmup_ms, 2.0), min(self.rep_ms, 10.0)
         elif mode.startswith("round:"):
             # The GPU is already warm from the contender timed just before; a short warm-up

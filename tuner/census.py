@@ -15,12 +15,13 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nbx_tune.errors import NbxError
 from nbx_tune.kernels.registry import spec_for_op
-from nbx_tune.kernels.spec import NotServable, bucket_of, encode_bucket, encode_dtypes, encode_flags
+from nbx_tune.kernels.spec import (NotServable, bucket_of, encode_bucket, encode_dtypes, encode_flags, label_of,
+                                   split_label)
 from nbx_tune.tuner.status import seat_status
 from nbx_tune.tuner.trace import MAX_INT, Trace, read_trace
 
@@ -33,6 +34,7 @@ class SeatPlan:
     bucket: str
     problems: Counter = field(default_factory=Counter)  # Problem -> launches
     rows: int = 0
+    ops: Counter = field(default_factory=Counter)  # trace op -> launches
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -40,7 +42,7 @@ class SeatPlan:
 
     @property
     def label(self) -> str:
-        return "|".join(self.key)
+        return label_of(*self.key)
 
     @property
     def launches(self) -> int:
@@ -95,6 +97,7 @@ def plan(trace: Trace, sha256: str, profile, notice=None) -> Plan:
             sp = p.seats[key] = SeatPlan(*key)
         sp.problems[problem] += row.count
         sp.rows += 1
+        sp.ops[row.op] += row.count
     return p
 
 
@@ -118,6 +121,7 @@ class SeatLine:
     config: str | None = None
     median_ms: float | None = None
     action: str = ""  # tuned / rescreened / "" (nothing to do)
+    ops: dict = field(default_factory=dict)  # trace op -> launches in this seat
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -145,11 +149,42 @@ class Report:
         return {st: {"seats": c.get(st, 0), "launches": launches.get(st, 0)}
                 for st in ("certified", "unscreened", "pending", "refused", "stale")}
 
+    def by_op(self) -> list[dict]:
+        """Coverage per trace op: its launches by seat status (certified and unscreened
+        are served by a certificate), and the reasons for launches no kernel serves."""
+        ops: dict[str, dict] = {}
+
+        def entry(op):
+            return ops.setdefault(op, {"op": op, "kernel": None, "launches": 0, "served": 0, "by_status": {},
+                                       "why": []})
+
+        for s in self.seats:
+            for op, n in s.ops.items():
+                e = entry(op)
+                e["kernel"] = s.kernel
+                e["launches"] += n
+                e["by_status"][s.status] = e["by_status"].get(s.status, 0) + n
+                if s.status in ("certified", "unscreened"):
+                    e["served"] += n
+                elif s.why and s.why not in e["why"]:
+                    e["why"].append(s.why)
+        for op, n in self.uncovered.items():
+            e = entry(op)
+            e["launches"] += n
+            e["by_status"]["not covered"] = n
+            e["why"].append("no kernel serves this op")
+        for line, op, why, n in self.not_servable:
+            e = entry(op)
+            e["launches"] += n
+            e["by_status"]["not servable"] = e["by_status"].get("not servable", 0) + n
+            e["why"].append(f"line {line}: {why}")
+        return sorted(ops.values(), key=lambda e: (-e["launches"], e["op"]))
+
     def to_dict(self) -> dict:
         return {"trace": self.trace, "profile": self.profile, "rows": self.rows,
                 "launches": self.launches, "dry_run": self.dry_run, "run_id": self.run_id,
                 "seconds": round(self.seconds, 3), "coverage": self.counts(),
-                "seats": [s.to_dict() for s in self.seats],
+                "seats": [s.to_dict() for s in self.seats], "by_op": self.by_op(),
                 "db": self.db,
                 "not_covered": [{"op": op, "launches": n, "reason": "no kernel serves this op"}
                                 for op, n in sorted(self.uncovered.items())],
@@ -160,6 +195,7 @@ class Report:
 def report_lines(store, pl: Plan, ids: dict | None) -> list[SeatLine]:
     """Each planned seat with its status now (from the store, if there is one)."""
     from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.tuner.store import SeatRecord
 
     specs = all_specs()
     recs = {}
@@ -171,17 +207,16 @@ def report_lines(store, pl: Plan, ids: dict | None) -> list[SeatLine]:
         rec = recs.get(sid)
         problems = list(sp.problems)
         if rec is None:
-            st = seat_status(None, None, None, problems, specs.get(sp.kernel), pl.profile)
+            st = seat_status(SeatRecord(None, problems=problems), specs.get(sp.kernel), pl.profile)
             cfg = ms = None
         else:
             # A dry run has not recorded this trace's shapes: judge with them too.
             seen = list(dict.fromkeys((*rec.problems, *problems)))  # linear: 200k-row traces
-            st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, seen,
-                             specs.get(sp.kernel), pl.profile, rec.seat_refusal)
+            st = seat_status(replace(rec, problems=seen), specs.get(sp.kernel), pl.profile)
             cfg = rec.cert.config if rec.cert else None
             ms = rec.cert.median_ms if rec.cert else None
         lines.append(SeatLine(sid, sp.label, sp.kernel, st.status, st.why, sp.launches,
-                              len(sp.problems), cfg, ms))
+                              len(sp.problems), cfg, ms, ops=dict(sp.ops)))
     return lines
 
 
@@ -213,7 +248,7 @@ def predict(pl: Plan, lines: list[SeatLine]) -> list[SeatLine]:
 
 
 def _key(label: str) -> tuple:
-    return tuple(label.split("|"))
+    return split_label(label)
 
 
 def _report(pl: Plan, lines, run_id, dry_run, t0) -> Report:
@@ -251,8 +286,7 @@ def run_census(pl: Plan, store, tuner=None, reporter=None, dry_run: bool = False
         if reporter is not None:
             reporter.coverage(_report(pl, before, run_id, False, t0))
         if tuner is not None:
-            todo = [ln for ln in before if ln.status in ("pending", "stale", "unscreened")]
-            tuner.run(todo, pl, ids, run_id, reporter)
+            tuner.run(tuner.todo(before), pl, ids, run_id, reporter)
     except KeyboardInterrupt:
         status = "interrupted"
         raise

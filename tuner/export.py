@@ -13,8 +13,6 @@ the other is recorded as superseded.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,15 +22,25 @@ from sqlalchemy import select
 from nbx_tune.errors import NbxError, TableError
 from nbx_tune.kernels import table_format, validity
 from nbx_tune.kernels.registry import all_specs
-from nbx_tune.kernels.spec import Problem
+from nbx_tune.kernels.spec import Problem, label_of
 from nbx_tune.tuner import provenance
+from nbx_tune.tuner.files import write_atomic
 from nbx_tune.tuner.store.models import Certificate, Seat, Tuning, utcnow
 from nbx_tune.tuner.store import insert_ignore
+from nbx_tune.tuner.strategies.ranked import regret_summary
+from nbx_tune.tuner.strategies.search import SEARCHES
 
 
-def _entry(seat: Seat, cert: Certificate, t: Tuning) -> dict:
+def _entry(seat: Seat, cert: Certificate, t: Tuning, regret: dict | None = None) -> dict:
     prov = {k: getattr(t, k) for k in provenance.FIELDS}
     prov["certified_at"] = iso_utc(cert.created_at)
+    # How the winner was found, and the kernel's sampled regret (tuner/strategies/ranked.py):
+    # optional provenance keys, which readers of format 1 pass over.
+    prov["search"] = cert.search
+    if cert.recertified_from:
+        prov["recertified_from"] = cert.recertified_from
+    if regret:
+        prov["sampled_regret"] = regret
     return {
         "kernel": seat.kernel, "dtypes": seat.dtypes, "flags": seat.flags, "bucket": seat.bucket,
         "config": cert.config, "median_ms": cert.median_ms, "spread_ms": [cert.p20_ms, cert.p80_ms],
@@ -71,34 +79,25 @@ def export_table(store, profile, out: str | Path) -> ExportSummary:
                          .join(Certificate, Certificate.seat_id == Seat.id)
                          .join(Tuning, Tuning.id == Certificate.tuning_id)
                          .where(Seat.profile == profile.name, Certificate.superseded_at.is_(None))).all()
+    regrets = {k: regret_summary(store.shortcut_losses(profile.name, k)) for k in {r[0].kernel for r in rows}}
     for seat, cert, t in rows:
-        e = _entry(seat, cert, t)
+        e = _entry(seat, cert, t, regrets[seat.kernel])
         why = _code_stale(e["provenance"], specs.get(seat.kernel), profile)
         if why:
-            skipped.append(("|".join((seat.kernel, seat.dtypes, seat.flags, seat.bucket)), why))
+            skipped.append((seat.label, why))
             continue
         entries.append(e)
     text = table_format.dumps(profile.name, profile.architecture, profile.hash, entries)
-    _write_atomic(Path(out), text)
+    write_atomic(Path(out), text, NbxError)
     return ExportSummary(str(out), len(entries), skipped)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    directory = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    except OSError as e:
-        raise NbxError(f"{path}: cannot write: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # a table is shipped and shared, not private as mkstemp makes it
-        os.replace(tmp, path)
-    except OSError as e:
-        os.unlink(tmp)
-        raise NbxError(f"{path}: cannot write: {e.strerror or e}") from None
+def _search_of(prov: dict) -> dict:
+    """The optional provenance keys of how a winner was found, as certificate columns."""
+    search = prov.get("search")
+    frm = prov.get("recertified_from")
+    return {"search": search if search in SEARCHES else "full",
+            "recertified_from": frm if isinstance(frm, str) else None}
 
 
 @dataclass
@@ -133,7 +132,7 @@ def check_table(path: str | Path, profiles: dict) -> CheckedTable:
     specs = all_specs()
     usable, skipped, spaces = [], [], {}
     for i, e in enumerate(doc["entries"]):
-        label = "|".join((e["kernel"], e["dtypes"], e["flags"], e["bucket"]))
+        label = label_of(e["kernel"], e["dtypes"], e["flags"], e["bucket"])
         prov = e["provenance"]
         if not validity.claims(profile, prov["device_target"]):
             raise TableError(f"{path}: entries[{i}]: made on device {prov['device_target']}, which profile "
@@ -192,7 +191,8 @@ def import_table(store, checked: CheckedTable, screen=None) -> ImportSummary:
                                screens=json.dumps(e["screens"], sort_keys=True),
                                screened_min=table_format.problem_text(e["screened_min"]),
                                screened_max=table_format.problem_text(e["screened_max"]),
-                               unscreened=e["unscreened"], timing_method=e["timing_method"], created_at=made)
+                               unscreened=e["unscreened"], timing_method=e["timing_method"], created_at=made,
+                               **_search_of(prov))
             why = None
             if cur_valid and current.median_ms <= e["median_ms"]:
                 why = (f"import: the current certificate is faster "
@@ -205,7 +205,7 @@ def import_table(store, checked: CheckedTable, screen=None) -> ImportSummary:
                                 screen(specs[e["kernel"]], profile, e["config"], problems))
                 if not_screened:
                     why = f"import: claims to be faster but did not pass the screen here: {not_screened}"
-                    summary.unscreened.append(("|".join((e["kernel"], e["dtypes"], e["flags"], e["bucket"])),
+                    summary.unscreened.append((label_of(e["kernel"], e["dtypes"], e["flags"], e["bucket"]),
                                                not_screened))
             if why:
                 cert.superseded_at, cert.superseded_reason = now, why

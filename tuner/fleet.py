@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from nbx_tune.errors import NbxError
 
-IDLE_POLL_S = 2.0
+IDLE_POLL_S = 0.5  # a worker that waits for others' last seats looks again this often
 
 
 @dataclass
@@ -71,12 +71,36 @@ def run_worker(tuner, reporter=None, max_seats: int | None = None, wait_for_held
     return rep
 
 
+def worker_timeline(rows, t_launch: float, t_end: float) -> list[dict]:
+    """Where each worker's time went, from its tunings' (worker, start, finish, device)
+    in epoch seconds: before its first seat (start-up), tuning, between seats (claims,
+    heartbeats, the database), and at the end (waiting for other workers' last seats)."""
+    out = {}
+    for worker, start, finish, device in rows:
+        out.setdefault(worker, {"worker": worker, "device": device, "seats": []})["seats"].append((start, finish))
+    res = []
+    for w in out.values():
+        seats = sorted(w.pop("seats"))
+        busy = sum(f - s for s, f in seats)
+        gaps = sum(max(0.0, b[0] - a[1]) for a, b in zip(seats, seats[1:]))
+        res.append({**w, "n_seats": len(seats), "startup_s": round(seats[0][0] - t_launch, 2),
+                    "busy_s": round(busy, 2), "between_s": round(gaps, 2),
+                    "idle_end_s": round(t_end - seats[-1][1], 2)})
+    return sorted(res, key=lambda r: r["worker"])
+
+
 def spawn_workers(gpus: list[str], command: list[str]) -> list[subprocess.Popen]:
     """One worker process per GPU id (an id may repeat: workers sharing a GPU), each seeing
     only its GPU. `command` is the caller's (the CLI passes its own `worker` command)."""
+    from nbx_tune.tuner.precompile import COMPILE_PROCS_ENV
+
+    # The host's cores are split between the workers' compile pools (one core each left
+    # for the worker that times); their compile locks keep them from compiling twice.
+    per_worker = max(1, min(16, ((os.cpu_count() or 2) - len(gpus)) // max(1, len(gpus))))
     procs = []
     for gpu in gpus:
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "HIP_VISIBLE_DEVICES": gpu}
+        env.setdefault(COMPILE_PROCS_ENV, str(per_worker))
         env.pop("NBX_TUNE_WORKER_ID", None)
         procs.append(subprocess.Popen(list(command), env=env))
     return procs

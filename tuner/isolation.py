@@ -47,7 +47,7 @@ def _worker_main(conn, plugins, stderr_path):
     else:
         _serve(conn, plugins)
     # Stopped: nothing is left to write, and the interpreter's own shut-down (torch's
-    # included) took 0.5 s or more that the census waited for.
+    # included) is slow enough that the census would wait for it.
     sys.stderr.flush()
     os._exit(0)
 
@@ -160,6 +160,7 @@ class Isolated:
         self.conn = parent
 
     def _kill(self) -> None:
+        """The worker gone, with its pipe and its stderr log."""
         if self.proc is not None:
             if self.proc.is_alive():
                 self.proc.kill()
@@ -167,6 +168,11 @@ class Isolated:
         if self.conn is not None:
             self.conn.close()
         self.proc = self.conn = None
+        if self.stderr_path:
+            try:
+                os.unlink(self.stderr_path)
+            except OSError:
+                pass
 
     def _last_words(self) -> str:
         try:
@@ -180,11 +186,6 @@ class Isolated:
         """A fresh worker for a dead one; it is given the seat in progress unless `prepare`
         is False (the seat's preparation is what killed the last one)."""
         self._kill()
-        if self.stderr_path:
-            try:
-                os.unlink(self.stderr_path)
-            except OSError:
-                pass
         self.generation += 1
         self.restarts += 1
         self._start()
@@ -243,14 +244,18 @@ class Isolated:
             problems = tuple(dict.fromkeys((*job.screen_problems, job.time_problem)))
             self.precompiler.submit(spec.name, problems, configs, job.device)
 
+    def precompile(self, configs) -> None:
+        """Queue more of this seat's configs (a search that widens: tuner/recertify.py)."""
+        if self.spec is not None and self.job is not None:
+            self._precompile(self.spec, self.job, configs)
+
     def start_seat(self, spec, job: SeatJob, configs=()) -> None:
         self.spec, self.job, self.broken = spec, job, None
         self._precompile(spec, job, configs)
-        # The next seat's inputs and oracles are not made while this one is timed: made by
-        # a thread of the worker, they held up its launches by up to 38 ms; by the pool's
-        # niced processes, they slowed an H200 census and mis-ranked a short GEMM's
-        # candidates (docs/benchmarks.md, 2026-12-03): the timer's lead covers the host's
-        # usual pace, not a launch held up that long.
+        # The next seat's inputs and oracles are not made while this one is timed: on a
+        # thread of the worker or in the pool's niced processes, that work held up the
+        # launches being timed and mis-ranked candidates. The timer's lead covers the
+        # host's usual pace, not a launch held up that long.
         self._prepare()
 
     def _request(self, msg) -> Outcome:
@@ -291,8 +296,3 @@ class Isolated:
         if self.proc is not None and self.served:
             self.proc.join(timeout=5)
         self._kill()
-        if self.stderr_path:
-            try:
-                os.unlink(self.stderr_path)
-            except OSError:
-                pass

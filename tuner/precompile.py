@@ -12,8 +12,14 @@ the error text. Nothing compiled here is trusted for anything but speed.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import multiprocessing as mp
 import os
+import tempfile
+
+
+COMPILE_PROCS_ENV = "NBX_TUNE_COMPILE_PROCS"
 
 from nbx_tune.errors import NbxError
 
@@ -62,6 +68,18 @@ def _compile(kernel: str, problems, config, device: str) -> str | None:
     return None
 
 
+def _lock_path(kernel: str, problems, config) -> str:
+    """One lock file per (kernel, config, dtypes, flags): the seats of one kind share their
+    compiled binaries (Triton specializes on dtypes, constexprs and divisibility, which
+    these carry), so the workers of one host compile each such binary once."""
+    p = problems[0]
+    key = repr((kernel, config.key(), tuple(p.dtypes), tuple(p.flags)))
+    name = hashlib.sha256(key.encode()).hexdigest()[:24]
+    root = os.path.join(tempfile.gettempdir(), f"nbx-tune-compile-locks-{os.getuid()}")
+    os.makedirs(root, exist_ok=True)
+    return os.path.join(root, name)
+
+
 def _serve_compiles(jobs, plugins) -> None:
     try:
         _init(plugins)
@@ -71,7 +89,25 @@ def _serve_compiles(jobs, plugins) -> None:
         job = jobs.get()
         if job is None:
             return
-        _compile(*job)
+        _take(jobs, job)
+
+
+def _take(jobs, job) -> None:
+    """Compile one job under its host-wide lock. While another worker's pool on this host
+    compiles the same binary, the job goes back to the queue once (this process compiles
+    something else meanwhile) and then waits for the lock: the compile is then a hit in
+    Triton's cache."""
+    kernel, problems, config, device, deferred = (*job, False)[:5]
+    with open(_lock_path(kernel, problems, config), "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | (0 if deferred else fcntl.LOCK_NB))
+        except BlockingIOError:
+            jobs.put((kernel, problems, config, device, True))
+            return
+        try:
+            _compile(kernel, problems, config, device)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 class Precompiler:
@@ -81,8 +117,9 @@ class Precompiler:
     writes its cache entries whole), and nothing waits on a job's result."""
 
     def __init__(self, plugins, workers: int | None = None):
-        # One core is left to the worker that screens and times.
-        n = workers or max(1, min(16, (os.cpu_count() or 2) - 1))
+        # One core is left to the worker that screens and times; workers sharing a host
+        # share its cores (COMPILE_PROCS_ENV, set by fleet.spawn_workers).
+        n = workers or int(os.environ.get(COMPILE_PROCS_ENV, 0)) or max(1, min(16, (os.cpu_count() or 2) - 1))
         ctx = mp.get_context("spawn")
         self.jobs = ctx.SimpleQueue()
         self.procs = [ctx.Process(target=_serve_compiles, args=(self.jobs, plugins), daemon=True)

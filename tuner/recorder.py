@@ -8,49 +8,8 @@ one row with a count and keeps the rows in memory; `record(path)` writes them wi
 `write_trace` when the body exits cleanly, and writes nothing if it raises.
 `trace_command` runs a whole Python program under the recorder in a child process.
 
-What a row holds
-- op: the dispatcher's name, `aten.mm` for a `default` overload, `aten.add.Tensor` otherwise.
-  Composite ops (`aten.linear`, `aten.layer_norm`, ...) are recorded as the ops eager
-  autograd decomposes them into (`aten.addmm`, `aten.native_layer_norm`); under
-  `torch.inference_mode()`, where autograd is bypassed, the recorder runs the same C++
-  decomposition itself, so a trace does not depend on the grad mode (but see Limits).
-  Two exceptions are recorded whole, `aten.scaled_dot_product_attention` and
-  `aten.batch_norm`: the backend they pick inside depends on the device (SDPA: flash or
-  efficient attention on CUDA, flash_for_cpu on the CPU, the math decomposition on meta;
-  batch_norm: cudnn_batch_norm for float32 on CUDA, native_batch_norm elsewhere); recorded
-  before that choice, a trace made on the meta device is the one a GPU run gives. On meta
-  SDPA's output gets the memory order of CUDA's fused kernels, so the copy a model makes
-  after it (or does not) matches a GPU run. Other ops that choose a backend inside (RNNs)
-  are recorded as the device runs them.
-- dtypes and shapes: every tensor argument in schema order, the tensors of a list argument
-  (`aten.cat`'s) in list order. A Python number where the schema says Tensor (`x * 0.5`
-  reaches the dispatcher as `aten.mul.Tensor(x, 0.5)`) is what torch calls a wrapped
-  number: written as the 0-d tensor torch makes of it (`()`, float64 for a float, int64 for
-  an int, bool, complex128), its value not recorded.
-- params: non-tensor arguments by schema name, in schema order, only when passed and
-  different from the schema default: ints as text, floats by repr (`eps=1e-05`), bools
-  `True`/`False`, lists joined by `x` (`stride=2x2`; empty: `()`), strings as is, dtypes by
-  name (`dtype=float32`), None as `None`. A Scalar argument (`aten.pow.Tensor_Scalar`'s
-  exponent) is a param. An Optional Tensor that is None is always written `name=None`
-  (`bias=None`), defaulted or not, so a reader can tell which tensors the dtypes column
-  holds; a list of optional tensors with a None in it (`aten.index.Tensor`'s indices) is
-  written entry by entry, `indices=NonexTensor`. device, layout, pin_memory, memory_format,
-  generator and cudnn_enabled are never written: a trace recorded on the meta device is the
-  one a GPU run gives. A value holding a tab, comma or newline cannot be written in trace v1
-  and is refused with a `TraceError` when the op runs.
-- skipped: views and metadata-only ops (outputs aliasing inputs per the schema, in-place
-  views such as `unsqueeze_`, `aten._unsafe_view`, size/stride queries, `_fused_sdp_choice`)
-  and allocations that launch nothing (`aten.empty*`, `aten.resize_`): a trace lists
-  compute and data movement only.
-
-Limits: only the thread that entered the recorder is recorded (modes are thread-local).
-The recorder is a torch-function mode too, and torch turns off the fused fast path of
-`nn.MultiheadAttention` and `nn.TransformerEncoderLayer` while any such mode is active: they
-are recorded on their standard path (projections, SDPA, layer norms), not as
-`aten._native_multi_head_attention` / `aten._transformer_encoder_layer_fwd`. Where torch's
-own kernels branch on `requires_grad` (a matmul of a non-contiguous 3-D input by a weight
-folds to one `mm` only when the weight requires grad), a trace under `inference_mode`
-differs from one under `no_grad`, as the eager runs do.
+What goes in a row (which ops, how dtypes, shapes and params are written, what is skipped)
+and the recorder's limits are specified in docs/trace-format.md.
 """
 
 from __future__ import annotations

@@ -8,12 +8,14 @@ one transaction that also releases the claim. A claim whose holder died expires.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from datetime import datetime, timezone
 
 from nbx_tune.kernels.registry import get_spec
-from nbx_tune.tuner import provenance
+from nbx_tune.tuner import provenance, seat_search
+from nbx_tune.tuner.recertify import from_sibling
 from nbx_tune.tuner.status import seat_status
 from nbx_tune.tuner.store import holder_id
 from nbx_tune.tuner.tune import NullReporter, tune_seat
@@ -56,6 +58,8 @@ class SeatTuner:
     def _worth_it(self, rec, spec, st) -> bool:
         """An unscreened seat is re-tuned only if a shape outside its screened range can
         be screened now (one over the byte budget would stay unscreened)."""
+        if st.status == "certified":  # a sibling device's table, served until re-timed here
+            return from_sibling(rec.cert_tuning, self.device)
         if st.status != "unscreened":
             return st.status in ("pending", "stale")
         return any(spec.operand_bytes(p) <= self.profile.screen_max_bytes for p in st.outside)
@@ -90,16 +94,16 @@ class SeatTuner:
         spec = get_spec(kernel)
         try:
             rec = self.store.seat_records(seat_ids=[seat_id])[0]
-            st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, rec.problems, spec,
-                             self.profile, rec.seat_refusal)
+            st = seat_status(rec, spec, self.profile)
             if not self._worth_it(rec, spec, st):
                 self.store.release(seat_id, self.holder)
                 return False
             reporter.seat_start(label, index, total, len(spec.configs()))
             started = datetime.now(timezone.utc)
+            search = seat_search.for_seat(self.store, rec, spec, self.profile)
             with _Heartbeat(self.store, seat_id, self.holder, self.claim_ttl):
                 result = tune_seat(spec, self.profile, label, rec.problems, self.executor,
-                                   self.strategy, self.torch_device, reporter)
+                                   self.strategy, self.torch_device, reporter, search)
             self.store.write_result(seat_id, run_id, "tune", result,
                                     provenance.current(spec, self.profile, self.device),
                                     self.holder, started)
@@ -109,19 +113,39 @@ class SeatTuner:
             self.store.release(seat_id, self.holder)
             raise
 
+    def todo(self, lines) -> list:
+        """The census lines to tune: pending, stale and unscreened seats, and certified ones
+        whose certificate came from a sibling device's table."""
+        certified = [ln.id for ln in lines if ln.status == "certified" and ln.id is not None]
+        sibling = {rec.seat.id for rec in (self.store.seat_records(seat_ids=certified) if certified else ())
+                   if from_sibling(rec.cert_tuning, self.device)}
+        return [ln for ln in lines if ln.status in ("pending", "stale", "unscreened") or ln.id in sibling]
+
     def needing_work(self) -> list:
-        """Seats of this profile that a worker should tune, in id order: (id, kernel, label)."""
+        """Seats of this profile that a worker should tune, longest first (`seat_cost`):
+        (id, kernel, label)."""
         out = []
         for rec in self.store.seat_records(profile=self.profile.name):
             spec = _spec_or_none(rec.seat.kernel)
             if spec is None:
                 continue
-            st = seat_status(rec.cert, rec.cert_tuning, rec.last_tuning, rec.problems, spec,
-                             self.profile, rec.seat_refusal)
+            st = seat_status(rec, spec, self.profile)
             if self._worth_it(rec, spec, st):
                 s = rec.seat
-                out.append((s.id, s.kernel, "|".join((s.kernel, s.dtypes, s.flags, s.bucket))))
-        return out
+                out.append((seat_cost(spec, rec.problems, self.profile), s.id, s.kernel, s.label))
+        out.sort(key=lambda t: (-t[0], t[1]))
+        return [t[1:] for t in out]
+
+
+def seat_cost(spec, problems, profile) -> float:
+    """A rough guess of a seat's tuning time, to hand out the long seats first: a share per
+    candidate that survives the static prune (its compile, screen and timing), growing with
+    the bytes it moves at the seat's largest shape (its oracle and its timed launches)."""
+    if not problems:
+        return 0.0
+    biggest = max(problems, key=spec.operand_bytes)
+    live = sum(1 for c in spec.configs() if spec.static_refusal(profile, c, biggest) is None)
+    return max(live, 1) * (1.0 + math.log2(1.0 + spec.operand_bytes(biggest) / 2**20))
 
 
 def _spec_or_none(kernel: str):

@@ -27,16 +27,20 @@ class Status:
     outside: tuple[Problem, ...] = ()  # shapes outside the screened range (unscreened)
 
 
-def seat_status(cert, cert_tuning, last_tuning, problems: list[Problem], spec, profile,
-                seat_refusal=None) -> Status:
+def seat_status(rec, spec, profile) -> Status:
+    """The status of a seat from its records `rec` (a `store.SeatRecord`: the current
+    certificate and its tuning, the last tuning and its refusal of the whole seat, the
+    shapes seen) under `spec` and `profile` as installed here (None: not known here)."""
+    cert, cert_tuning, last_tuning = rec.cert, rec.cert_tuning, rec.last_tuning
     if profile is None:
         return Status("stale", "profile not known here") if cert is not None else Status("pending")
+    seat_refusal = rec.seat_refusal
     if seat_refusal is not None and seat_refusal.reason in TRANSIENT_REASONS:
         return Status("pending", f"{seat_refusal.reason}: {seat_refusal.detail}; tried again by the next census")
     if cert is not None:
         why = provenance.stale_reason(cert_tuning, spec, profile)
         if why is None:
-            return _screened_status(cert, problems)
+            return _screened_status(cert, rec.problems)
     if last_tuning is not None and last_tuning.outcome == "refused":
         if provenance.stale_reason(last_tuning, spec, profile) is None:
             why = f"{seat_refusal.reason}: {seat_refusal.detail}" if seat_refusal else "every candidate refused"

@@ -11,15 +11,14 @@ it. `write_trace` is the one writer (the recorder uses it) and never leaves a pa
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
 from nbx_tune.errors import TraceError
 from nbx_tune.kernels.rows import Params, Shape, TraceRow, format_shape, make_row  # noqa: F401
+from nbx_tune.tuner.files import write_atomic
 
 MAGIC = "# nbx-tune trace v1"
 MAX_INT = 2 ** 63 - 1  # what a database integer holds
@@ -171,25 +170,4 @@ def write_trace(path: str | Path, rows: Iterable[TraceRow], comments: Iterable[s
     body = "\n".join(lines) + "\n"
     # Round-trip before writing: a row the parser would refuse is never written.
     parse_trace_text(body, str(path))
-    directory = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    except OSError as e:
-        raise TraceError(f"{path}: cannot write: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(body)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 is for the temporary, not the trace
-        os.replace(tmp, path)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise TraceError(f"{path}: cannot write: {e.strerror or e}") from None
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    write_atomic(path, body, TraceError)

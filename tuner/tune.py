@@ -24,6 +24,7 @@ from nbx_tune.tuner.bench import Timing
 from nbx_tune.tuner import screen as screening
 from nbx_tune.tuner.executor import SeatJob, SeatPrepareError, WorkerLost
 from nbx_tune.tuner.screen import ScreenResult
+from nbx_tune.tuner.strategies.search import Full, SearchNote
 
 
 @dataclass
@@ -50,6 +51,7 @@ class SeatResult:
     screen_s: float = 0.0
     bench_s: float = 0.0
     total_s: float = 0.0
+    note: SearchNote = field(default_factory=SearchNote)  # how the winner was searched for
 
 
 class NullReporter:
@@ -121,7 +123,9 @@ def seat_job(spec: KernelSpec, profile, label: str, problems: list[Problem], dev
 
 
 def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], executor,
-              strategy, device: str, reporter=None) -> SeatResult:
+              strategy, device: str, reporter=None, search=None) -> SeatResult:
+    """`search` (tuner/strategies/search.py) picks which candidates are screened and timed:
+    all of them by default."""
     reporter = reporter or NullReporter()
     t0 = time.perf_counter()
     bad = unscreenable(spec, profile, problems)
@@ -145,9 +149,12 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
 
     by_config: dict[Config, CandidateRecord] = {}
     judged_in: dict[Config, int] = {}  # the worker generation whose screen passed it
+    search = search or Full()
+    spent = {"screen": 0.0, "bench": 0.0}
     try:
-        executor.start_seat(spec, job, keep)
-        ts = time.perf_counter()
+        first = search.compile_first(keep)
+        executor.start_seat(spec, job, first)
+        compiling = set(first)
 
         def screen(c: Config) -> bool:
             out = executor.screen(c)
@@ -160,15 +167,6 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
             reporter.candidate(label, c, out.reason)
             return False
 
-        survivors = [c for c in keep if screen(c)]
-        # A worker that died may have been corrupted before it died: what it passed is
-        # screened again in the worker that replaced it.
-        survivors = [c for c in survivors if judged_in[c] == executor.generation or screen(c)]
-        records += by_config.values()
-        screen_s = time.perf_counter() - ts
-
-        tb = time.perf_counter()
-
         def measure(config: Config, mode: str):
             out = executor.time(config, mode)
             if not out.ok:
@@ -178,11 +176,34 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
                 return None
             return out.timing
 
-        measured = strategy(survivors, measure)
-        for m in measured:
-            rec = by_config[m.config]
-            if rec.reason is None:
-                rec.timing, rec.final = m.timing, m.final
+        def evaluate(configs):
+            """Screen what was not screened yet, time the survivors among `configs`."""
+            more = [c for c in configs if c not in compiling]
+            if more and hasattr(executor, "precompile"):
+                executor.precompile(more)
+            compiling.update(more)
+            ts = time.perf_counter()
+            for c in configs:
+                if c not in by_config:
+                    screen(c)
+            survivors = [c for c in configs if by_config[c].reason is None]
+            # A worker that died may have been corrupted before it died: what it passed is
+            # screened again in the worker that replaced it.
+            survivors = [c for c in survivors if judged_in[c] == executor.generation or screen(c)]
+            tb = time.perf_counter()
+            spent["screen"] += tb - ts
+            measured = [m for m in strategy(survivors, measure) if by_config[m.config].reason is None]
+            for m in measured:
+                by_config[m.config].timing, by_config[m.config].final = m.timing, m.final
+            spent["bench"] += time.perf_counter() - tb
+            return measured
+
+        note = search.run(keep, evaluate)
+        if note.detail:
+            reporter.notice(f"{label}: {note.detail}")
+        records += by_config.values()
+        screen_s = spent["screen"]
+        tb = time.perf_counter()
 
         def finals():
             return sorted((r for r in records if r.reason is None and r.final and r.timing),
@@ -192,7 +213,7 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
         while any(judged_in[r.config] != executor.generation and not screen(r.config) for r in finals()[:2]):
             pass
         ranked = finals()
-        bench_s = time.perf_counter() - tb
+        bench_s = spent["bench"] + time.perf_counter() - tb
     except SeatPrepareError as e:  # at the start, or in a worker that replaced a dead one
         reporter.notice(f"{label}: not certified: {e}" + (
             "; not the seat's fault: the next census tries it again" if isinstance(e, WorkerLost) else ""))
@@ -212,14 +233,14 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
     if not ranked:
         return SeatResult("refused", records, seat_refusal=lost_note or (
             "all_refused", f"all {len(spec.configs())} candidates refused"),
-            screened=tuple(screen_at), screen_s=screen_s, bench_s=bench_s, total_s=total)
+            screened=tuple(screen_at), screen_s=screen_s, bench_s=bench_s, total_s=total, note=note)
     winner = ranked[0]
     runner = ranked[1] if len(ranked) > 1 else None
     margin = (runner.timing.median_ms - winner.timing.median_ms) / winner.timing.median_ms if runner else None
     unscreened = "; ".join(skipped) or None
     return SeatResult("unscreened" if unscreened else "certified", records, winner, runner, margin,
                       seat_refusal=lost_note, unscreened=unscreened, screened=tuple(screen_at),
-                      screen_s=screen_s, bench_s=bench_s, total_s=total)
+                      screen_s=screen_s, bench_s=bench_s, total_s=total, note=note)
 
 
 def _dims(spec: KernelSpec, p: Problem) -> str:

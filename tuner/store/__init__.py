@@ -20,7 +20,7 @@ from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from nbx_tune.errors import StoreError
-from nbx_tune.kernels.spec import Problem
+from nbx_tune.kernels.spec import Problem, split_label
 from nbx_tune.tuner.store.db import WRITE, open_engine, safe_url
 from nbx_tune.tuner.store.models import (CensusRun, Certificate, Measurement, Refusal, Seat,
                                          SeatShape, Trace, TraceNeed, Tuning, utcnow)
@@ -101,6 +101,12 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @contextmanager
     def session(self, write: bool = True):
@@ -199,18 +205,20 @@ class Store:
             return res.rowcount == 1
 
     def claim_next(self, seat_ids, holder: str, ttl_s: float) -> int | None:
-        """Claim the first of `seat_ids` that nobody live holds. Rows another worker is
-        claiming this instant are skipped, not waited for (SELECT ... FOR UPDATE SKIP
-        LOCKED on PostgreSQL; SQLite serializes writers with BEGIN IMMEDIATE)."""
+        """Claim the first of `seat_ids`, in their order, that nobody live holds (workers
+        pass the longest seats first, so the last seats of a queue are short ones). Rows
+        another worker is claiming this instant are skipped, not waited for (SELECT ... FOR
+        UPDATE SKIP LOCKED on PostgreSQL; SQLite serializes writers with BEGIN IMMEDIATE)."""
         ids = list(seat_ids)
         if not ids:
             return None
         now = time.time()
         with self.session() as s:
-            sid = s.scalar(select(Seat.id).where(
+            free = set(s.scalars(select(Seat.id).where(
                 Seat.id.in_(ids),
                 (Seat.claimed_by.is_(None)) | (Seat.claim_expires < now) | (Seat.claimed_by == holder),
-            ).order_by(Seat.id).limit(1).with_for_update(skip_locked=True))
+            ).with_for_update(skip_locked=True)))
+            sid = next((i for i in ids if i in free), None)
             if sid is None:
                 return None
             s.execute(update(Seat).where(Seat.id == sid).values(claimed_by=holder, claim_expires=now + ttl_s))
@@ -242,7 +250,8 @@ class Store:
                        started_at=started_at, finished_at=utcnow(), worker=worker, **prov,
                        candidates=len(result.records),
                        survivors=sum(1 for r in result.records if r.reason is None),
-                       screen_s=result.screen_s, bench_s=result.bench_s, total_s=result.total_s)
+                       screen_s=result.screen_s, bench_s=result.bench_s, total_s=result.total_s,
+                       **_search_columns(result))
             s.add(t)
             s.flush()
             for r in result.records:
@@ -274,7 +283,9 @@ class Store:
                     margin=result.margin, screens=_screens_json(w.screens),
                     screened_min=screened[0].to_json() if screened else None,
                     screened_max=screened[-1].to_json() if screened else None,
-                    unscreened=result.unscreened, timing_method=w.timing.method, created_at=utcnow()))
+                    unscreened=result.unscreened, timing_method=w.timing.method, created_at=utcnow(),
+                    search=_search_columns(result)["search"], recertified_from=getattr(
+                        getattr(result, "note", None), "recertified_from", None)))
             s.execute(update(Seat).where(Seat.id == seat_id).values(claimed_by=None, claim_expires=None))
             return t.id
 
@@ -358,8 +369,8 @@ class Store:
         with self.session(write=False) as s:
             if ref.isdigit():  # past 2^63 no row can have it, and SQLite would overflow
                 return s.get(Seat, int(ref)) if int(ref) < 2 ** 63 else None
-            parts = ref.split("|")
-            if len(parts) != 4:
+            parts = split_label(ref)
+            if parts is None:
                 return None
             q = select(Seat).where(Seat.kernel == parts[0], Seat.dtypes == parts[1],
                                    Seat.flags == parts[2], Seat.bucket == parts[3])
@@ -371,10 +382,54 @@ class Store:
                                  "pass --profile or the seat's id")
             return found[0] if found else None
 
+    def judged_configs(self, tuning_id: int) -> set[str]:
+        """Every config a tuning measured or refused: the candidates it knew."""
+        with self.session(write=False) as s:
+            out = set(s.scalars(select(Measurement.config).where(Measurement.tuning_id == tuning_id)))
+            out.update(s.scalars(select(Refusal.config).where(Refusal.tuning_id == tuning_id,
+                                                               Refusal.config.is_not(None))))
+            return out
+
+    def kernel_measurements(self, profile: str, kernel: str, limit: int = 200):
+        """The newest tunings of a kernel on a profile that timed something, newest first:
+        [(Seat, Tuning, [(config, median_ms)], [(config, reason)])], what a ranked search
+        learns from (tuner/strategies/ranked.py)."""
+        with self.session(write=False) as s:
+            rows = s.execute(select(Seat, Tuning).join(Tuning, Tuning.seat_id == Seat.id)
+                             .where(Seat.profile == profile, Seat.kernel == kernel, Tuning.kind != "import",
+                                    Tuning.survivors > 0)
+                             .order_by(Tuning.id.desc()).limit(limit)).all()
+            ids = [t.id for _, t in rows]
+            meas, refused = {}, {}
+            if ids:
+                for tid, c, ms in s.execute(select(Measurement.tuning_id, Measurement.config, Measurement.median_ms)
+                                            .where(Measurement.tuning_id.in_(ids))):
+                    meas.setdefault(tid, []).append((c, ms))
+                for tid, c, why in s.execute(select(Refusal.tuning_id, Refusal.config, Refusal.reason)
+                                             .where(Refusal.tuning_id.in_(ids), Refusal.config.is_not(None))):
+                    refused.setdefault(tid, []).append((c, why))
+            return [(seat, t, meas.get(t.id, []), refused.get(t.id, [])) for seat, t in rows]
+
+    def shortcut_losses(self, profile: str, kernel: str | None = None) -> list[float]:
+        """The losses audits measured for ranked searches (tunings.search = 'audit')."""
+        with self.session(write=False) as s:
+            q = (select(Tuning.shortcut_loss).join(Seat, Seat.id == Tuning.seat_id)
+                 .where(Seat.profile == profile, Tuning.search == "audit", Tuning.shortcut_loss.is_not(None)))
+            if kernel:
+                q = q.where(Seat.kernel == kernel)
+            return [float(x) for x in s.scalars(q)]
+
     def census_runs(self, limit: int = 20):
         with self.session(write=False) as s:
             return s.execute(select(CensusRun, Trace).join(Trace, Trace.id == CensusRun.trace_id)
                              .order_by(CensusRun.id.desc()).limit(limit)).all()
+
+
+def _search_columns(result) -> dict:
+    note = getattr(result, "note", None)
+    if note is None:
+        return {"search": "full"}
+    return {"search": note.search, "seeded_from": note.seeded_from, "shortcut_loss": note.shortcut_loss}
 
 
 def _screens_json(screens) -> str:

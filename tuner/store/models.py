@@ -20,6 +20,7 @@ from sqlalchemy import (BigInteger, Boolean, DateTime, Float, ForeignKey, Index,
 from sqlalchemy import text as sql_text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from nbx_tune.kernels.spec import label_of
 from nbx_tune.tuner.reasons import REFUSAL_REASONS, TRANSIENT_REASONS  # noqa: F401 (re-exported)
 
 
@@ -72,6 +73,10 @@ class Seat(Base):
 
     shapes: Mapped[list["SeatShape"]] = relationship(back_populates="seat")
 
+    @property
+    def label(self) -> str:
+        return label_of(self.kernel, self.dtypes, self.flags, self.bucket)
+
 
 class SeatShape(Base):
     """A distinct problem (shape and params) a census saw in the seat's bucket."""
@@ -122,6 +127,10 @@ class Tuning(Base):
     screen_s: Mapped[float] = mapped_column(Float, default=0.0)
     bench_s: Mapped[float] = mapped_column(Float, default=0.0)
     total_s: Mapped[float] = mapped_column(Float, default=0.0)
+    # full | recertified | fallback | ranked | audit (tuner/recertify.py, strategies/ranked.py)
+    search: Mapped[str] = mapped_column(String(16), default="full", server_default="full")
+    seeded_from: Mapped[int | None] = mapped_column(Integer)  # the tuning a re-certification started from
+    shortcut_loss: Mapped[float | None] = mapped_column(Float)  # audit: the ranked pick's loss against the best
 
 
 class Measurement(Base):
@@ -177,6 +186,8 @@ class Certificate(Base):
     screened_max: Mapped[str | None] = mapped_column(Text)
     unscreened: Mapped[str | None] = mapped_column(Text)  # why a served shape was never screened
     timing_method: Mapped[str] = mapped_column(String(32))
+    search: Mapped[str] = mapped_column(String(16), default="full", server_default="full")
+    recertified_from: Mapped[str | None] = mapped_column(Text)  # the tuning it was re-certified from
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     superseded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     superseded_reason: Mapped[str | None] = mapped_column(Text)

@@ -12,21 +12,16 @@ from nbx_tune.tuner.bench import combine
 from nbx_tune.tuner.strategies import Measured
 
 # Quick estimates on a shared GPU spread by a few percent, and a neighbour's burst can cost
-# one estimate more: 30 % is far outside that. On the H200, 20 % with 5 contenders (and
-# quick estimates of 5 ms) certified a 2048^3 bf16 GEMM at 0.58 of cuBLAS where 30 % and
-# 8 had reached 0.92 (docs/benchmarks.md, third session), so the wider net stays.
-# A mid round (30 ms estimates of the contenders, full timing of three finalists within
-# 10 %) made a six-seat census on the H200 1.6 s faster (with one other change), but in
-# both calls that used it the bucketing loss read over 10 % (docs/benchmarks.md,
-# 2026-12-03): every contender is still timed in full.
+# one estimate more: 30 % is far outside that. A narrower net (20 %, 5 contenders) dropped
+# the real winner of a short GEMM on a quick estimate's noise, so the wider net stays, and
+# every contender is timed in full (a mid round that cut them down was faster but picked
+# worse winners).
 SLACK = 0.30
 TOP_K = 8
 MIN_K = 2
-# Timed one after the other, each contender in one block, the H200's census disagreed with
-# a later side-by-side timing by up to 8 % (the GPU's clocks drift over a seat's second of
-# back-to-back GEMMs, and the quick best is timed first): the bucketing loss read 8.22 %
-# and 2048^3 fell to 0.81 of cuBLAS. In four turned rounds, in the same run: 4.38 % and
-# 0.97 (docs/benchmarks.md, 2026-12-03, third session).
+# Rounds, not one block per contender: the GPU's clocks drift over a seat's second of
+# back-to-back launches, so contenders timed one after the other are ranked partly by when
+# they ran. Turning the order each round lets the drift reach them alike.
 ROUNDS = 4
 
 

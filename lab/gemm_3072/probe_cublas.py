@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # bench/_common
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment, save, table  # noqa: E402
 

@@ -35,6 +35,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # bench/_common
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment as common_environment, save  # noqa: E402
 
@@ -48,7 +49,7 @@ try:
     import nbx_tune  # noqa: F401
 except ImportError:  # the repository root is the package: put a link named nbx_tune on the path
     _pkg = Path(tempfile.mkdtemp())
-    (_pkg / "nbx_tune").symlink_to(Path(__file__).resolve().parents[1])
+    (_pkg / "nbx_tune").symlink_to(Path(__file__).resolve().parents[2])
     sys.path.insert(0, str(_pkg))
 try:
     from nbx_tune.kernels.matmul import CONFIGS, _c as matmul_config, _tma_copy, launch_matmul, tma_ready

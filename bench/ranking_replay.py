@@ -1,0 +1,105 @@
+"""How a ranked search's shortlist would have done, replayed from a database's tunings (no
+GPU): each seat in turn is left out, its candidates are ranked from the other seats'
+measurements, and the loss of the shortlist's pick is read from the seat's own
+measurements (its fastest shortlisted config against its fastest config).
+
+    python bench/ranking_replay.py [--db URL] [--profile hopper] [--kernel matmul]
+
+Run it on a database whose seats were tuned in full (a census under NBX_TUNE_SEARCH=full,
+e.g. `NBX_TUNE_SEARCH=full bash bench/gpu_session.sh census`). Rankers side by side:
+`nearby` (tuner/strategies/ranked.py), `wins` (how often a config was within 2 % of the
+best at the other seats), `declared` (the config space's own order) and `random`; each at
+a few shortlist sizes, TOP best-ranked plus SAMPLE seeded others.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import save, table  # noqa: E402
+
+SIZES = ((4, 2), (6, 3), (8, 4), (12, 4))
+
+
+def wins_order(prior, keys):
+    count = {k: 0.0 for k in keys}
+    for _, meas, _ in prior:
+        if not meas:
+            continue
+        best = min(ms for _, ms in meas)
+        for c, ms in meas:
+            if c in count and ms <= best * 1.02:
+                count[c] += 1
+    return sorted(keys, key=lambda k: -count[k])
+
+
+def _pct(x: float) -> str:
+    return "nothing survived" if x == float("inf") else f"{100 * x:.2f} %"
+
+
+def main(db: str | None, profile: str, kernel: str | None) -> None:
+    from nbx_tune.kernels.spec import Config
+    from nbx_tune.tuner.store import Store
+    from nbx_tune.tuner.strategies.ranked import STATIC, Ranked
+
+    store = Store(db)
+    kernels = [kernel] if kernel else sorted({r.seat.kernel for r in store.seat_records(profile=profile)})
+    rows, result = [], {}
+    for k in kernels:
+        tunings = [(s, t, meas, ref) for s, t, meas, ref in store.kernel_measurements(profile, k, limit=100000)
+                   if len(meas) >= 4 and getattr(t, "search", "full") in ("full", "fallback", "audit")]
+        latest = {}
+        for s, t, meas, ref in tunings:  # newest first: one tuning per seat
+            latest.setdefault(s.id, (s, t, meas, ref))
+        seats = list(latest.values())
+        if len(seats) < 3:
+            continue
+        losses = {}
+        for s, t, meas, ref in seats:
+            prior = [((o.dtypes, o.flags, o.bucket), m, r) for o, _, m, r in seats if o.id != s.id]
+            times = {}
+            for c, ms in meas:
+                times[c] = min(times.get(c, ms), ms)
+            keys = sorted(set(times) | {c for c, why in ref if why not in STATIC})
+            cands = [Config.parse(c) for c in keys]
+            label = "|".join((s.kernel, s.dtypes, s.flags, s.bucket))
+            ranked = Ranked(label, (s.dtypes, s.flags, s.bucket), prior, audit=False)
+            best = min(times.values())
+            orders = {"nearby": None, "wins": wins_order(prior, keys), "declared": keys,
+                      "random": random.Random(label).sample(keys, len(keys))}
+            for name, order in orders.items():
+                for top_n, sample_n in SIZES:
+                    if name == "nearby":
+                        short = [c.key() for c in ranked.shortlist(cands, top_n, sample_n)]
+                    else:
+                        head = order[:top_n]
+                        rest = [c for c in order if c not in head]
+                        short = head + random.Random(label).sample(rest, min(sample_n, len(rest)))
+                    got = [times[c] for c in short if c in times]
+                    loss = min(got) / best - 1 if got else float("inf")
+                    losses.setdefault((name, top_n, sample_n), []).append((loss, len(short) / len(keys)))
+        for (name, top_n, sample_n), xs in losses.items():
+            ls = [x for x, _ in xs]
+            finite = [x for x in ls if x != float("inf")]
+            rows.append([k, name, f"{top_n}+{sample_n}", len(ls), f"{100 * statistics.mean(f for _, f in xs):.0f} %",
+                         _pct(statistics.median(ls)),
+                         f"{100 * max(finite):.2f} %" if finite else "-",
+                         f"{sum(1 for x in ls if x <= 0.02)}/{len(ls)}", len(ls) - len(finite)])
+        result[k] = {f"{n}:{a}+{b}": v for (n, a, b), v in losses.items()}
+    store.close()
+    save("ranking_replay.json", result)
+    print(table(rows, ["kernel", "ranker", "shortlist", "seats", "share timed", "median loss", "max loss",
+                       "within 2 %", "nothing survived"]))
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+
+    def opt(name, default=None):
+        return args[args.index(name) + 1] if name in args else default
+
+    main(opt("--db"), opt("--profile", "hopper"), opt("--kernel"))

@@ -1,0 +1,452 @@
+"""The kernel library against torch on real traces: every row a kernel serves, the certified
+op against torch's own op at the row's shapes, and each trace's end-to-end total.
+
+    python bench/torch_compare.py [TRACE.tsv ...]      default: every examples/traces/*.tsv
+        --budget-s 270     stop timing new rows after this long (the rest: "not timed")
+        --rows N           at most N rows per trace, the heaviest (count x bytes) first
+        --smoke            tiny traces on the CPU interpreter (TRITON_INTERPRET=1): the
+                           script's own check, its numbers mean nothing
+
+Per row, both sides are timed the same way in alternating rounds (_common.side_by_side):
+- graph: kernel time per call under CUDA-graph replay (a graph of G calls, replayed);
+- eager: milliseconds per call launched from Python in a loop (host launch path included).
+Operands rotate through several copies (about 96 MB in all, at most 4) on both sides, so a
+weight matrix is not served from the 50 MB L2 on the next call, as in a model.
+
+nbx side: the certified config of the row's seat (the DB named by NBX_TUNE_DB, tables,
+shipped tables: kernels/certified.py), through the public op where one takes the row as is
+(mm, addmm, bmm, baddbmm, scaled_dot_product_attention), else the spec's launch. A seat
+with no certificate runs the declared default and the row says `default`. torch side: the
+row's aten op (torch.ops.aten.*) with its recorded params, on fresh tensors of its shapes.
+Ratios are torch / nbx: below 1 means nbx-tune is slower. A trace's total is the sum over
+its timed rows of count x time, each side; rows not timed are counted and named.
+Identical rows (op, dtypes, shapes, params) are timed once across traces.
+Output: a table per trace and a summary on stdout, JSON in $OUT/torch_compare.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import logging
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import environment, save, side_by_side, table  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE_TRACES = ("llama_small.tsv", "gpt2_small.tsv")
+ROTATE_BYTES = 96 << 20
+MAX_SETS = 4
+GRAPH_CALLS = 24  # calls captured per graph: the replay's own launch is shared by them
+
+
+# ----------------------------------------------------------------------------- torch side
+
+def _param(text: str, typ: str):
+    """A recorded param's text as the value the schema type takes (recorder.py's format)."""
+    import torch
+
+    if text == "None":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    if text == "()":
+        return []
+    if "List" in typ or "[]" in typ:
+        return [int(p) for p in text.split("x")]
+    dt = getattr(torch, text, None)
+    if isinstance(dt, torch.dtype):
+        return dt
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _tensor(shape, dtype: str, device: str):
+    import torch
+
+    dt = getattr(torch, dtype)
+    if dt.is_floating_point:
+        return torch.empty(shape, dtype=dt, device=device).uniform_(-1, 1)
+    if dt == torch.bool:
+        return torch.ones(shape, dtype=dt, device=device)
+    return torch.zeros(shape, dtype=dt, device=device)  # indices: zero is in range of anything
+
+
+_WRAPPED = {"float64": 0.5, "int64": 1, "bool": True}
+
+
+def torch_call(row, device: str):
+    """(fn(i), bytes of one operand set): torch's aten op of the row on fresh tensors, from
+    its schema: tensor arguments take the row's tensors in order (a list argument takes all
+    that the later tensor arguments leave), params parse by the schema's types. A 0-d
+    float64/int64/bool tensor is a wrapped Python number (recorder.py) and is passed as one."""
+    import torch
+
+    ns, name, *ov = row.op.split(".")
+    op = getattr(getattr(getattr(torch.ops, ns), name), ov[0] if ov else "default")
+    tensors = [(s, d) for s, d in zip(row.shapes, row.dtypes)]
+    args = op._schema.arguments
+    later_single = [sum(1 for b in args[i + 1:] if str(b.type) in ("Tensor", "Optional[Tensor]")
+                        and b.name not in row.params) for i in range(len(args))]
+    plan, ti = [], 0
+    for i, a in enumerate(args):
+        typ = str(a.type)
+        if a.name in row.params:
+            plan.append((a.name, "value", _param(row.params[a.name], typ)))
+        elif typ in ("Tensor", "Optional[Tensor]"):
+            plan.append((a.name, "tensor", tensors[ti]))
+            ti += 1
+        elif typ in ("List[Tensor]", "List[Optional[Tensor]]"):
+            n = len(tensors) - ti - later_single[i]
+            plan.append((a.name, "list", tensors[ti:ti + n]))
+            ti += n
+        elif a.name == "device":  # never recorded (recorder.py): where this run computes
+            plan.append((a.name, "value", torch.device(device)))
+        elif a.name == "cudnn_enabled":  # never recorded, and required by aten.batch_norm
+            plan.append((a.name, "value", True))
+    if ti != len(tensors):
+        raise ValueError(f"{row.op}: placed {ti} of {len(tensors)} tensors from its schema")
+
+    def make(spec):
+        shape, dt = spec
+        if shape == () and dt in _WRAPPED:
+            return _WRAPPED[dt]
+        return _tensor(shape, dt, device)
+
+    def one_set():
+        kw = {}
+        for name_, kind, v in plan:
+            kw[name_] = v if kind == "value" else make(v) if kind == "tensor" else [make(s) for s in v]
+        return kw
+
+    nbytes = sum(math.prod(s) * getattr(torch, d).itemsize for s, d in tensors if not (s == () and d in _WRAPPED))
+    sets = [one_set() for _ in range(n_sets(nbytes, device))]
+    return (lambda i: op(**sets[i % len(sets)])), nbytes
+
+
+def n_sets(nbytes: int, device: str) -> int:
+    if device == "cpu":
+        return 1
+    return max(1, min(MAX_SETS, -(-ROTATE_BYTES // max(nbytes, 1))))
+
+
+# ----------------------------------------------------------------------------- nbx side
+
+def _public(spec, problem, row, ins, outs):
+    """The public op's call for a row it takes as is, else None."""
+    from nbx_tune import kernels as K
+
+    op = row.base_op
+    if spec.name == "matmul":
+        a, b = ins["a"], ins["b"]
+        if op == "aten.mm":
+            return lambda: K.mm(a[0], b[0])
+        if op == "aten.bmm":
+            return lambda: K.bmm(a, b)
+        alpha, beta = problem.get("alpha", 1.0), problem.get("beta", 1.0)
+        bias = ins.get("bias")
+        if bias is None:
+            return None
+        if op == "aten.addmm":
+            return lambda: K.addmm(bias, a[0], b[0], beta=beta, alpha=alpha)
+        if op == "aten.baddbmm":
+            return lambda: K.baddbmm(bias, a, b, beta=beta, alpha=alpha)
+    if spec.name == "attention" and op == "aten.scaled_dot_product_attention":
+        causal = dict(problem.flags)["causal"] == "1"
+        scale = problem.get("scale")
+        return lambda: K.scaled_dot_product_attention(ins["q"], ins["k"], ins["v"], is_causal=causal, scale=scale)
+    return None
+
+
+def nbx_call(spec, problem, row, device: str):
+    """(fn(i), config text, certified?, path): the certified op of the row on operands of
+    the spec's shapes (uniform values; integers zero), rotating like torch's side."""
+    import torch
+
+    from nbx_tune.kernels import certified
+
+    config = certified.config_for(spec, problem.dtypes, problem.flags, problem.dims)
+    is_cert = certified.state().memo[(spec.name, problem.dtypes, problem.flags, problem.dims)][1] is None
+    try:
+        shapes = spec.input_shapes(problem)
+    except NotImplementedError:
+        shapes = None
+    sets = []
+    nbytes = spec.operand_bytes(problem) if shapes is not None else 0
+    for _ in range(n_sets(nbytes, device)):
+        if shapes is not None:
+            ins = {n: _tensor(s, dt, device) for n, (s, dt) in shapes.items()}
+        else:
+            import numpy as np
+
+            ins = {n: torch.from_numpy(np.ascontiguousarray(v)).to(getattr(torch, dt)).to(device)
+                   for n, (v, dt) in spec.make_inputs(problem, np.random.default_rng(0)).items()}
+        outs = {n: torch.empty(s, dtype=getattr(torch, dt), device=device)
+                for n, (s, dt) in spec.output_specs(problem).items()}
+        pub = _public(spec, problem, row, ins, outs)
+        if pub is None:
+            pub = (lambda ins=ins, outs=outs: spec.launch(config, problem, ins, outs))
+        sets.append(pub)
+    path = "public" if _public(spec, problem, row, ins, outs) is not None else "spec"
+    return (lambda i: sets[i % len(sets)]()), str(config), is_cert, path
+
+
+# ----------------------------------------------------------------------------- timing
+
+def _cuda_timer(fn, rep_ms: float) -> float:
+    """ms per call of fn (which may be a graph replay of several calls: the caller divides):
+    CUDA events around a loop sized to rep_ms, after one call to size it."""
+    import torch
+
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    fn()
+    e.record()
+    e.synchronize()
+    n = max(2, min(2000, int(rep_ms / max(s.elapsed_time(e), 1e-3))))
+    s.record()
+    for _ in range(n):
+        fn()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) / n
+
+
+def _cpu_timer(fn, rep_ms: float) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def capture(f, calls: int = GRAPH_CALLS):
+    """A CUDA graph of f(0) .. f(calls - 1), after three calls outside it (compile, warm-up)."""
+    import torch
+
+    for i in range(3):
+        f(i)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        for i in range(calls):
+            f(i)
+    torch.cuda.synchronize()
+    return g
+
+
+def graph_times(fns: dict, rep_ms: float, calls: int = GRAPH_CALLS, device: str = "cuda") -> dict:
+    """ms per call of each fn(i) under CUDA-graph replay, in alternating rounds (on the CPU,
+    for smoke runs: the calls one after another, wall clock)."""
+    if device == "cpu":
+        loops = {s: (lambda f=f: [f(i) for i in range(calls)]) for s, f in fns.items()}
+        return {s: v / calls for s, v in side_by_side(loops, rep_ms, rounds=2, timer=_cpu_timer).items()}
+    graphs = {s: capture(f, calls) for s, f in fns.items()}
+    t = side_by_side({s: g.replay for s, g in graphs.items()}, rep_ms, rounds=4, timer=_cuda_timer)
+    return {s: v / calls for s, v in t.items()}
+
+
+def time_pair(fns: dict, device: str, rep_ms: float) -> dict:
+    """{side: {"graph": ms, "eager": ms}} for fns {side: fn(i)}: each side's graph of
+    GRAPH_CALLS calls and its eager loop, alternating in rounds (side_by_side)."""
+    out = {s: {} for s in fns}
+    if device == "cpu":
+        for s, f in fns.items():
+            f(0)
+        t = side_by_side({s: (lambda f=f: f(0)) for s, f in fns.items()}, rep_ms, rounds=2, timer=_cpu_timer)
+        return {s: {"graph": None, "eager": t[s]} for s in fns}
+    graphs = {s: capture(f) for s, f in fns.items()}
+
+    class Eager:
+        def __init__(self, f):
+            self.f, self.i = f, 0
+
+        def __call__(self):
+            self.i += 1
+            self.f(self.i)
+
+    t = side_by_side({("graph", s): g.replay for s, g in graphs.items()}, rep_ms, rounds=4, timer=_cuda_timer)
+    e = side_by_side({("eager", s): Eager(f) for s, f in fns.items()}, rep_ms / 2, rounds=4, timer=_cuda_timer)
+    for s in fns:
+        out[s] = {"graph": t[("graph", s)] / GRAPH_CALLS, "eager": e[("eager", s)]}
+    del graphs
+    return out
+
+
+# ----------------------------------------------------------------------------- driver
+
+def row_text(row) -> str:
+    from nbx_tune.kernels.rows import format_shape
+
+    p = row.params.text()
+    return f"{row.op} {','.join(row.dtypes)} {';'.join(format_shape(s) for s in row.shapes)}" + (f" {p}" if p else "")
+
+
+def served(row):
+    """(spec, problem) when a kernel serves the row, else None."""
+    from nbx_tune.kernels.registry import spec_for_op
+    from nbx_tune.kernels.spec import NotServable
+
+    spec = spec_for_op(row.op)
+    if spec is None:
+        return None
+    problem = spec.problem_from_row(row)
+    return None if isinstance(problem, NotServable) else (spec, problem)
+
+
+def weight(row, spec, problem) -> int:
+    try:
+        return row.count * spec.operand_bytes(problem)
+    except NotImplementedError:
+        return row.count
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+def fmt(x, nd=4):
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("traces", nargs="*")
+    ap.add_argument("--budget-s", type=float, default=270.0)
+    ap.add_argument("--rows", type=int, default=0, help="at most this many rows per trace (0: all)")
+    ap.add_argument("--rep-ms", type=float, default=0.0, help="time per side per measure, ms (default 24, smoke 1)")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args(argv)
+
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"
+    # A seat without a certificate is marked `default` in the table: no log line per seat.
+    log, level = logging.getLogger("nbx_tune"), logging.getLogger("nbx_tune").level
+    log.setLevel(logging.ERROR)
+    try:
+        return run(args)
+    finally:
+        log.setLevel(level)
+
+
+def run(args) -> int:
+    import torch
+
+    from nbx_tune.tuner.trace import read_trace
+
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    traces = args.traces or ([str(ROOT / "examples/traces" / t) for t in SMOKE_TRACES] if args.smoke
+                             else sorted(glob.glob(str(ROOT / "examples/traces/*.tsv"))))
+    rep_ms = args.rep_ms or (1.0 if device == "cpu" else 24.0)
+    max_rows = args.rows or (6 if args.smoke else 0)
+    t_start = time.perf_counter()
+    done: dict = {}  # row key -> result (timed once across traces)
+    report = {"env": environment(), "device": device, "traces": {}}
+    torch.manual_seed(0)
+
+    work = []
+    for path in traces:
+        tr = read_trace(path)
+        rows = []
+        for row in tr.rows:
+            sp = served(row)
+            if sp is not None:
+                rows.append((weight(row, *sp), row, *sp))
+        rows.sort(key=lambda r: -r[0])
+        skipped = rows[max_rows:] if max_rows else []
+        work.append((path, tr, rows[:max_rows] if max_rows else rows, skipped))
+
+    # Traces take turns, heaviest row first, so a budget cut leaves every trace its main rows.
+    order = []
+    for i in range(max(len(w[2]) for w in work) if work else 0):
+        for path, tr, rows, _ in work:
+            if i < len(rows):
+                order.append(rows[i][1])
+    for row in order:
+        key = row.key()
+        if key in done:
+            continue
+        if time.perf_counter() - t_start > args.budget_s:
+            done[key] = {"error": "not timed (budget)"}
+            continue
+        spec, problem = served(row)
+        res = {"kernel": spec.name}
+        try:
+            f_torch, _ = torch_call(row, device)
+            f_nbx, cfg, is_cert, how = nbx_call(spec, problem, row, device)
+            res.update(config=cfg, certified=is_cert, path=how)
+            res.update(time_pair({"nbx": f_nbx, "torch": f_torch}, device, rep_ms))
+        except Exception as e:  # one row's failure is its own: recorded, the run goes on
+            res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            traceback.print_exc(limit=2, file=sys.stderr)
+            if device == "cuda":
+                torch.cuda.synchronize()
+        finally:
+            f_torch = f_nbx = None
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        done[key] = res
+        if len(done) % 20 == 0:  # kept if the stage is cut short
+            save("torch_compare.json", {"partial": {row_text(r): done[r.key()] for r in order if r.key() in done}})
+        g = ratio(res.get("torch", {}).get("graph"), res.get("nbx", {}).get("graph"))
+        print(f"  {row_text(row)[:90]:90s} graph torch/nbx {fmt(g, 3)} {res.get('error', '')}", flush=True)
+
+    summary = []
+    for path, tr, rows, skipped in work:
+        name = Path(path).stem
+        lines, tot = [], {"nbx": {"graph": 0.0, "eager": 0.0}, "torch": {"graph": 0.0, "eager": 0.0}}
+        untimed = [row_text(r[1]) for r in skipped]
+        launches = {"served": 0, "timed": 0, "all": tr.launches}
+        for _, row, spec, problem in rows + skipped:
+            launches["served"] += row.count
+        for _, row, spec, problem in rows:
+            r = done.get(row.key(), {"error": "not timed"})
+            if all(r.get(s, {}).get("eager") is not None for s in tot):
+                launches["timed"] += row.count
+                for m in ("graph", "eager"):  # no graph on the CPU: only eager totals there
+                    if all(r[s][m] is not None for s in tot):
+                        for s in tot:
+                            tot[s][m] += row.count * r[s][m]
+            else:
+                untimed.append(row_text(row) + f" ({r.get('error', '?')})")
+            lines.append({"row": row_text(row), "count": row.count, **r})
+        gr = ratio(tot["torch"]["graph"], tot["nbx"]["graph"])
+        er = ratio(tot["torch"]["eager"], tot["nbx"]["eager"])
+        report["traces"][name] = {"rows": lines, "total_ms": tot, "ratio_graph": gr, "ratio_eager": er,
+                                  "launches": launches, "untimed": untimed}
+        tab = []
+        for ln in lines:
+            nb, to = ln.get("nbx", {}), ln.get("torch", {})
+            tab.append([ln["row"][:72], ln["count"], fmt(nb.get("graph")), fmt(to.get("graph")),
+                        fmt(ratio(to.get("graph"), nb.get("graph")), 3),
+                        fmt(ratio(to.get("eager"), nb.get("eager")), 3),
+                        ("cert" if ln.get("certified") else "default") if "config" in ln else ln.get("error", "")[:30]])
+        print(f"\n== {name}: {len(lines)} served rows, {launches['timed']}/{launches['served']} served launches "
+              f"timed ({launches['all']} in the trace)")
+        print(table(tab, ["row", "count", "nbx graph ms", "torch graph ms", "torch/nbx graph", "torch/nbx eager",
+                          "config"]))
+        worst = min((ratio(ln["torch"]["graph"], ln["nbx"]["graph"]) for ln in lines
+                     if ln.get("nbx", {}).get("graph") and ln.get("torch", {}).get("graph")), default=None)
+        summary.append([name, f"{launches['timed']}/{launches['served']}", fmt(tot["nbx"]["graph"], 3),
+                        fmt(tot["torch"]["graph"], 3), fmt(gr, 3), fmt(er, 3), fmt(worst, 3), len(untimed)])
+        save("torch_compare.json", report)
+    env = report["env"]
+    print(f"\n{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}")
+    print(table(summary, ["trace", "launches timed", "nbx e2e graph ms", "torch e2e graph ms", "torch/nbx graph",
+                          "torch/nbx eager", "worst row (graph)", "rows untimed"]))
+    print(f"total {time.perf_counter() - t_start:.0f} s; JSON {save('torch_compare.json', report)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

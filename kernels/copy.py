@@ -1,0 +1,499 @@
+"""Copies: dtype casts (`aten._to_copy`), clones and `copy_`, and `aten.cat`, on one
+strided copy kernel.
+
+`copy` serves `_to_copy` / `clone` / `copy_`: out[i] = x[i] converted to out's dtype, any
+strides on either side (a clone of a transposed tensor, `.contiguous()`, a broadcast
+`copy_`). `cat` writes each input into its slice of the output with the same kernel, one
+launch per non-empty input (torch skips legacy 1-D empty inputs, and so does `cat`).
+
+Launch key: the element count on the `elements` ladder (of the output, for `cat`); the
+layout (`flat`: both sides contiguous alike; `strided`: indexed through merged strides) is
+a flag, because it changes the code. Both specs are exact: a copy or a cast has one right
+answer (round to nearest even), checked bit for bit in every dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from nbx_tune.errors import KernelError
+from nbx_tune.kernels import launch
+from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.rows import format_shape, numel
+from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
+from nbx_tune.oracles import movement as oracle
+
+FLOAT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+INT_DTYPES = {"int32": torch.int32, "int64": torch.int64}
+TORCH_DTYPES = {**FLOAT_DTYPES, **INT_DTYPES, "bool": torch.bool}
+_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+INDEX_LIMIT = 2**31 - 2**17  # beyond this offsets are computed in int64
+MAX_RANK = 4  # dims after merging
+
+
+# ----------------------------------------------------------------------------- device code
+
+@triton.jit
+def _copy_kernel(x_ptr, y_ptr, n, D1, D2, D3,
+                 SX0, SX1, SX2, SX3, SY0, SY1, SY2, SY3,
+                 NDIM: tl.constexpr, FLAT: tl.constexpr, INT64: tl.constexpr,
+                 BLOCK_SIZE: tl.constexpr):
+    """y[i] = x[i] cast to y's dtype. FLAT: both contiguous alike. Else element i of the
+    merged shape is decomposed over D1..D3 (innermost first); SX/SY are the strides, S?0
+    the outermost dim's."""
+    pid = tl.program_id(0)
+    if INT64:
+        start = pid.to(tl.int64) * BLOCK_SIZE
+    else:
+        start = pid * BLOCK_SIZE
+    offs = start + tl.arange(0, BLOCK_SIZE)
+    mask = offs < n
+    if FLAT:
+        x_off = offs
+        y_off = offs
+    else:
+        rem = offs
+        x_off = offs * 0
+        y_off = offs * 0
+        if NDIM > 1:
+            i = rem % D1
+            rem = rem // D1
+            x_off += i * SX1
+            y_off += i * SY1
+        if NDIM > 2:
+            i = rem % D2
+            rem = rem // D2
+            x_off += i * SX2
+            y_off += i * SY2
+        if NDIM > 3:
+            i = rem % D3
+            rem = rem // D3
+            x_off += i * SX3
+            y_off += i * SY3
+        x_off += rem * SX0
+        y_off += rem * SY0
+    x = tl.load(x_ptr + x_off, mask=mask)
+    tl.store(y_ptr + y_off, x.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_copy_kernel = launch.recorded(_copy_kernel)  # its calls are replayed (kernels/launch.py)
+
+
+# ----------------------------------------------------------------------------- launchers
+
+def contiguous_strides(shape) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(tuple(shape)):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def copy_plan(shape, x_strides, y_strides) -> tuple:
+    """(n, flat, sizes, x_strides, y_strides): the shape's dims merged where both sides
+    allow, outermost first, at most MAX_RANK (more raises ValueError)."""
+    n = numel(shape)
+    merged: list[list[int]] = []
+    for d, sx, sy in zip(shape, x_strides, y_strides):
+        if d == 1:
+            continue
+        if merged and merged[-1][1] == sx * d and merged[-1][2] == sy * d:
+            merged[-1] = [merged[-1][0] * d, sx, sy]
+            continue
+        merged.append([d, sx, sy])
+    if not merged:
+        merged = [[1, 1, 1]]
+    if len(merged) > MAX_RANK:
+        raise ValueError(f"{len(merged)} dims after merging (the copy kernel takes {MAX_RANK})")
+    sizes = tuple(m[0] for m in merged)
+    sx = tuple(m[1] for m in merged)
+    sy = tuple(m[2] for m in merged)
+    flat = len(sizes) == 1 and sx == (1,) and sy == (1,) or n == 1
+    return (n, flat, sizes, sx, sy)
+
+
+def launch_copy_plan(x, y, plan, config: Config) -> None:
+    n, flat, sizes, sx, sy = plan
+    nd = len(sizes)
+    d = [sizes[nd - 1 - k] if k < nd - 1 else 1 for k in range(3)]
+    lx = [sx[0]] + [sx[nd - 1 - k] if k < nd - 1 else 0 for k in range(3)]
+    ly = [sy[0]] + [sy[nd - 1 - k] if k < nd - 1 else 0 for k in range(3)]
+    extent = max(sum((k - 1) * abs(s) for k, s in zip(sizes, st)) for st in (sx, sy))
+    grid = (triton.cdiv(n, config["BLOCK_SIZE"]),)
+    _copy_kernel[grid](x, y, n, d[0], d[1], d[2], *lx, *ly, NDIM=nd, FLAT=flat,
+                       INT64=max(n, extent) > INDEX_LIMIT, **config.kwargs)
+
+
+def launch_copy(x, y, config: Config) -> None:
+    """y = x (same shape; x may broadcast by stride 0), cast to y's dtype, any strides."""
+    launch_copy_plan(x, y, copy_plan(tuple(y.shape), x.stride(), y.stride()), config)
+
+
+# ----------------------------------------------------------------------------- configs
+
+def _c(block, warps):
+    return Config.make(BLOCK_SIZE=block, num_warps=warps, num_stages=1)
+
+
+# A stream with no loop: the block and the warps are all a config changes (one stage).
+CONFIGS = (_c(512, 4), _c(1024, 4), _c(2048, 8), _c(4096, 8), _c(8192, 16))
+DEFAULTS = (_c(1024, 4),)
+
+
+def cast_supported(src: str, dst: str) -> str | None:
+    """Why a cast is not served, or None."""
+    for dt in (src, dst):
+        if dt not in TORCH_DTYPES:
+            return f"dtype {dt} is not served ({', '.join(TORCH_DTYPES)})"
+    if dst == "bool" and src != "bool":
+        return "casts to bool are not served"
+    if dst in INT_DTYPES and src in FLOAT_DTYPES:
+        return "casts from floats to integers are not served"
+    return None
+
+
+def _inputs_of(dt: str, shape, rng):
+    if dt == "bool":
+        return rng.integers(0, 2, shape)
+    if dt in INT_DTYPES:
+        return rng.integers(-1000, 1000, shape)
+    # Magnitudes over 2^-18..2^12: casts round across fp16's subnormals and full range.
+    return rng.standard_normal(shape) * 2.0 ** rng.uniform(-18, 10, shape)
+
+
+# ----------------------------------------------------------------------------- copy spec
+
+_COPY_OPS = ("aten._to_copy", "aten.clone", "aten.copy_")
+
+
+class CopySpec(KernelSpec):
+    name = "copy"
+    ops = _COPY_OPS
+    key = (KeyDim("N", "elements"),)
+    dtypes = tuple(TORCH_DTYPES)
+    exact = True
+    description = "copies and dtype casts: _to_copy, clone, copy_ (any strides)"
+
+    config_space = CONFIGS
+    default_configs = DEFAULTS
+
+    def source_parts(self):
+        return (_copy_kernel, copy_plan, launch_copy_plan, launch_copy)
+
+    def problem_from_row(self, row):
+        op = row.op.removesuffix(".default")
+        if op not in _COPY_OPS:
+            return NotServable(f"{op}: overload not served")
+        if op == "aten.copy_":
+            if len(row.shapes) != 2:
+                return NotServable(f"copy_ takes two tensors, the row has {len(row.shapes)}")
+            out_dt, src_dt = row.dtypes
+            shape, src_shape = row.shapes
+            if tuple(src_shape) != tuple(shape):
+                return NotServable(f"copy_ of {format_shape(src_shape)} into {format_shape(shape)}: "
+                                   "a broadcast copy is served by the public op only")
+            known = {"non_blocking"}
+        else:
+            if len(row.shapes) != 1:
+                return NotServable(f"{op} takes one tensor, the row has {len(row.shapes)}")
+            src_dt, shape = row.dtypes[0], row.shapes[0]
+            out_dt = row.params.str("dtype", src_dt) if op == "aten._to_copy" else src_dt
+            known = {"dtype", "non_blocking"} if op == "aten._to_copy" else set()
+        unknown = set(row.params) - known
+        if unknown:
+            return NotServable(f"{op}: unsupported params {', '.join(sorted(unknown))}")
+        why = cast_supported(src_dt, out_dt)
+        if why:
+            return NotServable(why)
+        n = numel(shape)
+        if n == 0:
+            return NotServable("an empty tensor: nothing to launch")
+        return Problem(self.name, (out_dt, src_dt), seat_flags(layout="flat"), (n,),
+                       (("shape", tuple(shape)),))
+
+    def input_shapes(self, problem):
+        return {"x": (tuple(problem.get("shape")), problem.dtypes[1])}
+
+    def make_inputs(self, problem, rng):
+        return {"x": (_inputs_of(problem.dtypes[1], tuple(problem.get("shape")), rng), problem.dtypes[1])}
+
+    def oracle(self, problem, inputs):
+        return {"y": oracle.cast(inputs["x"], problem.dtypes[0]).reshape(tuple(problem.get("shape")))}
+
+    def output_specs(self, problem):
+        return {"y": (tuple(problem.get("shape")), problem.dtypes[0])}
+
+    def launch(self, config, problem, inputs, outputs):
+        launch_copy(inputs["x"], outputs["y"], config)
+
+    def example_rows(self, scale):
+        from nbx_tune.kernels.rows import make_row
+
+        shapes = ((3, 37, 5), (1000,)) if scale == "small" else ((1, 512, 4096), (8, 320, 4097))
+        floats = ("float16", "float32") if scale == "small" else tuple(FLOAT_DTYPES)
+        rows = []
+        for i, src in enumerate(floats):
+            for j, dst in enumerate(floats):
+                rows.append(make_row("aten._to_copy", [src], [shapes[(i + j) % 2]], {"dtype": dst}))
+            rows.append(make_row("aten.clone", [src], [shapes[i % 2]]))
+            rows.append(make_row("aten.copy_", [src, floats[-1 - i]], [shapes[1 - i % 2]] * 2))
+        # The rotary positions (int64 -> float32) and a mask (bool -> int64).
+        rows += [make_row("aten._to_copy", ["int64"], [shapes[0]], {"dtype": "float32"}),
+                 make_row("aten._to_copy", ["bool"], [shapes[1]], {"dtype": "int64"}),
+                 make_row("aten.clone", ["int64"], [shapes[1]])]
+        if scale != "small":
+            rows.append(make_row("aten._to_copy", ["int32"], [shapes[1]], {"dtype": "bfloat16"}))
+        return rows
+
+
+# ----------------------------------------------------------------------------- cat spec
+
+def _legacy_empty(shape) -> bool:
+    return len(shape) == 1 and shape[0] == 0
+
+
+def cat_shape(shapes, dim: int) -> tuple[tuple[int, ...], int] | str:
+    """(output shape, normalized dim), or why the shapes do not concatenate."""
+    kept = [tuple(s) for s in shapes if not _legacy_empty(s)]
+    if not kept:
+        return "every input is empty"
+    rank = len(kept[0])
+    if not -rank <= dim < rank:
+        return f"dim {dim} out of range for rank {rank}"
+    dim %= rank
+    for s in kept:
+        if len(s) != rank or any(a != b for k, (a, b) in enumerate(zip(s, kept[0])) if k != dim):
+            return f"shapes {' and '.join(format_shape(x) for x in kept)} do not concatenate on dim {dim}"
+    out = list(kept[0])
+    out[dim] = sum(s[dim] for s in kept)
+    return tuple(out), dim
+
+
+def launch_cat(xs, out, dim: int, config: Config) -> None:
+    """out = cat(xs, dim): each non-empty input copied into its slice of out."""
+    offset = 0
+    for x in xs:
+        if _legacy_empty(tuple(x.shape)):
+            continue
+        size = x.shape[dim]
+        if x.numel():
+            y = out.narrow(dim, offset, size)
+            launch_copy_plan(x, y, copy_plan(tuple(x.shape), x.stride(), y.stride()), config)
+        offset += size
+
+
+class CatSpec(KernelSpec):
+    name = "cat"
+    ops = ("aten.cat",)
+    key = (KeyDim("N", "elements"),)
+    dtypes = tuple(TORCH_DTYPES)
+    exact = True
+    description = "concatenation (torch.cat) by strided copies into the output's slices"
+
+    config_space = CONFIGS
+    default_configs = DEFAULTS
+
+    def source_parts(self):
+        return (_copy_kernel, copy_plan, launch_copy_plan, launch_cat)
+
+    def problem_from_row(self, row):
+        if row.op.removesuffix(".default") != "aten.cat":
+            return NotServable(f"{row.op}: overload not served")
+        unknown = set(row.params) - {"dim"}
+        if unknown:
+            return NotServable(f"aten.cat: unsupported params {', '.join(sorted(unknown))}")
+        if not row.shapes:
+            return NotServable("aten.cat of no tensors")
+        if len(set(row.dtypes)) != 1:
+            return NotServable(f"aten.cat of mixed dtypes {', '.join(row.dtypes)} is not served")
+        dt = row.dtypes[0]
+        if dt not in TORCH_DTYPES:
+            return NotServable(f"dtype {dt} is not served ({', '.join(TORCH_DTYPES)})")
+        try:
+            dim = row.params.int("dim", 0)
+        except ValueError as e:
+            return NotServable(f"bad dim: {e}")
+        got = cat_shape(row.shapes, dim)
+        if isinstance(got, str):
+            return NotServable(got)
+        out_shape, dim = got
+        n = numel(out_shape)
+        if n == 0:
+            return NotServable("an empty output: nothing to launch")
+        try:
+            for s in row.shapes:
+                if not _legacy_empty(s):
+                    copy_plan(s, contiguous_strides(s), contiguous_strides(out_shape))
+        except ValueError as e:
+            return NotServable(str(e))
+        extra = (("dim", dim), ("out_shape", tuple(out_shape)), ("shapes", tuple(tuple(s) for s in row.shapes)))
+        return Problem(self.name, (dt,), seat_flags(), (n,), extra)
+
+    def input_shapes(self, problem):
+        return {f"x{i}": (tuple(s), problem.dtypes[0]) for i, s in enumerate(problem.get("shapes"))}
+
+    def make_inputs(self, problem, rng):
+        return {name: (_inputs_of(dt, shape, rng), dt) for name, (shape, dt) in self.input_shapes(problem).items()}
+
+    def oracle(self, problem, inputs):
+        shapes = problem.get("shapes")
+        xs = [inputs[f"x{i}"].reshape(tuple(s)) for i, s in enumerate(shapes)]
+        return {"out": oracle.cat(xs, problem.get("dim"))}
+
+    def output_specs(self, problem):
+        return {"out": (tuple(problem.get("out_shape")), problem.dtypes[0])}
+
+    def launch(self, config, problem, inputs, outputs):
+        shapes = problem.get("shapes")
+        xs = [inputs[f"x{i}"].reshape(tuple(s)) for i, s in enumerate(shapes)]
+        launch_cat(xs, outputs["out"], problem.get("dim"), config)
+
+    def example_rows(self, scale):
+        from nbx_tune.kernels.rows import make_row
+
+        rows = []
+        if scale == "small":
+            dts = ("float16", "float32", "int64")
+            rope = [(1, 3, 7, 5), (1, 3, 7, 5)]
+            cache = [(0,), (1, 3, 7, 5)]
+            grow = [(1, 3, 6, 5), (1, 3, 1, 5)]
+            three = [(5, 3), (5, 1), (5, 9)]
+        else:
+            dts = (*FLOAT_DTYPES, "int64")
+            rope = [(1, 32, 512, 64), (1, 32, 512, 64)]
+            cache = [(0,), (1, 32, 512, 128)]
+            grow = [(1, 8, 1023, 128), (1, 8, 1, 128)]
+            three = [(4097, 31), (4097, 1), (4097, 257)]
+        for dt in dts:
+            rows += [make_row("aten.cat", [dt, dt], rope, {"dim": "-1"}),
+                     make_row("aten.cat", [dt, dt], cache, {"dim": "-2"}),
+                     make_row("aten.cat", [dt, dt], grow, {"dim": "2"}),
+                     make_row("aten.cat", [dt] * 3, three, {"dim": "1"}),
+                     make_row("aten.cat", [dt] * 2, three[:1] * 2)]
+        return rows
+
+
+COPY_SPEC = CopySpec()
+CAT_SPEC = CatSpec()
+SPECS = (COPY_SPEC, CAT_SPEC)
+
+
+# ----------------------------------------------------------------------------- public ops
+
+REMEMBERED = launch.REMEMBERED
+
+
+def _like(x: torch.Tensor, dtype, memory_format) -> torch.Tensor:
+    """The output of a copy of x: contiguous through `launch.empty` (a replay makes it
+    again) where torch's layout is contiguous, else torch's empty_like (never remembered)."""
+    if memory_format is torch.contiguous_format or (memory_format in (None, torch.preserve_format)
+                                                    and x.is_contiguous()):
+        return launch.empty(x.shape, dtype, x.device)
+    return torch.empty_like(x, dtype=dtype, memory_format=memory_format or torch.preserve_format)
+
+
+def _dtype_name(t: torch.Tensor, what: str) -> str:
+    try:
+        return _NAMES[t.dtype]
+    except KeyError:
+        raise KernelError(f"{what}: dtype {t.dtype} is not served ({', '.join(TORCH_DTYPES)})") from None
+
+
+def _copy_into(x: torch.Tensor, y: torch.Tensor, what: str) -> torch.Tensor:
+    why = cast_supported(_dtype_name(x, what), _dtype_name(y, what))
+    if why:
+        raise KernelError(f"{what}: {why}")
+    if y.numel() == 0:
+        return y
+    try:
+        plan = copy_plan(tuple(y.shape), x.stride(), y.stride())
+    except ValueError as e:
+        raise KernelError(f"{what}: {e}") from None
+    config = config_for(COPY_SPEC, (_NAMES[y.dtype], _NAMES[x.dtype]),
+                        seat_flags(layout="flat" if plan[1] else "strided"), (plan[0],))
+    launch_copy_plan(x, y, plan, config)
+    return y
+
+
+def _to_copy(self: torch.Tensor, *, dtype=None, layout=None, device=None, pin_memory=None,
+             non_blocking: bool = False, memory_format=None) -> torch.Tensor:
+    """aten._to_copy: a copy of self in `dtype` (strides preserved where torch preserves
+    them); the device must be self's."""
+    if device is not None and torch.device(device) != self.device:
+        raise KernelError(f"_to_copy: a copy to {device} from {self.device} is not served")
+    if layout not in (None, torch.strided):
+        raise KernelError(f"_to_copy: layout {layout} is not served")
+    dtype = dtype or self.dtype
+    try:  # the direct launch (kernels/launch.py)
+        key = (COPY_SPEC, dtype, memory_format, *launch.tensor_key(self))
+    except AttributeError:
+        raise KernelError("_to_copy: the operand must be a tensor") from None
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(self)
+    return launch.remember(key, (self,), _copy_as, self, dtype, memory_format, "_to_copy")
+
+
+def _copy_as(x: torch.Tensor, dtype, memory_format, what: str) -> torch.Tensor:
+    return _copy_into(x, _like(x, dtype, memory_format), what)
+
+
+def clone(self: torch.Tensor, *, memory_format=None) -> torch.Tensor:
+    """aten.clone: a copy with self's strides (preserve_format) or in `memory_format`."""
+    try:  # the direct launch (kernels/launch.py)
+        key = (COPY_SPEC, "clone", memory_format, *launch.tensor_key(self))
+    except AttributeError:
+        raise KernelError("clone: the operand must be a tensor") from None
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(self)
+    return launch.remember(key, (self,), _copy_as, self, self.dtype, memory_format, "clone")
+
+
+def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """aten.copy_: src (broadcast to self's shape) into self, cast to self's dtype."""
+    if src.device != self.device:
+        raise KernelError(f"copy_: a copy from {src.device} to {self.device} is not served")
+    try:
+        src = src.expand(self.shape)
+    except RuntimeError:
+        raise KernelError(f"copy_: {tuple(src.shape)} does not broadcast to {tuple(self.shape)}") from None
+    return _copy_into(src, self, "copy_")
+
+
+def cat(tensors, dim: int = 0) -> torch.Tensor:
+    """aten.cat: the tensors (one dtype, legacy 1-D empty ones skipped) joined on dim."""
+    tensors = tuple(tensors)
+    try:  # the direct launch (kernels/launch.py)
+        key = (CAT_SPEC, dim, *(launch.tensor_key(t) for t in tensors))
+    except AttributeError:
+        raise KernelError("cat: the operands must be tensors") from None
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(*tensors)
+    return launch.remember(key, tensors, _cat_call, tensors, dim)
+
+
+def _cat_call(tensors, dim: int) -> torch.Tensor:
+    if not tensors:
+        raise KernelError("cat: no tensors")
+    dts = {t.dtype for t in tensors}
+    if len(dts) != 1:
+        raise KernelError(f"cat: mixed dtypes {sorted(map(str, dts))} are not served")
+    dt = _dtype_name(tensors[0], "cat")
+    got = cat_shape([tuple(t.shape) for t in tensors], dim)
+    if isinstance(got, str):
+        raise KernelError(f"cat: {got}")
+    out_shape, dim = got
+    device = next(t.device for t in tensors if not _legacy_empty(tuple(t.shape)))
+    out = launch.empty(out_shape, tensors[0].dtype, device)
+    if out.numel() == 0:
+        return out
+    config = config_for(CAT_SPEC, (dt,), seat_flags(), (out.numel(),))
+    try:
+        launch_cat(tensors, out, dim, config)
+    except ValueError as e:
+        raise KernelError(f"cat: {e}") from None
+    return out

@@ -1,0 +1,380 @@
+"""Re-certification and ranked searches, replayed: a fake executor answers screens and
+timings from recorded measurements (no GPU, no launch), and records what it was asked, so
+the tests see which configs were screened and timed.
+
+A stale seat re-certified from its history times only its contenders when their new times
+keep the old ranking, falls back to every candidate when they do not (or when none
+survives), and never certifies a config it did not screen here. A ranked census times a
+shortlist, audits a sample of seats in full and records the shortcut's loss there."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from sqlalchemy import create_engine, text
+
+import planted
+from nbx_tune.kernels.registry import register
+from nbx_tune.kernels.spec import Config, Problem, seat_flags
+from nbx_tune.profiles import DeviceInfo, get_profile
+from nbx_tune.tuner import recertify
+from nbx_tune.tuner.bench import Timing
+from nbx_tune.tuner.executor import Outcome
+from nbx_tune.tuner.recertify import Recertify, Seed
+from nbx_tune.tuner.runner import SeatTuner
+from nbx_tune.tuner.screen import ScreenResult
+from nbx_tune.tuner.store import Store
+from nbx_tune.tuner.strategies import get_strategy
+from nbx_tune.tuner.strategies.ranked import Ranked, distance, shortcut_loss
+from nbx_tune.tuner.tune import NullReporter, tune_seat
+
+PROFILE = get_profile("interpreter")
+DEVICE = DeviceInfo("interpreter", "Triton interpreter (test)", "n/a")
+CONFIGS = tuple(Config.make(BLOCK=b, V=v, num_warps=4, num_stages=1)
+                for b in (16, 32, 64, 128, 256, 512, 1024, 2048) for v in (0, 1, 2))
+
+
+class ReplaySpec(planted.DoubleSpec):
+    """A kernel whose configs are only ever replayed, never launched."""
+
+    name = "test_replay"
+    ops = ("test.replay",)
+
+
+SPEC = ReplaySpec(CONFIGS)
+register(SPEC)
+
+
+def key(block, v=0):
+    return Config.make(BLOCK=block, V=v, num_warps=4, num_stages=1).key()
+
+
+class Replay:
+    """The executor interface, answered from `times` (config key -> ms, or a function of the
+    seat's label); `fails` (config key -> reason) fail their screen."""
+
+    generation = 0
+
+    def __init__(self, times, fails=()):
+        self.times, self.fails = times, dict(fails)
+        self.compiled, self.screened, self.timed = [], [], []
+
+    def start_seat(self, spec, job, configs=()):
+        self.job = job
+        self.compiled += [c.key() for c in configs]
+
+    def precompile(self, configs):
+        self.compiled += [c.key() for c in configs]
+
+    def screen(self, config):
+        self.screened.append(config.key())
+        if config.key() in self.fails:
+            return Outcome(screens=[], reason=self.fails[config.key()], detail="planted",
+                           problem=self.job.time_problem)
+        return Outcome(screens=[ScreenResult(p, 0.0, 1e-5) for p in self.job.screen_problems])
+
+    def time(self, config, mode="full"):
+        assert config.key() in self.screened, "timed before it was screened"
+        self.timed.append(config.key())
+        t = self.times(self.job.label) if callable(self.times) else self.times
+        ms = t[config.key()]
+        return Outcome(timing=Timing(ms, ms, ms, "replay"))
+
+    def end_seat(self):
+        pass
+
+
+def base_times(scale=1.0):
+    """Config key -> ms: BLOCK=256 fastest, then its neighbours; V adds a little."""
+    out = {}
+    for c in CONFIGS:
+        b, v = c["BLOCK"], c["V"]
+        out[c.key()] = scale * (1.0 + 0.25 * abs((b.bit_length() - 9)) + 0.02 * v)
+    return out
+
+
+def problem(n):
+    return Problem("test_replay", ("float32",), seat_flags(), (n,))
+
+
+PROBLEMS = [problem(1000), problem(900)]
+
+
+# ----------------------------------------------------------------------------- unit level
+
+def seed_of(times, contenders, gap):
+    return Seed(7, "tuning 7 (test)", {k: times[k] for k in contenders}, tuple(contenders), gap,
+                frozenset(c.key() for c in CONFIGS), SPEC.config_space_hash)
+
+
+def test_ranking_holds_only_the_contenders_are_screened_and_timed():
+    old = base_times()
+    seed = seed_of(old, [key(256), key(256, 1), key(128)], gap=0.2)
+    ex = Replay(base_times(0.7))  # a sibling device: everything 30 % faster, same order
+    res = tune_seat(SPEC, PROFILE, "s", PROBLEMS, ex, get_strategy("pruned"), "cpu",
+                    search=Recertify(seed, SPEC.config_space_hash))
+    assert res.note.search == "recertified" and res.note.seeded_from == 7
+    assert set(ex.screened) == set(ex.timed) == {key(256), key(256, 1), key(128)}
+    assert set(ex.compiled) == {key(256), key(256, 1), key(128)}  # the pool compiles no other
+    assert res.winner.config.key() == key(256)
+    assert res.winner.timing.median_ms == pytest.approx(0.7)
+    # Screened at every screen shape of the seat before it was certified.
+    assert {s.problem for s in res.winner.screens} == set(PROBLEMS)
+
+
+def test_ranking_broken_falls_back_to_every_candidate():
+    old = base_times()
+    seed = seed_of(old, [key(256), key(256, 1), key(128)], gap=0.2)
+    new = base_times()
+    new[key(256)] *= 1.6  # the old winner slowed down far more than its neighbours
+    new[key(1024, 2)] = 0.5  # and a config left out is now the fastest
+    ex = Replay(new)
+    res = tune_seat(SPEC, PROFILE, "s", PROBLEMS, ex, get_strategy("pruned"), "cpu",
+                    search=Recertify(seed, SPEC.config_space_hash))
+    assert res.note.search == "fallback" and "no longer holds" in res.note.detail
+    assert set(ex.screened) == {c.key() for c in CONFIGS}  # everything screened, once each
+    assert len(ex.screened) == len(CONFIGS)
+    assert res.winner.config.key() == key(1024, 2)
+
+
+def test_no_contender_survives_the_screen_falls_back_and_certifies_only_screened():
+    old = base_times()
+    seed = seed_of(old, [key(256), key(128)], gap=0.2)
+    ex = Replay(base_times(), fails={key(256): "wrong_answer", key(128): "unwritten_output"})
+    res = tune_seat(SPEC, PROFILE, "s", PROBLEMS, ex, get_strategy("exhaustive"), "cpu",
+                    search=Recertify(seed, SPEC.config_space_hash))
+    assert res.note.search == "fallback" and "survived" in res.note.detail
+    assert res.winner.config.key() not in (key(256), key(128))
+    assert res.winner.config.key() in ex.screened
+    reasons = {r.config.key(): r.reason for r in res.records}
+    assert reasons[key(256)] == "wrong_answer" and reasons[key(128)] == "unwritten_output"
+
+
+def test_new_configs_in_the_space_are_contenders_and_too_many_mean_a_full_tune():
+    old = base_times()
+    known = frozenset(c.key() for c in CONFIGS[:-2])  # two configs joined the space since
+    seed = Seed(7, "t", {key(256): old[key(256)], key(128): old[key(128)]}, (key(256), key(128)),
+                0.2, known, "old-space")
+    first, why = Recertify(seed, SPEC.config_space_hash).plan(list(CONFIGS))
+    assert why is None and {c.key() for c in first} == {key(256), key(128)} | {c.key() for c in CONFIGS[-2:]}
+    seed = Seed(7, "t", seed.old_ms, seed.contenders, 0.2, frozenset(c.key() for c in CONFIGS[:5]), "old")
+    first, why = Recertify(seed, SPEC.config_space_hash).plan(list(CONFIGS))
+    assert first == [] and "new since the seed" in why
+
+
+def test_loss_bound_reads_the_pace_of_the_contenders():
+    seed = Seed(1, "t", {"a": 1.0, "b": 1.05}, ("a", "b"), 0.10, None, "h")
+    assert recertify.loss_bound(seed, {"a": 0.7, "b": 0.735}) == pytest.approx(1 / 1.1 - 1)
+    # a got 20 % slower against b: a config left out 10 % behind could have moved as much.
+    assert recertify.loss_bound(seed, {"a": 1.2, "b": 1.05}) == pytest.approx(1.05 * 1.2 / 1.1 - 1)
+    assert recertify.loss_bound(seed, {"a": 1.2, "b": 1.05}) > recertify.TOLERANCE
+    assert recertify.loss_bound(seed, {"c": 1.0}) is None  # nothing comparable was timed
+
+
+def test_shortcut_loss_and_ranking_distance():
+    a, b, c = (Config.make(X=i) for i in range(3))
+
+    def m(cfg, ms, final=True):
+        return SimpleNamespace(config=cfg, timing=Timing(ms, ms, ms, "r"), final=final)
+
+    assert shortcut_loss([b, c], [m(a, 1.0), m(b, 1.1), m(c, 2.0, False)]) == pytest.approx(0.1)
+    assert shortcut_loss([a], [m(a, 1.0), m(b, 1.1)]) == 0.0
+    near = distance(("float32", "", "n=993..1024"), ("float32", "", "n=993..1024"))
+    far = distance(("float32", "", "n=993..1024"), ("float16", "", "n=16001..16384"))
+    assert near == 0 and far > 4
+
+
+# ----------------------------------------------------------------------------- with a store
+
+def plan_seats(store, sizes):
+    trace = SimpleNamespace(path="t.tsv", rows=[None] * len(sizes), launches=len(sizes))
+    seats = {}
+    for n in sizes:
+        bucket = f"n={n}"
+        seats[("test_replay", "float32", "", bucket)] = {problem(n): 1}
+    run_id, ids = store.record_census(trace, f"sha-{sizes}", PROFILE.name, seats)
+    return run_id, [ids[("test_replay", "float32", "", f"n={n}")] for n in sizes]
+
+
+def tune(tuner, run_id, sid, n):
+    assert tuner.store.claim(sid, tuner.holder, 60)
+    return tuner.tune_claimed(sid, "test_replay", f"test_replay|float32||n={n}", 0, 1, run_id, NullReporter())
+
+
+def last(url, sql):
+    with create_engine(url).connect() as c:
+        return c.execute(text(sql)).fetchall()
+
+
+def test_stale_seat_is_recertified_from_its_history_and_the_table_carries_it(db_url, tmp_path):
+    from nbx_tune.tuner.export import check_table, export_table, import_table
+
+    store = Store(db_url)
+    run_id, (sid,) = plan_seats(store, [1000])
+    ex = Replay(base_times())
+    tuner = SeatTuner(store, PROFILE, DEVICE, ex, get_strategy("pruned"))
+    assert tune(tuner, run_id, sid, 1000)
+    assert last(db_url, "SELECT search FROM tunings") == [("full",)]
+    assert len(set(ex.screened)) == len(CONFIGS)
+    # The kernel's source changes: every certificate of it goes stale.
+    with create_engine(db_url).begin() as c:
+        c.execute(text("UPDATE tunings SET kernel_source_hash = 'before'"))
+    ex.screened.clear(), ex.timed.clear()
+    assert tune(tuner, run_id, sid, 1000)
+    (search, seeded), = last(db_url, "SELECT search, seeded_from FROM tunings ORDER BY id DESC LIMIT 1")
+    assert search == "recertified" and seeded == 1
+    assert 2 <= len(set(ex.screened)) <= recertify.MAX_CONTENDERS + 1 < len(CONFIGS)
+    (cfg, csearch, frm), = last(db_url, "SELECT config, search, recertified_from FROM certificates "
+                                        "WHERE superseded_at IS NULL")
+    assert cfg == key(256) and csearch == "recertified" and frm.startswith("tuning 1 ")
+    assert cfg in ex.screened
+    # An exported table carries it, and an import keeps it.
+    summary = export_table(store, PROFILE, tmp_path / "t.json")
+    assert summary.entries == 1
+    prov = json.loads((tmp_path / "t.json").read_text())["entries"][0]["provenance"]
+    assert prov["search"] == "recertified" and prov["recertified_from"].startswith("tuning 1 ")
+    other = Store(f"sqlite:///{tmp_path / 'other.db'}")
+    import_table(other, check_table(tmp_path / "t.json", {PROFILE.name: PROFILE}))
+    assert last(other.url, "SELECT search, recertified_from FROM certificates")[0][0] == "recertified"
+    store.close(), other.close()
+
+
+def test_a_sibling_devices_table_is_served_then_recertified_with_this_devices_timings(db_url, tmp_path):
+    from nbx_tune.tuner.census import SeatLine
+    from nbx_tune.tuner.export import check_table, export_table, import_table
+
+    made = Store(f"sqlite:///{tmp_path / 'made.db'}")
+    run_id, (sid,) = plan_seats(made, [1000])
+    sibling = DeviceInfo("interpreter", "a sibling device", "n/a")
+    assert tune(SeatTuner(made, PROFILE, sibling, Replay(base_times()), get_strategy("pruned")), run_id, sid, 1000)
+    export_table(made, PROFILE, tmp_path / "sibling.json")
+    store = Store(db_url)
+    import_table(store, check_table(tmp_path / "sibling.json", {PROFILE.name: PROFILE}))
+    run_id, (sid,) = plan_seats(store, [1000])
+    ex = Replay(base_times(0.5))
+    tuner = SeatTuner(store, PROFILE, DEVICE, ex, get_strategy("pruned"))
+    line = SeatLine(sid, "test_replay|float32||n=1000", "test_replay", "certified", "", 1, 1)
+    assert tuner.todo([line]) == [line]  # served (certified), and wanted for re-timing here
+    assert tune(tuner, run_id, sid, 1000)
+    rows = last(db_url, "SELECT c.median_ms, c.search, t.device_name FROM certificates c "
+                        "JOIN tunings t ON t.id = c.tuning_id WHERE c.superseded_at IS NULL")
+    assert rows == [(pytest.approx(0.5), "recertified", DEVICE.name)]
+    assert set(ex.screened) < {c.key() for c in CONFIGS}
+    assert tuner.todo([line]) == []  # timed here now: nothing more to do
+    made.close(), store.close()
+
+
+def test_a_ranked_census_times_a_shortlist_and_audits_a_sample(db_url, tmp_path):
+    from nbx_tune.tuner import api
+    from nbx_tune.tuner.export import export_table
+
+    store = Store(db_url)
+    sizes = [1000, 1100, 1200, 1300]
+    run_id, sids = plan_seats(store, sizes)
+    ex = Replay(base_times())
+    tuner = SeatTuner(store, PROFILE, DEVICE, ex, get_strategy("pruned"))
+    screened = []
+    for sid, n in zip(sids, sizes):
+        ex.screened.clear()
+        assert tune(tuner, run_id, sid, n)
+        screened.append(len(ex.screened))
+    searches = [r[0] for r in last(db_url, "SELECT search FROM tunings ORDER BY id")]
+    # No history: in full; then the first audit (every candidate, the shortcut's loss kept);
+    # then shortlists, unless the label's hash draws an audit.
+    assert searches[0] == "full" and searches[1] == "audit"
+    assert screened[0] == screened[1] == len(CONFIGS)
+    for s, n in zip(searches[2:], screened[2:]):
+        assert (s, n) in (("ranked", 12), ("audit", len(CONFIGS)))
+    assert "ranked" in searches
+    losses = [r[0] for r in last(db_url, "SELECT shortcut_loss FROM tunings WHERE search = 'audit'")]
+    assert losses and all(x == 0.0 for x in losses)  # the same ranking at every seat
+    certs = last(db_url, "SELECT config FROM certificates WHERE superseded_at IS NULL")
+    assert {c for (c,) in certs} == {key(256)}
+    shown = api.show_seat(str(sids[-1]), db=db_url)
+    assert shown["sampled_regret"]["audits"] == len(losses) and shown["sampled_regret"]["max"] == 0.0
+    assert shown["history"][-1]["search"] in ("ranked", "audit")
+    export_table(store, PROFILE, tmp_path / "t.json")
+    for e in json.loads((tmp_path / "t.json").read_text())["entries"]:
+        assert e["provenance"]["sampled_regret"] == shown["sampled_regret"]
+    store.close()
+
+
+def test_full_mode_turns_the_shortcuts_off(db_url, monkeypatch):
+    monkeypatch.setenv("NBX_TUNE_SEARCH", "full")
+    store = Store(db_url)
+    run_id, sids = plan_seats(store, [1000, 1100])
+    ex = Replay(base_times())
+    tuner = SeatTuner(store, PROFILE, DEVICE, ex, get_strategy("exhaustive"))
+    for sid, n in zip(sids, [1000, 1100]):
+        assert tune(tuner, run_id, sid, n)
+    assert last(db_url, "SELECT search FROM tunings") == [("full",), ("full",)]
+    assert len(ex.screened) == 2 * len(CONFIGS)
+    store.close()
+
+
+def test_ranked_prior_prefers_what_won_nearby():
+    prior = [(("float32", "", "n=1000"), [(key(256), 1.0), (key(128), 1.2), (key(16), 3.0), (key(32), 2.0)],
+              [(key(2048), "wrong_answer")]),
+             (("float32", "", "n=1000000"), [(key(16), 1.0), (key(256), 2.0), (key(128), 2.0), (key(32), 2.0)], [])]
+    r = Ranked("x", ("float32", "", "n=1100"), prior, audit=False)
+    order = [c.key() for c in r.order(list(CONFIGS))]
+    assert order[0] == key(256) and order.index(key(2048)) == 4  # refused nearby: last of the known
+    short = r.shortlist(list(CONFIGS))
+    assert len(short) == 5 + 4 and short[:2] == [Config.parse(key(256)), Config.parse(key(128))]
+
+
+def test_a_shipped_tables_entry_seeds_a_seat_the_database_never_saw(db_url, monkeypatch):
+    from nbx_tune.tuner import seat_search
+
+    old = base_times(2.0)  # made on a slower sibling, under another Triton
+    entry = {"config": key(256), "median_ms": old[key(256)], "runner_up": key(256, 1),
+             "runner_up_ms": old[key(256, 1)], "margin": 0.02,
+             "provenance": {"device_name": "a sibling", "triton_version": "0.0", "kernel_source_hash": "x",
+                            "config_space_hash": SPEC.config_space_hash}}
+    monkeypatch.setattr(seat_search, "shipped", lambda name: {("test_replay", "float32", "", "n=1000"): entry})
+    store = Store(db_url)
+    run_id, (sid,) = plan_seats(store, [1000])
+    ex = Replay(base_times())
+    assert tune(SeatTuner(store, PROFILE, DEVICE, ex, get_strategy("pruned")), run_id, sid, 1000)
+    assert set(ex.screened) == {key(256), key(256, 1)}
+    (search, frm), = last(db_url, "SELECT search, recertified_from FROM certificates")
+    assert search == "recertified" and frm.startswith("shipped table interpreter.json (a sibling")
+    # The same seat under NBX_TUNE_SEARCH=ranked (a fresh census) ignores the table.
+    monkeypatch.setenv("NBX_TUNE_SEARCH", "ranked")
+    assert seat_search.for_seat(store, store.seat_records(seat_ids=[sid])[0], SPEC, PROFILE).name != "recertified"
+    store.close()
+
+
+def test_upgrading_a_0002_database_keeps_its_certificates_as_found_by_full_searches(db_url):
+    from alembic import command
+
+    from nbx_tune.tuner.api import db_upgrade
+    from nbx_tune.tuner.store.db import _alembic_config, make_engine
+
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "0002")
+        conn.execute(text("INSERT INTO seats (id, profile, kernel, dtypes, flags, bucket, created_at) "
+                          "VALUES (1, 'interpreter', 'test_replay', 'float32', '', 'n=1000', '2026-12-01')"))
+        conn.execute(text("INSERT INTO tunings (id, seat_id, kind, outcome, started_at, finished_at, worker, "
+                          "device_name, device_target, driver, triton_version, torch_version, kernel_source_hash, "
+                          "config_space_hash, profile_hash, candidates, survivors, screen_s, bench_s, total_s) "
+                          "VALUES (1, 1, 'tune', 'certified', '2026-12-01', '2026-12-01', 'w', 'd', 'interpreter', "
+                          "'n/a', 't', 't', 'h', 'h', 'h', 1, 1, 0, 0, 0)"))
+        conn.execute(text("INSERT INTO certificates (seat_id, tuning_id, config, median_ms, p20_ms, p80_ms, screens, "
+                          "timing_method, created_at) VALUES (1, 1, 'BLOCK=256', 1.0, 1.0, 1.0, '[]', 'w', '2026-12-01')"))
+    engine.dispose()
+    db_upgrade(db_url)
+    assert last(db_url, "SELECT c.config, c.search, c.recertified_from, t.search, t.seeded_from FROM certificates c "
+                        "JOIN tunings t ON t.id = c.tuning_id") == [("BLOCK=256", "full", None, "full", None)]
+    assert last(db_url, "SELECT count(*) FROM certified_configs") == [(1,)]
+
+
+def test_configs_that_failed_wherever_they_ran_are_never_sampled():
+    timed = [(key(b, v), 1.0 + 0.1 * i) for i, (b, v) in enumerate([(256, 0), (128, 0), (512, 0), (64, 0)])]
+    failed = [(c.key(), "compile_error") for c in CONFIGS if c["BLOCK"] >= 1024]
+    r = Ranked("x", ("float32", "", "n=1000"), [(("float32", "", "n=1000"), timed, failed)], audit=False)
+    short = {c.key() for c in r.shortlist(list(CONFIGS), top_n=4, sample_n=50)}
+    assert not any(Config.parse(k)["BLOCK"] >= 1024 for k in short)
+    assert len(short) == len(CONFIGS) - len(failed)  # every other config fits in the sample
+    assert len(r.order(list(CONFIGS))) == len(CONFIGS)  # an audit still evaluates them all

@@ -1,0 +1,70 @@
+"""Which search a seat gets (tuner/strategies/search.py):
+
+    a seat with a certificate in its history  -> re-certified from it (tuner/recertify.py)
+    else, a table shipped in the package
+          holds the seat (any provenance)     -> re-certified from that entry
+    else, earlier seats of the kernel timed   -> ranked, or an audit (strategies/ranked.py)
+    else                                      -> every candidate
+
+NBX_TUNE_SEARCH=ranked ignores what is known of the seat itself (a fresh census, as the
+baselines of bench/recertify_cost.py run it); NBX_TUNE_SEARCH=full turns every shortcut off.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+from nbx_tune.tuner.recertify import Recertify, seed_from_entry, seed_from_history
+from nbx_tune.tuner.strategies.ranked import AUDIT_RATE, Ranked, label_fraction
+from nbx_tune.tuner.strategies.search import Full
+
+ENV = "NBX_TUNE_SEARCH"
+MODES = ("auto", "ranked", "full")
+
+
+def mode() -> str:
+    m = os.environ.get(ENV, "auto").strip() or "auto"
+    if m not in MODES:
+        from nbx_tune.errors import NbxError
+
+        raise NbxError(f"{ENV}={m!r}: expected one of {', '.join(MODES)}")
+    return m
+
+
+def for_seat(store, rec, spec, profile):
+    """The search for a seat record (`Store.seat_records`)."""
+    if mode() == "full":
+        return Full()
+    s = rec.seat
+    label = "|".join((s.kernel, s.dtypes, s.flags, s.bucket))
+    if mode() == "auto":
+        seed = seed_from_history(store.history(s.id), store.judged_configs)
+        if seed is None:
+            entry = shipped(profile.name).get((s.kernel, s.dtypes, s.flags, s.bucket))
+            seed = seed_from_entry(entry, f"shipped table {profile.name}.json") if entry else None
+        if seed is not None:
+            return Recertify(seed, spec.config_space_hash)
+    prior = [((o.dtypes, o.flags, o.bucket), meas, refused)
+             for o, _, meas, refused in store.kernel_measurements(profile.name, s.kernel) if o.id != s.id]
+    audit = not store.shortcut_losses(profile.name, s.kernel) or label_fraction(label) < AUDIT_RATE
+    ranked = Ranked(label, (s.dtypes, s.flags, s.bucket), prior, audit)
+    return ranked if ranked.informed else Full()
+
+
+@lru_cache(maxsize=None)
+def shipped(profile_name: str) -> dict:
+    """(kernel, dtypes, flags, bucket) -> entry of the table shipped for a profile
+    (kernels/tables/): read once; a missing or broken table seeds nothing."""
+    from nbx_tune.errors import NbxError
+    from nbx_tune.kernels import table_format
+    from nbx_tune.kernels.certified import TABLE_DIR
+
+    path = TABLE_DIR / f"{profile_name}.json"
+    if not path.exists():
+        return {}
+    try:
+        doc = table_format.read(path)
+    except NbxError:
+        return {}
+    return {(e["kernel"], e["dtypes"], e["flags"], e["bucket"]): e for e in doc["entries"]}

@@ -1,0 +1,153 @@
+"""A census cheaper than timing everything: candidates ranked by what earlier seats of the
+same kernel and profile measured, the most promising screened and timed with a seeded
+sample of the rest, and an audit now and then that times every candidate and records the
+loss the shortcut would have had there.
+
+The ranking: each earlier tuning gives a config its time over that tuning's best (a
+refusal at run time counts as REFUSED_PENALTY); a config's score is the mean of the log of
+those, weighted by how near the earlier seat is (2 ** -distance: the sum over key dims of
+|log2| of the ratio of the buckets' middles, plus one per differing dtype or flags). The
+TOP best-scored and SAMPLE others drawn with a seed from the seat's label are evaluated;
+configs no earlier seat ran are only ever in the sample, and configs that failed (or ran
+REFUSED_PENALTY times the best) wherever they ran are not even in that.
+
+Audits: a seat is audited when no audit of the kernel is on record for the profile, or
+when its label's hash falls in AUDIT_RATE. An audit evaluates every candidate (the winner
+is the true best), and records the shortcut pick's loss against it: `nbx-tune show` and
+exported tables show the median and maximum of those.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+
+from nbx_tune.tuner.strategies.search import SearchNote
+
+TOP = 8
+SAMPLE = 4
+AUDIT_RATE = 0.125
+REFUSED_PENALTY = 4.0  # a config that failed at run time nearby: ranked last among known
+MIN_PRIOR = 4  # an earlier tuning counts when it timed at least this many configs
+STATIC = ("smem_over_budget", "stages_over_max", "no_tma", "equivalent")  # judged again here
+
+
+def _middles(bucket: str) -> dict[str, float]:
+    out = {}
+    for part in bucket.split(","):
+        name, _, rng = part.partition("=")
+        lo, sep, hi = rng.partition("..")
+        try:
+            a, b = float(lo), float(hi) if sep else float(lo)
+        except ValueError:
+            continue
+        out[name] = math.sqrt(max(a, 1.0) * max(b, 1.0))
+    return out
+
+
+def distance(a: tuple, b: tuple) -> float:
+    """Between two seats given as (dtypes, flags, bucket)."""
+    ma, mb = _middles(a[2]), _middles(b[2])
+    d = sum(abs(math.log2(ma[k] / mb[k])) for k in ma.keys() & mb.keys())
+    d += len(ma.keys() ^ mb.keys())
+    return d + (a[0] != b[0]) + (a[1] != b[1])
+
+
+def scores(seat: tuple, prior) -> dict[str, tuple[float, float]]:
+    """config key -> (score, weight) from `prior`: [(seat tuple, [(config, ms)], [(config,
+    reason)])]. Lower scores rank first."""
+    acc: dict[str, list[float]] = {}
+    for where, meas, refused in prior:
+        timed = [(c, ms) for c, ms in meas if ms > 0]
+        if len(timed) < MIN_PRIOR:
+            continue
+        w = 2.0 ** -distance(seat, where)
+        best = min(ms for _, ms in timed)
+        seen = {}
+        for c, ms in timed:
+            seen[c] = min(seen.get(c, ms), ms)
+        for c, ms in seen.items():
+            a = acc.setdefault(c, [0.0, 0.0])
+            a[0] += w * math.log(ms / best)
+            a[1] += w
+        for c, why in refused:
+            if why not in STATIC and c not in seen:
+                a = acc.setdefault(c, [0.0, 0.0])
+                a[0] += w * math.log(REFUSED_PENALTY)
+                a[1] += w
+    return {c: (s / w, w) for c, (s, w) in acc.items() if w > 0}
+
+
+def label_fraction(label: str) -> float:
+    return int.from_bytes(hashlib.sha256(label.encode()).digest()[:8], "little") / 2.0 ** 64
+
+
+class Ranked:
+    name = "ranked"
+
+    def __init__(self, label: str, seat: tuple, prior, audit: bool):
+        self.label, self.audit = label, audit
+        self.scores = scores(seat, prior)
+
+    @property
+    def informed(self) -> bool:
+        return bool(self.scores)
+
+    def order(self, candidates):
+        """Candidates best-scored first, those no earlier seat ran last (in declared order)."""
+        known = [c for c in candidates if c.key() in self.scores]
+        known.sort(key=lambda c: self.scores[c.key()][0])
+        return known + [c for c in candidates if c.key() not in self.scores]
+
+    def shortlist(self, candidates, top_n: int = TOP, sample_n: int = SAMPLE):
+        ordered = self.order(candidates)
+        top = [c for c in ordered if c.key() in self.scores][:top_n]
+        # Configs that failed or ran REFUSED_PENALTY times the best wherever they ran
+        # cannot win: not even the sample compiles them (an audit still does).
+        hopeless = math.log(REFUSED_PENALTY) - 1e-9
+        rest = [c for c in ordered if c not in top and self.scores.get(c.key(), (0.0,))[0] < hopeless]
+        rng = random.Random(self.label)
+        sample = rng.sample(rest, min(sample_n, len(rest)))
+        return top + [c for c in rest if c in sample]
+
+    def compile_first(self, candidates):
+        return self.order(candidates) if self.audit else self.shortlist(candidates)
+
+    def run(self, candidates, evaluate) -> SearchNote:
+        short = self.shortlist(candidates)
+        if self.audit:
+            measured = evaluate(self.order(candidates))
+            loss = shortcut_loss(short, measured)
+            return SearchNote("audit", shortcut_loss=loss,
+                              detail="" if loss is None else
+                              f"audit: every candidate timed; the ranked shortlist's pick would have lost {loss:.1%}")
+        measured = evaluate(short)
+        if any(m.final for m in measured):
+            return SearchNote("ranked", detail=f"ranked: {len(short)} of {len(candidates)} candidates evaluated")
+        evaluate(list(candidates))
+        return SearchNote("full", detail="ranked shortlist: nothing survived; every candidate evaluated")
+
+
+def shortcut_loss(short, measured) -> float | None:
+    """What the shortlist's pick would have lost against the best of everything. A
+    shortlisted config the strategy gave only a quick estimate (it was far behind)
+    counts at that estimate."""
+    finals = [m.timing.median_ms for m in measured if m.final]
+    if not finals:
+        return None
+    inside = set(short)
+    times = {m.config: m.timing.median_ms for m in measured if m.config in inside}
+    if not times:
+        return None
+    return max(0.0, min(times.values()) / min(finals) - 1)
+
+
+def regret_summary(losses) -> dict | None:
+    """Median and maximum of the audited losses, for `nbx-tune show` and exports."""
+    if not losses:
+        return None
+    xs = sorted(losses)
+    n = len(xs)
+    median = xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+    return {"audits": n, "median": round(median, 6), "max": round(xs[-1], 6)}
