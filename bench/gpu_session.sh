@@ -4,6 +4,9 @@
 #   bash bench/gpu_session.sh                 every stage, in this order
 #   bash bench/gpu_session.sh fault check     only those (one device call each fits 600 s:
 #                                             "fault check", "census launch", "cost quality")
+# trust (planted subtle faults refused; no correct config of any kernel refused as imprecise or
+# nondeterministic), oracle (the fp64 oracle's cost at the largest example shapes), census8b (a
+# Llama-3-8B prefill with its 128k-vocabulary LM head, then the screen's share and `unscreened`).
 # Other stages: coverage (the data-movement, batch norm and pooling families and the integer
 # element-wise path against fp64, every dtype), served (what the launch read serves: shipped table,
 # another target, a sibling device), direct (the direct launch's GPU proof, every family), tma (every TMA config at odd shapes), profile (a census under cProfile),
@@ -15,7 +18,7 @@
 # eager and CUDA graphs; needs transformers' wheels in .whl), pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them). Studies (lab/<study>/) are run directly, not from here.
-# Limits are env overrides: FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
+# Limits are env overrides: TRUST_S ORACLE_S CENSUS8B_S FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
 # COVERAGE_S SERVED_S DIRECT_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S SERVE_S
 # (COMPARE_BUDGET_S, SPEED_BUDGET_S: when compare, speed stop starting new work);
 # CENSUS_TRACES: the trace files of the census stage; QUALITY_ARGS: e.g. --buckets-only.
@@ -51,6 +54,12 @@ for s in $STAGES; do case $s in
             census ${CENSUS_S:-150} $t; done
           stage 30 python3 bench/screen_share.py
           stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
+  trust) stage ${TRUST_S:-240} python3 bench/gpu_check.py --skip-fault --planted --seconds 170 \
+           --configs-per-row 3 --jobs 12 ;;
+  oracle) stage ${ORACLE_S:-240} python3 bench/oracle_cost.py ;;
+  census8b) census ${CENSUS8B_S:-500} examples/traces/llama3_8b_seq1024_bf16.tsv
+            stage 30 python3 bench/screen_share.py
+            stage 30 sh -c "python3 -m nbx_tune.cli.app unscreened --json > $OUT/unscreened.json; cat $OUT/unscreened.json | head -c 2000" ;;
   launch) stage ${LAUNCH_S:-150} python3 bench/launch_overhead.py ;;
   served) stage ${SERVED_S:-60} python3 bench/served_tables.py ;;
   direct) stage ${DIRECT_S:-300} python3 bench/direct_launch_check.py ;;

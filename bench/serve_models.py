@@ -247,7 +247,8 @@ def main():
         print(f"\nserve, one {phase} ({sum(launches.values())} launches): {tot['certified']} certified, "
               f"{tot['default']} default, {tot['torch']} fell through to torch, "
               f"{sum(uncovered.values())} of ops no kernel covers: "
-              + ", ".join(f"{op} {n}" for op, n in sorted(uncovered.items(), key=lambda kv: -kv[1])))
+              + (", ".join(f"{op} {n}" for op, n in sorted(uncovered.items(), key=lambda kv: -kv[1]))
+                 or "none"))
         print(serving.format_stats(st))
     result["seconds"] = time.time() - t_start
     print(f"\nwrote {save('serve_models.json', result)} in {result['seconds']:.0f} s")

@@ -164,8 +164,9 @@ class RichReporter:
         w = result.winner
         won = (f"{short_config(w.config.key())} {w.timing.median_ms:.4g} ms" if w else
                f"no certificate, {result.seat_refusal[0]}" if result.seat_refusal else "no certificate")
-        self.console.print(f"  {status_text(result.outcome)} {label}: {won} "
-                           f"({candidate_summary(result.records)}; {result.total_s:.1f} s)")
+        what = (candidate_summary(result.records) if result.records
+                else "the winner screened at the shapes seen since")  # a re-screen
+        self.console.print(f"  {status_text(result.outcome)} {label}: {won} ({what}; {result.total_s:.1f} s)")
 
     def notice(self, text: str) -> None:
         self.console.print(f"[yellow]note:[/] {text}")
@@ -242,7 +243,8 @@ def show_seat(out: Console, d: dict) -> None:
                       f"runner-up {c['runner_up'] or '-'} {ms(c['runner_up_ms'])} ms, margin {margin}",
                       highlight=False)
             for sc in c["screens"]:
-                out.print(f"  screened at {sc['problem']['dims']}: err {sc['err']:.3g} <= rtol {sc['rtol']:.3g}",
+                out.print(f"  screened at {sc['problem']['dims']}: err {sc['err']:.3g} <= rtol {sc['rtol']:.3g}"
+                          + (f", two launches: {escape(str(sc['repeat']))}" if sc.get("repeat") else ""),
                           highlight=False)
             if c["unscreened"]:
                 out.print(f"  [yellow]unscreened:[/] {escape(c['unscreened'])}")

@@ -586,6 +586,17 @@ class AttentionSpec(KernelSpec):
         return Problem(self.name, (dtype,), seat_flags(causal=int(causal)), (B * Hq, Lq, Lk, D, Dv),
                        extra)
 
+    def resized(self, problem, dims):
+        # The sequence lengths only: batch x heads and the head dims stay (the extra holds
+        # them); a causal mask over a square stays square.
+        BH, _, _, D, Dv = problem.dims
+        Lq, Lk = dims[1], dims[2]
+        if dict(problem.flags)["causal"] == "1" and (Lq == Lk) != (problem.dims[1] == problem.dims[2]):
+            return None
+        if max(Lq * D, Lk * D, Lk * Dv, Lq * Dv) > INT32_MAX:
+            return None
+        return Problem(problem.kernel, problem.dtypes, problem.flags, (BH, Lq, Lk, D, Dv), problem.extra)
+
     # -- inputs, oracle, outputs, launch
     def input_shapes(self, problem):
         _, Lq, Lk, D, Dv = problem.dims
@@ -693,7 +704,9 @@ def _attention(q, k, v, is_causal, scale):
         raise KernelError(f"attention: batch x heads {B * Hq} > {MAX_GRID_Y}")
     if max(_span(q), _span(k), _span(v)) > INT32_MAX:
         raise KernelError("attention: one head's slab spans 2^31 elements or more")
-    out = launch.empty((B, Hq, Lq, Dv), q.dtype, q.device)
+    # In (B, Lq, Hq, Dv) memory order, as torch's fused CUDA kernels return it: a model's
+    # `.transpose(1, 2).contiguous()` after attention is then a view, not a copy.
+    out = launch.empty((B, Hq, Lq, Dv), q.dtype, q.device, (Lq * Hq * Dv, Dv, Hq * Dv, 1))
     if out.numel() == 0:
         return out
     if Lk == 0:  # torch: no keys, a zero output

@@ -167,6 +167,10 @@ class BatchNormSpec(KernelSpec):
     def output_specs(self, problem):
         return {"y": (tuple(problem.get("shape")), problem.dtypes[0])}
 
+    def serve_ops(self):
+        return {"aten.batch_norm": batch_norm,
+                "aten._native_batch_norm_legit_no_training": _native_batch_norm_legit_no_training}
+
     def launch(self, config, problem, inputs, outputs):
         x = inputs["x"].reshape(tuple(problem.get("shape")))
         launch_batch_norm(x, outputs["y"], inputs["mean"], inputs["var"], inputs.get("weight"),

@@ -55,6 +55,9 @@ class LaunchState:
     memo: dict = field(default_factory=dict)  # (kernel, dtypes, flags, dims) -> (Config, miss seat or None)
     misses: Counter = field(default_factory=MissTally)
     stale: list = field(default_factory=list)  # (source, seat label, why)
+    # Rows of kernels not registered when the configs were loaded (a plugin imported by the
+    # program, never registered): admitted when a launch hands config_for their spec.
+    unknown: dict = field(default_factory=dict)  # kernel -> [(source, dtypes, flags, bucket, config, prov)]
     sources: list = field(default_factory=list)
     warned: set = field(default_factory=set)
     spaces: dict = field(default_factory=dict)  # kernel -> its declared configs (validity.config_index)
@@ -65,12 +68,12 @@ _lock = threading.Lock()
 
 
 def _add(state: LaunchState, source: str, kernel: str, dtypes: str, flags: str, bucket: str,
-         config: str, prov: dict) -> None:
+         config: str, prov: dict, spec: KernelSpec | None = None) -> None:
     from nbx_tune.kernels.registry import all_specs
 
-    spec = all_specs().get(kernel)
+    spec = spec or all_specs().get(kernel)
     if spec is None:
-        state.stale.append((source, label_of(kernel, dtypes, flags, bucket), "no such kernel here"))
+        state.unknown.setdefault(kernel, []).append((source, kernel, dtypes, flags, bucket, config, prov))
         return
     dt = tuple(dtypes.split(","))
     fl = decode_flags(flags)
@@ -158,6 +161,8 @@ def _resolve(st: LaunchState, spec: KernelSpec, dtypes, flags, dims) -> tuple:
         why = st.profile.screen_unsupported.get(dt)
         if why:
             raise KernelError(f"{spec.name}: {dt} cannot run correctly on profile {st.profile.name}: {why}")
+    for row in st.unknown.pop(spec.name, ()):  # a kernel first seen here, by its spec
+        _add(st, *row, spec=spec)
     bucket = bucket_of(st.profile, spec.key, dims)
     hit = st.entries.get((spec.name, dtypes, flags, bucket))
     if hit is not None:
@@ -166,8 +171,10 @@ def _resolve(st: LaunchState, spec: KernelSpec, dtypes, flags, dims) -> tuple:
     cfg = spec.default_config(st.profile, Problem(spec.name, dtypes, flags, tuple(dims)))
     if label not in st.warned:
         st.warned.add(label)
-        log.warning("nbx-tune: no certified config for %s on %s: using the default %s "
-                    "(run `nbx-tune census` to certify it)", label, st.profile.name, cfg)
+        stale = next((f"{why} ({source})" for source, seat, why in st.stale if seat == label), None)
+        log.warning("nbx-tune: no certified config for %s on %s: using the default %s (%s)", label,
+                    st.profile.name, cfg, f"its certificate is stale: {stale}; run `nbx-tune census` "
+                    "to certify it again" if stale else "run `nbx-tune census` to certify it")
     return (cfg, label)
 
 

@@ -225,6 +225,9 @@ class CopySpec(KernelSpec):
     def output_specs(self, problem):
         return {"y": (tuple(problem.get("shape")), problem.dtypes[0])}
 
+    def serve_ops(self):
+        return {"aten._to_copy": _to_copy, "aten.clone": clone, "aten.copy_": copy_}
+
     def launch(self, config, problem, inputs, outputs):
         launch_copy(inputs["x"], outputs["y"], config)
 
@@ -344,6 +347,9 @@ class CatSpec(KernelSpec):
 
     def output_specs(self, problem):
         return {"out": (tuple(problem.get("out_shape")), problem.dtypes[0])}
+
+    def serve_ops(self):
+        return {"aten.cat": cat}
 
     def launch(self, config, problem, inputs, outputs):
         shapes = problem.get("shapes")

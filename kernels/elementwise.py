@@ -461,6 +461,11 @@ class ElementwiseUnarySpec(KernelSpec):
             extra.append(("exponent", e))
         return Problem(self.name, (dtype,), seat_flags(fn=fn), (n,), tuple(sorted(extra)))
 
+    def resized(self, problem, dims):
+        # Any element count, as one flat tensor: the kernel sees the count only.
+        extra = dict(problem.extra, shape=(dims[0],))
+        return Problem(problem.kernel, problem.dtypes, problem.flags, (dims[0],), tuple(sorted(extra.items())))
+
     def input_shapes(self, problem):
         return {"x": (tuple(problem.get("shape")), problem.dtypes[0])}
 

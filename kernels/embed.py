@@ -118,6 +118,9 @@ class EmbeddingSpec(KernelSpec):
     def output_specs(self, problem):
         return {"out": ((*problem.get("index_shape"), problem.dims[1]), problem.dtypes[0])}
 
+    def serve_ops(self):
+        return {"aten.embedding": embedding}
+
     def launch(self, config, problem, inputs, outputs):
         T, D = problem.dims
         launch_embedding(inputs["weight"].reshape(problem.get("V"), D), inputs["indices"],

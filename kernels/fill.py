@@ -202,6 +202,10 @@ class FillSpec(KernelSpec):
     def output_specs(self, problem):
         return {"out": (tuple(problem.get("shape")), problem.dtypes[0])}
 
+    def serve_ops(self):
+        return {**{op: arange for op in _ARANGE_OPS}, "aten.full": full, "aten.zeros": zeros,
+                "aten.ones": ones, "aten.fill_.Scalar": fill_, "aten.zero_": zero_}
+
     def launch(self, config, problem, inputs, outputs):
         if dict(problem.flags)["fn"] == "arange":
             launch_fill(outputs["out"], problem.get("start"), problem.get("step"), True, config)

@@ -96,11 +96,15 @@ class recorded:
         return getattr(self.kernel, name)
 
 
-def empty(shape, dtype, device):
-    """torch.empty(shape, dtype=dtype, device=device), made again by a replay."""
+def empty(shape, dtype, device, strides=None):
+    """torch.empty(shape, dtype=dtype, device=device) (torch.empty_strided with `strides`),
+    made again by a replay."""
     import torch
 
-    t = torch.empty(shape, dtype=dtype, device=device)
+    if strides is None:
+        t = torch.empty(shape, dtype=dtype, device=device)
+    else:
+        t = torch.empty_strided(shape, strides, dtype=dtype, device=device)
     rec = getattr(_tls, "rec", None)
     if rec is not None:
         rec.allocs.append(t)

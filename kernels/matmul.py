@@ -8,6 +8,8 @@ fp32 inputs multiply in IEEE fp32 (as torch.mm does by default), not TF32.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -680,6 +682,17 @@ class MatmulSpec(KernelSpec):
         aligned = alignment((M * K, K, 1), (K * N, N, 1), N, K, vector_elems(TORCH_DTYPES[dtype]))
         return Problem(self.name, (dtype,), seat_flags(bias=int(has_bias), aligned=aligned), (Bn, M, N, K),
                        tuple(sorted(extra)))
+
+    def resized(self, problem, dims):
+        # Without a bias (whose shape follows M and N) a GEMM is its dims and flags; the
+        # alignment flag must come out the same.
+        Bn, M, N, K = dims
+        if dict(problem.flags)["bias"] != "0" or max(Bn * M * K, Bn * K * N, Bn * M * N) > INT32_MAX:
+            return None
+        vec = vector_elems(TORCH_DTYPES[problem.dtypes[0]])
+        if str(alignment((M * K, K, 1), (K * N, N, 1), N, K, vec)) != dict(problem.flags)["aligned"]:
+            return None
+        return dataclasses.replace(problem, dims=tuple(dims))
 
     # -- inputs, oracle, outputs, launch
     def input_shapes(self, problem):

@@ -170,6 +170,9 @@ class MaxPool2dSpec(KernelSpec):
         shape = tuple(problem.get("out_shape"))
         return {"out": (shape, problem.dtypes[0]), "indices": (shape, "int64")}
 
+    def serve_ops(self):
+        return {"aten.max_pool2d_with_indices": max_pool2d_with_indices}
+
     def launch(self, config, problem, inputs, outputs):
         launch_max_pool2d(inputs["x"].reshape(tuple(problem.get("shape"))), outputs["out"], outputs["indices"],
                           problem.get("kernel"), problem.get("stride"), problem.get("padding"),

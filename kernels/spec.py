@@ -153,6 +153,10 @@ class KernelSpec:
     key: tuple[KeyDim, ...] = ()
     dtypes: tuple[str, ...] = ()  # element dtypes the kernel claims
     description: str = ""
+    # Outputs may differ in their last bits from launch to launch (float atomics): the
+    # screen then allows it, and the certificate says so. Otherwise two launches on the
+    # same inputs must agree bit for bit.
+    run_to_run_variation: bool = False
     # The config space, and the defaults served before a seat is certified, most preferred
     # first. Declared as data; a spec that computes them overrides `configs()` and
     # `default_preference()` instead, which are what the tuner and the launch read.
@@ -254,6 +258,13 @@ class KernelSpec:
 
     def input_shapes(self, problem: Problem) -> dict[str, tuple[tuple[int, ...], str]]:
         raise NotImplementedError
+
+    def resized(self, problem: Problem, dims: tuple[int, ...]) -> Problem | None:
+        """`problem` moved to the values of `dims` it can take (the screen's tile-edge shapes;
+        a dim the family cannot move keeps its value), or None where they would change the
+        seat's flags or the family cannot tell: then the seat is screened at the shapes
+        seen only."""
+        return None
 
     def static_refusal(self, profile, config: Config, problem: Problem) -> tuple[str, str] | None:
         """(reason, detail) when the profile rules a config out before any launch."""

@@ -227,3 +227,133 @@ class BadOracleSpec(DoubleSpec):
 
 BAD_ORACLE = BadOracleSpec()
 SPECS = (SPEC, FAULTY, POISONING, UNPREPARABLE, KILLED, BAD_ORACLE)
+
+
+# ----------------------------------------------------------------------------- subtle faults
+# A GEMM whose faulty configs pass the tolerance at the shapes a naive screen picks: a mask
+# that is wrong only where N leaves a partial tile, a round-to-nearest fp16 accumulator
+# (within fp16's tolerance, many times the error of a correct config), and a split-K whose
+# atomics make two launches on the same inputs differ (on a GPU; the interpreter runs
+# programs one at a time, so there the launcher nudges every second launch by one ulp).
+
+@triton.jit
+def _gemm(a_ptr, b_ptr, c_ptr, M, N, K, nudge, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+          MASK_BUG: tl.constexpr, ACC16: tl.constexpr, SPLIT_K: tl.constexpr):
+    pm, pn, pk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pm * BM + tl.arange(0, BM)
+    rn = pn * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    # MASK_BUG: columns are masked against N rounded down to whole tiles.
+    n_lim = (N // BN) * BN if MASK_BUG else N
+    if ACC16:
+        acc = tl.zeros((BM, BN), dtype=tl.float16)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(pk * BK, K, BK * SPLIT_K):
+        kk = k0 + rk
+        a = tl.load(a_ptr + rm[:, None] * K + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + kk[:, None] * N + rn[None, :], mask=(kk[:, None] < K) & (rn[None, :] < n_lim), other=0.0)
+        if ACC16:
+            acc = acc + tl.dot(a, b, out_dtype=tl.float16)
+        else:
+            acc += tl.dot(a, b, input_precision="ieee")
+    acc = acc.to(tl.float32)
+    acc = tl.where((rm[:, None] == 0) & (rn[None, :] == 0), acc * (1.0 + nudge), acc)
+    ptrs = c_ptr + rm[:, None] * N + rn[None, :]
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    if SPLIT_K > 1:
+        tl.atomic_add(ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_gemm(a, b, c, config, nudge=0.0):
+    M, K = a.shape
+    N = b.shape[1]
+    if config["SPLIT_K"] > 1:
+        c.zero_()
+    grid = (triton.cdiv(M, config["BM"]), triton.cdiv(N, config["BN"]), config["SPLIT_K"])
+    _gemm[grid](a, b, c, M, N, K, nudge, **config.kwargs)
+
+
+def gcfg(bm, bn, bk, mask_bug=0, acc16=0, split_k=1):
+    return Config.make(BM=bm, BN=bn, BK=bk, MASK_BUG=mask_bug, ACC16=acc16, SPLIT_K=split_k,
+                       num_warps=4, num_stages=1)
+
+
+GEMM_GOOD = (gcfg(16, 16, 32), gcfg(32, 32, 16))
+MASK_BUG = gcfg(16, 32, 32, mask_bug=1)
+ACC16 = gcfg(16, 16, 16, acc16=1)
+SPLIT_K = gcfg(16, 16, 32, split_k=4)
+
+
+class GemmSpec(KernelSpec):
+    """Its faulty configs are marked fastest by the tests' benchmarker, so only the
+    screen stands between them and a certificate."""
+
+    name = "test_gemm"
+    ops = ("test.gemm",)
+    key = (KeyDim("M"), KeyDim("N"), KeyDim("K"))
+    dtypes = ("float16", "float32")
+
+    def __init__(self, configs=(*GEMM_GOOD, MASK_BUG, ACC16, SPLIT_K), edges=True):
+        self._configs, self.edges = tuple(configs), edges
+
+    def configs(self):
+        return self._configs
+
+    def default_preference(self):
+        return GEMM_GOOD
+
+    def source_parts(self):
+        return (_gemm, launch_gemm)
+
+    def problem_from_row(self, row):
+        (M, K), (_, N) = row.shapes
+        return Problem(self.name, (row.dtypes[0],), seat_flags(), (M, N, K))
+
+    def resized(self, problem, dims):
+        import dataclasses
+
+        return dataclasses.replace(problem, dims=tuple(dims)) if self.edges else None
+
+    def input_shapes(self, problem):
+        M, N, K = problem.dims
+        return {"a": ((M, K), problem.dtypes[0]), "b": ((K, N), problem.dtypes[0])}
+
+    def make_inputs(self, problem, rng):
+        return {n: (rng.uniform(-1, 1, shape), dt) for n, (shape, dt) in self.input_shapes(problem).items()}
+
+    def oracle(self, problem, inputs):
+        return {"c": inputs["a"] @ inputs["b"]}
+
+    def output_specs(self, problem):
+        M, N, _ = problem.dims
+        return {"c": ((M, N), problem.dtypes[0])}
+
+    def launch(self, config, problem, inputs, outputs):
+        import os
+
+        LAUNCHES[config.key()] += 1
+        nudge = 0.0
+        if config["SPLIT_K"] > 1 and os.environ.get("TRITON_INTERPRET") == "1" and LAUNCHES[config.key()] % 2 == 0:
+            nudge = 2.0 ** -8
+        launch_gemm(inputs["a"], inputs["b"], outputs["c"], config, nudge)
+
+
+GEMM = GemmSpec()
+SPECS = (*SPECS, GEMM)
+
+
+class SeenShapesGemmSpec(GemmSpec):
+    """The same GEMM with no tile-edge shapes: screened at the shapes a census saw only."""
+
+    name = "test_gemm_seen"
+    ops = ("test.gemm_seen",)
+
+    def __init__(self):
+        super().__init__((GEMM_GOOD[0], MASK_BUG), edges=False)
+
+
+GEMM_SEEN = SeenShapesGemmSpec()
+SPECS = (*SPECS, GEMM_SEEN)

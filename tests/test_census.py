@@ -129,13 +129,13 @@ def test_over_the_byte_budget_the_screen_is_skipped_announced_and_the_seat_unscr
     assert seat.config in {c.key() for c in planted.GOOD}
 
 
-def test_a_new_shape_outside_the_screened_range_makes_the_seat_unscreened_until_retuned(tmp_path, db_url):
+def test_a_new_shape_makes_the_seat_unscreened_until_its_winner_is_screened_there(tmp_path, db_url):
     census(str(trace(tmp_path, "test.double\tfloat32\t40000\t\t1\n", "a.tsv")), db_url)
     b = trace(tmp_path, "test.double\tfloat32\t60000\t\t1\n", "b.tsv")  # same elements bucket
     plan = census(str(b), db_url, dry_run=True)
-    assert plan.seats[0].status == "unscreened" and "outside the screened range" in plan.seats[0].why
+    assert plan.seats[0].status == "unscreened" and "never screened at" in plan.seats[0].why
     rep = census(str(b), db_url)
-    assert rep.seats[0].status == "certified" and rep.seats[0].action == "tuned"
+    assert rep.seats[0].status == "certified" and rep.seats[0].action == "rescreened"  # no re-tune
     assert count(db_url, "certificates") == 2  # the first is kept, superseded
 
 

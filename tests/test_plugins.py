@@ -103,6 +103,25 @@ def test_a_plugin_registered_before_the_built_ins_is_still_the_one_blamed(on_pat
         registry.all_specs()
 
 
+def test_a_fresh_process_that_imports_a_plugin_gets_its_certified_configs(tmp_path, db_url, on_path):
+    # Certified through --plugin; then a program that only imports the module and calls its
+    # op (no entry point, no load_plugin) is served the certificate: the spec it hands
+    # config_for is enough.
+    t = tmp_path / "t.tsv"
+    t.write_text(HEAD + "mylib.swiglu\tfloat32,float32\t37x29;37x29\t\t4\n")
+    r = CliRunner().invoke(app, ["census", "--model", str(t), "--db", db_url, "--plugin", "nbx_swiglu"])
+    assert r.exit_code == 0, r.output
+    code = ("import logging, torch, nbx_swiglu\nfrom nbx_tune.kernels import certified\n"
+            "logging.basicConfig(level=logging.INFO)\n"
+            "nbx_swiglu.swiglu(torch.randn(37, 29), torch.randn(37, 29))\n"
+            "print(certified.launch_stats()['misses'])")
+    env = {**os.environ, "NBX_TUNE_DB": db_url, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "{}", out.stderr  # no miss: the certified config was served
+    assert "no such kernel" not in out.stderr and "no certified config" not in out.stderr
+
+
 def test_a_config_space_declared_as_data_or_by_methods_reads_the_same(on_path):
     """Families declare `config_space`/`default_configs` as data; a plugin that computes
     them with `configs()`/`default_preference()`, as the worked example does, still works."""

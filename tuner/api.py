@@ -283,8 +283,8 @@ def show_seat(ref: str, db=None, profile=None, plugins=()) -> dict:
                     "search": cert.search, "recertified_from": cert.recertified_from,
                     "superseded_reason": cert.superseded_reason}
             history.append(h)
-        refusals = [{"tuning": t.id, "config": r.config, "reason": r.reason, "detail": r.detail}
-                    for r, _, t in store.refusals(seat_id=seat.id)]
+        refusals = [{"tuning": t.id, "config": r.config, "reason": r.reason, "detail": r.detail,
+                     **_judged(r)} for r, _, t in store.refusals(seat_id=seat.id)]
         from nbx_tune.tuner.strategies.ranked import regret_summary
 
         return {"seat": view.to_dict(), "history": history, "refusals": refusals,
@@ -304,7 +304,7 @@ def refusal_rows(db=None, kernel=None, reason=None, profile=None, limit=None, wi
     try:
         rows = [{"id": r.id, "seat": seat.id, "profile": seat.profile,
                  "label": seat.label,
-                 "config": r.config, "reason": r.reason, "detail": r.detail, "tuning": t.id,
+                 "config": r.config, "reason": r.reason, "detail": r.detail, **_judged(r), "tuning": t.id,
                  "triton_version": t.triton_version, "kernel_source_hash": t.kernel_source_hash,
                  "device": t.device_name, "at": iso_utc(r.created_at)}
                 for r, seat, t in store.refusals(kernel=kernel, reason=reason, profile=prof_name, limit=limit)]
@@ -314,6 +314,11 @@ def refusal_rows(db=None, kernel=None, reason=None, profile=None, limit=None, wi
         return rows, total
     finally:
         store.close()
+
+
+def _judged(r) -> dict:
+    """Where a refusal was judged, as fields: the shape, the measured error, the tolerance."""
+    return {"problem": json.loads(r.problem) if r.problem else None, "err": r.err, "rtol": r.rtol}
 
 
 def export(profile: str, out: str, db=None, plugins=()):

@@ -22,10 +22,14 @@ class SeatJob:
     kernel: str
     profile_name: str
     label: str
-    screen_problems: tuple[Problem, ...]  # screened (within the byte budget)
+    screen_problems: tuple[Problem, ...]  # every candidate is screened here (within the byte budget)
     time_problem: Problem  # the largest shape seen in the bucket
     rtol: dict  # output name -> tolerance of its dtype
     device: str
+    # The seat's other shapes (every one seen in the bucket, and tile-edge shapes): the
+    # contenders for the certificate are screened here too, once timed (tuner/tune.py).
+    confirm_problems: tuple[Problem, ...] = ()
+    variation_allowed: bool = False  # the kernel declares run-to-run variation (float atomics)
 
 
 @dataclass
@@ -94,15 +98,28 @@ class SeatRunner:
         # gets inputs of its own when it is not screened (over the byte budget).
         self.cases = [screen.make_case(spec, p, job.device, screen.seed_for(job.label, p), True)
                       for p in job.screen_problems]
+        self.confirm_cases = [screen.make_case(spec, p, job.device, screen.seed_for(job.label, p), True)
+                              for p in job.confirm_problems]
         timed = [c for c in self.cases if c.problem == job.time_problem]
         self.time_case = timed[0] if timed else screen.make_case(
             spec, job.time_problem, job.device, screen.seed_for(job.label, job.time_problem), False)
 
     def screen(self, config: Config) -> Outcome:
+        """At the seat's screen shapes; launched twice at the first (the largest), whose two
+        outputs must agree bit for bit unless the kernel allows run-to-run variation."""
+        return self._screen(config, self.cases, repeat_first=True)
+
+    def confirm(self, config: Config) -> Outcome:
+        """At the seat's other shapes (seen in the bucket, tile edges)."""
+        return self._screen(config, self.confirm_cases, repeat_first=False)
+
+    def _screen(self, config: Config, cases, repeat_first: bool) -> Outcome:
         results = []
-        for case in self.cases:
+        for i, case in enumerate(cases):
             try:
-                r = self.screening.screen(self.spec, config, case, self.job.rtol, self.job.device)
+                r = self.screening.screen(self.spec, config, case, self.job.rtol, self.job.device,
+                                          repeat=repeat_first and i == 0,
+                                          variation_allowed=self.job.variation_allowed)
             except Exception as e:
                 if is_fatal(e):
                     raise ContextPoisoned(classify_exception(e)[1]) from e
@@ -149,6 +166,12 @@ class InProcess:
         try:
             return self.runner.screen(config)
         except ContextPoisoned as e:  # in-process there is no fresh context to move to
+            return Outcome(reason="crash", detail=f"{e} (in-process: later candidates may fail; use isolation)")
+
+    def confirm(self, config: Config) -> Outcome:
+        try:
+            return self.runner.confirm(config)
+        except ContextPoisoned as e:
             return Outcome(reason="crash", detail=f"{e} (in-process: later candidates may fail; use isolation)")
 
     def time(self, config: Config, mode: str = "full") -> Outcome:

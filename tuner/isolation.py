@@ -83,6 +83,8 @@ def _serve(conn, plugins):
                 conn.send(("ready",))
             elif kind == "screen":
                 conn.send(("outcome", runner.screen(msg[1])))
+            elif kind == "confirm":
+                conn.send(("outcome", runner.confirm(msg[1])))
             elif kind == "time":
                 conn.send(("outcome", runner.time(msg[1], msg[2])))
         except BaseException as e:
@@ -272,6 +274,14 @@ class Isolated:
 
     def screen(self, config) -> Outcome:
         return self._request(("screen", config))
+
+    def confirm(self, config) -> Outcome:
+        if self.broken is not None:
+            raise self.broken
+        reply, failure = self._call(("confirm", config), self.timeout)
+        if failure is not None:
+            return Outcome(reason=failure[0], detail=failure[1])
+        return reply[1]
 
     def time(self, config, mode: str = "full") -> Outcome:
         return self._request(("time", config, mode))

@@ -18,7 +18,8 @@ from nbx_tune.tuner import provenance, seat_search
 from nbx_tune.tuner.recertify import from_sibling
 from nbx_tune.tuner.status import seat_status
 from nbx_tune.tuner.store import holder_id
-from nbx_tune.tuner.tune import NullReporter, tune_seat
+from nbx_tune.kernels.spec import Config
+from nbx_tune.tuner.tune import NullReporter, renewed, screen_configs, tune_seat
 
 CLAIM_TTL_S = 120.0  # a dead holder's seat is free again this long after its last heartbeat
 WAIT_POLL_S = 1.0
@@ -56,8 +57,8 @@ class SeatTuner:
         self.torch_device = "cpu" if device.target == "interpreter" else "cuda"
 
     def _worth_it(self, rec, spec, st) -> bool:
-        """An unscreened seat is re-tuned only if a shape outside its screened range can
-        be screened now (one over the byte budget would stay unscreened)."""
+        """An unscreened seat is worked on only if a shape its winner was never screened at
+        can be screened now (one over the byte budget would stay unscreened)."""
         if st.status == "certified":  # a sibling device's table, served until re-timed here
             return from_sibling(rec.cert_tuning, self.device)
         if st.status != "unscreened":
@@ -84,34 +85,55 @@ class SeatTuner:
         """Tune a seat if it still needs it; False while another live process holds it."""
         if not self.store.claim(ln.id, self.holder, self.claim_ttl):
             return False
-        if self.tune_claimed(ln.id, ln.kernel, ln.label, index, total, run_id, reporter):
-            ln.action = "tuned"
+        action = self.tune_claimed(ln.id, ln.kernel, ln.label, index, total, run_id, reporter)
+        if action:
+            ln.action = action
         return True
 
-    def tune_claimed(self, seat_id, kernel, label, index, total, run_id, reporter) -> bool:
+    def tune_claimed(self, seat_id, kernel, label, index, total, run_id, reporter) -> str | None:
         """Tune a seat this process has claimed, if it still needs it (another process may
-        have certified it meanwhile); the result's transaction releases the claim."""
+        have certified it meanwhile); the result's transaction releases the claim. A
+        certificate whose winner was never screened at shapes seen since has the winner
+        screened there first; only a failure there tunes the seat again. Returns what was
+        done ("rescreened", "tuned") or None."""
         spec = get_spec(kernel)
         try:
             rec = self.store.seat_records(seat_ids=[seat_id])[0]
             st = seat_status(rec, spec, self.profile)
             if not self._worth_it(rec, spec, st):
                 self.store.release(seat_id, self.holder)
-                return False
+                return None
             reporter.seat_start(label, index, total, len(spec.configs()))
             started = datetime.now(timezone.utc)
             search = seat_search.for_seat(self.store, rec, spec, self.profile)
             with _Heartbeat(self.store, seat_id, self.holder, self.claim_ttl):
-                result = tune_seat(spec, self.profile, label, rec.problems, self.executor,
-                                   self.strategy, self.torch_device, reporter, search)
-            self.store.write_result(seat_id, run_id, "tune", result,
+                kind, result = "rescreen", self._rescreened(rec, spec, st, label, reporter)
+                if result is None:
+                    kind, result = "tune", tune_seat(spec, self.profile, label, rec.problems, self.executor,
+                                                     self.strategy, self.torch_device, reporter, search)
+            self.store.write_result(seat_id, run_id, kind, result,
                                     provenance.current(spec, self.profile, self.device),
                                     self.holder, started)
             reporter.seat_done(label, result)
-            return True
+            return "rescreened" if kind == "rescreen" else "tuned"
         except BaseException:
             self.store.release(seat_id, self.holder)
             raise
+
+    def _rescreened(self, rec, spec, st, label, reporter):
+        """The certificate renewed with its winner's screens at the shapes seen since it was
+        made, or None when there are none to screen or the winner fails at one."""
+        new = [p for p in st.outside if spec.operand_bytes(p) <= self.profile.screen_max_bytes]
+        if rec.cert is None or st.status != "unscreened" or not new:
+            return None
+        t0 = time.perf_counter()
+        winner = screen_configs(spec, self.profile, label, [Config.parse(rec.cert.config)], new,
+                                self.executor, self.torch_device)[0]
+        if winner.reason:
+            reporter.notice(f"{label}: the certified {rec.cert.config} fails at a shape seen since it was "
+                            f"certified ({winner.reason}: {winner.detail}): tuning the seat again")
+            return None
+        return renewed(rec.cert, winner.screens, time.perf_counter() - t0)
 
     def todo(self, lines) -> list:
         """The census lines to tune: pending, stale and unscreened seats, and certified ones

@@ -6,7 +6,9 @@ and compare with the fp64 oracle.
 Integer and boolean outputs must be bit-identical. NaN or Inf where the oracle is finite
 fails (non_finite), and so does any element still holding the poison (unwritten_output):
 the poison is a NaN with a payload no arithmetic produces, so "never written" and "wrote a
-NaN" are told apart by bits, not guessed.
+NaN" are told apart by bits, not guessed. Asked to repeat, the screen launches the config a
+second time on the same inputs: outputs that differ bit for bit fail (nondeterministic)
+unless the kernel declares run-to-run variation allowed.
 
 The oracle is computed on the host in numpy (fp64), once per case; its values are moved to
 the candidate's device once as well, and each candidate is judged there by a few fp64
@@ -93,6 +95,8 @@ class ScreenResult:
     rtol: float
     reason: str | None = None  # refusal reason when the candidate fails
     detail: str = ""
+    unit: float = 0.0  # the output dtype's machine epsilon (0 for integers): the precision gate's floor
+    repeat: str | None = None  # "bitwise" or "varies (allowed)" where launched twice
 
     @property
     def ok(self) -> bool:
@@ -167,10 +171,11 @@ def compare(name: str, out: torch.Tensor, ref, rtol: float, problem: Problem) ->
         diff = diff[finite]
     worst = float(diff.max()) if diff.numel() else 0.0
     err = worst / r.scale if r.scale > 0 else worst
+    unit = float(torch.finfo(out.dtype).eps)
     if not err <= rtol:
         return ScreenResult(problem, err, rtol, "wrong_answer",
-                            f"{name}: err {err:.3g} > rtol {rtol:.3g}")
-    return ScreenResult(problem, err, rtol)
+                            f"{name}: err {err:.3g} > rtol {rtol:.3g}", unit)
+    return ScreenResult(problem, err, rtol, unit=unit)
 
 
 def output_rtols(spec: KernelSpec, problem: Problem, profile) -> dict[str, float]:
@@ -181,13 +186,12 @@ def output_rtols(spec: KernelSpec, problem: Problem, profile) -> dict[str, float
     return {name: profile.rtol(dt) for name, (_, dt) in spec.output_specs(problem).items()}
 
 
-def screen(spec: KernelSpec, config, case: Case, rtol, device: str) -> ScreenResult:
+def screen(spec: KernelSpec, config, case: Case, rtol, device: str, repeat: bool = False,
+           variation_allowed: bool = False) -> ScreenResult:
     """Launch `config` on the case and judge every output (rtol: one number, or one per
-    output name); launch failures propagate."""
-    outputs = alloc_outputs(spec, case.problem, device)
-    spec.launch(config, case.problem, fresh_inputs(case), outputs)
-    if device != "cpu":
-        torch.cuda.synchronize()
+    output name); with `repeat`, launch it again on the same inputs and compare the two
+    bit for bit. Launch failures propagate."""
+    outputs = _run(spec, config, case, device)
     worst = None
     for name, out in outputs.items():
         tol = rtol[name] if isinstance(rtol, dict) else rtol
@@ -195,4 +199,29 @@ def screen(spec: KernelSpec, config, case: Case, rtol, device: str) -> ScreenRes
         if not r.ok:
             return r
         worst = r if worst is None or (r.err or 0) > (worst.err or 0) else worst
-    return worst or ScreenResult(case.problem, 0.0, min(rtol.values()) if isinstance(rtol, dict) else rtol)
+    worst = worst or ScreenResult(case.problem, 0.0, min(rtol.values()) if isinstance(rtol, dict) else rtol)
+    if repeat:
+        differs = bitwise_differences(outputs, _run(spec, config, case, device))
+        if differs and not variation_allowed:
+            return ScreenResult(case.problem, worst.err, worst.rtol, "nondeterministic",
+                                f"{differs}: two launches on the same inputs differ bit for bit", worst.unit)
+        worst.repeat = "varies (allowed)" if differs else "bitwise"
+    return worst
+
+
+def _run(spec: KernelSpec, config, case: Case, device: str) -> dict:
+    outputs = alloc_outputs(spec, case.problem, device)
+    spec.launch(config, case.problem, fresh_inputs(case), outputs)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return outputs
+
+
+def bitwise_differences(first: dict, second: dict) -> str:
+    """Where two launches' outputs differ in their bits ("" where they agree everywhere)."""
+    for name, a in first.items():
+        view = POISON[a.dtype][0]
+        n = int((a.view(view) != second[name].view(view)).sum())
+        if n:
+            return f"{name}: {n} of {a.numel()} elements"
+    return ""

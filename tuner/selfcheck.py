@@ -1,5 +1,5 @@
 """Kernel self-check: every example row of a kernel against its fp64 oracle, through the
-same screen the tuner uses, under several configs. The tests run it on the interpreter;
+same screen the tuner uses (two launches that must agree bit for bit), under several configs. The tests run it on the interpreter;
 bench/gpu_check.py runs it on a GPU, where bfloat16 is proven."""
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def check_row(spec: KernelSpec, profile, device: str, row, configs_per_row: int 
     out = []
     for config in configs_to_check(spec, profile, problem, configs_per_row):
         try:
-            r = screening.screen(spec, config, case, rtol, device)
+            r = screening.screen(spec, config, case, rtol, device, repeat=True,
+                                 variation_allowed=spec.run_to_run_variation)
             out.append(Check(row.op, row.shapes, dtype, config, r.err, r.rtol, r.reason, r.detail))
         except Exception as e:  # a failure to launch is a failed check, with its text
             out.append(Check(row.op, row.shapes, dtype, config, None, min(rtol.values()), "launch_error",

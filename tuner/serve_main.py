@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> None:
         data = serving.stats()
         print(f"\nnbx-tune run: launches per op ({serving.dispatch_key()}):", file=sys.stderr)
         print(serving.format_stats(data), file=sys.stderr)
+        print("(ops no kernel covers run on torch unseen: `nbx-tune trace` and `census --dry-run` "
+              "list them)", file=sys.stderr)
         if stats_json is not None:
             stats_json.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 

@@ -1,8 +1,10 @@
 """A seat's status, derived from its records and this installation.
 
-    certified   a current certificate, valid here, screened over every shape seen
+    certified   a current certificate, valid here, whose winner was screened at every
+                shape seen in the bucket
     unscreened  a current certificate, valid here, serving a shape its winner was never
-                screened at (over the byte budget, or seen after it was screened)
+                screened at (over the byte budget, or seen after it was screened: the next
+                census screens the winner there)
     refused     the last tuning, valid here, refused every candidate (or the dtype)
     stale       a current certificate made under another kernel source, config space,
                 profile, Triton or device: never served, re-tuned by the next census
@@ -11,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from nbx_tune.kernels.spec import Problem
@@ -24,7 +27,7 @@ STATUSES = ("certified", "unscreened", "pending", "refused", "stale")
 class Status:
     status: str
     why: str = ""
-    outside: tuple[Problem, ...] = ()  # shapes outside the screened range (unscreened)
+    outside: tuple[Problem, ...] = ()  # shapes seen that the winner was never screened at
 
 
 def seat_status(rec, spec, profile) -> Status:
@@ -50,14 +53,18 @@ def seat_status(rec, spec, profile) -> Status:
     return Status("pending")
 
 
+def screened_problems(cert) -> set[Problem]:
+    """The shapes a certificate's winner was screened at."""
+    return {Problem.from_json(json.dumps(s["problem"])) for s in json.loads(cert.screens or "[]")}
+
+
 def _screened_status(cert, problems: list[Problem]) -> Status:
     if cert.screened_max is None:
         return Status("unscreened", cert.unscreened or "never screened")
-    lo = Problem.from_json(cert.screened_min).order()
-    hi = Problem.from_json(cert.screened_max).order()
-    outside = tuple(p for p in problems if not lo <= p.order() <= hi)
+    screened = screened_problems(cert)
+    outside = tuple(p for p in problems if p not in screened)
     if cert.unscreened:  # a shape the screen skipped for the byte budget says why
         return Status("unscreened", cert.unscreened, outside)
     if outside:
-        return Status("unscreened", f"{len(outside)} shape(s) seen outside the screened range", outside)
+        return Status("unscreened", f"{len(outside)} shape(s) seen that the winner was never screened at", outside)
     return Status("certified")

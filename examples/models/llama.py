@@ -2,6 +2,7 @@
 
     python examples/models/llama.py --scale small -o examples/traces/llama_small.tsv
     python examples/models/llama.py --scale 7b -o examples/traces/llama2_7b_seq512_bf16.tsv
+    python examples/models/llama.py --scale 8b -o examples/traces/llama3_8b_seq1024_bf16.tsv
 """
 
 import torch
@@ -33,6 +34,12 @@ SCALES = {
         hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
         intermediate_size=11008, vocab_size=32000, max_position_embeddings=4096,
         attn_implementation="sdpa"), seq=512, device="meta", dtype=torch.bfloat16),
+    # Llama-3-8B's dimensions: grouped-query (8 key/value heads) and a 128k vocabulary,
+    # whose LM head is the largest GEMM of a prefill.
+    "8b": _scale("Llama-3-8B dimensions", LlamaConfig(
+        hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192,
+        rope_theta=500000.0, attn_implementation="sdpa"), seq=1024, device="meta", dtype=torch.bfloat16),
 }
 
 if __name__ == "__main__":

@@ -256,8 +256,10 @@ class Store:
             s.flush()
             for r in result.records:
                 if r.reason:
+                    judged = r.failed_screen
                     s.add(Refusal(tuning_id=t.id, seat_id=seat_id, config=r.config.key(), reason=r.reason,
                                   detail=r.detail, problem=r.problem.to_json() if r.problem else None,
+                                  err=judged.err if judged else None, rtol=judged.rtol if judged else None,
                                   created_at=utcnow()))
                 elif r.timing is not None:
                     s.add(Measurement(tuning_id=t.id, config=r.config.key(), median_ms=r.timing.median_ms,
@@ -433,5 +435,6 @@ def _search_columns(result) -> dict:
 
 
 def _screens_json(screens) -> str:
-    return json.dumps([{"problem": json.loads(r.problem.to_json()), "err": r.err, "rtol": r.rtol}
+    return json.dumps([{"problem": json.loads(r.problem.to_json()), "err": r.err, "rtol": r.rtol,
+                        **({"repeat": r.repeat} if getattr(r, "repeat", None) else {})}
                        for r in screens], sort_keys=True)

@@ -160,6 +160,8 @@ class Refusal(Base):
     reason: Mapped[str] = mapped_column(String(32), index=True)
     detail: Mapped[str] = mapped_column(Text)
     problem: Mapped[str | None] = mapped_column(Text)  # the shape it failed at, if any
+    err: Mapped[float | None] = mapped_column(Float)  # its measured error there, if judged
+    rtol: Mapped[float | None] = mapped_column(Float)  # the tolerance it was judged against
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -191,4 +193,3 @@ class Certificate(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     superseded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     superseded_reason: Mapped[str | None] = mapped_column(Text)
-
