@@ -59,7 +59,7 @@ def test_an_entry_point_registers_a_kernel_without_flags(tmp_path):
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nbx-swiglu-dist\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[nbx_tune.kernels]\nswiglu = nbx_swiglu:SPEC\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(PLUGIN_DIR)]), "TRITON_INTERPRET": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")]), "TRITON_INTERPRET": "1"}
     code = "from nbx_tune.kernels.registry import spec_for_op; print(spec_for_op('mylib.swiglu').name)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
