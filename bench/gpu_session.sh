@@ -8,7 +8,8 @@
 # nondeterministic), oracle (the fp64 oracle's cost at the largest example shapes), census8b (a
 # Llama-3-8B prefill with its 128k-vocabulary LM head, then the screen's share and `unscreened`).
 # Other stages: coverage (the data-movement, batch norm and pooling families and the integer
-# element-wise path against fp64, every dtype), direct (the direct launch's GPU proof, every family), tma (every TMA config at odd shapes), profile (a census under cProfile),
+# element-wise path against fp64, every dtype), served (what the launch read serves: shipped table,
+# another target, a sibling device), direct (the direct launch's GPU proof, every family), tma (every TMA config at odd shapes), profile (a census under cProfile),
 # fleet (one GPU's worker against two on the same queue, cold caches; needs 2 GPUs),
 # compare (every served row of the example traces against torch: bench/torch_compare.py), speed (new GEMM
 # and attention candidates against fp64, then every config of the space timed against torch, certified and the HBM floor),
@@ -18,7 +19,7 @@
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them). Studies (lab/<study>/) are run directly, not from here.
 # Limits are env overrides: TRUST_S ORACLE_S CENSUS8B_S FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
-# COVERAGE_S DIRECT_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S SERVE_S
+# COVERAGE_S SERVED_S DIRECT_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S SERVE_S
 # (COMPARE_BUDGET_S, SPEED_BUDGET_S: when compare, speed stop starting new work);
 # CENSUS_TRACES: the trace files of the census stage; QUALITY_ARGS: e.g. --buckets-only.
 set -u
@@ -60,6 +61,7 @@ for s in $STAGES; do case $s in
             stage 30 python3 bench/screen_share.py
             stage 30 sh -c "python3 -m nbx_tune.cli.app unscreened --json > $OUT/unscreened.json; cat $OUT/unscreened.json | head -c 2000" ;;
   launch) stage ${LAUNCH_S:-150} python3 bench/launch_overhead.py ;;
+  served) stage ${SERVED_S:-60} python3 bench/served_tables.py ;;
   direct) stage ${DIRECT_S:-300} python3 bench/direct_launch_check.py ;;
   fleet) stage ${FLEET_S:-500} python3 bench/fleet_scaling.py --gpus 0 0,1 ${FLEET_ARGS:-} ;;
   tma) stage ${TMA_S:-200} python3 bench/tma_check.py ;;

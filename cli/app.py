@@ -7,7 +7,6 @@ next step to take, exit code 1; misuse (a bad option) is exit code 2.
 
 from __future__ import annotations
 
-import functools
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -15,12 +14,30 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 from nbx_tune.cli import render
 from nbx_tune.errors import NbxError
+from nbx_tune.tuner import api
+
+
+class _Boundary(TyperGroup):
+    """The CLI's one boundary: every command, sub-commands included, runs inside it. A user
+    error is one line and exit 1; Ctrl-C says what was kept, exit 130."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except NbxError as e:
+            render.error(err, str(e))
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            render.interrupted(err)
+            raise typer.Exit(130) from None
+
 
 app = typer.Typer(help="Autotuning and certification of Triton kernels, with a persistent config database.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, cls=_Boundary)
 profiles_app = typer.Typer(help="Device profiles: list, show, check.", no_args_is_help=True)
 db_app = typer.Typer(help="The database schema: upgrade, current.", no_args_is_help=True)
 app.add_typer(profiles_app, name="profiles")
@@ -42,22 +59,7 @@ def _print_seats(lines, title: str) -> None:
         out.print(line, highlight=False)
 
 
-def user_errors(fn):
-    """Print an NbxError on one line and exit 1."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except NbxError as e:
-            render.error(err, str(e))
-            raise typer.Exit(1) from None
-
-    return wrapper
-
-
 @app.command()
-@user_errors
 def census(
     model: Path = typer.Option(..., "--model", help="Trace file (trace format v1)."),
     db: Optional[str] = DbOpt,
@@ -95,10 +97,11 @@ def census(
     out.print(f"{c['certified']['seats']} certified, {c['unscreened']['seats']} unscreened, "
               f"{c['refused']['seats']} refused, {c['pending']['seats']} pending, "
               f"{c['stale']['seats']} stale seats in {rep.seconds:.1f} s")
+    if not dry_run:
+        out.print(render.next_steps(rep, db_given=db is not None), highlight=False)
 
 
 @app.command()
-@user_errors
 def worker(
     db: Optional[str] = DbOpt,
     gpus: Optional[str] = typer.Option(None, "--gpus", help="Comma-separated GPU ids: one worker process per id."),
@@ -114,14 +117,13 @@ def worker(
     from nbx_tune.tuner import api
 
     if gpus:
-        from nbx_tune.tuner.fleet import spawn_workers, wait_workers
-
         ids = [g.strip() for g in gpus.split(",") if g.strip()]
         argv = [*(["--db", db] if db else []), *(["--profile", profile] if profile else []),
                 *(["--max-seats", str(max_seats)] if max_seats else []), *(["--lease", str(lease)] if lease else []),
                 "--strategy", strategy, "--isolate" if isolate else "--no-isolate", *(["--json"] if json_out else []),
                 *[x for p in plugin or () for x in ("--plugin", p)]]
-        wait_workers(spawn_workers(ids, argv))
+        # One process of this same command per GPU: the CLI starts itself; the tuner never does.
+        api.run_fleet(ids, [sys.executable, "-m", "nbx_tune.cli.app", "worker", *argv])
         return
     console = err if json_out else out
     with render.RichReporter(console, show_tables=False) as reporter:
@@ -134,7 +136,6 @@ def worker(
 
 
 @app.command()
-@user_errors
 def seats(
     status: Optional[List[str]] = typer.Option(None, "--status", help="certified, unscreened, pending, refused, stale (repeatable)."),
     kernel: Optional[str] = typer.Option(None, "--kernel"),
@@ -154,7 +155,6 @@ def seats(
 
 
 @app.command()
-@user_errors
 def show(
     seat: str = typer.Argument(..., help="Seat id, or kernel|dtypes|flags|bucket."),
     profile: Optional[str] = ProfileOpt,
@@ -169,76 +169,29 @@ def show(
     if json_out:
         render.print_json(d)
         return
-    s = d["seat"]
-    out.print(f"[bold]seat {s['id']}[/] {s['label']} on {s['profile']}: {render.status_text(s['status'])}"
-              + (f" ({s['why']})" if s["why"] else ""), highlight=False)
-    for h in d["history"]:
-        p = h["provenance"]
-        out.print(f"\n[bold]tuning {h['tuning']}[/] ({h['kind']}, {h['outcome']}) {h['finished_at']} on "
-                  f"{p['device_name']} [{p['device_target']}], driver {p['driver']}, Triton {p['triton_version']}, "
-                  f"torch {p['torch_version']}; {h['candidates']} candidates, {h['survivors']} survived; "
-                  f"screen {h['seconds']['screen']} s, timing {h['seconds']['bench']} s", highlight=False)
-        c = h.get("certificate")
-        if c:
-            state = "current" if c["current"] else f"superseded: {c['superseded_reason']}"
-            margin = "-" if c["margin"] is None else f"{100 * c['margin']:.1f} %"
-            out.print(f"  certificate ({state}): {c['config']} {render.ms(c['median_ms'])} ms "
-                      f"[{render.ms(c['spread_ms'][0])}..{render.ms(c['spread_ms'][1])}] by {c['timing_method']}; "
-                      f"runner-up {c['runner_up'] or '-'} {render.ms(c['runner_up_ms'])} ms, margin {margin}",
-                      highlight=False)
-            for sc in c["screens"]:
-                out.print(f"  screened at {sc['problem']['dims']}: err {sc['err']:.3g} <= rtol {sc['rtol']:.3g}"
-                          + (f", two launches: {sc['repeat']}" if sc.get("repeat") else ""), highlight=False)
-            if c["unscreened"]:
-                out.print(f"  [yellow]unscreened:[/] {c['unscreened']}")
-        out.print(f"  search: {render.search_text(h, c)}", highlight=False)
-        if h["measurements"]:
-            t = Table(title="timed candidates")
-            for col in ("config", "median ms", "p20", "p80", "method"):
-                t.add_column(col, overflow="fold")
-            for m in h["measurements"][:12]:
-                t.add_row(m["config"], render.ms(m["median_ms"]), render.ms(m["p20_ms"]),
-                          render.ms(m["p80_ms"]), m["method"])
-            out.print(t)
-    if d["refusals"]:
-        t = Table(title=f"refusals ({len(d['refusals'])})")
-        for col in ("tuning", "config", "reason", "detail"):
-            t.add_column(col, overflow="fold")  # a config's tail (warps, stages) tells two apart
-        for r in d["refusals"]:
-            t.add_row(str(r["tuning"]), r["config"] or "(whole seat)", r["reason"], r["detail"])
-        out.print(t)
-    out.print(f"\nsampled regret of ranked searches ({s['kernel']} on {s['profile']}): "
-              f"{render.regret_text(d['sampled_regret'])}", highlight=False)
+    render.show_seat(out, d)
 
 
 @app.command()
-@user_errors
 def refusals(
     kernel: Optional[str] = typer.Option(None, "--kernel"),
-    reason: Optional[str] = typer.Option(None, "--reason", help="e.g. wrong_answer, smem_over_budget, crash."),
+    reason: Optional[str] = typer.Option(None, "--reason", help="One of: " + ", ".join(api.REFUSAL_REASONS) + "."),
     profile: Optional[str] = ProfileOpt,
-    limit: int = typer.Option(200, "--limit"),
+    limit: int = typer.Option(200, "--limit", help="Show the newest N (0: all); the title says how many there are."),
     db: Optional[str] = DbOpt,
     json_out: bool = JsonOpt,
 ):
     """Every rejected config with its reason, detail and the versions it was made under."""
     from nbx_tune.tuner import api
 
-    rows = api.refusal_rows(db, kernel, reason, profile, limit)
+    rows, total = api.refusal_rows(db, kernel, reason, profile, limit or None, with_total=True)
     if json_out:
         render.print_json(rows)
         return
-    t = Table(title=f"{len(rows)} refusals")
-    for col in ("seat", "config", "reason", "detail", "Triton"):
-        t.add_column(col, overflow="fold")  # a config's tail (warps, stages) tells two apart
-    for r in rows:
-        t.add_row(f"{r['seat']} {r['label']}", r["config"] or "(whole seat)", r["reason"], r["detail"],
-                  r["triton_version"])
-    out.print(t)
+    out.print(render.refusals_table(rows, total))
 
 
 @app.command()
-@user_errors
 def unscreened(
     profile: Optional[str] = ProfileOpt,
     db: Optional[str] = DbOpt,
@@ -256,68 +209,91 @@ def unscreened(
 
 
 @app.command()
-@user_errors
 def export(
     profile: str = typer.Option(..., "--profile", help="Profile whose certified configs to export."),
     output: Path = typer.Option(..., "-o", "--output", help="Table file to write (JSON)."),
     db: Optional[str] = DbOpt,
+    json_out: bool = JsonOpt,
     plugin: Optional[List[str]] = PluginOpt,
 ):
     """Write a profile's certified configs as a deterministic certified table."""
     from nbx_tune.tuner import api
 
     s = api.export(profile, str(output), db, plugin or ())
+    if json_out:
+        render.print_json({"path": s.path, "entries": s.entries,
+                           "skipped": [{"seat": label, "why": why} for label, why in s.skipped]})
+        return
     out.print(f"wrote {s.entries} certified configs to {s.path}", highlight=False)
     for label, why in s.skipped:
         out.print(f"[yellow]skipped[/] {label}: stale ({why})", highlight=False)
 
 
 @app.command("import")
-@user_errors
 def import_cmd(
     table: Path = typer.Argument(..., help="A certified table written by `nbx-tune export`."),
     db: Optional[str] = DbOpt,
+    json_out: bool = JsonOpt,
     plugin: Optional[List[str]] = PluginOpt,
 ):
-    """Merge a certified table into the database (the faster certificate of a seat wins)."""
+    """Merge a certified table into the database (the faster certificate of a seat wins,
+    once screened here when it would replace a valid one)."""
     from nbx_tune.tuner import api
 
-    s = api.import_(str(table), db, plugin or ())
-    out.print(f"{s.path} ({s.profile}): {s.added} certificates added, {s.kept_existing} kept the "
-              f"faster existing one, {len(s.skipped)} skipped", highlight=False)
+    s = api.import_(str(table), db, plugin or (), notice=lambda text: err.print(f"note: {text}", highlight=False))
+    if json_out:
+        render.print_json({"path": s.path, "profile": s.profile, "added": s.added,
+                           "kept_existing": s.kept_existing, "unchanged": s.unchanged,
+                           "not_screened": [{"seat": label, "why": why} for label, why in s.unscreened],
+                           "skipped": [{"seat": label, "why": why} for label, why in s.skipped]})
+        return
+    out.print(render.import_summary(s), highlight=False)
+    for label, why in s.unscreened:
+        out.print(f"[yellow]kept the current certificate[/] {label}: the import claims to be faster "
+                  f"but did not pass the screen here ({why})", highlight=False)
     for label, why in s.skipped:
         out.print(f"[yellow]skipped[/] {label}: {why}", highlight=False)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-@user_errors
 def trace(
     output: Path = typer.Option(..., "-o", "--output", help="Trace file to write."),
+    json_out: bool = JsonOpt,
     command: Optional[List[str]] = typer.Argument(None, help="The command to record, after --."),
 ):
-    """Record the aten ops a PyTorch program dispatches: nbx-tune trace -o t.tsv -- python m.py"""
-    from nbx_tune.tuner.recorder import trace_command
+    """Record the aten ops a PyTorch program dispatches: nbx-tune trace -o t.tsv -- python m.py
 
-    summary = trace_command(output, list(command or []))
+    This records the whole program, model construction and weight initialization included.
+    To record only the forward pass, wrap it in your script instead:
+    `with nbx_tune.record("t.tsv"): model(x)`."""
+    from nbx_tune.tuner import api
+
+    summary = api.trace(output, list(command or []))
+    if json_out:
+        render.print_json({"path": str(summary.path), "rows": summary.rows, "launches": summary.launches})
+        return
     out.print(f"wrote {summary.rows} rows ({summary.launches} launches) to {summary.path}", highlight=False)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-@user_errors
 def run(
     command: Optional[List[str]] = typer.Argument(None, help="The command to run, after --."),
     stats_json: Optional[Path] = typer.Option(None, "--stats-json", help="Also write the per-op stats as JSON."),
+    json_out: bool = typer.Option(False, "--json", help="Print the exit status and per-op stats as JSON "
+                                  "on stdout when the program ends (after its own output)."),
 ):
     """Run a PyTorch program on the certified kernels: nbx-tune run -- python m.py (stats at exit)"""
-    from nbx_tune.tuner.serve_main import run_command
+    from nbx_tune.tuner import api
 
-    raise typer.Exit(run_command(list(command or []), stats_json))
+    rc, stats = api.run_program(list(command or []), stats_json, json_out)
+    if json_out:
+        render.print_json({"exit_status": rc, "stats": stats})
+    raise typer.Exit(rc)
 
 
 # ----------------------------------------------------------------------------- profiles
 
 @profiles_app.command("list")
-@user_errors
 def profiles_list(json_out: bool = JsonOpt):
     """Shipped profiles, and which one this device matches."""
     from nbx_tune.profiles import builtin_profiles, current_target, match_profile
@@ -355,7 +331,6 @@ def _profile_dict(p) -> dict:
 
 
 @profiles_app.command("show")
-@user_errors
 def profiles_show(name: str = typer.Argument(..., help="Profile name or .yml file."), json_out: bool = JsonOpt):
     """Every setting of one profile."""
     from nbx_tune.profiles import get_profile
@@ -377,27 +352,29 @@ def profiles_show(name: str = typer.Argument(..., help="Profile name or .yml fil
 
 
 @profiles_app.command("check")
-@user_errors
-def profiles_check(file: Path = typer.Argument(..., help="A profile .yml file to validate.")):
+def profiles_check(file: Path = typer.Argument(..., help="A profile .yml file to validate."), json_out: bool = JsonOpt):
     """Validate a profile file; errors name the file and the key path."""
     from nbx_tune.profiles import load_profile_file
 
     p = load_profile_file(file)
+    if json_out:
+        render.print_json({"file": str(file), "ok": True, "profile": p.name, "architecture": p.architecture,
+                           "hash": p.hash})
+        return
     out.print(f"{file}: ok (profile {p.name}, {p.architecture}, hash {p.hash})", highlight=False)
 
 
 # ----------------------------------------------------------------------------- database
 
 @db_app.command("upgrade")
-@user_errors
-def db_upgrade(db: Optional[str] = DbOpt):
+def db_upgrade(db: Optional[str] = DbOpt, json_out: bool = JsonOpt):
     """Apply the schema migrations up to head (creates a fresh database)."""
     from nbx_tune.tuner import api
-    from nbx_tune.tuner.store.db import safe_url
-    from nbx_tune import settings
 
-    before, after = api.db_upgrade(db)
-    url = safe_url(settings.db_url(db))
+    url, before, after = api.db_upgrade(db)
+    if json_out:
+        render.print_json({"url": url, "before": before, "after": after})
+        return
     if before == after:
         out.print(f"{url}: already at head ({after})", highlight=False)
     else:
@@ -405,7 +382,6 @@ def db_upgrade(db: Optional[str] = DbOpt):
 
 
 @db_app.command("current")
-@user_errors
 def db_current(db: Optional[str] = DbOpt, json_out: bool = JsonOpt):
     """The database's schema revision and the head this nbx-tune needs."""
     from nbx_tune.tuner import api

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
                            TimeElapsedColumn)
 from rich.table import Table
+
+# Refusals decided from the profile alone: the candidate never ran.
+UNLAUNCHED = ("equivalent", "smem_over_budget", "stages_over_max", "no_tma")
 
 STATUS_STYLE = {"certified": "green", "unscreened": "yellow", "pending": "cyan", "refused": "red",
                 "stale": "magenta"}
@@ -157,14 +162,115 @@ class RichReporter:
         if self.seats_task is not None:
             self.progress.advance(self.seats_task)
         w = result.winner
-        won = f"{short_config(w.config.key())} {w.timing.median_ms:.4g} ms" if w else "no certificate"
-        refused = sum(1 for r in result.records if r.reason)
-        what = (f"{refused} of {len(result.records)} candidates refused" if result.records
+        won = (f"{short_config(w.config.key())} {w.timing.median_ms:.4g} ms" if w else
+               f"no certificate, {result.seat_refusal[0]}" if result.seat_refusal else "no certificate")
+        what = (candidate_summary(result.records) if result.records
                 else "the winner screened at the shapes seen since")  # a re-screen
-        self.console.print(f"  {status_text(result.outcome)} {label}: {won} ({what}, {result.total_s:.1f} s)")
+        self.console.print(f"  {status_text(result.outcome)} {label}: {won} ({what}; {result.total_s:.1f} s)")
 
     def notice(self, text: str) -> None:
         self.console.print(f"[yellow]note:[/] {text}")
+
+
+def candidate_summary(records) -> str:
+    """`14 candidates: 7 pruned unlaunched (7 equivalent), 1 failed (wrong_answer 1), 6 passed`:
+    a pruned config is not a wrong one."""
+    if not records:
+        return "no candidate run"
+    reasons = Counter(r.reason for r in records if r.reason)
+    pruned = {k: n for k, n in reasons.items() if k in UNLAUNCHED}
+    failed = {k: n for k, n in reasons.items() if k not in UNLAUNCHED}
+    parts = [f"{len(records)} candidates"]
+    if pruned:
+        parts.append(f"{sum(pruned.values())} pruned unlaunched ({_counts(pruned)})")
+    if failed:
+        parts.append(f"{sum(failed.values())} failed ({_counts(failed)})")
+    parts.append(f"{len(records) - sum(reasons.values())} passed")
+    return parts[0] + ": " + ", ".join(parts[1:])
+
+
+def _counts(c: dict) -> str:
+    return ", ".join(f"{k} {n}" for k, n in sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def next_steps(rep, db_given: bool = True) -> str:
+    """After a census: where the results are and what to try next."""
+    db = f" --db {rep.db}" if rep.db and db_given else ""
+    return (f"Results are in {rep.db or 'the database'}. Next: `nbx-tune seats{db}`, "
+            f"`nbx-tune show SEAT{db}`, `nbx-tune refusals{db}`; your code gets the certified "
+            "configs through `from nbx_tune.kernels import mm` (and the other ops).")
+
+
+def refusals_table(rows, total: int) -> Table:
+    shown = f"{len(rows)} refusals" if len(rows) == total else \
+        f"{len(rows)} of {total} refusals, newest first (--limit 0 shows all)"
+    t = Table(title=shown)
+    t.add_column("seat", overflow="fold")
+    t.add_column("config", overflow="fold")  # folded, never cut: configs differ at their tails
+    t.add_column("reason", no_wrap=True)
+    t.add_column("detail", overflow="fold")
+    t.add_column("Triton", no_wrap=True)
+    for r in rows:
+        t.add_row(f"{r['seat']} {r['label']}", r["config"] or "(whole seat)", r["reason"], r["detail"],
+                  r["triton_version"])
+    return t
+
+
+def import_summary(s) -> str:
+    return (f"{s.path} ({s.profile}): {s.added} certificates added, {s.kept_existing} kept the faster "
+            f"existing one, {s.unchanged} already current, {len(s.unscreened)} not screened here, "
+            f"{len(s.skipped)} skipped")
+
+
+def show_seat(out: Console, d: dict) -> None:
+    """`nbx-tune show`: one seat whole."""
+    s = d["seat"]
+    out.print(f"[bold]seat {s['id']}[/] {escape(s['label'])} on {s['profile']}: {status_text(s['status'])}"
+              + (f" ({escape(s['why'])})" if s["why"] else ""), highlight=False)
+    for h in d["history"]:
+        p = h["provenance"]
+        out.print(f"\n[bold]tuning {h['tuning']}[/] ({h['kind']}, {h['outcome']}) {h['finished_at']} on "
+                  f"{escape(p['device_name'])} \\[{p['device_target']}], driver {p['driver']}, "
+                  f"Triton {p['triton_version']}, torch {p['torch_version']}; {h['candidates']} candidates, "
+                  f"{h['survivors']} survived; screen {h['seconds']['screen']} s, timing {h['seconds']['bench']} s",
+                  highlight=False)
+        c = h.get("certificate")
+        if c:
+            state = "current" if c["current"] else f"superseded: {escape(c['superseded_reason'] or '')}"
+            margin = "-" if c["margin"] is None else f"{100 * c['margin']:.1f} %"
+            out.print(f"  certificate ({state}): {c['config']} {ms(c['median_ms'])} ms "
+                      f"\\[{ms(c['spread_ms'][0])}..{ms(c['spread_ms'][1])}] by {c['timing_method']}; "
+                      f"runner-up {c['runner_up'] or '-'} {ms(c['runner_up_ms'])} ms, margin {margin}",
+                      highlight=False)
+            for sc in c["screens"]:
+                out.print(f"  screened at {sc['problem']['dims']}: err {sc['err']:.3g} <= rtol {sc['rtol']:.3g}"
+                          + (f", two launches: {escape(str(sc['repeat']))}" if sc.get("repeat") else ""),
+                          highlight=False)
+            if c["unscreened"]:
+                out.print(f"  [yellow]unscreened:[/] {escape(c['unscreened'])}")
+        out.print(f"  search: {escape(search_text(h, c))}", highlight=False)
+        if h["measurements"]:
+            t = Table(title="timed candidates")
+            for col in ("config", "median ms", "p20", "p80", "method"):
+                t.add_column(col, overflow="fold")
+            for m in h["measurements"][:12]:
+                t.add_row(m["config"], ms(m["median_ms"]), ms(m["p20_ms"]), ms(m["p80_ms"]), m["method"])
+            out.print(t)
+    if d["refusals"]:
+        t = Table(title=f"refusals ({len(d['refusals'])})")
+        for col in ("tuning", "config", "reason", "detail"):
+            t.add_column(col, overflow="fold")
+        for r in d["refusals"]:
+            t.add_row(str(r["tuning"]), r["config"] or "(whole seat)", r["reason"], r["detail"])
+        out.print(t)
+    out.print(f"\nsampled regret of ranked searches ({s['kernel']} on {s['profile']}): "
+              f"{regret_text(d['sampled_regret'])}", highlight=False)
+
+
+def interrupted(console: Console) -> None:
+    console.print("interrupted: every seat finished before now is kept in the database; run the same "
+                  "command again to resume (it tunes only what is left)", style="bold yellow", markup=False,
+                  highlight=False, soft_wrap=True)
 
 
 def error(console: Console, message: str) -> None:

@@ -4,8 +4,14 @@ certified configs. Never imports the tuner or the CLI.
     from nbx_tune.kernels import mm
     c = mm(a, b)          # the certified config of (a, b)'s seat, else the default
 
-Public ops are resolved lazily so that `import nbx_tune.kernels` stays cheap.
+Public ops are resolved lazily so that `import nbx_tune.kernels` stays cheap. On a machine
+with no GPU the first op looked up switches to Triton's CPU interpreter (and logs it).
 """
+
+import logging
+import os
+import sys
+import types
 
 _OPS = {
     "mm": "nbx_tune.kernels.matmul",
@@ -61,10 +67,40 @@ _OPS = {
 }
 
 
+class _Package(types.ModuleType):
+    """`softmax` names both a public op and the module that holds it; importing the module
+    would set the package's attribute to the module, and `from nbx_tune.kernels import
+    softmax` would then give the module. A submodule never shadows a public op here."""
+
+    def __setattr__(self, name, value):
+        if name in _OPS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def _find_device() -> None:
+    """With no GPU and no TRITON_INTERPRET, use Triton's CPU interpreter, as the CLI does,
+    and say so once. It must be decided before triton is first imported (Triton builds
+    its library functions for one or the other at import), so the GPU is looked for
+    through torch."""
+    if os.environ.get("TRITON_INTERPRET") or "triton" in sys.modules:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+        logging.getLogger("nbx_tune").warning(
+            "nbx-tune: no GPU found: the kernels run on Triton's CPU interpreter (TRITON_INTERPRET=1)")
+
+
 def __getattr__(name):
     if name in _OPS:
         import importlib
 
+        _find_device()
         return getattr(importlib.import_module(_OPS[name]), name)
     if name in ("launch_stats", "reload_certified"):
         from nbx_tune.kernels import certified

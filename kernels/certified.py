@@ -4,8 +4,9 @@ Loaded once per process, from (first wins per seat): the exported tables named b
 NBX_TUNE_TABLE, the database's `certified_configs` view (NBX_TUNE_DB or the default
 file, only if it exists: a launch never creates a database), and the tables shipped in
 this package (`kernels/tables/<profile>.json`). An entry is served only if its provenance
-matches this process: kernel source hash, config-space hash, profile hash and Triton
-version; anything else is stale and is never served.
+matches this process: kernel source hash, config-space hash, profile hash, Triton version
+and the device's compile target (kernels/validity.py); anything else is stale and is
+never served.
 
 After loading, a launch is one dict lookup on (kernel, dtypes, flags, dims); the ladder
 math runs once per distinct shape. The public ops go further and replay the compiled
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from nbx_tune import settings
 from nbx_tune.errors import KernelError, NbxError
-from nbx_tune.kernels import certified_view, launch, table_format
+from nbx_tune.kernels import certified_view, launch, table_format, validity
 from nbx_tune.kernels.spec import (Config, KernelSpec, Problem, bucket_of, decode_bucket,
                                    decode_flags, label_of, seat_label)
 
@@ -48,6 +49,8 @@ class MissTally(Counter):
 @dataclass
 class LaunchState:
     profile: object
+    triton_version: str | None = None
+    device_target: str | None = None  # the running device's: another target is never served
     entries: dict = field(default_factory=dict)  # (kernel, dtypes, flags, bucket) -> (Config, source)
     memo: dict = field(default_factory=dict)  # (kernel, dtypes, flags, dims) -> (Config, miss seat or None)
     misses: Counter = field(default_factory=MissTally)
@@ -57,21 +60,11 @@ class LaunchState:
     unknown: dict = field(default_factory=dict)  # kernel -> [(source, dtypes, flags, bucket, config, prov)]
     sources: list = field(default_factory=list)
     warned: set = field(default_factory=set)
+    spaces: dict = field(default_factory=dict)  # kernel -> its declared configs (validity.config_index)
 
 
 _state: LaunchState | None = None
 _lock = threading.Lock()
-
-
-def _stale_reason(spec: KernelSpec, profile, prov: dict) -> str | None:
-    import triton
-
-    checks = (("kernel_source_hash", spec.source_hash), ("config_space_hash", spec.config_space_hash),
-              ("profile_hash", profile.hash), ("triton_version", triton.__version__))
-    for key, now in checks:
-        if prov.get(key) != now:
-            return f"{key} {prov.get(key)} != {now}"
-    return None
 
 
 def _add(state: LaunchState, source: str, kernel: str, dtypes: str, flags: str, bucket: str,
@@ -86,11 +79,14 @@ def _add(state: LaunchState, source: str, kernel: str, dtypes: str, flags: str, 
     fl = decode_flags(flags)
     try:
         bk = decode_bucket(spec.key, bucket)
-        cfg = Config.parse(config)
+        index = state.spaces.get(kernel)
+        if index is None:
+            index = state.spaces[kernel] = validity.config_index(spec)
+        cfg = validity.declared_config(index, config)
     except (KeyError, ValueError) as e:
         state.stale.append((source, label_of(kernel, dtypes, flags, bucket), f"unreadable: {e}"))
         return
-    why = _stale_reason(spec, state.profile, prov)
+    why = validity.stale_reason(prov, spec, state.profile, state.triton_version, state.device_target)
     if why:
         state.stale.append((source, seat_label(kernel, dt, fl, spec.key, bk), why))
         return
@@ -124,9 +120,11 @@ def _load_db(state: LaunchState) -> None:
 
 
 def _load() -> LaunchState:
-    from nbx_tune.profiles import current_profile
+    import triton
 
-    state = LaunchState(current_profile())
+    from nbx_tune.profiles import current_profile, current_target
+
+    state = LaunchState(current_profile(), triton.__version__, current_target())
     for path in settings.table_paths():
         _load_table(state, path)  # a broken table the user named is an error, not a warning
     _load_db(state)

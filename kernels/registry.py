@@ -63,6 +63,12 @@ def register(spec: KernelSpec, origin: str = "") -> None:
     for op in spec.ops:
         other = _by_op.get(op)
         if other is not None and other is not spec:
+            builtin = [k for k in (other, spec) if type(k).__module__ in BUILTIN_MODULES]
+            if len(builtin) == 1:  # whichever came first, the plugin is the one to blame
+                plugin = spec if builtin[0] is other else other
+                raise KernelError(f"plugin kernel {plugin.name!r} ({type(plugin).__module__}) claims op {op}, "
+                                  f"which the built-in kernel {builtin[0].name!r} serves; a plugin serves "
+                                  "ops no built-in kernel does")
             raise KernelError(f"op {op} of kernel {spec.name!r} ({origin}) is already served by {other.name!r}")
     _specs[spec.name] = spec
     for op in spec.ops:
@@ -82,6 +88,7 @@ def plugin_modules(load: bool = True) -> list[str]:
 
 def load_plugin(path: str) -> list[KernelSpec]:
     """Import `module` or `module:attr` and register the kernels it provides."""
+    _ensure_loaded()  # the built-ins first, so that a clash names the plugin
     module_name, _, attr = path.partition(":")
     try:
         obj = importlib.import_module(module_name)

@@ -7,11 +7,13 @@ certified configs (JSON: no pickle, no code), shipped inside wheels and read at 
                   "provenance": {...}}, ...],
      "sha256": "<hash of the canonical entries>"}
 
-Entries are sorted by seat; the checksum catches an edited or truncated file. Provenance
-may hold optional keys beyond PROVENANCE_KEYS, which readers pass over: `search` (how the
-winner was found: full, recertified, fallback, ranked, audit), `recertified_from` (the
-tuning it was re-certified from, in words) and `sampled_regret` (the kernel's audited
-losses of ranked searches: {"audits", "median", "max"}). Everything
+Entries are sorted by seat; the checksum catches an edited or truncated file. The screened
+range's ends (`screened_min`, `screened_max`) are problem objects; tables written before
+were JSON text in a string, and read the same. Provenance may hold optional keys beyond
+PROVENANCE_KEYS, which readers pass over: `search` (how the winner was found: full,
+recertified, fallback, ranked, audit), `recertified_from` (the tuning it was re-certified
+from, in words) and `sampled_regret` (the kernel's audited losses of ranked searches:
+{"audits", "median", "max"}). Everything
 here is plain data checked field by field: a broken file is a `TableError` naming the file
 and the position, and no entry of it is used.
 """
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +37,7 @@ PROVENANCE_KEYS = ("device_name", "device_target", "driver", "triton_version", "
 ENTRY_KEYS = {"kernel": str, "dtypes": str, "flags": str, "bucket": str, "config": str,
               "median_ms": float, "spread_ms": list, "runner_up": (str, type(None)),
               "runner_up_ms": (float, type(None)), "margin": (float, type(None)),
-              "screens": list, "screened_min": (str, type(None)), "screened_max": (str, type(None)),
+              "screens": list, "screened_min": (dict, str, type(None)), "screened_max": (dict, str, type(None)),
               "unscreened": (str, type(None)), "timing_method": str, "provenance": dict}
 
 
@@ -74,7 +78,30 @@ def _check_entry(e: Any, where: str) -> dict:
     for k in PROVENANCE_KEYS:
         if not isinstance(e["provenance"].get(k), str):
             raise TableError(f"{where}.provenance.{k}: missing or not a string")
+    _check_numbers(e, where)
+    try:
+        datetime.fromisoformat(e["provenance"]["certified_at"])
+    except ValueError:
+        raise TableError(f"{where}.provenance.certified_at: not an ISO date and time") from None
     return e
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _check_numbers(e: dict, where: str) -> None:
+    """Times are finite and positive, the spread is [p20, p80]: an edited NaN or -1 would
+    rank or divide by nonsense downstream."""
+    if not _positive(e["median_ms"]):
+        raise TableError(f"{where}.median_ms: {e['median_ms']!r} is not a positive finite time")
+    spread = e["spread_ms"]
+    if len(spread) != 2 or not all(_positive(v) or v == 0 for v in spread) or spread[0] > spread[1]:
+        raise TableError(f"{where}.spread_ms: expected [p20, p80], two finite times >= 0 in order")
+    if e["runner_up_ms"] is not None and not _positive(e["runner_up_ms"]):
+        raise TableError(f"{where}.runner_up_ms: {e['runner_up_ms']!r} is not a positive finite time")
+    if e["margin"] is not None and not math.isfinite(e["margin"]):
+        raise TableError(f"{where}.margin: {e['margin']!r} is not finite")
 
 
 def loads(text: str, source: str) -> dict:
@@ -84,6 +111,8 @@ def loads(text: str, source: str) -> dict:
     except json.JSONDecodeError as e:
         raise TableError(f"{source}: line {e.lineno}, column {e.colno}: not valid JSON ({e.msg}); "
                          "is the file truncated?") from None
+    except RecursionError:
+        raise TableError(f"{source}: nested too deeply to be a certified table") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise TableError(f"{source}: not an nbx-tune certified table (no \"format\": \"{FORMAT}\")")
     version = doc.get("format_version")
@@ -96,8 +125,12 @@ def loads(text: str, source: str) -> dict:
     entries = doc.get("entries")
     if not isinstance(entries, list):
         raise TableError(f"{source}: entries: missing or not a list")
+    seen = {}
     for i, e in enumerate(entries):
         _check_entry(e, f"{source}: entries[{i}]")
+        first = seen.setdefault(seat_sort_key(e), i)
+        if first != i:
+            raise TableError(f"{source}: entries[{i}]: the same seat as entries[{first}] (one entry per seat)")
     if checksum(entries) != doc["sha256"]:
         raise TableError(f"{source}: sha256 does not match the entries: the file was edited or "
                          "damaged after export (export it again)")
@@ -111,3 +144,10 @@ def read(path: str | Path) -> dict:
     except (OSError, UnicodeDecodeError) as e:
         raise TableError(f"{p}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     return loads(text, str(p))
+
+
+def problem_text(value) -> str | None:
+    """A screened-range end as the database holds it (JSON text), from either form."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True)

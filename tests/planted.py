@@ -178,6 +178,57 @@ UNPREPARABLE = UnpreparableSpec()
 SPECS = (SPEC, FAULTY, POISONING, UNPREPARABLE)
 
 
+# Killed from outside, as the out-of-memory killer or a stray `kill -9` does (SIGKILL):
+# preparing the seat while $NBX_TEST_KILL_PREPARE names an existing file, and the candidate
+# KILLED_ONCE once for each time $NBX_TEST_KILL_ONCE names an existing file (which it removes).
+KILLED_ONCE = cfg(128)
+
+
+class KilledSpec(DoubleSpec):
+    name = "test_killed"
+    ops = ("test.killed",)
+
+    def __init__(self):
+        DoubleSpec.__init__(self, (GOOD[0], KILLED_ONCE, GOOD[1]))
+
+    def make_inputs(self, problem, rng):
+        import os
+        import signal
+
+        marker = os.environ.get("NBX_TEST_KILL_PREPARE")
+        if marker and os.path.exists(marker):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().make_inputs(problem, rng)
+
+    def launch(self, config, problem, inputs, outputs):
+        import os
+        import signal
+
+        marker = os.environ.get("NBX_TEST_KILL_ONCE")
+        if config == KILLED_ONCE and marker and os.path.exists(marker):
+            os.unlink(marker)
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().launch(config, problem, inputs, outputs)
+
+
+KILLED = KilledSpec()
+SPECS = (SPEC, FAULTY, POISONING, UNPREPARABLE, KILLED)
+
+
+class BadOracleSpec(DoubleSpec):
+    """A plugin whose fp64 oracle raises: the seat's own error, not the GPU's."""
+
+    name = "test_bad_oracle"
+    ops = ("test.bad_oracle",)
+
+    def oracle(self, problem, inputs):
+        raise ValueError("oracle bug")
+
+
+BAD_ORACLE = BadOracleSpec()
+SPECS = (SPEC, FAULTY, POISONING, UNPREPARABLE, KILLED, BAD_ORACLE)
+
+
 # ----------------------------------------------------------------------------- subtle faults
 # A GEMM whose faulty configs pass the tolerance at the shapes a naive screen picks: a mask
 # that is wrong only where N leaves a partial tile, a round-to-nearest fp16 accumulator

@@ -81,7 +81,8 @@ def test_census_certifies_then_the_second_tunes_nothing_and_launches_read_it(tmp
 def test_dry_run_and_bad_traces_write_nothing(tmp_path, db_url):
     db_file = Path(db_url[len("sqlite:///"):])
     rep = census(str(trace(tmp_path, MATMUL_TRACE)), db_url, dry_run=True)
-    assert rep.dry_run and rep.counts()["pending"]["seats"] == 3
+    assert rep.dry_run and rep.counts()["pending"]["seats"] == 2
+    assert rep.counts()["refused"]["seats"] == 1  # bf16 on the interpreter: predicted, as the run would
     assert not db_file.exists()
     bad = trace(tmp_path, "aten.mm\tfloat32,float32\t4x4;4x4\t\t1\naten.mm\tfloat32\t4xq\t\t1\n", "bad.tsv")
     with pytest.raises(TraceError, match=r"bad.tsv: line 4: column 3 \(shapes\)"):
@@ -148,12 +149,89 @@ def test_a_kernel_edit_makes_certificates_stale_never_served_and_retuned(tmp_pat
     certified.reload()
     st = certified.state()
     assert not any(k[0] == "test_double" for k in st.entries)
-    assert any("kernel_source_hash" in why for _, _, why in st.stale)
+    assert any("kernel source changed" in why for _, _, why in st.stale)
     rep = census(str(t), db_url)
     assert rep.seats[0].status == "certified" and rep.seats[0].action == "tuned"
     shown = api.show_seat(str(rep.seats[0].id), db_url)
     certs = [h["certificate"] for h in shown["history"] if "certificate" in h]
     assert [c["current"] for c in certs] == [False, True]  # history stays queryable
+
+
+def test_planning_and_recording_a_long_trace_is_linear_and_says_what_it_does(tmp_path, db_url, monkeypatch):
+    """3,000 distinct shapes of one seat: judging the seat compares each shape a bounded
+    number of times (the old `p not in rec.problems` compared about n^2 / 2 times: 4.5
+    million here), and a census over a long trace announces its planning and recording."""
+    from nbx_tune.kernels.spec import Problem
+    from nbx_tune.tuner import census as census_mod
+    from nbx_tune.tuner.census import load_plan, run_census
+    from nbx_tune.tuner.store import Store
+
+    n = 3000
+    t = trace(tmp_path, "".join(f"test.double\tfloat32\t{1000 + i}\t\t1\n" for i in range(n)))
+    prof = builtin_profiles()["interpreter"]
+    monkeypatch.setattr(census_mod, "BIG_PLAN", 100)
+    notices = []
+
+    class Rep:
+        def coverage(self, report):
+            pass
+
+        def notice(self, text):
+            notices.append(text)
+
+    store = Store(db_url)
+    try:
+        run_census(load_plan(t, prof, notices.append), store, None, Rep())
+        assert any("mapping 3,000 trace rows" in x for x in notices)
+        assert any("recording 3,000 shapes of 1 seats" in x for x in notices)
+        calls = [0]
+        eq = Problem.__eq__
+
+        def counting(a, b):
+            calls[0] += 1
+            return eq(a, b)
+
+        monkeypatch.setattr(Problem, "__eq__", counting)
+        rep = run_census(load_plan(t, prof), store, None, None)
+        assert rep.seats[0].shapes == n and rep.seats[0].status == "pending"
+        assert calls[0] < 20 * n
+    finally:
+        store.close()
+
+
+def test_an_interrupted_census_is_recorded_interrupted_never_left_running(tmp_path, db_url):
+    from nbx_tune.tuner.census import load_plan, run_census
+    from nbx_tune.tuner.store import Store
+
+    t = trace(tmp_path, "test.double\tfloat32\t1000\t\t1\n")
+
+    class Interrupting:
+        def coverage(self, report):
+            raise KeyboardInterrupt  # Ctrl-C while the coverage table is drawn
+
+        def notice(self, text):
+            pass
+
+    store = Store(db_url)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_census(load_plan(t, builtin_profiles()["interpreter"]), store, None, Interrupting())
+        runs = store.census_runs()
+        assert [r.status for r, _ in runs] == ["interrupted"]
+    finally:
+        store.close()
+
+
+def test_a_dry_run_predicts_refusals_and_byte_budget_overruns(tmp_path, db_url):
+    """The plan says what the census will do: a bf16 seat on the interpreter is refused
+    unlaunched, a shape over the screen budget makes its seat unscreened."""
+    t = trace(tmp_path, "aten.mm\tbfloat16,bfloat16\t16x16;16x16\t\t1\ntest.double\tfloat32\t700\t\t1\n")
+    profile = _profile_with_budget(tmp_path, 4000)
+    dry = {s.kernel: s for s in census(str(t), db_url, profile=profile, dry_run=True).seats}
+    assert dry["matmul"].status == "refused" and "predicted dtype_unscreenable" in dry["matmul"].why
+    assert dry["test_double"].status == "pending" and "predicted unscreened" in dry["test_double"].why
+    real = {s.kernel: s for s in census(str(t), db_url, profile=profile).seats}
+    assert real["matmul"].status == "refused" and real["test_double"].status == "unscreened"
 
 
 def test_the_launch_time_read_of_a_sqlite_database_needs_no_sqlalchemy(tmp_path, db_url):

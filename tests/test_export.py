@@ -33,6 +33,22 @@ def table(tmp_path, db_url):
     return out
 
 
+def test_a_table_written_with_the_screened_range_as_text_still_imports(tmp_path, db_url, table):
+    legacy = _resigned(table, tmp_path / "legacy.json", lambda d: [
+        e.update(screened_min=json.dumps(e["screened_min"]), screened_max=json.dumps(e["screened_max"]))
+        for e in d["entries"]])
+    assert api.import_(str(legacy), f"sqlite:///{tmp_path / 'l.db'}").added == 2
+    assert api.seat_views(f"sqlite:///{tmp_path / 'l.db'}")[0].status == "certified"
+
+
+def test_an_exported_table_is_readable_by_others_as_the_umask_allows(table):
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    assert table.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
+
+
 def test_export_is_deterministic_json_with_provenance(tmp_path, db_url, table):
     again = tmp_path / "again.json"
     api.export("interpreter", str(again), db_url)
@@ -49,6 +65,7 @@ def test_export_is_deterministic_json_with_provenance(tmp_path, db_url, table):
     assert set(table_format.PROVENANCE_KEYS) <= set(e["provenance"])
     assert e["provenance"]["kernel_source_hash"] == planted.SPEC.source_hash
     assert e["screens"] and all(s["err"] <= s["rtol"] for s in e["screens"])
+    assert isinstance(e["screened_max"], dict) and e["screened_max"]["kernel"] == "test_double"  # not JSON in a string
 
 
 def test_kernels_load_an_exported_table_named_by_nbx_tune_table(tmp_path, table, monkeypatch):
@@ -93,8 +110,8 @@ def test_import_merges_keeping_the_faster_certificate(tmp_path, db_url, table, a
     other = any_db
     s = api.import_(str(table), other)
     assert (s.added, s.kept_existing) == (2, 0)
-    s = api.import_(str(table), other)  # the same again: not faster, recorded but not current
-    assert (s.added, s.kept_existing) == (0, 2)
+    s = api.import_(str(table), other)  # the same again: said so, nothing recorded
+    assert (s.added, s.kept_existing, s.unchanged) == (0, 0, 2)
     # A faster certificate from elsewhere wins; the slower one is kept as history.
     doc = json.loads(table.read_text())
     for e in doc["entries"]:
@@ -102,7 +119,7 @@ def test_import_merges_keeping_the_faster_certificate(tmp_path, db_url, table, a
     faster = tmp_path / "faster.json"
     faster.write_text(table_format.dumps(doc["profile"], doc["architecture"], doc["profile_hash"], doc["entries"]))
     assert api.import_(str(faster), other).added == 2
-    assert db_count(other, "certificates") == 6
+    assert db_count(other, "certificates") == 4
     assert db_count(other, "certificates", "WHERE superseded_at IS NULL") == 2
     from sqlalchemy import create_engine, text
 
@@ -127,3 +144,99 @@ def test_import_refuses_another_architecture_and_skips_stale_entries(tmp_path, d
     monkeypatch.setitem(planted.SPEC.__dict__, "source_hash", "edited")
     s = api.import_(str(table), f"sqlite:///{tmp_path / 'y.db'}")
     assert s.added == 0 and len(s.skipped) == 2 and all("stale" in why for _, why in s.skipped)
+
+
+def _resigned(path, out, fn):
+    """The table edited by hand, its checksum recomputed (what a careless or hostile user does)."""
+    doc = json.loads(path.read_text())
+    fn(doc)
+    out.write_text(table_format.dumps(doc["profile"], doc["architecture"], doc["profile_hash"], doc["entries"]))
+    return out
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda d: d["entries"][0].update(config="BLOCK=0,SKIP_TAIL=0,WRONG=0,num_warps=4,num_stages=2"),
+     "not in the kernel's declared config space"),
+    (lambda d: d["entries"][0].update(config="BLOCK=32,SKIP_TAIL=0,num_warps=4,num_stages=2"),
+     "not in the kernel's declared config space"),  # a constexpr missing
+    (lambda d: d["entries"][0].update(config="BLOCK=32,SKIP_TAIL=0,WRONG=0,EXTRA=1,num_warps=4,num_stages=2"),
+     "not in the kernel's declared config space"),  # an unknown constexpr
+    (lambda d: d["entries"][0].update(config="BLOCK=32,SKIP_TAIL=0,WRONG=0,num_warps=0,num_stages=2"),
+     "not in the kernel's declared config space"),
+    (lambda d: d["entries"][0].update(config="BLOCK=x"), "not name=integer pairs"),
+    (lambda d: d["entries"].append(dict(d["entries"][0])), "the same seat as entries"),
+    (lambda d: d["entries"][0].update(median_ms=-1), r"median_ms: -1 is not a positive finite time"),
+    (lambda d: d["entries"][0].update(median_ms=float("nan")), r"median_ms: nan is not"),
+    (lambda d: d["entries"][0].update(spread_ms=[]), r"spread_ms: expected \[p20, p80\]"),
+    (lambda d: d["entries"][0]["provenance"].update(certified_at="yesterday"), "certified_at: not an ISO"),
+])
+def test_edited_and_resigned_tables_are_refused_at_import_and_never_served(tmp_path, table, edit, match,
+                                                                           monkeypatch):
+    bad = _resigned(table, tmp_path / "bad.json", edit)
+    with pytest.raises(TableError, match=match) as e:
+        api.import_(str(bad), f"sqlite:///{tmp_path / 'x.db'}")
+    assert "\n" not in str(e.value) and not (tmp_path / "x.db").exists()
+    monkeypatch.setenv("NBX_TUNE_TABLE", str(bad))
+    monkeypatch.setenv("NBX_TUNE_DB", f"sqlite:///{tmp_path / 'absent.db'}")
+    certified.reload()
+    try:
+        st = certified.state()
+    except TableError:
+        return  # refused whole at launch
+    # A config outside the space is never served: the seat falls back to the declared default.
+    assert all(cfg in planted.SPEC.configs() for cfg, _ in st.entries.values())
+    assert any("declared config space" in why or "integer pairs" in why for _, _, why in st.stale)
+
+
+def test_deeply_nested_table_is_one_line(tmp_path):
+    p = tmp_path / "deep.json"
+    p.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(TableError, match="nested too deeply"):
+        table_format.read(p)
+
+
+def test_an_import_claiming_to_beat_the_current_certificate_is_screened_first(tmp_path, db_url, table):
+    """A wrong config (in the declared space, so it passes the field checks) claiming to be
+    ten times faster does not replace the census's certificate: it is screened here and fails."""
+    doc = json.loads(table.read_text())
+    e = [x for x in doc["entries"] if x["dtypes"] == "float32"][0]
+    before = e["config"]
+    wrong = _resigned(table, tmp_path / "wrong.json", lambda d: [
+        x.update(config=planted.WRONG.key(), median_ms=x["median_ms"] / 10) for x in d["entries"]
+        if x["dtypes"] == "float32"])
+    s = api.import_(str(wrong), db_url)
+    assert s.added == 0 and len(s.unscreened) == 1 and "wrong_answer" in s.unscreened[0][1]
+    views = [v for v in api.seat_views(db_url) if v.dtypes == "float32"]
+    assert views[0].config == before and views[0].status == "certified"
+    # A faster config that does pass the screen replaces it.
+    good = [c for c in planted.GOOD if c.key() != before][0]
+    faster = _resigned(table, tmp_path / "faster.json", lambda d: [
+        x.update(config=good.key(), median_ms=x["median_ms"] / 10) for x in d["entries"] if x["dtypes"] == "float32"])
+    assert api.import_(str(faster), db_url).added == 1
+    assert [v for v in api.seat_views(db_url) if v.dtypes == "float32"][0].config == good.key()
+
+
+def test_the_launch_read_serves_only_this_compile_target(tmp_path, table, monkeypatch):
+    """Another compile target is never served; a sibling device of the same target is."""
+    from nbx_tune.kernels import validity
+    from nbx_tune.profiles import builtin_profiles
+
+    monkeypatch.setenv("NBX_TUNE_DB", f"sqlite:///{tmp_path / 'absent.db'}")
+    sibling = _resigned(table, tmp_path / "sibling.json", lambda d: [
+        x["provenance"].update(device_name="another CPU", driver="other") for x in d["entries"]])
+    monkeypatch.setenv("NBX_TUNE_TABLE", str(sibling))
+    certified.reload()
+    assert len(certified.state().entries) == 2
+    other = _resigned(table, tmp_path / "other.json", lambda d: [
+        x["provenance"].update(device_target="cuda:80") for x in d["entries"]])
+    monkeypatch.setenv("NBX_TUNE_TABLE", str(other))
+    certified.reload()
+    st = certified.state()
+    assert not st.entries and all("does not claim" in why for _, _, why in st.stale)
+    # The rule itself, on a profile that claims two targets (ampere: cuda:80 and cuda:87).
+    ampere = builtin_profiles()["ampere"]
+    prov = {"kernel_source_hash": planted.SPEC.source_hash, "config_space_hash": planted.SPEC.config_space_hash,
+            "profile_hash": ampere.hash, "triton_version": "t", "device_target": "cuda:80"}
+    assert validity.stale_reason(prov, planted.SPEC, ampere, "t", "cuda:80") is None
+    assert "compile target cuda:80" in validity.stale_reason(prov, planted.SPEC, ampere, "t", "cuda:87")
+    assert validity.stale_reason(prov, planted.SPEC, ampere) is None  # an exporter judges the code only

@@ -95,8 +95,9 @@ def test_a_seat_whose_preparation_kills_the_worker_is_refused_and_the_next_seat_
                          get_strategy("exhaustive"), "cpu")
     finally:
         ex.close()
-    assert bad.outcome == "refused" and bad.seat_refusal[0] == "prepare_error"
-    assert "killed the worker" in bad.seat_refusal[1] and "signal 11" in bad.seat_refusal[1]
+    # Not the seat's own failure: recorded worker_lost, which the next census tries again.
+    assert bad.outcome == "refused" and bad.seat_refusal[0] == "worker_lost"
+    assert "worker died" in bad.seat_refusal[1] and "signal 11" in bad.seat_refusal[1]
     assert ex.restarts == 1  # one worker lost, not one per retry: the seat is not prepared again
     assert good.outcome == "certified" and good.winner.config in planted.GOOD
 
@@ -112,11 +113,47 @@ def test_a_replacement_worker_that_cannot_prepare_the_seat_refuses_it_without_lo
                         get_strategy("exhaustive"), "cpu")
     finally:
         ex.close()
-    assert res.outcome == "refused" and res.seat_refusal[0] == "prepare_error"
-    assert "killed the worker" in res.seat_refusal[1]
+    assert res.outcome == "refused" and res.seat_refusal[0] == "worker_lost"
+    assert "worker died" in res.seat_refusal[1]
     assert ex.restarts == 2  # the candidate's crash, then the failed preparation
     assert {r.config: r.reason for r in res.records}[planted.CRASH] == "crash"  # still on record
     assert len((tmp_path / "prepared.log").read_text().split()) == 2
+
+
+def test_a_worker_killed_from_outside_while_preparing_is_retried_by_the_next_census(tmp_path, db_url,
+                                                                                     monkeypatch):
+    """SIGKILL (the out-of-memory killer, kill -9) while the worker makes a seat's inputs:
+    the seat is pending with the reason, and the next census tunes it, where it used to
+    stay refused (prepare_error) for good."""
+    marker = tmp_path / "kill-prepare"
+    marker.write_text("x")
+    monkeypatch.setenv("NBX_TEST_KILL_PREPARE", str(marker))
+    t = tmp_path / "t.tsv"
+    t.write_text("# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\ntest.killed\tfloat32\t300\t\t1\n")
+    prof = str(quick_timeout_profile(tmp_path, 60))
+    first = api.census(str(t), db_url, profile=prof, isolate=True).seats[0]
+    assert first.status == "pending" and "worker_lost" in first.why and "SIGKILL" not in first.why
+    assert "signal 9" in first.why and "tried again by the next census" in first.why
+    marker.unlink()
+    second = api.census(str(t), db_url, profile=prof, isolate=True).seats[0]
+    assert second.status == "certified" and second.action == "tuned"
+
+
+def test_a_candidate_whose_worker_is_killed_from_outside_is_tried_again_not_refused(tmp_path, monkeypatch):
+    marker = tmp_path / "kill-once"
+    marker.write_text("x")
+    monkeypatch.setenv("NBX_TEST_KILL_ONCE", str(marker))
+    res, ex = tune_isolated(load_profile_file(quick_timeout_profile(tmp_path, 60)), planted.KILLED, 300)
+    assert ex.restarts == 1 and not marker.exists()  # it was killed once, in the first worker
+    reasons = {r.config: r.reason for r in res.records}
+    assert reasons[planted.KILLED_ONCE] is None  # judged in the replacement, never refused `crash`
+    assert res.outcome == "certified" and res.seat_refusal is None
+
+
+def test_an_oracle_that_raises_is_the_seats_prepare_error_not_a_gpu_fault(tmp_path):
+    res, _ = tune_isolated(load_profile_file(quick_timeout_profile(tmp_path, 60)), planted.BAD_ORACLE, 300)
+    assert res.outcome == "refused" and res.seat_refusal[0] == "prepare_error"
+    assert "ValueError: oracle bug" in res.seat_refusal[1] and "GPU context" not in res.seat_refusal[1]
 
 
 def test_a_worker_profile_is_written_when_asked_and_names_the_screen(tmp_path, monkeypatch):

@@ -59,7 +59,7 @@ def test_an_entry_point_registers_a_kernel_without_flags(tmp_path):
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nbx-swiglu-dist\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[nbx_tune.kernels]\nswiglu = nbx_swiglu:SPEC\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(PLUGIN_DIR)]), "TRITON_INTERPRET": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")]), "TRITON_INTERPRET": "1"}
     code = "from nbx_tune.kernels.registry import spec_for_op; print(spec_for_op('mylib.swiglu').name)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -73,7 +73,9 @@ def test_a_plugin_cannot_take_an_op_another_kernel_serves(on_path):
         name = "thief"
         ops = ("aten.mm",)
 
-    with pytest.raises(KernelError, match="op aten.mm of kernel 'thief' .* is already served by 'matmul'"):
+    registry.all_specs()
+    with pytest.raises(KernelError, match="plugin kernel 'thief' .* claims op aten.mm, which the built-in kernel "
+                                          "'matmul' serves"):
         registry.register(Thief(), "test")
     with pytest.raises(KernelError, match="plugin no_such_plugin: cannot import"):
         registry.load_plugin("no_such_plugin")
@@ -84,6 +86,21 @@ def test_the_docs_name_every_part_of_the_example():
     src = (PLUGIN_DIR / "nbx_swiglu.py").read_text()
     for name in ("_swiglu", "launch_swiglu", "swiglu_fp64", "problem_from_row", "source_parts", "nbx_tune.kernels"):
         assert name in doc and (name in src or name == "nbx_tune.kernels")
+
+
+def test_a_plugin_registered_before_the_built_ins_is_still_the_one_blamed(on_path, monkeypatch):
+    import nbx_swiglu
+
+    class Thief(nbx_swiglu.SwiGLUSpec):
+        name = "thief"
+        ops = ("aten.mm",)
+
+    monkeypatch.setattr(registry, "_specs", {})
+    monkeypatch.setattr(registry, "_by_op", {})
+    monkeypatch.setattr(registry, "_loaded", False)
+    registry.register(Thief(), "test")  # at its import, before anything loaded the built-ins
+    with pytest.raises(KernelError, match="plugin kernel 'thief' .* claims op aten.mm"):
+        registry.all_specs()
 
 
 def test_a_fresh_process_that_imports_a_plugin_gets_its_certified_configs(tmp_path, db_url, on_path):

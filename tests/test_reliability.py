@@ -26,7 +26,9 @@ MANY_SEATS = "".join(f"aten.mm\tfloat32,float32\t{m}x16;16x24\t\t1\n" for m in r
 
 
 def census_proc(trace, db_url, *extra):
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(TESTS), "COLUMNS": "200"}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "COLUMNS": "200",
+           # the caller's PYTHONPATH kept: it may name the checkout under test
+           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, "-m", "nbx_tune.cli.app", "census", "--model", str(trace),
                              "--db", db_url, "--no-isolate", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -65,7 +65,7 @@ def test_a_schema_committed_by_another_process_mid_check_is_taken_as_ours(any_db
 
     engine = make_engine(any_db)
     if engine.dialect.name == "sqlite":
-        pytest.skip("SQLite reads both in one BEGIN IMMEDIATE transaction: no window")
+        pytest.skip("SQLite reads both in one transaction: no window")
     with engine.connect():
         pass  # the dialect's own first-connect queries are out of the way
     fired = []
@@ -94,7 +94,7 @@ def test_older_schema_is_refused_with_the_upgrade_command(tmp_path, db_url):
         open_engine(db_url)
     from nbx_tune.tuner.api import db_upgrade
 
-    assert db_upgrade(db_url) == ("0001", head_revision())
+    assert db_upgrade(db_url)[1:] == ("0001", head_revision())  # (printable URL, before, after)
     assert current_revision(open_engine(db_url)) == head_revision()
 
 
@@ -168,3 +168,29 @@ def test_one_current_certificate_per_seat_is_held_by_the_database(any_db):
         with store.session() as s:
             s.add(cert())
     store.close()
+
+
+def test_reads_take_no_write_lock_and_never_wait_behind_a_writer(tmp_path, db_url, monkeypatch):
+    """`seats` and the other queries run while a census holds the write lock; only
+    writers queue (every session used to begin with BEGIN IMMEDIATE)."""
+    import nbx_tune.tuner.store as store_mod
+    from nbx_tune.tuner import api
+    from nbx_tune.tuner.store import db as db_mod
+
+    Store(db_url).close()
+    monkeypatch.setattr(db_mod, "BUSY_TIMEOUT_MS", 200)
+    monkeypatch.setattr(store_mod, "LOCK_RETRIES", 1)
+    writer = sqlite3.connect(tmp_path / "nbx.db", isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # a census mid-write
+    try:
+        assert api.seat_views(db_url) == [] and api.refusal_rows(db_url) == []
+        store = Store(db_url)
+        try:
+            assert store.seat_records() == [] and store.census_runs() == []
+            with pytest.raises(StoreError, match="locked"):  # a writer does wait, and says so
+                store.claim(1, "me", 10)
+        finally:
+            store.close()
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()

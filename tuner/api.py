@@ -8,9 +8,10 @@ import os
 import sys
 from dataclasses import dataclass
 
-from nbx_tune.errors import NbxError, ProfileError
+from nbx_tune.errors import NbxError, ProfileError, StoreError
 from nbx_tune.profiles import (builtin_profiles, current_target, device_info, get_profile,
                                gpu_available, interpreter_enabled, match_profile)
+from nbx_tune.tuner.reasons import REFUSAL_REASONS  # noqa: F401 (the CLI's --reason help)
 
 
 def ensure_device(notice=None) -> None:
@@ -35,6 +36,21 @@ def ensure_device(notice=None) -> None:
         notice("no GPU found: running on Triton's CPU interpreter (TRITON_INTERPRET=1)")
 
 
+def check_plugins(plugins) -> None:
+    """A plugin module that cannot be found is one line here, before any worker process
+    tries (and prints its own traceback)."""
+    import importlib.util
+
+    for p in plugins or ():
+        try:
+            found = importlib.util.find_spec(p) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise NbxError(f"plugin {p}: cannot import: no module named {p!r} (is it installed, "
+                           "or on PYTHONPATH?)")
+
+
 def load_plugins(plugins) -> None:
     from nbx_tune.kernels.registry import load_plugin
 
@@ -50,7 +66,9 @@ def resolve_profile(name: str | None, for_tuning: bool):
     profile = get_profile(name)
     if for_tuning:
         target = current_target()
-        if not any(target.startswith(p) for p in profile.compute_capability_matches):
+        from nbx_tune.kernels.validity import claims
+
+        if not claims(profile, target):
             raise ProfileError(f"profile {profile.name} does not claim this device ({target}); a census "
                                "tunes on the device it runs on (use --dry-run to plan for another profile)")
     return profile
@@ -69,6 +87,10 @@ def census(model: str, db: str | None = None, profile: str | None = None, dry_ru
     """dry_run: plan only, write nothing. enqueue: record the plan for workers, tune nothing
     (any profile: the workers of its device tune it)."""
     tunes = not (dry_run or enqueue)
+    from nbx_tune.tuner.strategies import get_strategy
+
+    get_strategy(strategy)  # a bad --strategy fails before any process starts or file is made
+    check_plugins(plugins)  # and a missing plugin before the worker processes try to import it
     executor = _early_executor(isolate and tunes, plugins)
     try:
         ensure_device(reporter.notice if reporter else None)  # before anything imports triton
@@ -77,16 +99,18 @@ def census(model: str, db: str | None = None, profile: str | None = None, dry_ru
         from nbx_tune.tuner.store import Store
 
         prof = resolve_profile(profile, for_tuning=tunes)
-        plan = load_plan(model, prof)  # a malformed trace fails here, before any database I/O
+        plan = load_plan(model, prof, reporter.notice if reporter else None)  # fails before any database I/O
         # A dry run reads the database if there is one, and never creates or writes it.
         store = _existing_store(db) if dry_run else Store(db)
         try:
             if dry_run:
-                return run_census(plan, store, dry_run=True)
-            if enqueue:
-                return run_census(plan, store, None, reporter)
-            tuner = make_tuner(store, prof, strategy, isolate, executor)
-            return run_census(plan, store, tuner, reporter)
+                rep = run_census(plan, store, dry_run=True)
+            elif enqueue:
+                rep = run_census(plan, store, None, reporter)
+            else:
+                rep = run_census(plan, store, make_tuner(store, prof, strategy, isolate, executor), reporter)
+            rep.db = store.url if store is not None else None
+            return rep
         finally:
             if store is not None:
                 store.close()
@@ -151,12 +175,17 @@ def make_tuner(store, profile, strategy: str = "pruned", isolate: bool = True, e
     return SeatTuner(store, profile, device_info(), executor, get_strategy(strategy))
 
 
-def _existing_store(db: str | None):
+def _existing_store(db: str | None, required: bool = False):
+    """The store of a database that exists; None, or with `required` an error, for a SQLite
+    file that does not: a query never creates a database (a mistyped --db would otherwise
+    report an empty one and exit 0)."""
     from nbx_tune import settings
     from nbx_tune.tuner.store import Store
 
     url = settings.db_url(db)
-    if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):
+    if _missing_sqlite(url):
+        if required:
+            _missing_sqlite(url, raise_it=True)
         return None
     return Store(url)
 
@@ -206,7 +235,7 @@ def seat_views(db=None, status=None, kernel=None, profile=None, plugins=()) -> l
     specs = all_specs()
     prof_name = get_profile(profile).name if profile else None
     profiles = known_profiles(get_profile(profile) if profile else None)
-    store = Store(db)
+    store = _existing_store(db, required=True)
     try:
         out = []
         for r in store.seat_records(profile=prof_name, kernel=kernel):
@@ -224,9 +253,8 @@ def seat_views(db=None, status=None, kernel=None, profile=None, plugins=()) -> l
 
 def show_seat(ref: str, db=None, profile=None, plugins=()) -> dict:
     from nbx_tune.tuner.export import iso_utc
-    from nbx_tune.tuner.store import Store
 
-    store = Store(db)
+    store = _existing_store(db, required=True)
     try:
         seat = store.find_seat(ref, get_profile(profile).name if profile else None)
         if seat is None:
@@ -265,23 +293,25 @@ def show_seat(ref: str, db=None, profile=None, plugins=()) -> dict:
         store.close()
 
 
-def refusal_rows(db=None, kernel=None, reason=None, profile=None, limit=None) -> list[dict]:
+def refusal_rows(db=None, kernel=None, reason=None, profile=None, limit=None, with_total=False):
+    """Refusals, newest first; with_total: (rows, how many match in all)."""
     from nbx_tune.tuner.export import iso_utc
-    from nbx_tune.tuner.store import Store
-    from nbx_tune.tuner.store.models import REFUSAL_REASONS
 
     if reason and reason not in REFUSAL_REASONS:
         raise NbxError(f"unknown reason {reason!r}; known: {', '.join(REFUSAL_REASONS)}")
-    store = Store(db)
+    prof_name = get_profile(profile).name if profile else None
+    store = _existing_store(db, required=True)
     try:
-        return [{"id": r.id, "seat": seat.id, "profile": seat.profile,
+        rows = [{"id": r.id, "seat": seat.id, "profile": seat.profile,
                  "label": seat.label,
                  "config": r.config, "reason": r.reason, "detail": r.detail, **_judged(r), "tuning": t.id,
                  "triton_version": t.triton_version, "kernel_source_hash": t.kernel_source_hash,
                  "device": t.device_name, "at": iso_utc(r.created_at)}
-                for r, seat, t in store.refusals(kernel=kernel, reason=reason,
-                                                 profile=get_profile(profile).name if profile else None,
-                                                 limit=limit)]
+                for r, seat, t in store.refusals(kernel=kernel, reason=reason, profile=prof_name, limit=limit)]
+        if not with_total:
+            return rows
+        total = len(rows) if not limit or len(rows) < limit else store.count_refusals(kernel, reason, prof_name)
+        return rows, total
     finally:
         store.close()
 
@@ -293,33 +323,68 @@ def _judged(r) -> dict:
 
 def export(profile: str, out: str, db=None, plugins=()):
     from nbx_tune.tuner.export import export_table
-    from nbx_tune.tuner.store import Store
 
     load_plugins(plugins)
     prof = get_profile(profile)
-    with Store(db) as store:
+    with _existing_store(db, required=True) as store:
         return export_table(store, prof, out)
 
 
-def import_(path: str, db=None, plugins=()):
-    from nbx_tune.tuner.export import check_table, import_table
+def import_(path: str, db=None, plugins=(), notice=None):
+    ensure_device(notice)  # an entry that claims to beat the current certificate is screened here
+    load_plugins(plugins)
+    from nbx_tune.tuner.export import check_table, import_table, screen_here
     from nbx_tune.tuner.store import Store
 
-    load_plugins(plugins)
     checked = check_table(path, known_profiles())  # a bad table fails before the database opens
     with Store(db) as store:
-        return import_table(store, checked)
+        return import_table(store, checked, screen_here)
 
 
 def db_upgrade(db=None) -> tuple:
+    """(the URL as it may be printed, revision before, revision after)."""
     from nbx_tune import settings
-    from nbx_tune.tuner.store.db import make_engine, upgrade
+    from nbx_tune.tuner.store.db import make_engine, safe_url, upgrade
 
-    engine = make_engine(settings.db_url(db))
+    url = settings.db_url(db)
+    engine = make_engine(url)
     try:
-        return upgrade(engine)
+        return (safe_url(url), *upgrade(engine))
     finally:
         engine.dispose()
+
+
+def trace(output, argv: list[str]):
+    """Record a program's aten ops into a trace file (tuner/recorder.py)."""
+    from nbx_tune.tuner.recorder import trace_command
+
+    return trace_command(output, argv)
+
+
+def run_program(argv: list[str], stats_json=None, want_stats: bool = False) -> tuple:
+    """`nbx-tune run`: a program under serve() (tuner/serve_main.py). (its exit status, its
+    per-op stats when `want_stats` or `stats_json`: None if it died before writing them)."""
+    import tempfile
+    from pathlib import Path
+
+    from nbx_tune.tuner.serve_main import run_command
+
+    if not (want_stats or stats_json):
+        return run_command(list(argv)), None
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(stats_json) if stats_json else Path(d) / "stats.json"
+        rc = run_command(list(argv), path)
+        try:
+            return rc, json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return rc, None
+
+
+def run_fleet(gpus: list[str], command: list[str]) -> None:
+    """Start `command` once per GPU id, each seeing only its GPU, and wait for all."""
+    from nbx_tune.tuner.fleet import spawn_workers, wait_workers
+
+    wait_workers(spawn_workers(gpus, command))
 
 
 def db_current(db=None) -> dict:
@@ -327,14 +392,24 @@ def db_current(db=None) -> dict:
     from nbx_tune.tuner.store.db import current_revision, head_revision, make_engine, safe_url
 
     url = settings.db_url(db)
+    _missing_sqlite(url, raise_it=True)
     engine = make_engine(url)
     try:
         return {"url": safe_url(url), "revision": current_revision(engine), "head": head_revision()}
     except Exception as e:
-        from sqlalchemy.exc import OperationalError
+        from sqlalchemy.exc import DatabaseError
 
-        if isinstance(e, OperationalError):
+        if isinstance(e, DatabaseError):
             raise NbxError(f"cannot open database {safe_url(url)}: {str(e.orig).splitlines()[0]}") from None
         raise
     finally:
         engine.dispose()
+
+
+def _missing_sqlite(url: str, raise_it: bool = False) -> bool:
+    path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else None
+    if path is None or path == ":memory:" or path.startswith("file:") or os.path.exists(path):
+        return False
+    if raise_it:
+        raise StoreError(f"no database at {path} (a mistyped --db? a census creates one)")
+    return True

@@ -20,9 +20,10 @@ from pathlib import Path
 
 from nbx_tune.errors import NbxError
 from nbx_tune.kernels.registry import spec_for_op
-from nbx_tune.kernels.spec import NotServable, bucket_of, encode_bucket, encode_dtypes, encode_flags, label_of
+from nbx_tune.kernels.spec import (NotServable, bucket_of, encode_bucket, encode_dtypes, encode_flags, label_of,
+                                   split_label)
 from nbx_tune.tuner.status import seat_status
-from nbx_tune.tuner.trace import Trace, read_trace
+from nbx_tune.tuner.trace import MAX_INT, Trace, read_trace
 
 
 @dataclass
@@ -59,8 +60,13 @@ class Plan:
     not_servable: list = field(default_factory=list)  # (line, op, reason, launches)
 
 
-def plan(trace: Trace, sha256: str, profile) -> Plan:
+BIG_PLAN = 20_000  # rows or shapes above which a census says what it is doing before doing it
+
+
+def plan(trace: Trace, sha256: str, profile, notice=None) -> Plan:
     p = Plan(trace, sha256, profile)
+    if notice is not None and len(trace.rows) > BIG_PLAN:
+        notice(f"mapping {len(trace.rows):,} trace rows to seats")
     for row in trace.rows:
         spec = spec_for_op(row.op)
         if spec is None:
@@ -71,6 +77,11 @@ def plan(trace: Trace, sha256: str, profile) -> Plan:
             problem = spec.problem_from_row(row)
         except (ValueError, KeyError, TypeError) as e:  # a param the kernel could not read
             problem = NotServable(f"unreadable params: {e}")
+        except Exception as e:  # a plugin's bug costs its rows, never the census
+            problem = NotServable(f"kernel {spec.name} could not read this row "
+                                  f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+        if not isinstance(problem, NotServable) and problem.volume > MAX_INT:
+            problem = NotServable("more than 2^63 - 1 elements")
         if isinstance(problem, NotServable):
             p.not_servable.append((row.line, row.op, problem.reason, row.count))
             continue
@@ -90,10 +101,10 @@ def plan(trace: Trace, sha256: str, profile) -> Plan:
     return p
 
 
-def load_plan(path: str | Path, profile) -> Plan:
+def load_plan(path: str | Path, profile, notice=None) -> Plan:
     trace = read_trace(path)
     sha = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    return plan(trace, sha, profile)
+    return plan(trace, sha, profile, notice)
 
 
 @dataclass
@@ -128,6 +139,7 @@ class Report:
     run_id: int | None = None
     dry_run: bool = False
     seconds: float = 0.0
+    db: str | None = None  # the database, as it may be printed
 
     def counts(self) -> dict:
         c = Counter(s.status for s in self.seats)
@@ -173,7 +185,9 @@ class Report:
                 "launches": self.launches, "dry_run": self.dry_run, "run_id": self.run_id,
                 "seconds": round(self.seconds, 3), "coverage": self.counts(),
                 "seats": [s.to_dict() for s in self.seats], "by_op": self.by_op(),
-                "not_covered": [{"op": op, "launches": n} for op, n in sorted(self.uncovered.items())],
+                "db": self.db,
+                "not_covered": [{"op": op, "launches": n, "reason": "no kernel serves this op"}
+                                for op, n in sorted(self.uncovered.items())],
                 "not_servable": [{"line": ln, "op": op, "reason": why, "launches": n}
                                  for ln, op, why, n in self.not_servable]}
 
@@ -197,13 +211,44 @@ def report_lines(store, pl: Plan, ids: dict | None) -> list[SeatLine]:
             cfg = ms = None
         else:
             # A dry run has not recorded this trace's shapes: judge with them too.
-            seen = rec.problems + [p for p in problems if p not in rec.problems]
+            seen = list(dict.fromkeys((*rec.problems, *problems)))  # linear: 200k-row traces
             st = seat_status(replace(rec, problems=seen), specs.get(sp.kernel), pl.profile)
             cfg = rec.cert.config if rec.cert else None
             ms = rec.cert.median_ms if rec.cert else None
         lines.append(SeatLine(sid, sp.label, sp.kernel, st.status, st.why, sp.launches,
                               len(sp.problems), cfg, ms, ops=dict(sp.ops)))
     return lines
+
+
+def predict(pl: Plan, lines: list[SeatLine]) -> list[SeatLine]:
+    """A dry run says what the census would do to each seat it would tune: refuse it
+    unlaunched (a dtype the profile cannot screen), or certify it unscreened (a shape over
+    the screen's byte budget)."""
+    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.tuner.tune import seat_job, unscreenable
+
+    specs = all_specs()
+    for ln in lines:
+        if ln.status not in ("pending", "stale"):
+            continue
+        spec, problems = specs.get(ln.kernel), list(pl.seats[_key(ln.label)].problems)
+        if spec is None:
+            continue
+        bad = unscreenable(spec, pl.profile, problems)
+        if bad:
+            ln.status, ln.why = "refused", f"predicted dtype_unscreenable: {bad[1]}"
+            continue
+        _, skipped = seat_job(spec, pl.profile, ln.label, problems, "cpu")
+        if skipped:
+            over = ", ".join(f"{n / 2**20:.0f} MiB" for _, n in skipped)
+            ln.why = "; ".join(x for x in (ln.why, (
+                f"predicted unscreened: operands of {over} > the profile's "
+                f"{pl.profile.screen_max_bytes / 2**20:.0f} MiB screen budget")) if x)
+    return lines
+
+
+def _key(label: str) -> tuple:
+    return split_label(label)
 
 
 def _report(pl: Plan, lines, run_id, dry_run, t0) -> Report:
@@ -228,16 +273,23 @@ def run_census(pl: Plan, store, tuner=None, reporter=None, dry_run: bool = False
     t0 = time.perf_counter()
     profile = pl.profile
     if dry_run:
-        return _report(pl, report_lines(store, pl, find_existing(store, pl)), None, True, t0)
+        return _report(pl, predict(pl, report_lines(store, pl, find_existing(store, pl))), None, True, t0)
+    shapes = sum(len(sp.problems) for sp in pl.seats.values())
+    if reporter is not None and shapes > BIG_PLAN:
+        reporter.notice(f"recording {shapes:,} shapes of {len(pl.seats):,} seats")
     run_id, ids = store.record_census(pl.trace, pl.sha256, profile.name,
                                       {k: sp.problems for k, sp in pl.seats.items()})
-    before = report_lines(store, pl, ids)
-    if reporter is not None:
-        reporter.coverage(_report(pl, before, run_id, False, t0))
     status = "done"
-    try:
+    before = []
+    try:  # from here on the run row is finished whatever happens: never left `running`
+        before = report_lines(store, pl, ids)
+        if reporter is not None:
+            reporter.coverage(_report(pl, before, run_id, False, t0))
         if tuner is not None:
             tuner.run(tuner.todo(before), pl, ids, run_id, reporter)
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
     except BaseException:
         status = "failed"
         raise

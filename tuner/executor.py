@@ -66,6 +66,12 @@ class SeatPrepareError(Exception):
     """A seat's inputs or oracle could not be made: the whole seat is refused."""
 
 
+class WorkerLost(SeatPrepareError):
+    """The worker died while it prepared the seat (killed from outside, out of memory): not
+    the seat's own failure, so the seat is recorded `worker_lost` and the next census
+    tries it again."""
+
+
 def classify_exception(e: BaseException) -> tuple[str, str]:
     """A failure of a candidate's launch as a refusal reason with its text."""
     name = type(e).__name__

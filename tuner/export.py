@@ -20,9 +20,9 @@ from pathlib import Path
 from sqlalchemy import select
 
 from nbx_tune.errors import NbxError, TableError
-from nbx_tune.kernels import table_format
+from nbx_tune.kernels import table_format, validity
 from nbx_tune.kernels.registry import all_specs
-from nbx_tune.kernels.spec import label_of
+from nbx_tune.kernels.spec import Problem, label_of
 from nbx_tune.tuner import provenance
 from nbx_tune.tuner.files import write_atomic
 from nbx_tune.tuner.store.models import Certificate, Seat, Tuning, utcnow
@@ -45,8 +45,10 @@ def _entry(seat: Seat, cert: Certificate, t: Tuning, regret: dict | None = None)
         "kernel": seat.kernel, "dtypes": seat.dtypes, "flags": seat.flags, "bucket": seat.bucket,
         "config": cert.config, "median_ms": cert.median_ms, "spread_ms": [cert.p20_ms, cert.p80_ms],
         "runner_up": cert.runner_up, "runner_up_ms": cert.runner_up_ms, "margin": cert.margin,
-        "screens": json.loads(cert.screens), "screened_min": cert.screened_min,
-        "screened_max": cert.screened_max, "unscreened": cert.unscreened,
+        "screens": json.loads(cert.screens), "unscreened": cert.unscreened,
+        # objects, not JSON text inside JSON
+        "screened_min": json.loads(cert.screened_min) if cert.screened_min else None,
+        "screened_max": json.loads(cert.screened_max) if cert.screened_max else None,
         "timing_method": cert.timing_method, "provenance": prov,
     }
 
@@ -57,14 +59,9 @@ def iso_utc(dt: datetime) -> str:
 
 
 def _code_stale(prov, spec, profile) -> str | None:
-    """Stale for this code regardless of where it runs (Triton and device are the reader's)."""
-    if spec is None:
-        return "kernel not registered"
-    for key, now in (("kernel_source_hash", spec.source_hash), ("config_space_hash", spec.config_space_hash),
-                     ("profile_hash", profile.hash)):
-        if prov[key] != now:
-            return f"{key} {prov[key]} != {now}"
-    return None
+    """Stale for this code wherever it runs: Triton's version and the running device are
+    the reader's to judge (the rule: kernels/validity.py)."""
+    return validity.stale_reason(prov, spec, profile)
 
 
 @dataclass
@@ -77,7 +74,7 @@ class ExportSummary:
 def export_table(store, profile, out: str | Path) -> ExportSummary:
     specs = all_specs()
     entries, skipped = [], []
-    with store.session() as s:
+    with store.session(write=False) as s:
         rows = s.execute(select(Seat, Certificate, Tuning)
                          .join(Certificate, Certificate.seat_id == Seat.id)
                          .join(Tuning, Tuning.id == Certificate.tuning_id)
@@ -109,6 +106,8 @@ class ImportSummary:
     profile: str
     added: int = 0  # became the seat's current certificate
     kept_existing: int = 0  # the seat's current certificate was faster; the import is recorded
+    unchanged: int = 0  # the same certificate is current already: nothing recorded
+    unscreened: list = field(default_factory=list)  # (seat label, why): claimed faster, not screened here
     skipped: list = field(default_factory=list)  # (seat label, why)
 
 
@@ -131,23 +130,32 @@ def check_table(path: str | Path, profiles: dict) -> CheckedTable:
         raise TableError(f"{path}: a table for architecture {doc['architecture']!r}, but profile "
                          f"{name} here is {profile.architecture!r}")
     specs = all_specs()
-    usable, skipped = [], []
+    usable, skipped, spaces = [], [], {}
     for i, e in enumerate(doc["entries"]):
         label = label_of(e["kernel"], e["dtypes"], e["flags"], e["bucket"])
         prov = e["provenance"]
-        if not any(prov["device_target"].startswith(p) for p in profile.compute_capability_matches):
+        if not validity.claims(profile, prov["device_target"]):
             raise TableError(f"{path}: entries[{i}]: made on device {prov['device_target']}, which profile "
                              f"{name} does not claim (a table for another architecture?)")
         why = _code_stale(prov, specs.get(e["kernel"]), profile)
         if why:
             skipped.append((label, f"stale: {why}"))
             continue
+        if e["kernel"] not in spaces:
+            spaces[e["kernel"]] = validity.config_index(specs[e["kernel"]])
+        try:
+            validity.declared_config(spaces[e["kernel"]], e["config"])
+        except ValueError as err:
+            raise TableError(f"{path}: entries[{i}].config: {err}") from None
         usable.append(e)
     return CheckedTable(str(path), profile, usable, skipped)
 
 
-def import_table(store, checked: CheckedTable) -> ImportSummary:
-    """Merge a checked table into the database in one transaction."""
+def import_table(store, checked: CheckedTable, screen=None) -> ImportSummary:
+    """Merge a checked table into the database in one transaction. An entry that claims to
+    beat the seat's current certificate replaces it only once `screen(spec, profile,
+    config, problems)` passes it at the shapes the current one was screened at (it returns
+    None, or why not); without a `screen`, the current certificate is kept."""
     specs = all_specs()
     profile, name, path = checked.profile, checked.profile.name, checked.path
     usable = checked.usable
@@ -161,6 +169,14 @@ def import_table(store, checked: CheckedTable) -> ImportSummary:
             seat = s.scalars(select(Seat).where(Seat.profile == name, Seat.kernel == e["kernel"],
                                                 Seat.dtypes == e["dtypes"], Seat.flags == e["flags"],
                                                 Seat.bucket == e["bucket"])).one()
+            current = s.scalar(select(Certificate).where(Certificate.seat_id == seat.id,
+                                                         Certificate.superseded_at.is_(None)))
+            cur_valid = current is not None and _code_stale(
+                {k: getattr(s.get(Tuning, current.tuning_id), k) for k in provenance.FIELDS},
+                specs.get(e["kernel"]), profile) is None
+            if cur_valid and current.config == e["config"] and current.median_ms == e["median_ms"]:
+                summary.unchanged += 1  # this very certificate is current already
+                continue
             prov = e["provenance"]
             made = datetime.fromisoformat(prov["certified_at"])
             t = Tuning(seat_id=seat.id, kind="import", outcome="unscreened" if e["unscreened"] else "certified",
@@ -173,26 +189,56 @@ def import_table(store, checked: CheckedTable) -> ImportSummary:
                                p20_ms=e["spread_ms"][0], p80_ms=e["spread_ms"][1], runner_up=e["runner_up"],
                                runner_up_ms=e["runner_up_ms"], margin=e["margin"],
                                screens=json.dumps(e["screens"], sort_keys=True),
-                               screened_min=e["screened_min"], screened_max=e["screened_max"],
+                               screened_min=table_format.problem_text(e["screened_min"]),
+                               screened_max=table_format.problem_text(e["screened_max"]),
                                unscreened=e["unscreened"], timing_method=e["timing_method"], created_at=made,
                                **_search_of(prov))
-            current = s.scalar(select(Certificate).where(Certificate.seat_id == seat.id,
-                                                         Certificate.superseded_at.is_(None)))
+            why = None
+            if cur_valid and current.median_ms <= e["median_ms"]:
+                why = (f"import: the current certificate is faster "
+                       f"({current.median_ms:.4g} ms <= {e['median_ms']:.4g} ms)")
+                summary.kept_existing += 1
+            elif cur_valid:  # claims to beat a valid certificate: screened here first
+                problems = [Problem.from_json(x) for x in dict.fromkeys(
+                    (current.screened_max, current.screened_min)) if x]
+                not_screened = ("it cannot be screened in this process" if screen is None else
+                                screen(specs[e["kernel"]], profile, e["config"], problems))
+                if not_screened:
+                    why = f"import: claims to be faster but did not pass the screen here: {not_screened}"
+                    summary.unscreened.append((label_of(e["kernel"], e["dtypes"], e["flags"], e["bucket"]),
+                                               not_screened))
+            if why:
+                cert.superseded_at, cert.superseded_reason = now, why
+                s.add(cert)
+                continue
             if current is not None:
-                cur_t = s.get(Tuning, current.tuning_id)
-                cur_valid = _code_stale({k: getattr(cur_t, k) for k in provenance.FIELDS},
-                                        specs.get(e["kernel"]), profile) is None
-                if cur_valid and current.median_ms <= e["median_ms"]:
-                    cert.superseded_at = now
-                    cert.superseded_reason = (f"import: the current certificate is faster "
-                                              f"({current.median_ms:.4g} ms <= {e['median_ms']:.4g} ms)")
-                    s.add(cert)
-                    summary.kept_existing += 1
-                    continue
                 current.superseded_at = now
                 current.superseded_reason = (f"import from {Path(path).name}: "
-                                             + ("faster" if cur_valid else "replaces a stale certificate"))
+                                             + ("faster, and screened here" if cur_valid else
+                                                "replaces a stale certificate"))
                 s.flush()
             s.add(cert)
             summary.added += 1
     return summary
+
+
+def screen_here(spec, profile, config: str, problems) -> str | None:
+    """Screen an imported config against the fp64 oracle on this device, in this process
+    (it is one of the kernel's declared configs: tuner/export.check_table). None if it
+    passed, else why not. Only a device its profile claims can screen for it."""
+    from nbx_tune.profiles import current_target
+    from nbx_tune.tuner.bench import for_profile
+    from nbx_tune.tuner.executor import SeatRunner
+    from nbx_tune.tuner.tune import seat_job
+
+    target = current_target()
+    if not validity.claims(profile, target):
+        return f"this device ({target}) is not one profile {profile.name} claims"
+    if not problems:
+        return "the current certificate records no screened shape"
+    job, skipped = seat_job(spec, profile, "import", problems, "cpu" if target == "interpreter" else "cuda")
+    if skipped:
+        return "its shapes are over the profile's screen byte budget"
+    out = SeatRunner(spec, job, for_profile(profile)).screen(validity.declared_config(
+        validity.config_index(spec), config))
+    return None if out.ok else f"{out.reason}: {out.detail}"

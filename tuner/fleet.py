@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -50,8 +49,9 @@ def run_worker(tuner, reporter=None, max_seats: int | None = None, wait_for_held
     reporter = reporter or NullReporter()
     rep = WorkerReport(tuner.holder, tuner.profile.name, tuner.device.name)
     t0 = time.perf_counter()
+    tried = set()  # a seat this worker lost (worker_lost) waits for the next worker or census
     while max_seats is None or len(rep.tuned) < max_seats:
-        todo = tuner.needing_work()
+        todo = [t for t in tuner.needing_work() if t[0] not in tried]
         if not todo:
             break
         labels = {sid: (kernel, label) for sid, kernel, label in todo}
@@ -64,6 +64,7 @@ def run_worker(tuner, reporter=None, max_seats: int | None = None, wait_for_held
             time.sleep(IDLE_POLL_S)
             continue
         kernel, label = labels[sid]
+        tried.add(sid)
         if tuner.tune_claimed(sid, kernel, label, len(rep.tuned), len(rep.tuned) + len(todo), None, reporter):
             rep.tuned.append(label)
     rep.seconds = time.perf_counter() - t0
@@ -88,9 +89,9 @@ def worker_timeline(rows, t_launch: float, t_end: float) -> list[dict]:
     return sorted(res, key=lambda r: r["worker"])
 
 
-def spawn_workers(gpus: list[str], argv: list[str]) -> list[subprocess.Popen]:
-    """One `nbx-tune worker` process per GPU id (an id may repeat: workers sharing a GPU),
-    each seeing only its GPU."""
+def spawn_workers(gpus: list[str], command: list[str]) -> list[subprocess.Popen]:
+    """One worker process per GPU id (an id may repeat: workers sharing a GPU), each seeing
+    only its GPU. `command` is the caller's (the CLI passes its own `worker` command)."""
     from nbx_tune.tuner.precompile import COMPILE_PROCS_ENV
 
     # The host's cores are split between the workers' compile pools (one core each left
@@ -101,7 +102,7 @@ def spawn_workers(gpus: list[str], argv: list[str]) -> list[subprocess.Popen]:
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "HIP_VISIBLE_DEVICES": gpu}
         env.setdefault(COMPILE_PROCS_ENV, str(per_worker))
         env.pop("NBX_TUNE_WORKER_ID", None)
-        procs.append(subprocess.Popen([sys.executable, "-m", "nbx_tune.cli.app", "worker", *argv], env=env))
+        procs.append(subprocess.Popen(list(command), env=env))
     return procs
 
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import sys
 import tempfile
 import traceback
 
-from nbx_tune.tuner.executor import (ContextPoisoned, Outcome, SeatJob, SeatPrepareError, SeatRunner,
+from nbx_tune.tuner.executor import (ContextPoisoned, Outcome, SeatJob, SeatPrepareError, SeatRunner, WorkerLost,
                                       classify_exception, is_fatal)
 
 PREPARE_TIMEOUT_FACTOR = 10  # making a seat's inputs and fp64 oracles may take longer than one candidate
@@ -90,6 +91,9 @@ def _serve(conn, plugins):
             # A poisoned context (or a seat that cannot be prepared) ends this worker: the
             # candidate in flight is refused as a crash and the parent starts a fresh one.
             reason, detail = classify_exception(e)
+            if kind == "seat" and not is_fatal(e):  # the seat's inputs or oracle raised: its own error
+                conn.send(("fatal", "prepare_error", detail, traceback.format_exc(limit=4)))
+                os._exit(3)
             if isinstance(e, ContextPoisoned) or is_fatal(e) or kind == "seat":
                 conn.send(("fatal", "crash", str(e) if isinstance(e, ContextPoisoned) else detail,
                            traceback.format_exc(limit=4)))
@@ -208,14 +212,20 @@ class Isolated:
                 if reply[0] != "fatal":
                     return reply, None
                 self.proc.join(timeout=10)
-                failure = (reply[1], f"{reply[2]} (the worker's GPU context was unusable after it; replaced)")
+                failure = (reply[1], reply[2] if reply[1] == "prepare_error" else
+                           f"{reply[2]} (the worker's GPU context was unusable after it; replaced)")
             else:
                 failure = ("timeout", f"no answer within {timeout:g} s (candidate_timeout_s); worker killed")
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             self.proc.join(timeout=10)
             code = self.proc.exitcode
             how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-            failure = ("crash", f"worker died ({how}): {self._last_words() or 'no output'}")
+            # SIGKILL is what the out-of-memory killer and `kill -9` send; no fault of a
+            # candidate ends a process that way (a GPU fault is SIGSEGV or SIGABRT).
+            outside = code == -signal.SIGKILL
+            failure = ("worker_lost" if outside else "crash",
+                       f"worker died ({how}{', killed from outside: out of memory?' if outside else ''}): "
+                       f"{self._last_words() or 'no output'}", True)
         # Preparing the seat again in the fresh worker may kill it too: this candidate keeps
         # its own refusal, and the next request refuses the seat (tuner/tune.py), never a loop.
         self._replace(prepare=msg[0] != "seat")
@@ -226,7 +236,9 @@ class Isolated:
                                     self.timeout * PREPARE_TIMEOUT_FACTOR)
         if failure is not None:
             self.job = None
-            raise SeatPrepareError(f"making the seat's inputs and oracle killed the worker: {failure[1]}")
+            if len(failure) > 2:  # the worker died: not an error of the seat's own
+                raise WorkerLost(f"the worker died while making the seat's inputs and oracle: {failure[1]}")
+            raise SeatPrepareError(f"making the seat's inputs and oracle failed: {failure[1]}")
 
     # -- the executor interface
     def _precompile(self, spec, job: SeatJob, configs) -> None:
@@ -248,13 +260,20 @@ class Isolated:
         # host's usual pace, not a launch held up that long.
         self._prepare()
 
+    def _request(self, msg) -> Outcome:
+        # A worker killed from outside is given the candidate once more, in its replacement.
+        for attempt in range(2):
+            if self.broken is not None:
+                raise self.broken
+            reply, failure = self._call(msg, self.timeout)
+            if failure is None:
+                return reply[1]
+            if failure[0] != "worker_lost":
+                break
+        return Outcome(reason=failure[0], detail=failure[1])
+
     def screen(self, config) -> Outcome:
-        if self.broken is not None:
-            raise self.broken
-        reply, failure = self._call(("screen", config), self.timeout)
-        if failure is not None:
-            return Outcome(reason=failure[0], detail=failure[1])
-        return reply[1]
+        return self._request(("screen", config))
 
     def confirm(self, config) -> Outcome:
         if self.broken is not None:
@@ -265,12 +284,7 @@ class Isolated:
         return reply[1]
 
     def time(self, config, mode: str = "full") -> Outcome:
-        if self.broken is not None:
-            raise self.broken
-        reply, failure = self._call(("time", config, mode), self.timeout)
-        if failure is not None:
-            return Outcome(reason=failure[0], detail=failure[1])
-        return reply[1]
+        return self._request(("time", config, mode))
 
     def end_seat(self) -> None:
         self.spec = self.job = self.broken = None

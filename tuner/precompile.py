@@ -21,6 +21,8 @@ import tempfile
 
 COMPILE_PROCS_ENV = "NBX_TUNE_COMPILE_PROCS"
 
+from nbx_tune.errors import NbxError
+
 
 def _compile_only():
     """Make every `kernel[grid](...)` in this process compile without launching."""
@@ -79,7 +81,10 @@ def _lock_path(kernel: str, problems, config) -> str:
 
 
 def _serve_compiles(jobs, plugins) -> None:
-    _init(plugins)
+    try:
+        _init(plugins)
+    except NbxError:  # a plugin that cannot be imported: the census says so on one line
+        return
     while True:
         job = jobs.get()
         if job is None:

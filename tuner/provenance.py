@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from nbx_tune.kernels import validity
 from nbx_tune.kernels.spec import KernelSpec
 from nbx_tune.profiles import DeviceInfo, Profile
 
@@ -33,20 +34,5 @@ def current(spec: KernelSpec, profile: Profile, device: DeviceInfo) -> dict[str,
 
 def stale_reason(prov, spec: KernelSpec | None, profile: Profile) -> str | None:
     """Why a certificate with provenance `prov` (a mapping or a row with those attributes)
-    is no longer valid here, or None if it holds."""
-    get = prov.get if isinstance(prov, dict) else (lambda k: getattr(prov, k))
-    if spec is None:
-        return "kernel no longer registered"
-    checks = (
-        ("kernel source", get("kernel_source_hash"), spec.source_hash),
-        ("config space", get("config_space_hash"), spec.config_space_hash),
-        ("profile", get("profile_hash"), profile.hash),
-        ("Triton", get("triton_version"), triton.__version__),
-    )
-    for what, then, now in checks:
-        if then != now:
-            return f"{what} changed ({then} -> {now})"
-    target = get("device_target")
-    if not any(target.startswith(p) for p in profile.compute_capability_matches):
-        return f"device {target} is no longer claimed by profile {profile.name}"
-    return None
+    is no longer valid here, or None if it holds (the rule: kernels/validity.py)."""
+    return validity.stale_reason(prov, spec, profile, triton_version=triton.__version__)

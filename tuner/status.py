@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from nbx_tune.kernels.spec import Problem
 from nbx_tune.tuner import provenance
+from nbx_tune.tuner.reasons import TRANSIENT_REASONS
 
 STATUSES = ("certified", "unscreened", "pending", "refused", "stale")
 
@@ -36,14 +37,16 @@ def seat_status(rec, spec, profile) -> Status:
     cert, cert_tuning, last_tuning = rec.cert, rec.cert_tuning, rec.last_tuning
     if profile is None:
         return Status("stale", "profile not known here") if cert is not None else Status("pending")
+    seat_refusal = rec.seat_refusal
+    if seat_refusal is not None and seat_refusal.reason in TRANSIENT_REASONS:
+        return Status("pending", f"{seat_refusal.reason}: {seat_refusal.detail}; tried again by the next census")
     if cert is not None:
         why = provenance.stale_reason(cert_tuning, spec, profile)
         if why is None:
             return _screened_status(cert, rec.problems)
     if last_tuning is not None and last_tuning.outcome == "refused":
         if provenance.stale_reason(last_tuning, spec, profile) is None:
-            refusal = rec.seat_refusal
-            why = f"{refusal.reason}: {refusal.detail}" if refusal else "every candidate refused"
+            why = f"{seat_refusal.reason}: {seat_refusal.detail}" if seat_refusal else "every candidate refused"
             return Status("refused", why)
     if cert is not None:
         return Status("stale", why)

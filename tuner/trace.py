@@ -21,6 +21,7 @@ from nbx_tune.kernels.rows import Params, Shape, TraceRow, format_shape, make_ro
 from nbx_tune.tuner.files import write_atomic
 
 MAGIC = "# nbx-tune trace v1"
+MAX_INT = 2 ** 63 - 1  # what a database integer holds
 HEADER = ("op", "dtypes", "shapes", "params", "count")
 
 # torch's dtype names, as `str(torch.float16).removeprefix("torch.")` writes them.
@@ -63,6 +64,8 @@ def _parse_shape(text: str, path, line) -> Shape:
     for d in text.split("x"):
         if not d.isdigit() or not d.isascii():
             _fail(path, line, 2, f"dim {d!r} in {text!r} is not a non-negative integer")
+        if int(d) > MAX_INT:
+            _fail(path, line, 2, f"dim {d} in {text!r} is over 2^63 - 1")
         dims.append(int(d))
     return tuple(dims)
 
@@ -95,12 +98,16 @@ def parse_line(text: str, path: str, line: int) -> TraceRow:
             params[name] = value
     if not count_s.isdigit() or not count_s.isascii() or int(count_s) <= 0:
         _fail(path, line, 4, f"count {count_s!r} is not a positive integer")
+    if int(count_s) > MAX_INT:
+        _fail(path, line, 4, f"count {count_s} is over 2^63 - 1")
     return TraceRow(op, dtypes, shapes, Params(params), int(count_s), line)
 
 
 def parse_trace_text(text: str, path: str = "<trace>") -> Trace:
     rows: dict[tuple, TraceRow] = {}
     header_seen = False
+    total = 0
+    text = text.removeprefix("\ufeff")  # a byte-order mark, as some editors write
     for lineno, raw in enumerate(text.split("\n"), start=1):
         line = raw[:-1] if raw.endswith("\r") else raw
         if not line.strip() or line.startswith("#"):
@@ -111,6 +118,9 @@ def parse_trace_text(text: str, path: str = "<trace>") -> Trace:
             header_seen = True
             continue
         row = parse_line(line, path, lineno)
+        total += row.count
+        if total > MAX_INT:
+            _fail(path, lineno, 4, "the counts add up to more than 2^63 - 1 launches")
         # The same launch on two lines is one row with the counts added.
         k = row.key()
         if k in rows:
@@ -124,6 +134,8 @@ def parse_trace_text(text: str, path: str = "<trace>") -> Trace:
 
 def read_trace(path: str | Path) -> Trace:
     p = Path(path)
+    if p.exists() and not p.is_file():  # /dev/zero, a FIFO, a directory: never read whole
+        raise TraceError(f"{p}: not a regular file")
     try:
         data = p.read_bytes()
     except OSError as e:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from nbx_tune.kernels.spec import Config, KernelSpec, Problem
 from nbx_tune.tuner.bench import Timing
 from nbx_tune.tuner import screen as screening
-from nbx_tune.tuner.executor import SeatJob, SeatPrepareError
+from nbx_tune.tuner.executor import SeatJob, SeatPrepareError, WorkerLost
 from nbx_tune.tuner.screen import ScreenResult
 from nbx_tune.tuner.screen_shapes import edge_problems, screen_shapes
 from nbx_tune.tuner.strategies.search import Full, SearchNote
@@ -318,24 +318,31 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
         top = cands.top(2)
         cands.screen_s += time.perf_counter() - tc
     except SeatPrepareError as e:  # at the start, or in a worker that replaced a dead one
-        reporter.notice(f"{label}: not certified: {e}")
+        reporter.notice(f"{label}: not certified: {e}" + (
+            "; not the seat's fault: the next census tries it again" if isinstance(e, WorkerLost) else ""))
+        reason = "worker_lost" if isinstance(e, WorkerLost) else "prepare_error"
         return SeatResult("refused", pruned + list(cands.records.values()),
-                          seat_refusal=("prepare_error", str(e)), total_s=time.perf_counter() - t0)
+                          seat_refusal=(reason, str(e)), total_s=time.perf_counter() - t0)
     finally:
         executor.end_seat()
 
     records = pruned + list(cands.records.values())
     screened = tuple(dict.fromkeys((*job.screen_problems, *job.confirm_problems)))
     spent = dict(screen_s=cands.screen_s, bench_s=cands.bench_s, total_s=time.perf_counter() - t0)
+    lost = [r for r in records if r.reason == "worker_lost"]
+    # Candidates whose worker was killed from outside were not judged: the seat is marked
+    # so the next census tunes it again (tuner/status.py), certified or not.
+    lost_note = ("worker_lost", f"{len(lost)} candidate(s) not judged: their worker was killed from "
+                 f"outside twice (out of memory?): the next census tunes the seat again") if lost else None
     if not top:
-        return SeatResult("refused", records, seat_refusal=(
+        return SeatResult("refused", records, seat_refusal=lost_note or (
             "all_refused", f"all {len(spec.configs())} candidates refused"),
             screened=screened, note=note, **spent)
     winner, runner = top[0], (top[1] if len(top) > 1 else None)
     margin = (runner.timing.median_ms - winner.timing.median_ms) / winner.timing.median_ms if runner else None
     unscreened = "; ".join(skipped) or None
     return SeatResult("unscreened" if unscreened else "certified", records, winner, runner, margin,
-                      unscreened=unscreened, screened=screened, note=note, **spent)
+                      seat_refusal=lost_note, unscreened=unscreened, screened=screened, note=note, **spent)
 
 
 def screen_configs(spec: KernelSpec, profile, label: str, configs, problems: list[Problem], executor,

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import func, select, update
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from nbx_tune.errors import StoreError
 from nbx_tune.kernels.spec import Problem, split_label
-from nbx_tune.tuner.store.db import open_engine, safe_url
+from nbx_tune.tuner.store.db import WRITE, open_engine, safe_url
 from nbx_tune.tuner.store.models import (CensusRun, Certificate, Measurement, Refusal, Seat,
                                          SeatShape, Trace, TraceNeed, Tuning, utcnow)
 
@@ -77,6 +77,22 @@ def insert_ignore(session: Session, model, values: dict, keys: tuple[str, ...]) 
     session.execute(insert(model).values(**values).on_conflict_do_nothing(index_elements=list(keys)))
 
 
+def insert_ignore_many(session: Session, model, rows: list[dict], keys: tuple[str, ...],
+                       chunk: int = 5000) -> None:
+    """insert_ignore for many rows, as one executemany per chunk: a 200,000-row trace is
+    recorded in seconds, not one statement per shape."""
+    if not rows:
+        return
+    dialect = session.bind.dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    stmt = insert(model).on_conflict_do_nothing(index_elements=list(keys))
+    for i in range(0, len(rows), chunk):
+        session.execute(stmt, rows[i:i + chunk])
+
+
 class Store:
     def __init__(self, url: str | None = None):
         self.engine = open_engine(url)
@@ -93,17 +109,20 @@ class Store:
         self.close()
 
     @contextmanager
-    def session(self):
-        """One transaction. Its BEGIN takes the write lock (SQLite: BEGIN IMMEDIATE, with a
-        busy timeout) and is retried while another writer holds it, so users never see
-        "database is locked"; once begun, the block runs to commit or rollback."""
+    def session(self, write: bool = True):
+        """One transaction. A writer's BEGIN takes the write lock (SQLite: BEGIN IMMEDIATE,
+        with a busy timeout) and is retried while another writer holds it, so users never
+        see "database is locked"; once begun, the block runs to commit or rollback. A read
+        (write=False) takes no lock: queries never wait behind a census."""
         s = self._sessions()
         try:
-            self._begin(s)
+            self._begin(s, write)
             yield s
             s.commit()
-        except OperationalError as e:
+        except (OperationalError, DatabaseError) as e:
             s.rollback()
+            if isinstance(e, IntegrityError):  # a broken invariant is a bug, never a user error
+                raise
             raise StoreError(f"database {self.url}: {str(e.orig).splitlines()[0]}") from None
         except BaseException:
             s.rollback()
@@ -111,10 +130,10 @@ class Store:
         finally:
             s.close()
 
-    def _begin(self, s: Session) -> None:
+    def _begin(self, s: Session, write: bool = True) -> None:
         for attempt in range(LOCK_RETRIES):
             try:
-                s.connection()
+                s.connection(execution_options={WRITE: write})
                 return
             except OperationalError as e:
                 s.rollback()
@@ -149,9 +168,8 @@ class Store:
                     Seat.profile == profile, Seat.kernel == kernel, Seat.dtypes == dtypes,
                     Seat.flags == flags, Seat.bucket == bucket))
                 ids[key] = seat_id
-                for problem in problems:
-                    insert_ignore(s, SeatShape, {"seat_id": seat_id, "problem": problem.to_json(),
-                                                  "volume": problem.volume}, ("seat_id", "problem"))
+                insert_ignore_many(s, SeatShape, [{"seat_id": seat_id, "problem": p.to_json(), "volume": p.volume}
+                                                  for p in problems], ("seat_id", "problem"))
                 rows, launches = len(problems), sum(problems.values())
                 # Two censuses of one trace may record it at once: insert-or-keep, then set.
                 insert_ignore(s, TraceNeed, {"trace_id": trace_id, "seat_id": seat_id, "rows": rows,
@@ -207,7 +225,7 @@ class Store:
             return sid
 
     def claimed_by(self, seat_id: int) -> str | None:
-        with self.session() as s:
+        with self.session(write=False) as s:
             return s.scalar(select(Seat.claimed_by).where(Seat.id == seat_id, Seat.claim_expires >= time.time()))
 
     def extend_claim(self, seat_id: int, holder: str, ttl_s: float) -> bool:
@@ -277,7 +295,7 @@ class Store:
 
     def seat_records(self, profile: str | None = None, kernel: str | None = None,
                      seat_ids=None) -> list[SeatRecord]:
-        with self.session() as s:
+        with self.session(write=False) as s:
             q = select(Seat)
             if profile:
                 q = q.where(Seat.profile == profile)
@@ -310,7 +328,7 @@ class Store:
 
     def refusals(self, kernel=None, reason=None, profile=None, seat_id=None, limit=None):
         """(Refusal, Seat, Tuning) rows, newest first."""
-        with self.session() as s:
+        with self.session(write=False) as s:
             q = (select(Refusal, Seat, Tuning).join(Seat, Seat.id == Refusal.seat_id)
                  .join(Tuning, Tuning.id == Refusal.tuning_id))
             if kernel:
@@ -326,9 +344,20 @@ class Store:
                 q = q.limit(limit)
             return s.execute(q).all()
 
+    def count_refusals(self, kernel=None, reason=None, profile=None) -> int:
+        with self.session(write=False) as s:
+            q = select(func.count(Refusal.id)).join(Seat, Seat.id == Refusal.seat_id)
+            if kernel:
+                q = q.where(Seat.kernel == kernel)
+            if reason:
+                q = q.where(Refusal.reason == reason)
+            if profile:
+                q = q.where(Seat.profile == profile)
+            return int(s.scalar(q) or 0)
+
     def history(self, seat_id: int):
         """Every tuning of a seat with its certificate (if any) and measurements."""
-        with self.session() as s:
+        with self.session(write=False) as s:
             tunings = s.scalars(select(Tuning).where(Tuning.seat_id == seat_id).order_by(Tuning.id)).all()
             certs = {c.tuning_id: c for c in s.scalars(select(Certificate).where(Certificate.seat_id == seat_id))}
             meas = {}
@@ -339,9 +368,9 @@ class Store:
 
     def find_seat(self, ref: str, profile: str | None = None) -> Seat | None:
         """A seat by id or by its label `kernel|dtypes|flags|bucket`."""
-        with self.session() as s:
-            if ref.isdigit():
-                return s.get(Seat, int(ref))
+        with self.session(write=False) as s:
+            if ref.isdigit():  # past 2^63 no row can have it, and SQLite would overflow
+                return s.get(Seat, int(ref)) if int(ref) < 2 ** 63 else None
             parts = split_label(ref)
             if parts is None:
                 return None
@@ -357,7 +386,7 @@ class Store:
 
     def judged_configs(self, tuning_id: int) -> set[str]:
         """Every config a tuning measured or refused: the candidates it knew."""
-        with self.session() as s:
+        with self.session(write=False) as s:
             out = set(s.scalars(select(Measurement.config).where(Measurement.tuning_id == tuning_id)))
             out.update(s.scalars(select(Refusal.config).where(Refusal.tuning_id == tuning_id,
                                                                Refusal.config.is_not(None))))
@@ -367,7 +396,7 @@ class Store:
         """The newest tunings of a kernel on a profile that timed something, newest first:
         [(Seat, Tuning, [(config, median_ms)], [(config, reason)])], what a ranked search
         learns from (tuner/strategies/ranked.py)."""
-        with self.session() as s:
+        with self.session(write=False) as s:
             rows = s.execute(select(Seat, Tuning).join(Tuning, Tuning.seat_id == Seat.id)
                              .where(Seat.profile == profile, Seat.kernel == kernel, Tuning.kind != "import",
                                     Tuning.survivors > 0)
@@ -385,7 +414,7 @@ class Store:
 
     def shortcut_losses(self, profile: str, kernel: str | None = None) -> list[float]:
         """The losses audits measured for ranked searches (tunings.search = 'audit')."""
-        with self.session() as s:
+        with self.session(write=False) as s:
             q = (select(Tuning.shortcut_loss).join(Seat, Seat.id == Tuning.seat_id)
                  .where(Seat.profile == profile, Tuning.search == "audit", Tuning.shortcut_loss.is_not(None)))
             if kernel:
@@ -393,7 +422,7 @@ class Store:
             return [float(x) for x in s.scalars(q)]
 
     def census_runs(self, limit: int = 20):
-        with self.session() as s:
+        with self.session(write=False) as s:
             return s.execute(select(CensusRun, Trace).join(Trace, Trace.id == CensusRun.trace_id)
                              .order_by(CensusRun.id.desc()).limit(limit)).all()
 

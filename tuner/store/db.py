@@ -3,8 +3,8 @@
 A fresh database is created at the migrations' head. An older schema is refused with the
 command that upgrades it; a newer one (written by a later nbx-tune) is refused too, since
 this code cannot know what it means. SQLite runs in WAL mode with a busy timeout, and every
-transaction takes the write lock up front (BEGIN IMMEDIATE) so that two writers queue
-instead of failing on a lock upgrade.
+writing transaction takes the write lock up front (BEGIN IMMEDIATE) so that two writers
+queue instead of failing on a lock upgrade; a read takes no lock and never waits.
 """
 
 from __future__ import annotations
@@ -19,20 +19,26 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, event, inspect, text
 from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, OperationalError
 
 from nbx_tune import settings
 from nbx_tune.errors import StoreError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 BUSY_TIMEOUT_MS = 60_000
+WRITE = "nbx_write"  # the execution option that marks a transaction as a writer's
 MIGRATION_LOCK = 0x6E6278  # the advisory lock key schema changes take on PostgreSQL
 
 
+SECRET_PARAMS = ("password", "passwd", "sslpassword", "sslkey")  # query parameters never printed
+
+
 def safe_url(url: str | URL) -> str:
-    """The URL as it may be printed: never with its password."""
+    """The URL as it may be printed: never with its password, in the URL or its query."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        u = make_url(url)
+        hidden = {k: "***" for k in u.query if k.lower() in SECRET_PARAMS}
+        return (u.update_query_dict(hidden) if hidden else u).render_as_string(hide_password=True)
     except Exception:
         return "<unparseable URL>"
 
@@ -40,7 +46,7 @@ def safe_url(url: str | URL) -> str:
 def parse_url(url: str) -> URL:
     try:
         u = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise StoreError(f"bad database URL {safe_url(url)!r}: expected e.g. "
                          "sqlite:///path/to/nbx.db or postgresql+psycopg://user@host/db") from None
     if u.get_backend_name() not in ("sqlite", "postgresql"):
@@ -79,7 +85,9 @@ def _sqlite_setup(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn):
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # Writers take the lock at BEGIN and queue; readers (the default) never wait on a
+        # writer: in WAL mode a deferred read sees the last commit.
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(WRITE) else "BEGIN")
 
 
 def make_engine(url: str) -> Engine:
@@ -143,11 +151,11 @@ def _checked_revision(engine: Engine, allow_old: bool) -> str | None:
         with engine.connect() as conn:
             # Tables first, then the revision: on PostgreSQL (READ COMMITTED) each read sees
             # its own snapshot, and a migration another process commits between them then
-            # shows as a revision, never as tables without one. (SQLite's BEGIN IMMEDIATE
-            # holds both reads in one transaction.)
+            # shows as a revision, never as tables without one. (SQLite holds both reads in
+            # one transaction.)
             tables = set(inspect(conn).get_table_names())
             rev = MigrationContext.configure(conn).get_current_revision()
-    except OperationalError as e:
+    except DatabaseError as e:  # OperationalError, and a damaged file ("file is not a database")
         raise _connect_error(engine, e) from None
     known = {r.revision for r in script.walk_revisions()}
     if rev is None:
@@ -168,12 +176,17 @@ def _checked_revision(engine: Engine, allow_old: bool) -> str | None:
 def _upgrade_locked(engine: Engine, only_if_empty: bool) -> None:
     """Migrate under a lock, deciding inside it: two processes opening one fresh database
     at once create the schema once (PostgreSQL: an advisory lock; SQLite: BEGIN IMMEDIATE)."""
-    with engine.begin() as conn:
+    with engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
         if only_if_empty and MigrationContext.configure(conn).get_current_revision() is not None:
             return
-        command.upgrade(_alembic_config(conn), "head")
+        try:
+            command.upgrade(_alembic_config(conn), "head")
+        except Exception as e:  # rolled back with the transaction: the schema is as it was
+            msg = str(getattr(e, "orig", e)).strip().splitlines()
+            raise StoreError(f"database {safe_url(engine.url)}: migrating to {head_revision()} failed "
+                             f"({type(e).__name__}: {msg[0] if msg else ''}); nothing was changed") from None
 
 
 def open_engine(url: str | None = None) -> Engine:
@@ -182,7 +195,7 @@ def open_engine(url: str | None = None) -> Engine:
     if _checked_revision(engine, allow_old=False) is None:
         try:
             _upgrade_locked(engine, only_if_empty=True)
-        except OperationalError as e:
+        except DatabaseError as e:
             raise _connect_error(engine, e) from None
         _checked_revision(engine, allow_old=False)
     return engine

@@ -21,6 +21,7 @@ from sqlalchemy import text as sql_text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from nbx_tune.kernels.spec import label_of
+from nbx_tune.tuner.reasons import REFUSAL_REASONS, TRANSIENT_REASONS  # noqa: F401 (re-exported)
 
 
 def utcnow() -> datetime:
@@ -48,7 +49,7 @@ class CensusRun(Base):
     profile: Mapped[str] = mapped_column(String(64))
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    status: Mapped[str] = mapped_column(String(16))  # running | done | failed
+    status: Mapped[str] = mapped_column(String(16))  # running | done | failed | interrupted
     host: Mapped[str] = mapped_column(String(255))
     pid: Mapped[int] = mapped_column(Integer)
     summary: Mapped[str | None] = mapped_column(Text)  # JSON: coverage and outcome counts
@@ -192,25 +193,3 @@ class Certificate(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     superseded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     superseded_reason: Mapped[str | None] = mapped_column(Text)
-
-
-REFUSAL_REASONS = {
-    "smem_over_budget": "estimated shared memory over the profile's budget (never launched)",
-    "stages_over_max": "num_stages over the profile's pipelining.max_num_stages (never launched)",
-    "no_tma": "TMA loads on a device without a TMA unit (never launched)",
-    "not_applicable": "the config's schedule cannot help at the seat's shapes, e.g. split-K over a short K (never launched)",
-    "equivalent": "same compiled code as another candidate on this profile (never launched)",
-    "out_of_resources": "the compiler or driver reported too few resources",
-    "compile_error": "failed to compile",
-    "launch_error": "failed to launch or run",
-    "crash": "killed the worker process (illegal address, trap, abort)",
-    "timeout": "ran past the profile's candidate_timeout_s",
-    "wrong_answer": "error against the fp64 oracle over the profile's tolerance",
-    "non_finite": "NaN or Inf where the oracle is finite",
-    "unwritten_output": "left output elements unwritten (still poisoned)",
-    "imprecise": "error far above the most accurate candidate's on the same inputs",
-    "nondeterministic": "two launches on the same inputs differ bit for bit (not allowed by the kernel)",
-    "dtype_unscreenable": "the profile cannot screen this dtype (the whole seat)",
-    "prepare_error": "the seat's inputs or fp64 oracle could not be made (the whole seat)",
-    "all_refused": "every candidate was refused (the whole seat)",
-}
