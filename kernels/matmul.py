@@ -482,50 +482,46 @@ def _c(bm, bn, bk, warps, stages, group=8, extra_n=0, tma=0, split=1):
 # Small tiles for small shapes and 32-64 KB shared memory (Turing, AMD, Apple); medium
 # tiles for Ampere/Ada; wide tiles and deep pipelines for Hopper/Blackwell's 227 KB. The
 # deepest Hopper tiles (128x256x64 at 5 stages: 240 KB in fp16) are meant to be refused by
-# the shared-memory prune there: the space is the same on every device.
+# the shared-memory prune there: the space is the same on every device. Tiles over 64 KB
+# that were never within 3 % of the best at any shape of the H200 sweep
+# (bench/speed_candidates.py), nor a shipped table's winner, are left out: each costs
+# every census a compile and a timing at every seat.
 CONFIGS = (
     _c(16, 32, 64, 2, 2), _c(32, 32, 32, 4, 2), _c(32, 32, 64, 4, 2), _c(32, 64, 32, 4, 2),
     _c(64, 32, 32, 4, 2), _c(32, 64, 64, 4, 3), _c(64, 32, 64, 4, 3), _c(64, 64, 32, 4, 2),
     _c(64, 64, 32, 4, 3), _c(64, 64, 64, 4, 3), _c(64, 64, 64, 4, 4), _c(64, 64, 128, 4, 3),
     _c(64, 128, 32, 4, 3), _c(128, 64, 32, 4, 3), _c(64, 128, 64, 4, 3), _c(128, 64, 64, 4, 3),
-    _c(64, 128, 32, 4, 4), _c(128, 64, 32, 4, 4), _c(64, 128, 64, 4, 5), _c(128, 64, 128, 4, 3),
+    _c(64, 128, 32, 4, 4), _c(128, 64, 32, 4, 4), _c(64, 128, 64, 4, 5),
     _c(128, 128, 32, 4, 3), _c(128, 128, 32, 8, 3), _c(128, 128, 32, 4, 4), _c(128, 128, 64, 4, 3),
-    _c(128, 128, 64, 8, 3), _c(128, 128, 64, 4, 4), _c(128, 128, 64, 8, 4), _c(128, 128, 64, 4, 5),
-    _c(128, 128, 64, 8, 5), _c(128, 128, 128, 4, 2), _c(128, 128, 128, 8, 3),
-    _c(64, 256, 32, 4, 4), _c(64, 256, 64, 4, 4), _c(256, 64, 64, 4, 4),
-    _c(128, 256, 32, 8, 3), _c(256, 128, 32, 8, 3), _c(128, 256, 64, 8, 3), _c(256, 128, 64, 8, 3),
-    _c(128, 256, 64, 8, 4), _c(256, 128, 64, 8, 4), _c(128, 256, 64, 8, 5),
+    _c(128, 128, 64, 4, 4), _c(128, 128, 64, 8, 4), _c(128, 128, 64, 4, 5), _c(128, 128, 64, 8, 5),
+    _c(64, 256, 32, 4, 4), _c(64, 256, 64, 4, 4), _c(128, 256, 64, 8, 3), _c(128, 256, 64, 8, 5),
     # Tiles 192 wide (128 + 64 in a second accumulator), for sizes where 128 and 256 both
     # leave the last wave mostly empty (3072^3); slower elsewhere, so the tuner picks them
     # only where they win.
-    _c(128, 128, 32, 8, 4, extra_n=64), _c(128, 128, 32, 8, 5, extra_n=64), _c(128, 128, 32, 8, 6, extra_n=64),
+    _c(128, 128, 32, 8, 6, extra_n=64),
     # A and B through TMA descriptors: faster than pointer loads at large and unaligned
     # sizes on devices with a TMA unit, refused unlaunched on the others.
     _c(128, 256, 64, 8, 3, tma=1), _c(128, 256, 64, 8, 4, tma=1), _c(128, 128, 64, 4, 3, tma=1),
-    _c(128, 128, 64, 8, 4, tma=1), _c(128, 128, 64, 8, 4, extra_n=64, tma=1),
-    _c(128, 128, 32, 8, 5, extra_n=64, tma=1),
+    _c(128, 128, 64, 8, 4, tma=1), _c(128, 128, 32, 8, 5, extra_n=64, tma=1),
     # Split-K (`_matmul_splitk_kernel`): decode GEMMs (M <= 64) have N / BLOCK_N tiles, too
     # few programs to keep enough loads in flight on 132 SMs; splitting K multiplies them.
     # With BLOCK_M >= M, B is read once (GEMV-style). Refused where K is short or the tiles
     # already fill the machine (`split_refusal`).
-    _c(16, 64, 128, 4, 4, split=4), _c(16, 64, 128, 4, 4, split=8), _c(16, 128, 128, 4, 4, split=4),
-    _c(16, 64, 256, 4, 3, split=4), _c(32, 64, 128, 4, 4, split=4), _c(64, 64, 128, 4, 4, split=4),
-    _c(64, 128, 64, 4, 4, split=2),
+    _c(16, 64, 128, 4, 4, split=4), _c(16, 128, 128, 4, 4, split=4), _c(64, 128, 64, 4, 4, split=4),
+    _c(64, 128, 128, 4, 3, split=4), _c(64, 128, 128, 4, 3, tma=1, split=4),
     # The same skinny tiles unsplit, for decode GEMMs whose N alone gives hundreds of tiles
-    # (an LM head: N = 32000 is 500 tiles of 64), where split-K is refused.
-    _c(16, 64, 128, 4, 4), _c(16, 128, 128, 4, 4),
-    # Mid-size GEMMs (a few hundred rows: 800 x 1536 x 8960 is 84 128x128 tiles for 132 SMs).
-    _c(64, 128, 64, 4, 4, split=4), _c(128, 128, 64, 8, 3, split=2), _c(128, 128, 64, 8, 3, split=4),
-    _c(128, 64, 64, 4, 4, split=2),
+    # (an LM head: N = 32000 is 250 tiles of 128), where split-K is refused.
+    _c(16, 128, 128, 4, 4),
     # Mid-size GEMMs through TMA in smaller tiles (800 x 1536 x 1536: 84 tiles of 128 x 128,
-    # 156 of 64 x 128, 312 of 64 x 64 for 132 SMs), deep pipelines, BLOCK_K up to 128.
-    _c(64, 128, 64, 4, 4, tma=1), _c(64, 128, 128, 4, 3, tma=1), _c(128, 64, 64, 4, 4, tma=1),
-    _c(64, 64, 128, 4, 4, tma=1), _c(128, 128, 128, 8, 3, tma=1), _c(64, 256, 64, 4, 4, tma=1),
-    # M = 64 decode: split-K in 128-deep K blocks (fewer, longer loads per program).
-    _c(64, 64, 128, 4, 4, split=8), _c(64, 128, 128, 4, 3, split=4),
-    # Split-K through TMA: K-heavy mid-size GEMMs (800 x 1536 x 8960) and M = 64 decode.
-    _c(128, 128, 64, 8, 3, tma=1, split=2), _c(64, 128, 64, 4, 4, tma=1, split=2),
-    _c(64, 128, 128, 4, 3, tma=1, split=4),
+    # 156 of 64 x 128, 312 of 64 x 64 for 132 SMs), deep pipelines.
+    _c(64, 128, 64, 4, 4, tma=1), _c(64, 64, 128, 4, 4, tma=1), _c(64, 256, 64, 4, 4, tma=1),
+    # 64 x 192 tiles (a second accumulator): 800 rows x N = 1536 is 104 of them, one wave on
+    # 132 SMs, where 128 x 128 leaves 48 SMs idle and 64 x 128 (156) needs a second wave.
+    _c(64, 128, 64, 4, 4, extra_n=64, tma=1), _c(64, 128, 64, 4, 5, extra_n=64, tma=1),
+    _c(64, 128, 64, 4, 4, extra_n=64),
+    # M = 64 decode unsplit in 32-wide tiles: 4096 columns are 128 programs (64 at 64 wide)
+    # with no split-K workspace pass.
+    _c(64, 32, 128, 4, 4, tma=1),
 )
 
 # Served when a seat has no certificate: the first that fits the device.

@@ -415,3 +415,30 @@ def test_split_k_through_tma_reads_a_column_major_b_in_place(batch):
     launch_matmul(a, b, c, None, 1.0, 0.0, _split(3, tma=1))
     ref = oracle.bmm(a.double().numpy(), b.double().numpy())
     assert np.abs(c.double().numpy() - ref).max() / np.abs(ref).max() < 1e-5
+
+
+# The space's 64-row tiles 192 wide (a second accumulator) and its 32-wide TMA tiles, as
+# shipped: full-size tiles over small odd shapes, so every block is cut by M, N or K.
+_MID_TILES = [c for c in CONFIGS if c["BLOCK_M"] == 64 and (c.kwargs.get("EXTRA_N") or c["BLOCK_N"] == 32)
+              and c.kwargs.get("SPLIT_K", 1) == 1]
+
+
+@pytest.mark.parametrize("dt", ["float16", "float32"])
+@pytest.mark.parametrize("cfg", _MID_TILES, ids=str)
+@pytest.mark.parametrize("kmajor", [False, True])
+def test_mid_size_tiles_of_the_space_match_the_oracle(dt, cfg, kmajor):
+    # M = 70 is two row tiles (the second 6 rows); N = 200 is two 192-wide tiles, the second's
+    # extra block wholly past N (or 7 tiles of 32, the last cut); K = 136 ends mid-block.
+    # kmajor: an nn.Linear weight as W.t() (read column-major through TMA, copied otherwise).
+    assert len(_MID_TILES) >= 4
+    m, n, k, tdt = 70, 200, 136, TORCH_DTYPES[dt]
+    g = torch.Generator().manual_seed(m + n + k + kmajor)
+    a, x = (torch.rand(s, generator=g) * 2 - 1 for s in ((1, m, k), (1, m, n)))
+    w = torch.rand((1, n, k) if kmajor else (1, k, n), generator=g) * 2 - 1
+    a, x, w = a.to(tdt), x.to(tdt), w.to(tdt)
+    b = w.transpose(1, 2) if kmajor else w
+    c = torch.full((1, m, n), float("nan"), dtype=tdt)
+    _, grid, _ = launch_matmul(a, b, c, x, 1.5, -0.5, cfg)
+    assert grid == (2 * -(-n // (cfg["BLOCK_N"] + cfg.kwargs.get("EXTRA_N", 0))), 1)
+    ref = oracle.baddbmm(x.double().numpy(), a.double().numpy(), b.double().numpy(), 1.5, -0.5)
+    assert np.abs(c.double().numpy() - ref).max() / np.abs(ref).max() < (2e-3 if dt == "float16" else 1e-5)
