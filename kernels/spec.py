@@ -303,8 +303,19 @@ def code_hash(parts: Sequence[Callable]) -> str:
                     and body and isinstance(body[0], ast.Expr)
                     and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
                 node.body = body[1:] or [ast.Pass()]
-        h.update(ast.dump(tree, annotate_fields=False, include_attributes=False).encode())
+        h.update(_canonical(tree).encode())
     return h.hexdigest()[:16]
+
+
+def _canonical(node) -> str:
+    """A syntax tree as text, the same on every Python: `ast.dump` is not (3.12 writes the
+    empty `type_params` 3.11 has no field for), so fields that are None or empty are left out."""
+    if isinstance(node, ast.AST):
+        fields = (f"{k}={_canonical(v)}" for k, v in ast.iter_fields(node) if v is not None and v != [])
+        return f"{type(node).__name__}({','.join(fields)})"
+    if isinstance(node, list):
+        return "[" + ",".join(_canonical(v) for v in node) + "]"
+    return repr(node)
 
 
 DTYPE_SIZES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1,
