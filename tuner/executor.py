@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nbx_tune.kernels.spec import Config, KernelSpec, Problem
-from nbx_tune.tuner.bench import Benchmarker, Timing
+from nbx_tune.tuner.timing import Benchmarker, Timing
 
 
 @dataclass

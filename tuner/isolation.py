@@ -58,7 +58,7 @@ def _serve(conn, plugins):
 
     ensure_device()
     from nbx_tune.kernels.registry import get_spec, load_plugin
-    from nbx_tune.tuner.bench import for_timing
+    from nbx_tune.tuner.timing import for_timing
 
     for p in plugins:
         load_plugin(p)
