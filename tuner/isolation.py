@@ -20,7 +20,7 @@ import sys
 import tempfile
 import traceback
 
-from nbx_tune.tuner.executor import (ContextPoisoned, Outcome, SeatJob, SeatPrepareError, SeatRunner,
+from nbx_tune.tuner.executor import (ContextPoisoned, Outcome, SeatJob, SeatPrepareError, CandidateRunner,
                                       classify_exception, is_fatal)
 
 PREPARE_TIMEOUT_FACTOR = 10  # making a seat's inputs and fp64 oracles may take longer than one candidate
@@ -78,7 +78,7 @@ def _serve(conn, plugins):
                 return
             if kind == "seat":
                 _, kernel, job, timing = msg
-                runner = SeatRunner(get_spec(kernel), job, for_timing(timing))
+                runner = CandidateRunner(get_spec(kernel), job, for_timing(timing))
                 conn.send(("ready",))
             elif kind == "screen":
                 conn.send(("outcome", runner.screen(msg[1])))
