@@ -167,7 +167,7 @@ def test_a_tile_with_a_second_accumulator_launches_directly_and_right(jit, monke
     from nbx_tune.kernels.spec import Config
 
     wide = Config.make(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, EXTRA_N=16, num_warps=1, num_stages=1)
-    monkeypatch.setattr(matmul_module, "DEFAULTS", (wide,))  # what a seat with no certificate gets
+    monkeypatch.setattr(matmul_module.SPEC, "default_configs", (wide,))  # what a seat with no certificate gets
     certified.reload()
     x, a, b = torch.empty(48), torch.empty(37, 32), fresh(32, 48, seed=14)
     for seed in range(3):
@@ -190,7 +190,7 @@ def test_a_tma_tile_launches_directly_with_descriptors_of_each_calls_operands(ji
     from nbx_tune.kernels.spec import Config
 
     tma = Config.make(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, TMA=1, num_warps=1, num_stages=1)
-    monkeypatch.setattr(matmul_module, "DEFAULTS", (tma,))
+    monkeypatch.setattr(matmul_module.SPEC, "default_configs", (tma,))
     certified.reload()
     for seed in range(3):
         a, b = fresh(37, 32, seed=60 + seed), fresh(32, 48, seed=70 + seed)
