@@ -51,12 +51,12 @@ def side_by_side(fns: dict, rep_ms: float, rounds: int = 4, timer=None) -> dict:
     """Each callable's median GPU time (ms), timed in `rounds` turned rounds of rep_ms/rounds
     each: what is compared shares the GPU's drift over the measurement (the census times
     its contenders the same way, tuner/strategies/pruned.py). `timer(fn, rep_ms)` defaults
-    to the census's own (tuner/bench.gpu_time: do_bench's method, every launch queued ahead
+    to the census's own (tuner/timing.gpu_time: do_bench's method, every launch queued ahead
     of the GPU, so a slow host launch path is not read as the kernel's time)."""
     import statistics
 
     if timer is None:
-        from nbx_tune.tuner.bench import gpu_time
+        from nbx_tune.tuner.timing import gpu_time
 
         def timer(fn, rep):
             return gpu_time(fn, 5, rep, (0.5,))[0]

@@ -139,7 +139,7 @@ def planted(profile, scale: str) -> tuple[list, bool]:
     import planted as pl
 
     from nbx_tune.kernels.spec import Problem, seat_flags
-    from nbx_tune.tuner.bench import Timing
+    from nbx_tune.tuner.timing import Timing
     from nbx_tune.tuner.executor import InProcess
     from nbx_tune.tuner.strategies import get_strategy
     from nbx_tune.tuner.tune import tune_seat

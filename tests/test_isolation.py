@@ -165,7 +165,7 @@ def test_a_worker_profile_is_written_when_asked_and_names_the_screen(tmp_path, m
     dumps = list(tmp_path.glob("worker-*.prof"))
     assert len(dumps) == 1
     names = {fn for (_, _, fn) in pstats.Stats(str(dumps[0])).stats}
-    assert {"screen", "time"} <= names  # SeatRunner's two entry points were profiled
+    assert {"screen", "time"} <= names  # CandidateRunner's two entry points were profiled
 
 
 def _job(spec, n, label="seat"):

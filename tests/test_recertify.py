@@ -18,7 +18,7 @@ from nbx_tune.kernels.registry import register
 from nbx_tune.kernels.spec import Config, Problem, seat_flags
 from nbx_tune.profiles import DeviceInfo, get_profile
 from nbx_tune.tuner import recertify
-from nbx_tune.tuner.bench import Timing
+from nbx_tune.tuner.timing import Timing
 from nbx_tune.tuner.executor import Outcome
 from nbx_tune.tuner.recertify import Recertify, Seed
 from nbx_tune.tuner.runner import SeatTuner

@@ -11,7 +11,7 @@ from nbx_tune.kernels.registry import register
 from nbx_tune.kernels.spec import Problem, seat_flags
 from nbx_tune.profiles import get_profile
 from nbx_tune.tuner import api
-from nbx_tune.tuner.bench import Timing
+from nbx_tune.tuner.timing import Timing
 from nbx_tune.tuner.executor import InProcess
 from nbx_tune.tuner.strategies import get_strategy
 from nbx_tune.tuner.tune import seat_job, tune_seat
@@ -103,7 +103,7 @@ def _trace(tmp_path, name, Ns):
 
 
 def test_a_shape_seen_later_has_the_winner_screened_there_and_a_failure_retunes(tmp_path, db_url, monkeypatch):
-    import nbx_tune.tuner.bench as bench
+    import nbx_tune.tuner.timing as bench
 
     monkeypatch.setattr(bench, "for_profile", lambda profile: faulty_first)
     first = api.census(_trace(tmp_path, "a.tsv", (1056, 1152)), db_url, isolate=False)
@@ -167,7 +167,7 @@ def test_refusals_and_show_give_the_shape_error_and_tolerance_as_fields(tmp_path
 
     from typer.testing import CliRunner
 
-    import nbx_tune.tuner.bench as bench
+    import nbx_tune.tuner.timing as bench
     from nbx_tune.cli.app import app
 
     monkeypatch.setattr(bench, "for_profile", lambda profile: faulty_first)

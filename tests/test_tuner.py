@@ -12,7 +12,7 @@ from nbx_tune.kernels.registry import register
 from nbx_tune.kernels.spec import Config, Problem, seat_flags
 from nbx_tune.profiles import get_profile
 from nbx_tune.tuner import screen as screening
-from nbx_tune.tuner.bench import Timing, WallClock
+from nbx_tune.tuner.timing import Timing, WallClock
 from nbx_tune.tuner.executor import InProcess
 from nbx_tune.tuner.strategies import get_strategy
 from nbx_tune.tuner.tune import tune_seat

@@ -160,7 +160,7 @@ def make_tuner(store, profile, strategy: str = "pruned", isolate: bool = True, e
     """Candidates run in a worker process (isolate) or in this one (trusted kernels, tests).
     `executor`: an `Isolated` started early (see _early_executor), which the caller closes;
     else the tuner's own executor is made here and closed by whoever closes the tuner's."""
-    from nbx_tune.tuner.bench import for_profile
+    from nbx_tune.tuner.timing import for_profile
     from nbx_tune.tuner.executor import InProcess
     from nbx_tune.tuner.isolation import Isolated
     from nbx_tune.tuner.runner import SeatTuner

@@ -3,7 +3,7 @@ a result back, never an exception: a config that fails to compile, runs out of r
 or crashes becomes a refusal with the error text.
 
 `InProcess` runs in this process (the interpreter, tests, a trusted kernel). The
-subprocess executor (`tuner/isolation.py`) runs the same `SeatRunner` in a worker process
+subprocess executor (`tuner/isolation.py`) runs the same `CandidateRunner` in a worker process
 so that a candidate that kills its process or hangs costs only itself.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nbx_tune.kernels.spec import Config, KernelSpec, Problem
-from nbx_tune.tuner.bench import Benchmarker, Timing
+from nbx_tune.tuner.timing import Benchmarker, Timing
 
 
 @dataclass
@@ -83,7 +83,7 @@ def classify_exception(e: BaseException) -> tuple[str, str]:
     return "launch_error", text
 
 
-class SeatRunner:
+class CandidateRunner:
     """Holds one seat's prepared cases (inputs and oracles, made once) and runs
     candidates against them."""
 
@@ -152,13 +152,13 @@ class InProcess:
 
     def __init__(self, bench: Benchmarker):
         self.bench = bench
-        self.runner: SeatRunner | None = None
+        self.runner: CandidateRunner | None = None
 
     generation = 0  # never replaced: see tuner/isolation.py
 
     def start_seat(self, spec: KernelSpec, job: SeatJob, configs=()) -> None:
         try:
-            self.runner = SeatRunner(spec, job, self.bench)
+            self.runner = CandidateRunner(spec, job, self.bench)
         except Exception as e:
             raise SeatPrepareError(f"{type(e).__name__}: {e}") from e
 

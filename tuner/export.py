@@ -227,8 +227,8 @@ def screen_here(spec, profile, config: str, problems) -> str | None:
     (it is one of the kernel's declared configs: tuner/export.check_table). None if it
     passed, else why not. Only a device its profile claims can screen for it."""
     from nbx_tune.profiles import current_target
-    from nbx_tune.tuner.bench import for_profile
-    from nbx_tune.tuner.executor import SeatRunner
+    from nbx_tune.tuner.timing import for_profile
+    from nbx_tune.tuner.executor import CandidateRunner
     from nbx_tune.tuner.tune import seat_job
 
     target = current_target()
@@ -239,6 +239,6 @@ def screen_here(spec, profile, config: str, problems) -> str | None:
     job, skipped = seat_job(spec, profile, "import", problems, "cpu" if target == "interpreter" else "cuda")
     if skipped:
         return "its shapes are over the profile's screen byte budget"
-    out = SeatRunner(spec, job, for_profile(profile)).screen(validity.declared_config(
+    out = CandidateRunner(spec, job, for_profile(profile)).screen(validity.declared_config(
         validity.config_index(spec), config))
     return None if out.ok else f"{out.reason}: {out.detail}"

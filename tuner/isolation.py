@@ -21,7 +21,7 @@ import sys
 import tempfile
 import traceback
 
-from nbx_tune.tuner.executor import (ContextPoisoned, Outcome, SeatJob, SeatPrepareError, SeatRunner, WorkerLost,
+from nbx_tune.tuner.executor import (ContextPoisoned, Outcome, SeatJob, SeatPrepareError, CandidateRunner, WorkerLost,
                                       classify_exception, is_fatal)
 
 PREPARE_TIMEOUT_FACTOR = 10  # making a seat's inputs and fp64 oracles may take longer than one candidate
@@ -59,7 +59,7 @@ def _serve(conn, plugins):
 
     ensure_device()
     from nbx_tune.kernels.registry import get_spec, load_plugin
-    from nbx_tune.tuner.bench import for_timing
+    from nbx_tune.tuner.timing import for_timing
 
     for p in plugins:
         load_plugin(p)
@@ -79,7 +79,7 @@ def _serve(conn, plugins):
                 return
             if kind == "seat":
                 _, kernel, job, timing = msg
-                runner = SeatRunner(get_spec(kernel), job, for_timing(timing))
+                runner = CandidateRunner(get_spec(kernel), job, for_timing(timing))
                 conn.send(("ready",))
             elif kind == "screen":
                 conn.send(("outcome", runner.screen(msg[1])))

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from nbx_tune.kernels.spec import Config, KernelSpec, Problem
-from nbx_tune.tuner.bench import Timing
+from nbx_tune.tuner.timing import Timing
 from nbx_tune.tuner import screen as screening
 from nbx_tune.tuner.executor import SeatJob, SeatPrepareError, WorkerLost
 from nbx_tune.tuner.screen import ScreenResult

@@ -16,7 +16,7 @@ from typing import Callable
 
 from nbx_tune.errors import NbxError
 from nbx_tune.kernels.spec import Config
-from nbx_tune.tuner.bench import Timing
+from nbx_tune.tuner.timing import Timing
 
 
 @dataclass(frozen=True)

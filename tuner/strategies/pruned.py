@@ -8,7 +8,7 @@ times every contender for a 1/ROUNDS share of the profile's full timing, the ord
 by one each round, and a contender's time is the median of its rounds.
 """
 
-from nbx_tune.tuner.bench import combine
+from nbx_tune.tuner.timing import combine
 from nbx_tune.tuner.strategies import Measured
 
 # Quick estimates on a shared GPU spread by a few percent, and a neighbour's burst can cost

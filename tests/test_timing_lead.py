@@ -1,10 +1,10 @@
-"""The GPU timer's lead (tuner/bench.lead_ms): how long the GPU waits so that a slow host has
+"""The GPU timer's lead (tuner/timing.lead_ms): how long the GPU waits so that a slow host has
 queued every timed launch before the GPU reaches it. The timer itself needs a GPU
 (lab/ranking_stability/ranking_repeat.py runs it on one); its arithmetic is checked here."""
 
 import pytest
 
-from nbx_tune.tuner.bench import LEAD_CAP, lead_ms
+from nbx_tune.tuner.timing import LEAD_CAP, lead_ms
 
 
 def test_a_host_faster_than_the_gpu_needs_only_the_first_launch_queued():
