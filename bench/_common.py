@@ -67,3 +67,12 @@ def side_by_side(fns: dict, rep_ms: float, rounds: int = 4, timer=None) -> dict:
         for n in names[k:] + names[:k]:
             got[n].append(timer(fns[n], rep_ms / rounds))
     return {n: statistics.median(v) for n, v in got.items()}
+
+
+def epoch(value) -> float:
+    """A DateTime column as read back by SQLite (text, UTC) or another database, in epoch seconds."""
+    if isinstance(value, str):
+        value = datetime.datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=datetime.timezone.utc)
+    return value.timestamp()

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, table  # noqa: E402
+from _common import environment, epoch, save, table  # noqa: E402
 
 DEFAULT_TRACES = ["examples/traces/llama2_7b_seq512_bf16.tsv", "examples/traces/gpt2_seq1024_bf16.tsv",
                   "examples/traces/resnet50_b8_bf16.tsv"]
@@ -62,17 +62,9 @@ def timeline(url: str, t_launch: float, t_end: float) -> list[dict]:
     eng.dispose()
     from nbx_tune.tuner.fleet import worker_timeline
 
-    return worker_timeline([(w, _epoch(s), _epoch(f), d) for w, s, f, d in rows], t_launch, t_end)
+    return worker_timeline([(w, epoch(s), epoch(f), d) for w, s, f, d in rows], t_launch, t_end)
 
 
-def _epoch(ts) -> float:
-    import datetime
-
-    if isinstance(ts, str):
-        ts = datetime.datetime.fromisoformat(ts)
-    if ts.tzinfo is None:
-        ts = ts.replace(tzinfo=datetime.timezone.utc)
-    return ts.timestamp()
 
 
 def run_once(gpus: str, traces, db_kind: str, profile: str, tmp: Path, extra_env: dict) -> dict:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, side_by_side, table  # noqa: E402
+from _common import environment, epoch, save, side_by_side, table  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MATMUL_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
@@ -41,15 +41,6 @@ def timed_process(cmd, env) -> tuple[float, str, str]:
     return wall, r.stdout, r.stderr
 
 
-def _epoch(value) -> float:
-    """A DateTime column as read back by SQLite (text, UTC) or another database."""
-    import datetime as dt
-
-    if isinstance(value, str):
-        value = dt.datetime.fromisoformat(value)
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=dt.timezone.utc)
-    return value.timestamp()
 
 
 def print_profile(path: Path, title: str, n: int = 28) -> None:
@@ -105,7 +96,7 @@ def main(trace: str, profile_dir: str | None = None) -> None:
             for row in conn.execute(text("SELECT s.dtypes || ' ' || s.bucket, t.screen_s, t.bench_s, t.total_s, "
                                          "t.started_at, t.finished_at FROM tunings t "
                                          "JOIN seats s ON s.id = t.seat_id ORDER BY t.id")):
-                at = [_epoch(v) - started for v in row[4:6]]
+                at = [epoch(v) - started for v in row[4:6]]
                 print(f"{at[0]:5.1f} .. {at[1]:5.1f} s  {row[0]}: screen {row[1]:.2f} s, timing {row[2]:.2f} s, "
                       f"total {row[3]:.2f} s, other {row[3] - row[1] - row[2]:.2f} s")
         print(f"{census_s:5.1f} s  the census process ended")

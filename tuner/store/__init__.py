@@ -329,14 +329,8 @@ class Store:
     def refusals(self, kernel=None, reason=None, profile=None, seat_id=None, limit=None):
         """(Refusal, Seat, Tuning) rows, newest first."""
         with self.session(write=False) as s:
-            q = (select(Refusal, Seat, Tuning).join(Seat, Seat.id == Refusal.seat_id)
-                 .join(Tuning, Tuning.id == Refusal.tuning_id))
-            if kernel:
-                q = q.where(Seat.kernel == kernel)
-            if reason:
-                q = q.where(Refusal.reason == reason)
-            if profile:
-                q = q.where(Seat.profile == profile)
+            q = _refusal_filters(select(Refusal, Seat, Tuning).join(Seat, Seat.id == Refusal.seat_id)
+                                 .join(Tuning, Tuning.id == Refusal.tuning_id), kernel, reason, profile)
             if seat_id is not None:
                 q = q.where(Refusal.seat_id == seat_id)
             q = q.order_by(Refusal.id.desc())
@@ -346,13 +340,8 @@ class Store:
 
     def count_refusals(self, kernel=None, reason=None, profile=None) -> int:
         with self.session(write=False) as s:
-            q = select(func.count(Refusal.id)).join(Seat, Seat.id == Refusal.seat_id)
-            if kernel:
-                q = q.where(Seat.kernel == kernel)
-            if reason:
-                q = q.where(Refusal.reason == reason)
-            if profile:
-                q = q.where(Seat.profile == profile)
+            q = _refusal_filters(select(func.count(Refusal.id)).join(Seat, Seat.id == Refusal.seat_id),
+                                 kernel, reason, profile)
             return int(s.scalar(q) or 0)
 
     def history(self, seat_id: int):
@@ -438,3 +427,14 @@ def _screens_json(screens) -> str:
     return json.dumps([{"problem": json.loads(r.problem.to_json()), "err": r.err, "rtol": r.rtol,
                         **({"repeat": r.repeat} if getattr(r, "repeat", None) else {})}
                        for r in screens], sort_keys=True)
+
+
+def _refusal_filters(q, kernel=None, reason=None, profile=None):
+    """The filters `refusals` and `count_refusals` share, on a query joined to Seat."""
+    if kernel:
+        q = q.where(Seat.kernel == kernel)
+    if reason:
+        q = q.where(Refusal.reason == reason)
+    if profile:
+        q = q.where(Seat.profile == profile)
+    return q
