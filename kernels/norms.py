@@ -315,6 +315,15 @@ class _RowNormSpec(KernelSpec):
         return Problem(self.name, (dt,), seat_flags(**{n: int(present[n]) for n in self.affine}),
                        (N,), tuple(sorted(extra)))
 
+    def resized(self, problem, dims):
+        # Rows of another length, as many rows, normalized over the last dim (the weights
+        # follow it): the kernel sees the row length and the row count only.
+        if problem.get("norm_ndim") != 1:
+            return None
+        M, N = problem.get("M"), dims[0]
+        extra = dict(problem.extra, shape=(M, N))
+        return Problem(problem.kernel, problem.dtypes, problem.flags, (N,), tuple(sorted(extra.items())))
+
     def input_shapes(self, problem):
         shape, k, dt = tuple(problem.get("shape")), problem.get("norm_ndim"), problem.dtypes[0]
         fl = dict(problem.flags)

@@ -226,6 +226,15 @@ class SoftmaxSpec(KernelSpec):
         extra = [("M", numel(shape) // N), ("dim", dim), ("shape", tuple(shape))]
         return Problem(self.name, (dtype, out), flags, (N,), tuple(sorted(extra)))
 
+    def resized(self, problem, dims):
+        # Rows of another length, as many rows, softmax over the last dim: the kernel sees
+        # the row length and the row count only. A strided seat (dim not last) keeps its shapes.
+        if dict(problem.flags)["strided"] == "1":
+            return None
+        M, N = problem.get("M"), dims[0]
+        extra = dict(problem.extra, shape=(M, N), dim=1)
+        return Problem(problem.kernel, problem.dtypes, problem.flags, (N,), tuple(sorted(extra.items())))
+
     # -- inputs, oracle, outputs, launch
     def input_shapes(self, problem):
         return {"x": (tuple(problem.get("shape")), problem.dtypes[0])}

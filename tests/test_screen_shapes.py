@@ -202,3 +202,31 @@ def test_an_elementwise_seat_is_screened_at_its_bucket_edges():
                 (("shape", (1024, 4096)),))
     edges = seat_job(UNARY, hopper, "u", [p], "cpu")[0].confirm_problems
     assert [(e.dims, e.get("shape")) for e in edges] == [((1048577,), (1048577,)), ((16777216,), (16777216,))]
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "layer_norm", "rms_norm"])
+def test_a_row_seat_is_screened_at_its_row_length_edges_and_they_match_the_oracle(kernel):
+    """Row kernels (softmax, layer and RMS norm) mask a row against its length: their edges
+    are rows of the bucket's bottom and top length, as many rows, and the kernel's default
+    config is right there."""
+    from nbx_tune.kernels.registry import get_spec
+    from nbx_tune.kernels.rows import make_row
+    from nbx_tune.tuner.screen import make_case, output_rtols, screen
+
+    spec = get_spec(kernel)
+    profile = get_profile("interpreter")
+    op, params = {"softmax": ("aten._softmax", {"dim": "-1", "half_to_float": "False"}),
+                  "layer_norm": ("aten.native_layer_norm", {"normalized_shape": "150", "eps": "1e-05"}),
+                  "rms_norm": ("aten._fused_rms_norm", {"normalized_shape": "150", "eps": "1e-05"})}[kernel]
+    n_inputs = {"softmax": 1, "layer_norm": 3, "rms_norm": 2}[kernel]
+    shapes = [(3, 150)] + [(150,)] * (n_inputs - 1)
+    p = spec.problem_from_row(make_row(op, ["float32"] * n_inputs, shapes, params))
+    assert isinstance(p, Problem), p
+    edges = seat_job(spec, profile, kernel, [p], "cpu")[0].confirm_problems
+    lengths = sorted(e.dims[0] for e in edges)
+    assert lengths and lengths[0] < 150 < lengths[-1]  # the bucket's bottom and top around 150
+    for e in edges:
+        assert e.flags == p.flags and e.get("shape") == (3, e.dims[0])
+        case = make_case(spec, e, "cpu", 1, with_oracle=True)
+        res = screen(spec, spec.default_config(profile, e), case, output_rtols(spec, e, profile), "cpu")
+        assert res.ok, (e.dims, res.detail)
