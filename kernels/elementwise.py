@@ -645,6 +645,19 @@ class ElementwiseBinarySpec(KernelSpec):
         flags = seat_flags(fn=fn, layout=layout_of(plan[1], plan[2]))
         return Problem(self.name, (out_dt, a_dt, b_dt), flags, (n,), tuple(sorted(extra)))
 
+    def resized(self, problem, dims):
+        # Another element count where the operands are whole tensors of the output's shape or
+        # 0-d (layouts "same" and "scalar"): flat, as the kernel sees them. A broadcast keeps
+        # its shapes.
+        n, out = dims[0], tuple(problem.get("out_shape"))
+        shapes = {k: problem.get(k) for k in ("a_shape", "b_shape")}
+        if dict(problem.flags)["layout"] == "bcast" or any(
+                s is not None and len(s) and tuple(s) != out for s in shapes.values()):
+            return None
+        extra = dict(problem.extra, out_shape=(n,))
+        extra.update({k: (n,) for k, s in shapes.items() if s is not None and len(s)})
+        return Problem(problem.kernel, problem.dtypes, problem.flags, (n,), tuple(sorted(extra.items())))
+
     def input_shapes(self, problem):
         shapes = {"a": (tuple(problem.get("a_shape")), problem.dtypes[1])}
         if problem.get("b_shape") is not None:

@@ -230,3 +230,27 @@ def test_a_row_seat_is_screened_at_its_row_length_edges_and_they_match_the_oracl
         case = make_case(spec, e, "cpu", 1, with_oracle=True)
         res = screen(spec, spec.default_config(profile, e), case, output_rtols(spec, e, profile), "cpu")
         assert res.ok, (e.dims, res.detail)
+
+
+@pytest.mark.parametrize("shapes, layout", [([(7, 50), (7, 50)], "same"), ([(7, 50), ()], "scalar"),
+                                            ([(7, 50), (50,)], "bcast")])
+def test_a_binary_elementwise_seat_is_screened_at_its_edges_unless_it_broadcasts(shapes, layout):
+    from nbx_tune.kernels.registry import get_spec
+    from nbx_tune.kernels.rows import make_row
+    from nbx_tune.tuner.screen import make_case, output_rtols, screen
+
+    spec = get_spec("elementwise_binary")
+    profile = get_profile("interpreter")
+    dts = ["float32", "float32" if shapes[1] else "float64"]
+    p = spec.problem_from_row(make_row("aten.add.Tensor", dts, shapes, {}))
+    assert isinstance(p, Problem) and dict(p.flags)["layout"] == layout, p
+    edges = seat_job(spec, profile, "b", [p], "cpu")[0].confirm_problems
+    if layout == "bcast":
+        assert edges == ()
+        return
+    assert sorted(e.dims[0] for e in edges)[-1] > 350
+    for e in edges:
+        assert e.flags == p.flags and e.get("out_shape") == (e.dims[0],)
+        case = make_case(spec, e, "cpu", 1, with_oracle=True)
+        res = screen(spec, spec.default_config(profile, e), case, output_rtols(spec, e, profile), "cpu")
+        assert res.ok, (e.dims, res.detail)
