@@ -315,7 +315,8 @@ class _Record:
                 # What CompiledKernel[grid] does, less its per-call lookups: the compiled
                 # launcher on the current stream, while no launch hook (a profiler) is set.
                 run, function, meta, hooks, stream, device = (bind(x, "l") for x in lean)
-                body.append(f"if {hooks}.launch_enter_hook is None and {hooks}.launch_exit_hook is None:")
+                idle = bind(_hooks_idle, "l")
+                body.append(f"if {idle}({hooks}.launch_enter_hook) and {idle}({hooks}.launch_exit_hook):")
                 body.append(f"    {run}({grid3[0]}, {grid3[1]}, {grid3[2]}, {stream}({device}()), {function}, "
                             f"{meta}, None, None, None, {args_src})")
                 body.append("else:")
@@ -358,6 +359,12 @@ class _Record:
             if result.data_ptr() == a.data_ptr() and result.is_contiguous() and result.numel() == a.numel():
                 return f"a{j}.view({tuple(result.shape)!r})"
         raise _Refused("a result that is neither an input nor an allocation")
+
+
+def _hooks_idle(hook) -> bool:
+    """No launch hook to call: None (older Triton) or an empty HookChain (newer Triton,
+    where the knob is never None)."""
+    return hook is None or not getattr(hook, "calls", True)
 
 
 def _lean_launcher(compiled):

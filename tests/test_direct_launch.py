@@ -103,6 +103,24 @@ def test_a_replay_is_bit_identical_to_the_launch_through_triton(fake, family, le
     assert fake.log == ["triton", *replayed, *replayed, "triton"]
 
 
+def test_an_empty_hook_chain_counts_as_no_hook(fake, monkeypatch):
+    """Newer Triton keeps its launch hooks in a chain that is never None: an empty one
+    must still let a replay call the compiled launcher itself."""
+    from types import SimpleNamespace
+
+    def with_empty_chains(compiled):
+        run, fn, meta, _, stream, device = lean_launcher(compiled)
+        chains = SimpleNamespace(launch_enter_hook=SimpleNamespace(calls=[]),
+                                 launch_exit_hook=SimpleNamespace(calls=[]))
+        return run, fn, meta, chains, stream, device
+
+    monkeypatch.setattr(launch, "_lean_launcher", with_empty_chains)
+    x = buf(37, 16)
+    fill([x], 1)
+    assert torch.equal(silu(x), silu(x))
+    assert fake.log == ["triton", "lean", "direct"]
+
+
 def test_a_lean_replay_still_calls_launch_hooks(fake, monkeypatch):
     """With a launch hook set (a profiler), a replay goes through CompiledKernel[grid]."""
     def with_hook(compiled):
