@@ -323,6 +323,15 @@ def test_ranked_prior_prefers_what_won_nearby():
     assert len(short) == 5 + 4 and short[:2] == [Config.parse(key(256)), Config.parse(key(128))]
 
 
+def test_only_near_seats_rank_and_a_seat_with_none_is_tuned_in_full():
+    # A decode GEMM must not be ranked by prefill GEMMs alone: their tiles lose 2x there.
+    far = [(("float32", "", "n=1000"), [(key(256), 1.0), (key(128), 1.2), (key(16), 3.0), (key(32), 2.0)], [])]
+    assert not Ranked("x", ("float32", "", "n=8"), far, audit=False).informed
+    near = far + [(("float32", "", "n=16"), [(key(16), 1.0), (key(32), 1.1), (key(128), 2.0), (key(256), 3.0)], [])]
+    r = Ranked("x", ("float32", "", "n=8"), near, audit=False)
+    assert r.informed and r.order(list(CONFIGS))[0].key() == key(16)
+
+
 def test_a_shipped_tables_entry_seeds_a_seat_the_database_never_saw(db_url, monkeypatch):
     from nbx_tune.tuner import seat_search
 

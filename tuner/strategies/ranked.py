@@ -5,9 +5,11 @@ loss the shortcut would have had there.
 
 The ranking: each earlier tuning gives a config its time over that tuning's best (a
 refusal at run time counts as REFUSED_PENALTY); a config's score is the mean of the log of
-those, weighted by how near the earlier seat is (2 ** -distance: the sum over key dims of
-|log2| of the ratio of the buckets' middles, plus one per differing dtype or flags). The
-TOP best-scored and SAMPLE others drawn with a seed from the seat's label are evaluated;
+those, weighted by how near the earlier seat is (4 ** -distance: the sum over key dims of
+|log2| of the ratio of the buckets' middles, plus one per differing dtype or flags). Only
+seats within NEAR count: a decode GEMM (M=8) ranked by prefill GEMMs (M=512) alone got a
+prefill tile 2x slower than the space's best, so a seat with no near neighbour is tuned in
+full (and its full tuning informs the next ones). The TOP best-scored and SAMPLE others drawn with a seed from the seat's label are evaluated;
 configs no earlier seat ran are only ever in the sample, and configs that failed (or ran
 REFUSED_PENALTY times the best) wherever they ran are not even in that.
 
@@ -30,6 +32,7 @@ SAMPLE = 4
 AUDIT_RATE = 0.125
 REFUSED_PENALTY = 4.0  # a config that failed at run time nearby: ranked last among known
 MIN_PRIOR = 4  # an earlier tuning counts when it timed at least this many configs
+NEAR = 3.0  # farthest an earlier seat may be to count: a factor 8 in one dim, or 2 and 4 in two
 STATIC = ("smem_over_budget", "stages_over_max", "no_tma", "equivalent")  # judged again here
 
 
@@ -62,7 +65,10 @@ def scores(seat: tuple, prior) -> dict[str, tuple[float, float]]:
         timed = [(c, ms) for c, ms in meas if ms > 0]
         if len(timed) < MIN_PRIOR:
             continue
-        w = 2.0 ** -distance(seat, where)
+        d = distance(seat, where)
+        if d > NEAR:
+            continue
+        w = 4.0 ** -d
         best = min(ms for _, ms in timed)
         seen = {}
         for c, ms in timed:
