@@ -106,6 +106,16 @@ def test_unary_public_ops(dtype):
         assert _err(y, ref(x.to(torch.float64).numpy())) <= RTOL[dtype], name
 
 
+def test_pow_by_a_small_integer_is_products():
+    # Square and cube (RMS norm's x.pow(2), GPT-2's gelu x**3) run as products: exactly
+    # torch's x * x, specials included; other exponents keep the exp2/log2 path.
+    x = torch.tensor([1.1, -3.7, 1e-3, 0.0, float("inf"), -float("inf"), float("nan"), 7.3e18])
+    for e in (1, 2, 3):
+        assert torch.equal(ew.pow(x, e).nan_to_num(123.0), (x ** e).nan_to_num(123.0)), e
+    assert [ew.small_int_pow("pow", ew.pow_params(e)) for e in (2, 3.0, 4, 2.5, -2, 0)] == [2, 3, 0, 0, 0, 0]
+    assert ew.small_int_pow("exp", (2.0, 1.0, 0.0)) == 0
+
+
 def test_unary_special_values_and_non_contiguous_input():
     x = torch.tensor([float("nan"), 0.0, -0.0, -3.0, 2.0, float("inf"), -float("inf")])
     assert torch.isnan(ew.relu(x)[0]) and ew.relu(x)[3] == 0
