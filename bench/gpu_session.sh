@@ -21,7 +21,7 @@
 # Limits are env overrides: TRUST_S ORACLE_S CENSUS8B_S FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
 # COVERAGE_S SERVED_S DIRECT_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S SERVE_S
 # (COMPARE_BUDGET_S, SPEED_BUDGET_S: when compare, speed stop starting new work);
-# CENSUS_TRACES: the trace files of the census stage; QUALITY_ARGS: e.g. --buckets-only.
+# CENSUS_TRACES: the trace files of the census stage, CENSUS_TOTAL_S its whole budget; QUALITY_ARGS: e.g. --buckets-only.
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
 LOG="$OUT/session.log"
@@ -49,9 +49,13 @@ for s in $STAGES; do case $s in
               --jobs 12 --kernels copy,cat,embedding,fill,batch_norm,max_pool2d,elementwise_binary ;;
   import) for t in bench_out/*.json; do  # tables of an earlier call (carry bench_out), so a census resumes
             [ -f "$t" ] && stage 30 python3 -m nbx_tune.cli.app import "$t"; done ;;
-  census) for t in ${CENSUS_TRACES:-examples/traces/llama2_7b_seq512_bf16.tsv examples/traces/gpt2_seq1024_bf16.tsv \
+  census) c0=$(date +%s)  # CENSUS_TOTAL_S: no trace starts after it, none runs past it
+          for t in ${CENSUS_TRACES:-examples/traces/llama2_7b_seq512_bf16.tsv examples/traces/gpt2_seq1024_bf16.tsv \
                                    examples/traces/resnet50_b8_bf16.tsv}; do
-            census ${CENSUS_S:-150} $t; done
+            left=$(( ${CENSUS_TOTAL_S:-100000} - ($(date +%s) - c0) )); lim=${CENSUS_S:-150}
+            [ "$left" -lt "$lim" ] && lim=$left
+            if [ "$lim" -gt 5 ]; then census $lim $t; else echo "=== skipped (census budget spent): $t" | tee -a "$LOG"; fi
+          done
           stage 30 python3 bench/screen_share.py
           stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
   trust) stage ${TRUST_S:-240} python3 bench/gpu_check.py --skip-fault --planted --seconds 170 \
