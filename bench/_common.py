@@ -76,3 +76,18 @@ def epoch(value) -> float:
     if value.tzinfo is None:
         value = value.replace(tzinfo=datetime.timezone.utc)
     return value.timestamp()
+
+
+def combined_trace(traces, path) -> None:
+    """One trace holding the rows of several: one census certifies them all, sharing seats
+    and the longest-first order (python bench/_common.py OUT.tsv A.tsv B.tsv ...)."""
+    from nbx_tune.tuner.trace import read_trace, write_trace
+
+    rows = [r for t in traces for r in read_trace(t).rows]
+    write_trace(path, rows, comments=[f"rows of {', '.join(map(str, traces))}"])
+
+
+if __name__ == "__main__":
+    import sys
+
+    combined_trace(sys.argv[2:], sys.argv[1])

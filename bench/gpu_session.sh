@@ -7,6 +7,7 @@
 # trust (planted subtle faults refused; no correct config of any kernel refused as imprecise or
 # nondeterministic), oracle (the fp64 oracle's cost at the largest example shapes), census8b (a
 # Llama-3-8B prefill with its 128k-vocabulary LM head, then the screen's share and `unscreened`).
+# census_all: one census of every bf16 example trace's rows (CENSUS_TRACES), then the export.
 # Other stages: coverage (the data-movement, batch norm and pooling families and the integer
 # element-wise path against fp64, every dtype), served (what the launch read serves: shipped table,
 # another target, a sibling device), direct (the direct launch's GPU proof, every family), tma (every TMA config at odd shapes), profile (a census under cProfile),
@@ -58,6 +59,9 @@ for s in $STAGES; do case $s in
           done
           stage 30 python3 bench/screen_share.py
           stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
+  census_all) python3 bench/_common.py /tmp/all_traces.tsv ${CENSUS_TRACES:-examples/traces/*_bf16.tsv}
+              census ${CENSUS_TOTAL_S:-540} /tmp/all_traces.tsv
+              stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
   trust) stage ${TRUST_S:-240} python3 bench/gpu_check.py --skip-fault --planted --seconds 170 \
            --configs-per-row 3 --jobs 12 ;;
   oracle) stage ${ORACLE_S:-240} python3 bench/oracle_cost.py ;;

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, side_by_side, table  # noqa: E402
+from _common import combined_trace, environment, save, side_by_side, table  # noqa: E402
 
 TRACES = ("examples/traces/llama2_7b_seq512_bf16.tsv", "examples/traces/gpt2_seq1024_bf16.tsv",
           "examples/traces/resnet50_b8_bf16.tsv")
@@ -43,13 +43,6 @@ def run(cmd, env) -> tuple[float, str]:
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
     return wall, r.stdout
-
-
-def combined_trace(traces, path: Path) -> None:
-    from nbx_tune.tuner.trace import read_trace, write_trace
-
-    rows = [r for t in traces for r in read_trace(t).rows]
-    write_trace(path, rows, comments=[f"rows of {', '.join(map(str, traces))}"])
 
 
 def current_table(src: Path, dst: Path, profile) -> int:
