@@ -342,10 +342,15 @@ def main():
                  or "none"))
         print(serving.format_stats(st))
     result["default_launches"] = sum(t["default"] for t in result["totals"].values())
+    # The seats those launches missed (a seat the trace planned otherwise: its layout or
+    # alignment, which a trace's shapes do not carry, differs at serve time).
+    result["missed_seats"] = sorted(certified.launch_stats()["misses"])
     census = result.get("census")
     print(f"\ndefault-config launches: {result['default_launches']} "
           f"(prefill {result['totals']['prefill']['default']}, decode {result['totals']['decode']['default']}; "
           + (f"census {census['status']}, {census['seconds']:.0f} s)" if census else "no census run)"))
+    for label in result["missed_seats"] if census else ():
+        print(f"missed seat: {label}")
     result["seconds"] = time.time() - t_start
     print(f"\nwrote {save('serve_models.json', result)} in {result['seconds']:.0f} s")
 
