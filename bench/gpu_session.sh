@@ -15,8 +15,9 @@
 # compare (every served row of the example traces against torch: bench/torch_compare.py), speed (new GEMM
 # and attention candidates against fp64, then every config of the space timed against torch, certified and the HBM floor),
 # recert (every shipped hopper seat re-certified after a source change, against a fresh census),
-# serve (transformers' Llama at 7B's dims, 2 layers: prefill and decode under torch and serve(),
-# eager and CUDA graphs; needs transformers' wheels in .whl), pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
+# serve (transformers' Llama at 7B's dims, 2 layers: the timed prefill and decode traced, their
+# census into the session database (SERVE_ARGS="--census-budget-s N", default 180; --no-census
+# skips it), then torch against serve(), eager and CUDA graphs; needs transformers' wheels in .whl), pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them). Studies (lab/<study>/) are run directly, not from here.
 # Limits are env overrides: TRUST_S ORACLE_S CENSUS8B_S FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
@@ -83,6 +84,6 @@ for s in $STAGES; do case $s in
   recert) stage ${RECERT_S:-540} python3 bench/recertify_cost.py ;;  # shipped hopper seats: re-certified vs fresh
   replay) stage 60 python3 bench/ranking_replay.py ;;  # rankers replayed on the session database's full tunings
   quality) stage ${QUALITY_S:-280} python3 bench/kernel_quality.py ${QUALITY_ARGS:-} ;;
-  serve) stage ${SERVE_S:-240} python3 bench/serve_models.py ${SERVE_ARGS:-} ;;
+  serve) stage ${SERVE_S:-420} python3 bench/serve_models.py ${SERVE_ARGS:-} ;;
   *) echo "unknown stage $s" | tee -a "$LOG" ;;
 esac; done

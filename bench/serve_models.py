@@ -4,20 +4,33 @@ static KV cache, under torch and under `nbx_tune.serve()`, eager and in CUDA gra
 
     python3 bench/serve_models.py                 # H200: 2 layers, prefill of 512, bf16
     python3 bench/serve_models.py --smoke         # CPU interpreter, a tiny Llama, fp32, eager only
+    python3 bench/serve_models.py --no-census     # time on what the database holds already
+
+First the user's workflow, trace -> census -> serve: the launches of exactly the calls that
+are timed (a prefill, and a decode step on the filled cache) are recorded into
+serve_models_trace.tsv, and `nbx-tune census` of that trace runs in a child process into the
+database of NBX_TUNE_DB (--smoke: a fresh temporary one), stopped with Ctrl-C's effect after
+--census-budget-s (what it certified by then is kept). Then the timing.
 
 Prints one row per variant: wall time per call (ms, the host's launch path included, which
 is what eager serving costs), torch's time over it (>= 1: serve is as fast), and each
 variant's logits against an fp32 torch run of the same weights (max|out - ref| / max|ref|),
 beside torch's own bf16 error, so serve's error reads against what bf16 costs anyway. Then
 what serve ran: per op, launches on certified configs, on defaults, and on torch, with why.
-Writes serve_models.json under $OUT (else bench_out/).
+A default-config launch is a miss (a seat the census did not certify); a host-to-device copy
+falls through to torch by design. Writes serve_models.json under $OUT (else bench_out/).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 
 SMOKE = "--smoke" in sys.argv
@@ -27,7 +40,65 @@ if SMOKE:
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import environment, save, table  # noqa: E402
+from _common import environment, out_dir, save, table  # noqa: E402
+
+# serve() leaves a copy between the host and a device to torch (kernels/copy.py says "a copy
+# to D from S is not served"): torch by design, not a miss. cuda from cuda:0 would be one.
+_CROSS_DEVICE = re.compile(r"a copy to (\w+)\S* from (\w+)\S* is not served")
+
+
+def by_design(reason: str) -> bool:
+    m = _CROSS_DEVICE.search(reason)
+    return bool(m) and m.group(1) != m.group(2)
+
+
+def totals(stats: dict) -> dict:
+    """Launches of one call: certified, default (misses), torch by design, torch otherwise."""
+    t = {"certified": 0, "default": 0, "torch_by_design": 0, "torch": 0}
+    for s in stats.values():
+        t["certified"] += s["certified"]
+        t["default"] += s["default"]
+        for why, n in s["reasons"].items():
+            t["torch_by_design" if by_design(why) else "torch"] += n
+    return t
+
+
+def run_census(trace, budget_s: float) -> dict:
+    """`nbx-tune census --model trace` in a child process, as a user runs it, into the database
+    this process serves from (NBX_TUNE_DB is inherited). Past budget_s it gets SIGINT (the
+    census marks its run interrupted and keeps every seat certified so far), then a dry run
+    reports the coverage it left."""
+    cmd = [sys.executable, "-m", "nbx_tune.cli.app", "census", "--model", str(trace), "--json"]
+    log = out_dir() / "serve_models_census.log"
+    t0 = time.time()
+    with open(log, "w") as err:
+        # Its own process group: the interrupt reaches the census's candidate worker too.
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+        try:
+            stdout, _ = proc.communicate(timeout=budget_s)
+            status = "done" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                stdout, _ = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                stdout, _ = proc.communicate()
+            status = f"stopped at the {budget_s:.0f} s budget"
+    seconds = time.time() - t0
+    try:
+        rep = json.loads(stdout)
+    except ValueError:  # interrupted or failed: read what the database holds now
+        dry = subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True)
+        try:
+            rep = json.loads(dry.stdout)
+        except ValueError:
+            rep = {}
+    coverage = rep.get("coverage", {})
+    seats = ", ".join(f"{v['seats']} {k}" for k, v in coverage.items()) or "no report"
+    print(f"census of {trace}: {seats} seats, {status}, in {seconds:.0f} s (log: {log})")
+    return {"seconds": round(seconds, 1), "status": status, "coverage": coverage,
+            "trace": str(trace), "launches": rep.get("launches"), "run_id": rep.get("run_id")}
 
 
 def build(args, dtype, device):
@@ -138,7 +209,14 @@ def main():
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--reps", type=int, default=20, help="calls per timing round (4 turned rounds)")
     p.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny model, eager only")
+    p.add_argument("--no-census", action="store_true",
+                   help="skip trace and census: serve from what the database holds")
+    p.add_argument("--census-budget-s", type=float, default=180,
+                   help="stop the census after this long (what it certified is kept)")
     args = p.parse_args()
+    if args.smoke and not os.environ.get("NBX_TUNE_DB"):  # keep the user's database clean
+        db = os.path.join(tempfile.mkdtemp(prefix="nbx-serve-smoke-"), "smoke.db")
+        os.environ["NBX_TUNE_DB"] = f"sqlite:///{db}"
 
     import nbx_tune
     from nbx_tune.kernels import serve as serving
@@ -167,8 +245,12 @@ def main():
 
         run = Runner(cfg, model, ids, seq)
         run.fill()
+        from nbx_tune.kernels import certified
         from nbx_tune.tuner.recorder import Recorder
+        from nbx_tune.tuner.trace import write_trace
 
+        # The trace: the very calls timed below, on this device (the decode on the filled cache).
+        rows = []
         for phase in ("prefill", "decode"):
             with Recorder() as rec:
                 getattr(run, phase)()
@@ -176,6 +258,14 @@ def main():
             for row in rec.rows:
                 launches[row.op] = launches.get(row.op, 0) + row.count
             result.setdefault("launches", {})[phase] = launches
+            rows += rec.rows
+        result["census"] = None
+        if not args.no_census:
+            trace = out_dir() / "serve_models_trace.tsv"
+            write_trace(trace, rows, [f"bench/serve_models.py: prefill {seq} and decode 1, "
+                                      f"{cfg.num_hidden_layers} layers, {result['dtype']}"])
+            result["census"] = run_census(trace, args.census_budget_s)
+            certified.reload()  # serve from what the census wrote
         fns = {}
         fns["torch eager"] = {"prefill": run.prefill, "decode": run.decode}
         # serve eager: the first calls compile the kernels; the stats are one call of each.
@@ -241,15 +331,26 @@ def main():
                        "err vs fp32"]))
     for phase in ("prefill", "decode"):
         st = result["stats"][phase]
-        tot = {k: sum(s[k] for s in st.values()) for k in ("certified", "default", "torch")}
+        tot = result.setdefault("totals", {})[phase] = totals(st)
         launches = result["launches"][phase]
         uncovered = {op: n for op, n in launches.items() if op not in serving.routes()}
         print(f"\nserve, one {phase} ({sum(launches.values())} launches): {tot['certified']} certified, "
-              f"{tot['default']} default, {tot['torch']} fell through to torch, "
+              f"{tot['default']} default, {tot['torch_by_design']} on torch by design (host-device copies), "
+              f"{tot['torch']} fell through to torch, "
               f"{sum(uncovered.values())} of ops no kernel covers: "
               + (", ".join(f"{op} {n}" for op, n in sorted(uncovered.items(), key=lambda kv: -kv[1]))
                  or "none"))
         print(serving.format_stats(st))
+    result["default_launches"] = sum(t["default"] for t in result["totals"].values())
+    # The seats those launches missed (a seat the trace planned otherwise: its layout or
+    # alignment, which a trace's shapes do not carry, differs at serve time).
+    result["missed_seats"] = sorted(certified.launch_stats()["misses"])
+    census = result.get("census")
+    print(f"\ndefault-config launches: {result['default_launches']} "
+          f"(prefill {result['totals']['prefill']['default']}, decode {result['totals']['decode']['default']}; "
+          + (f"census {census['status']}, {census['seconds']:.0f} s)" if census else "no census run)"))
+    for label in result["missed_seats"] if census else ():
+        print(f"missed seat: {label}")
     result["seconds"] = time.time() - t_start
     print(f"\nwrote {save('serve_models.json', result)} in {result['seconds']:.0f} s")
 
