@@ -173,6 +173,66 @@ def _conv_depthwise_kernel(
 _conv_depthwise_kernel = launch.recorded(_conv_depthwise_kernel)  # its calls are replayed (kernels/launch.py)
 
 
+@triton.jit
+def _conv_pointwise_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    P, OW, CI, CO,
+    sxn, sxc, sxh, sxw,
+    swo, swc,
+    syn, syc, syh, syw,
+    sb,
+    FLAT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # Y[n] (CO x P) = W (CO x CI) @ X[n] (CI x P), one plain GEMM per batch entry (grid
+    # axis 1), P = OH*OW output pixels; sxh, sxw step the input by one output row / column
+    # (the convolution's stride folded in by the launch). FLAT: both pixel grids are one
+    # strided axis (sxh = OW*sxw, syh = OW*syw, or one row), so no pixel is split into
+    # (oh, ow) and unit strides stay visible to the compiler (16-byte vector loads).
+    pid = tl.program_id(0)
+    n = tl.program_id(1)
+    num_pid_m = tl.cdiv(CO, BLOCK_M)
+    num_pid_n = tl.cdiv(P, BLOCK_N)
+    group = GROUP_M * num_pid_n
+    first_m = (pid // group) * GROUP_M
+    group_m = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % group_m
+    pid_n = (pid % group) // group_m
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    # Channels and pixels past the edge wrap to valid ones: loads need only the K mask,
+    # and the store is masked.
+    co = rm % CO
+    pix = rn % P
+    if FLAT:
+        x_pix = pix * sxw
+        y_pix = rn * syw
+    else:
+        x_pix = (pix // OW) * sxh + (pix % OW) * sxw
+        y_pix = (rn // OW) * syh + (rn % OW) * syw
+    w_ptrs = w_ptr + co[:, None] * swo + rk[None, :] * swc
+    x_ptrs = x_ptr + n * sxn + rk[:, None] * sxc + x_pix[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(CI, BLOCK_K)):
+        k_left = CI - k * BLOCK_K
+        a = tl.load(w_ptrs, mask=rk[None, :] < k_left, other=0.0)
+        b = tl.load(x_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        w_ptrs += BLOCK_K * swc
+        x_ptrs += BLOCK_K * sxc
+
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + co * sb).to(tl.float32)[:, None]
+    y_ptrs = y_ptr + n * syn + (rm * syc)[:, None] + y_pix[None, :]
+    mask = (rm < CO)[:, None] & (rn < P)[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_conv_pointwise_kernel = launch.recorded(_conv_pointwise_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 def launch_conv_gemm(x, w, bias, y, stride, padding, dilation, groups: int, config: Config) -> None:
     """y = conv(x, w) [+ bias] by implicit GEMM: x (N, C_in, H, W), w (C_out, C_in/groups,
     KH, KW), y (N, C_out, H_out, W_out), any strides; bias (C_out,) or None.
@@ -223,6 +283,31 @@ def launch_conv_depthwise(x, w, bias, y, stride, padding, dilation, config: Conf
     )
 
 
+def launch_conv_pointwise(x, w, bias, y, stride, config: Config) -> None:
+    """y = conv(x, w) [+ bias] for a 1x1 filter, no padding, one group: per batch entry the
+    GEMM W (C_out x C_in) @ X[n] (C_in x OH*OW), read through x's own strides (NCHW,
+    channels-last or a view) with the stride's pixels picked by scaled strides."""
+    nb = x.shape[0]
+    co, ci = w.shape[0], w.shape[1]
+    oh, ow = y.shape[2], y.shape[3]
+    sxn, sxc, sxh, sxw = x.stride()
+    sxh, sxw = sxh * stride[0], sxw * stride[1]
+    syn, syc, syh, syw = y.stride()
+    flat = oh == 1 or (sxh == ow * sxw and syh == ow * syw)
+    p = oh * ow
+    grid = (triton.cdiv(co, config["BLOCK_M"]) * triton.cdiv(p, config["BLOCK_N"]), nb)
+    _conv_pointwise_kernel[grid](
+        x, w, y if bias is None else bias, y,
+        p, ow, ci, co,
+        sxn, sxc, sxh, sxw, w.stride(0), w.stride(1), syn, syc, syh, syw,
+        0 if bias is None else bias.stride(0),
+        FLAT=flat, HAS_BIAS=bias is not None,
+        INPUT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
+        GROUP_M=config["GROUP_M"], num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+
+
 def _c(bm, bn, bk, warps, stages, nhwc=0, group=8):
     return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, NHWC=nhwc,
                        num_warps=warps, num_stages=stages)
@@ -234,7 +319,7 @@ def _c(bm, bn, bk, warps, stages, nhwc=0, group=8):
 # tall-narrow tiles are the depthwise kernel's good ones (many contiguous pixels of few
 # channels). 128x256x64 at 4 stages (192 KB in fp16) is refused by the shared-memory
 # prune outside Hopper/Blackwell: the space is the same on every device.
-CONFIGS = (
+GEMM_CONFIGS = (
     _c(32, 32, 16, 2, 2), _c(32, 32, 32, 4, 2), _c(64, 32, 32, 4, 2), _c(64, 64, 16, 4, 3),
     _c(64, 64, 32, 4, 2), _c(64, 64, 32, 4, 3), _c(64, 64, 64, 4, 3), _c(128, 16, 32, 4, 2),
     _c(128, 32, 16, 4, 3), _c(128, 32, 32, 4, 3), _c(256, 16, 32, 4, 3), _c(256, 32, 32, 8, 3),
@@ -253,11 +338,32 @@ CONFIGS = (
     _c(128, 256, 64, 8, 3, 1),
 )
 
+
+def _pw(bm, bn, bk, warps, stages, group=8):
+    return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, PW=1,
+                       num_warps=warps, num_stages=stages)
+
+
+# The pointwise kernel's tiles (PW=1): BLOCK_M output channels x BLOCK_N pixels of one
+# batch entry. A ResNet 1x1 is a GEMM with M = C_out 64..2048, N = OH*OW 49..3136 and
+# K = C_in 64..2048 per batch entry of a few: 7x7 and 14x14 maps give few large tiles for
+# 132 SMs, so small tiles with deep pipelines are here beside the large ones.
+POINTWISE_CONFIGS = (
+    _pw(32, 64, 64, 4, 4), _pw(64, 32, 64, 4, 4), _pw(32, 64, 128, 4, 3), _pw(64, 64, 32, 4, 3),
+    _pw(64, 64, 64, 4, 3), _pw(64, 64, 64, 4, 4), _pw(64, 64, 64, 4, 5), _pw(64, 64, 128, 4, 3),
+    _pw(128, 64, 32, 4, 3), _pw(128, 64, 64, 4, 3), _pw(128, 64, 64, 4, 4), _pw(128, 64, 64, 8, 4),
+    _pw(64, 128, 64, 4, 3), _pw(64, 128, 64, 4, 4), _pw(128, 128, 32, 4, 3), _pw(128, 128, 64, 4, 3),
+    _pw(128, 128, 64, 8, 4), _pw(128, 256, 64, 8, 3), _pw(256, 128, 64, 8, 3),
+)
+CONFIGS = GEMM_CONFIGS + POINTWISE_CONFIGS
+
 # Served when a seat has no certificate: the first that fits the device, after the one
 # `_gemm_defaults` picks for the seat's channels per group.
 DEFAULTS = (_c(128, 128, 32, 4, 3), _c(64, 64, 32, 4, 2), _c(32, 32, 32, 4, 2))
 # For depthwise seats (their equivalence class representative is served).
 DEPTHWISE_DEFAULTS = (_c(128, 32, 32, 4, 3), _c(64, 32, 32, 4, 2), _c(32, 32, 32, 4, 2))
+# For pointwise seats; the last fits 64 KB of shared memory in fp32.
+POINTWISE_DEFAULTS = (_pw(128, 64, 64, 4, 3), _pw(64, 64, 64, 4, 3), _pw(64, 64, 32, 4, 3))
 
 
 def _gemm_defaults(problem: Problem) -> tuple:
@@ -282,8 +388,27 @@ def _parse_pair(text: str) -> tuple[int, int]:
     return int(a), int(b)
 
 
+def seat_kind(cig: int, groups: int, kh: int, kw: int, padding, nb: int) -> str:
+    """The seat's `kind` flag, which picks the kernel: `depthwise` for one input channel
+    per group, `pointwise` for a 1x1 filter with no padding and one group (any stride, any
+    dilation: a 1x1 tap has no spread), `gemm` for the rest."""
+    if cig == 1:
+        return "depthwise"
+    if groups == 1 and kh == 1 and kw == 1 and tuple(padding) == (0, 0) and nb <= MAX_GRID_Y:
+        return "pointwise"
+    return "gemm"
+
+
+def _kind(problem: Problem) -> str:
+    return dict(problem.flags).get("kind", "gemm")
+
+
 def _is_depthwise(problem: Problem) -> bool:
-    return dict(problem.flags).get("kind") == "depthwise"
+    return _kind(problem) == "depthwise"
+
+
+def _is_pointwise_config(config: Config) -> bool:
+    return config.kwargs.get("PW", 0) == 1
 
 
 def _spatial(p, name: str, nd: int, default: int):
@@ -306,6 +431,11 @@ class ConvSpec(KernelSpec):
     default_configs = DEFAULTS
 
     def default_config(self, profile, problem):
+        if _kind(problem) == "pointwise":
+            for c in POINTWISE_DEFAULTS:
+                if not self.static_refusal(profile, c, problem):
+                    return c
+            return POINTWISE_DEFAULTS[-1]
         if not _is_depthwise(problem):
             for c in _gemm_defaults(problem):
                 if not self.static_refusal(profile, c, problem):
@@ -333,12 +463,17 @@ class ConvSpec(KernelSpec):
 
     def _representative(self, profile, config: Config, problem: Problem) -> Config | None:
         ident = self._depthwise_ident(profile, config)
-        for c in CONFIGS:
+        for c in GEMM_CONFIGS:
             if self._depthwise_ident(profile, c) == ident and super().static_refusal(profile, c, problem) is None:
                 return c
         return None
 
     def static_refusal(self, profile, config, problem):
+        # The seat's kind picks the kernel; a config is for the pointwise kernel (PW=1) or
+        # for the implicit GEMM and depthwise ones, never both.
+        if _is_pointwise_config(config) != (_kind(problem) == "pointwise"):
+            return ("not_applicable", f"a config of the {'pointwise' if _is_pointwise_config(config) else 'implicit GEMM'} "
+                                      f"kernel at a {_kind(problem)} seat")
         why = super().static_refusal(profile, config, problem)
         if why is not None or not _is_depthwise(problem):
             return why
@@ -351,7 +486,8 @@ class ConvSpec(KernelSpec):
         return None
 
     def source_parts(self):
-        return (_conv_gemm_kernel, _conv_depthwise_kernel, launch_conv_gemm, launch_conv_depthwise)
+        return (_conv_gemm_kernel, _conv_depthwise_kernel, _conv_pointwise_kernel, launch_conv_gemm,
+                launch_conv_depthwise, launch_conv_pointwise, seat_kind)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
@@ -376,6 +512,7 @@ class ConvSpec(KernelSpec):
                     conv(dt, (2, 6, 9, 10), (6, 1, 3, 3), False, 1, 1, 1, 6),
                     conv(dt, (2, 4, 37), (7, 4, 5), True, 1, 2, 1, 1),
                     conv(dt, (2, 5, 41), (10, 1, 4), True, 1, 3, 1, 5),
+                    conv(dt, (2, 9, 11, 13), (5, 9, 1, 1), False, 2, 0, 1, 1),  # pointwise, strided
                 ]
             else:
                 rows += [
@@ -386,6 +523,13 @@ class ConvSpec(KernelSpec):
                     conv(dt, (8, 96, 112, 112), (96, 1, 3, 3), False, 1, 1, 1, 96),
                     conv(dt, (4, 80, 3001), (384, 80, 3), True, 1, 1, 1, 1),
                     conv(dt, (2, 1536, 1027), (1536, 1, 4), True, 1, 3, 1, 1536),
+                    # pointwise (1x1, no padding): ResNet-50's at batch 8, an odd one, a 1-D one
+                    conv(dt, (8, 2048, 7, 7), (512, 2048, 1, 1), False, 1, 0, 1, 1),
+                    conv(dt, (8, 64, 56, 56), (256, 64, 1, 1), False, 1, 0, 1, 1),
+                    conv(dt, (8, 512, 28, 28), (128, 512, 1, 1), False, 1, 0, 1, 1),
+                    conv(dt, (8, 1024, 14, 14), (2048, 1024, 1, 1), False, 2, 0, 1, 1),
+                    conv(dt, (3, 200, 13, 15), (72, 200, 1, 1), True, 1, 0, 1, 1),
+                    conv(dt, (4, 384, 1001), (96, 384, 1), True, 1, 0, 1, 1),
                 ]
         return rows
 
@@ -447,8 +591,8 @@ class ConvSpec(KernelSpec):
             return NotServable(f"C_out {co} > {16 * MAX_GRID_Y} (the grid's second axis)")
         if not depthwise and groups > MAX_GRID_Y:
             return NotServable(f"groups {groups} > {MAX_GRID_Y} (the grid's second axis)")
-        flags = seat_flags(bias=int(has_bias), filter=f"{kh}x{kw}", kind="depthwise" if depthwise else "gemm",
-                           stride=f"{stride[0]}x{stride[1]}")
+        kind = seat_kind(cig, groups, kh, kw, padding, nb)
+        flags = seat_flags(bias=int(has_bias), filter=f"{kh}x{kw}", kind=kind, stride=f"{stride[0]}x{stride[1]}")
         extra = (("batch", nb), ("dilation", tuple(dilation)), ("in_hw", (h, wd)),
                  ("padding", tuple(padding)), ("rank", nd))
         return Problem(self.name, (dtype,), flags, (nb * oh, ow, ci, co, groups), extra)
@@ -514,6 +658,8 @@ class ConvSpec(KernelSpec):
             x, w, y = x.unsqueeze(2), w.unsqueeze(2), y.unsqueeze(2)
         if _is_depthwise(problem):
             launch_conv_depthwise(x, w, inputs.get("bias"), y, g["stride"], g["padding"], g["dilation"], config)
+        elif _kind(problem) == "pointwise":
+            launch_conv_pointwise(x, w, inputs.get("bias"), y, g["stride"], config)
         else:
             launch_conv_gemm(x, w, inputs.get("bias"), y, g["stride"], g["padding"], g["dilation"],
                              g["groups"], config)
@@ -529,9 +675,8 @@ _DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
 
 @lru_cache(maxsize=1024)
-def _flags(depthwise: bool, kh: int, kw: int, sh: int, sw: int, has_bias: bool):
-    return seat_flags(bias=int(has_bias), filter=f"{kh}x{kw}", kind="depthwise" if depthwise else "gemm",
-                      stride=f"{sh}x{sw}")
+def _flags(kind: str, kh: int, kw: int, sh: int, sw: int, has_bias: bool):
+    return seat_flags(bias=int(has_bias), filter=f"{kh}x{kw}", kind=kind, stride=f"{sh}x{sw}")
 
 
 def _span(t) -> int:
@@ -628,11 +773,13 @@ def _conv(x, w, bias, stride, padding, dilation, groups, nd):
         x4, w4, y4 = x, w, y
     kh, kw = w4.shape[2], w4.shape[3]
     oh, ow = y4.shape[2], y4.shape[3]
-    depthwise = cig == 1
-    config = config_for(SPEC, dtypes, _flags(depthwise, kh, kw, stride[0], stride[1], bias is not None),
+    kind = seat_kind(cig, groups, kh, kw, pad, nb)
+    config = config_for(SPEC, dtypes, _flags(kind, kh, kw, stride[0], stride[1], bias is not None),
                         (nb * oh, ow, ci, co, groups))
-    if depthwise:
+    if kind == "depthwise":
         launch_conv_depthwise(x4, w4, bias, y4, stride, pad, dilation, config)
+    elif kind == "pointwise":
+        launch_conv_pointwise(x4, w4, bias, y4, stride, config)
     else:
         launch_conv_gemm(x4, w4, bias, y4, stride, pad, dilation, groups, config)
     return y.squeeze(0) if unbatched else y
