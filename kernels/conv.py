@@ -349,7 +349,7 @@ def _pw(bm, bn, bk, warps, stages, group=8):
 # K = C_in 64..2048 per batch entry of a few: 7x7 and 14x14 maps give few large tiles for
 # 132 SMs, so small tiles with deep pipelines are here beside the large ones.
 POINTWISE_CONFIGS = (
-    _pw(32, 64, 64, 4, 4), _pw(64, 32, 64, 4, 4), _pw(32, 64, 128, 4, 3), _pw(64, 64, 32, 4, 3),
+    _pw(32, 64, 64, 4, 4), _pw(64, 32, 64, 4, 4), _pw(32, 64, 32, 4, 4), _pw(64, 64, 32, 4, 3),
     _pw(64, 64, 64, 4, 3), _pw(64, 64, 64, 4, 4), _pw(64, 64, 64, 4, 5), _pw(64, 64, 128, 4, 3),
     _pw(128, 64, 32, 4, 3), _pw(128, 64, 64, 4, 3), _pw(128, 64, 64, 4, 4), _pw(128, 64, 64, 8, 4),
     _pw(64, 128, 64, 4, 3), _pw(64, 128, 64, 4, 4), _pw(128, 128, 32, 4, 3), _pw(128, 128, 64, 4, 3),
