@@ -383,6 +383,15 @@ def _gemm_defaults(problem: Problem) -> tuple:
     return (first, *DEFAULTS)
 
 
+def _pointwise_defaults(problem: Problem) -> tuple:
+    """64 output channels a tile where 128 would leave fewer than 256 programs (C_out 512
+    over 8 x 7 x 7 pixels is 32): a long K over few programs leaves most SMs idle."""
+    r, ow, _, co, _ = problem.dims
+    if triton.cdiv(co, 128) * triton.cdiv(r * ow, 64) < 256:
+        return (_pw(64, 64, 64, 4, 3), *POINTWISE_DEFAULTS)
+    return POINTWISE_DEFAULTS
+
+
 def _parse_pair(text: str) -> tuple[int, int]:
     a, b = text.split("x")
     return int(a), int(b)
@@ -432,7 +441,7 @@ class ConvSpec(KernelSpec):
 
     def default_config(self, profile, problem):
         if _kind(problem) == "pointwise":
-            for c in POINTWISE_DEFAULTS:
+            for c in _pointwise_defaults(problem):
                 if not self.static_refusal(profile, c, problem):
                     return c
             return POINTWISE_DEFAULTS[-1]

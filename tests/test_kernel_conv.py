@@ -475,3 +475,30 @@ def test_pointwise_planted_faults_are_caught(interp):
     p1 = _problem("float16", (3, 9, 7, 8), (5, 9, 1, 1), False)
     assert _screen(_NarrowStore(), p1, SPEC.default_config(interp, p1), interp).reason == "unwritten_output"
     assert _screen(_NoBias(), p, c, interp).reason == "wrong_answer"
+
+
+def test_pointwise_default_narrows_where_wide_tiles_are_few():
+    hopper = get_profile("hopper")
+    late = _problem("bfloat16", (8, 2048, 7, 7), (512, 2048, 1, 1), False)  # 32 programs of 128 x 64
+    early = _problem("bfloat16", (8, 64, 56, 56), (256, 64, 1, 1), False)
+    assert [(d["BLOCK_M"], d["BLOCK_N"]) for d in (SPEC.default_config(hopper, p) for p in (late, early))] == \
+        [(64, 64), (128, 64)]
+
+
+def test_pointwise_bench_smoke(tmp_path, monkeypatch, capsys):
+    """bench/conv_pointwise.py end to end on tiny shapes: every PW config checked, a table."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import conv_pointwise
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert conv_pointwise.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "2x24x7x7 -> 40" in out and "WRONG" not in out
+    assert (tmp_path / "conv_pointwise.json").exists()
+    # the trace's 1x1 unpadded rows are what the GPU run times: ResNet-50 has 15 distinct ones
+    rows = conv_pointwise.pointwise_rows(False, "bfloat16")
+    kinds = [dict(SPEC.problem_from_row(r).flags)["kind"] for r, _ in rows]
+    assert kinds.count("pointwise") == 15 and "gemm" in kinds
