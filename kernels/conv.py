@@ -38,6 +38,7 @@ config is correct for every shape of a seat.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 
 import torch
@@ -618,6 +619,28 @@ class ConvSpec(KernelSpec):
                     stride=_parse_pair(f["stride"]), padding=tuple(problem.get("padding")),
                     dilation=tuple(problem.get("dilation")), rank=problem.get("rank"),
                     bias=f["bias"] == "1")
+
+    def resized(self, problem, dims):
+        # Tile-edge shapes for pointwise seats: a 1x1 unpadded convolution is any output
+        # size (the input follows: the same stride remainder kept) and any channel counts.
+        # The batch is kept where it divides R = N*H_out, else R rows of one entry (1-D:
+        # R entries of one row). Other kinds are screened at the shapes seen.
+        if _kind(problem) != "pointwise":
+            return None
+        r, ow, ci, co, groups = dims
+        g = self._geometry(problem)
+        if g["rank"] == 1:
+            nb, oh = r, 1
+        else:
+            nb = g["nb"] if r % g["nb"] == 0 else 1
+            oh = r // nb
+        (sh, sw), (h, wd) = g["stride"], (g["h"], g["w"])
+        in_hw = ((oh - 1) * sh + 1 + (h - 1) % sh, (ow - 1) * sw + 1 + (wd - 1) % sw)
+        if (groups != 1 or seat_kind(ci, groups, 1, 1, (0, 0), nb) != "pointwise"
+                or max(nb * ci * in_hw[0] * in_hw[1], co * ci, nb * co * oh * ow) > INT32_MAX):
+            return None
+        extra = dict(problem.extra, batch=nb, in_hw=in_hw)
+        return dataclasses.replace(problem, dims=(nb * oh, ow, ci, co, 1), extra=tuple(sorted(extra.items())))
 
     def input_shapes(self, problem):
         g = self._geometry(problem)

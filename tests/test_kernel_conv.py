@@ -502,3 +502,27 @@ def test_pointwise_bench_smoke(tmp_path, monkeypatch, capsys):
     rows = conv_pointwise.pointwise_rows(False, "bfloat16")
     kinds = [dict(SPEC.problem_from_row(r).flags)["kind"] for r, _ in rows]
     assert kinds.count("pointwise") == 15 and "gemm" in kinds
+
+
+@pytest.mark.parametrize("x,w,stride", [
+    ((3, 20, 13, 10), (70, 20, 1, 1), "2x2"),
+    ((2, 70, 40, 9), (19, 70, 1, 1), "1x1"),  # R = 80, CI = 70: buckets 16 wide
+    ((3, 21, 67), (10, 21, 1), "1"),
+])
+def test_pointwise_seats_are_screened_at_tile_edges(interp, x, w, stride):
+    from nbx_tune.tuner.screen_shapes import edge_problems
+
+    p = _problem("float16", x, w, True, stride, "0" if len(x) == 3 else "0x0", "1" if len(x) == 3 else "1x1")
+    edges = edge_problems(SPEC, interp, p)
+    bucket = bucket_of(interp, SPEC.key, p.dims)
+    assert edges and all(e.dims != p.dims and e.flags == p.flags for e in edges)
+    assert all(bucket_of(interp, SPEC.key, e.dims) == bucket for e in edges)
+    for e in edges:
+        g = SPEC._geometry(e)
+        # the recorded geometry agrees with the dims: the output the oracle makes is the key's
+        out = SPEC.output_specs(e)["out"][0]
+        assert out[0] == g["nb"] and out[-1] == e.dims[1] and g["nb"] * (out[2] if len(out) == 4 else 1) == e.dims[0]
+        r = _screen(SPEC, e, SPEC.default_config(interp, e), interp)
+        assert r.ok, (e.dims, r.reason, r.detail)
+    # other kinds keep the shapes seen
+    assert SPEC.resized(_problem("float16", (2, 7, 5, 6), (9, 7, 3, 3), padding="1x1"), p.dims) is None
