@@ -1,21 +1,31 @@
 """Convolutions: aten.convolution (not transposed), 1-D and 2-D, in fp16, bf16 and fp32.
 
-Two kernels share one config space (tiles of BLOCK_M output pixels x BLOCK_N output
-channels):
+Three kernels; the seat's `kind` flag (`seat_kind`) picks one:
 
 - `_conv_gemm_kernel`, an implicit GEMM for every convolution whose groups see more than
-  one input channel each (groups=1 and grouped): M = N*H_out*W_out output pixels,
+  one input channel each (groups=1 and grouped), pointwise ones aside: M = N*H_out*W_out output pixels,
   N = C_out / groups, K = (C_in / groups)*KH*KW. The input patches are gathered on the
   fly (no im2col buffer): one loop runs over (filter tap, block of BLOCK_K input
   channels), so a tap's row offsets and padding masks are computed once per tile and the
   loop stays a single pipelined loop however small C_in is. A second grid axis runs over
   the groups. The kernel is stride-generic; configs with NHWC=1 copy the input
   channels-last (and the weight channels-innermost) first, which vectorizes the gathers.
+- `_conv_pointwise_kernel` (kind=pointwise), for 1x1 filters with no padding and one group
+  (any stride): per batch entry a plain GEMM Y[n] (C_out x OH*OW) = W (C_out x C_in) @
+  X[n] (C_in x OH*OW), X[n] read through the input's own strides (NCHW, channels-last,
+  views; the stride scales them), a grid axis over the batch, no pixel split into n/oh/ow
+  where the pixel grid is one strided axis, so unit strides vectorize. Most of a ResNet's
+  convolutions.
 - `_conv_depthwise_kernel`, a direct kernel for depthwise convolutions (one input channel
   per group: groups == C_in, C_out = groups * multiplier; also a C_in=1 convolution): a
   tile of output pixels x channels accumulates KH*KW scaled input windows, no reduction
   over channels and no tensor cores. It ignores BLOCK_K, GROUP_M and NHWC, so at a
   depthwise seat configs that differ only there are refused as `equivalent` (the same code).
+
+The implicit GEMM and depthwise kernels take tiles of BLOCK_M output pixels x BLOCK_N
+output channels (with NHWC); the pointwise kernel's configs (PW=1) take BLOCK_M output
+channels x BLOCK_N pixels. Each seat launches only its kernel's configs: the others are
+refused as `not_applicable`.
 
 A 1-D convolution (input N, C, W) is a 2-D one with H = KH = 1, launched on 4-D views.
 
@@ -28,12 +38,13 @@ Launch key: dims (R, W, CI, CO, G) with R = N*H_out (output rows across the batc
 `default` ladder), W = W_out (the `W` ladder: a 1-D convolution is one row per batch
 entry, and its width is the sequence length), CI and CO the channel counts and G the
 groups (`default`). The GEMM's M = R*W, N = CO/G and K = CI/G * taps all follow from them.
-Flags: `kind` (gemm | depthwise: which kernel), `filter` (KHxKW) and `stride` (SHxSW), which
+Flags: `kind` (gemm | depthwise | pointwise: which kernel), `filter` (KHxKW) and `stride` (SHxSW), which
 are constexprs of the kernels (the tap loop and the input addressing are compiled for
 them, and they set the gather's memory pattern and arithmetic intensity), and `bias`.
 Padding and dilation are runtime values (masks and offsets): any config serves any of
-them correctly, so they stay out of the seat. Every load and store is masked, so one
-config is correct for every shape of a seat.
+them correctly, so they stay out of the seat (but for whether a 1x1 is padded: its kind). Every load and store is masked, so one
+config is correct for every shape of a seat. Pointwise seats are screened at tile edges
+too (`resized`); the other kinds at the shapes seen.
 """
 
 from __future__ import annotations
