@@ -198,9 +198,9 @@ def _conv_pointwise_kernel(
 ):
     # Y[n] (CO x P) = W (CO x CI) @ X[n] (CI x P), one plain GEMM per batch entry (grid
     # axis 1), P = OH*OW output pixels; sxh, sxw step the input by one output row / column
-    # (the convolution's stride folded in by the launch). FLAT: both pixel grids are one
-    # strided axis (sxh = OW*sxw, syh = OW*syw, or one row), so no pixel is split into
-    # (oh, ow) and unit strides stay visible to the compiler (16-byte vector loads).
+    # (the convolution's stride folded in by the launch). FLAT (stride 1, `pixels_flat`):
+    # both pixel grids are one strided axis, so no pixel is split into (oh, ow) and unit
+    # strides stay visible to the compiler (16-byte vector loads).
     pid = tl.program_id(0)
     n = tl.program_id(1)
     num_pid_m = tl.cdiv(CO, BLOCK_M)
@@ -295,17 +295,26 @@ def launch_conv_depthwise(x, w, bias, y, stride, padding, dilation, config: Conf
     )
 
 
+def pixels_flat(t) -> bool:
+    """Whether a 4-D tensor's pixel grid (H, W) is one strided axis: one row, or rows one
+    row's length apart (NCHW and channels-last tensors)."""
+    return t.shape[2] == 1 or t.stride(2) == t.shape[3] * t.stride(3)
+
+
 def launch_conv_pointwise(x, w, bias, y, stride, config: Config) -> None:
     """y = conv(x, w) [+ bias] for a 1x1 filter, no padding, one group: per batch entry the
     GEMM W (C_out x C_in) @ X[n] (C_in x OH*OW), read through x's own strides (NCHW,
-    channels-last or a view) with the stride's pixels picked by scaled strides."""
+    channels-last or a view) with the stride's pixels picked by scaled strides. The flat
+    pixel path is for stride 1 only, so a seat's stride decides it for contiguous tensors
+    (`_conv` copies an input whose pixels are not flat at stride 1): served code is what
+    the census screened."""
     nb = x.shape[0]
     co, ci = w.shape[0], w.shape[1]
     oh, ow = y.shape[2], y.shape[3]
     sxn, sxc, sxh, sxw = x.stride()
     sxh, sxw = sxh * stride[0], sxw * stride[1]
     syn, syc, syh, syw = y.stride()
-    flat = oh == 1 or (sxh == ow * sxw and syh == ow * syw)
+    flat = stride[0] == 1 and stride[1] == 1 and pixels_flat(x) and pixels_flat(y)
     p = oh * ow
     grid = (triton.cdiv(co, config["BLOCK_M"]) * triton.cdiv(p, config["BLOCK_N"]), nb)
     _conv_pointwise_kernel[grid](
@@ -822,6 +831,8 @@ def _conv(x, w, bias, stride, padding, dilation, groups, nd):
     if kind == "depthwise":
         launch_conv_depthwise(x4, w4, bias, y4, stride, pad, dilation, config)
     elif kind == "pointwise":
+        if stride == (1, 1) and not pixels_flat(x4):  # a view: the seat's code is the flat path's
+            x4 = x4.contiguous()
         launch_conv_pointwise(x4, w4, bias, y4, stride, config)
     else:
         launch_conv_gemm(x4, w4, bias, y4, stride, pad, dilation, groups, config)

@@ -440,22 +440,25 @@ def test_public_ops_and_serve_launch_the_pointwise_kernel(monkeypatch):
 
     calls = []
     real = cv.launch_conv_pointwise
-    monkeypatch.setattr(cv, "launch_conv_pointwise", lambda *a, **k: calls.append(a[4]) or real(*a, **k))
+    monkeypatch.setattr(cv, "launch_conv_pointwise",
+                        lambda *a, **k: calls.append((tuple(a[4]), cv.pixels_flat(a[0]))) or real(*a, **k))
     x = torch.randn(2, 6, 5, 7)
     w = torch.randn(4, 6, 1, 1)
     cv.conv2d(x, w, stride=2)
     cv.conv1d(x[:, :, 0], w[..., 0])
-    assert calls == [(2, 2), (1, 1)]
+    # a stride-1 view whose pixels are not one axis is copied: the seat runs the flat path
+    cv.conv2d(x[:, :, :, ::2], w)
+    assert calls == [((2, 2), True), ((1, 1), True), ((1, 1), True)] and not cv.pixels_flat(x[:, :, :, ::2])
     cv.conv2d(x, w, padding=1)
     cv.conv2d(x, torch.randn(4, 6, 3, 3))
     cv.conv2d(x, torch.randn(4, 3, 1, 1), groups=2)
-    assert len(calls) == 2  # padded, 3x3 and grouped ones take the implicit GEMM
+    assert len(calls) == 3  # padded, 3x3 and grouped ones take the implicit GEMM
     conv = nn.Conv2d(6, 9, 1).eval()
     with torch.no_grad():
         ref = conv(x)
         with nbx_tune.serve():
             y = conv(x)
-    assert len(calls) == 3
+    assert len(calls) == 4
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
 
 
