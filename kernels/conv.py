@@ -193,7 +193,7 @@ def _conv_pointwise_kernel(
     swo, swc,
     syn, syc, syh, syw,
     sb,
-    FLAT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    FLAT: tl.constexpr, ALIGN: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # Y[n] (CO x P) = W (CO x CI) @ X[n] (CI x P), one plain GEMM per batch entry (grid
@@ -201,6 +201,16 @@ def _conv_pointwise_kernel(
     # (the convolution's stride folded in by the launch). FLAT (stride 1, `pixels_flat`):
     # both pixel grids are one strided axis, so no pixel is split into (oh, ow) and unit
     # strides stay visible to the compiler (16-byte vector loads).
+    if ALIGN > 1:
+        # No-ops at run time (`pointwise_align`): they tell the compiler what Triton's
+        # specialization (multiples of 16 only) cannot, that P = 196 is a multiple of 4 and
+        # so is every pixel row's start: rows load as asynchronous 8-byte copies, not
+        # element by element.
+        P = P // ALIGN * ALIGN
+        sxn = sxn // ALIGN * ALIGN
+        sxc = sxc // ALIGN * ALIGN
+        syn = syn // ALIGN * ALIGN
+        syc = syc // ALIGN * ALIGN
     pid = tl.program_id(0)
     n = tl.program_id(1)
     num_pid_m = tl.cdiv(CO, BLOCK_M)
@@ -301,6 +311,19 @@ def pixels_flat(t) -> bool:
     return t.shape[2] == 1 or t.stride(2) == t.shape[3] * t.stride(3)
 
 
+def pointwise_align(p: int, x_strides, y_strides, flat: bool, esize: int) -> int:
+    """A pointwise seat's `aligned` flag and its kernel's ALIGN: on the flat path with unit
+    pixel strides (NCHW), the largest power of two of elements, up to a 16-byte vector,
+    that P and the batch and channel strides of x and y are all multiples of; else 1.
+    It changes the compiled code (vector width, asynchronous copies), so it is in the seat."""
+    if not flat or x_strides[3] != 1 or y_strides[3] != 1:
+        return 1
+    a = 16 // esize
+    while a > 1 and (p % a or x_strides[0] % a or x_strides[1] % a or y_strides[0] % a or y_strides[1] % a):
+        a //= 2
+    return a
+
+
 def launch_conv_pointwise(x, w, bias, y, stride, config: Config) -> None:
     """y = conv(x, w) [+ bias] for a 1x1 filter, no padding, one group: per batch entry the
     GEMM W (C_out x C_in) @ X[n] (C_in x OH*OW), read through x's own strides (NCHW,
@@ -316,13 +339,14 @@ def launch_conv_pointwise(x, w, bias, y, stride, config: Config) -> None:
     syn, syc, syh, syw = y.stride()
     flat = stride[0] == 1 and stride[1] == 1 and pixels_flat(x) and pixels_flat(y)
     p = oh * ow
+    align = pointwise_align(p, x.stride(), y.stride(), flat, x.element_size())
     grid = (triton.cdiv(co, config["BLOCK_M"]) * triton.cdiv(p, config["BLOCK_N"]), nb)
     _conv_pointwise_kernel[grid](
         x, w, y if bias is None else bias, y,
         p, ow, ci, co,
         sxn, sxc, sxh, sxw, w.stride(0), w.stride(1), syn, syc, syh, syw,
         0 if bias is None else bias.stride(0),
-        FLAT=flat, HAS_BIAS=bias is not None,
+        FLAT=flat, ALIGN=align, HAS_BIAS=bias is not None,
         INPUT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
         GROUP_M=config["GROUP_M"], num_warps=config.num_warps, num_stages=config.num_stages,
@@ -517,7 +541,7 @@ class ConvSpec(KernelSpec):
 
     def source_parts(self):
         return (_conv_gemm_kernel, _conv_depthwise_kernel, _conv_pointwise_kernel, launch_conv_gemm,
-                launch_conv_depthwise, launch_conv_pointwise, seat_kind)
+                launch_conv_depthwise, launch_conv_pointwise, seat_kind, pixels_flat, pointwise_align)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
@@ -622,7 +646,8 @@ class ConvSpec(KernelSpec):
         if not depthwise and groups > MAX_GRID_Y:
             return NotServable(f"groups {groups} > {MAX_GRID_Y} (the grid's second axis)")
         kind = seat_kind(cig, groups, kh, kw, padding, nb)
-        flags = seat_flags(bias=int(has_bias), filter=f"{kh}x{kw}", kind=kind, stride=f"{stride[0]}x{stride[1]}")
+        flags = _flags(kind, kh, kw, stride[0], stride[1], has_bias,
+                       _row_align(kind, nb, ci, co, h, wd, oh, ow, stride, dtype))
         extra = (("batch", nb), ("dilation", tuple(dilation)), ("in_hw", (h, wd)),
                  ("padding", tuple(padding)), ("rank", nd))
         return Problem(self.name, (dtype,), flags, (nb * oh, ow, ci, co, groups), extra)
@@ -658,6 +683,9 @@ class ConvSpec(KernelSpec):
         in_hw = ((oh - 1) * sh + 1 + (h - 1) % sh, (ow - 1) * sw + 1 + (wd - 1) % sw)
         if (groups != 1 or seat_kind(ci, groups, 1, 1, (0, 0), nb) != "pointwise"
                 or max(nb * ci * in_hw[0] * in_hw[1], co * ci, nb * co * oh * ow) > INT32_MAX):
+            return None
+        align = _row_align("pointwise", nb, ci, co, *in_hw, oh, ow, (sh, sw), problem.dtypes[0])
+        if str(align) != dict(problem.flags)["aligned"]:
             return None
         extra = dict(problem.extra, batch=nb, in_hw=in_hw)
         return dataclasses.replace(problem, dims=(nb * oh, ow, ci, co, 1), extra=tuple(sorted(extra.items())))
@@ -727,8 +755,18 @@ _DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
 
 @lru_cache(maxsize=1024)
-def _flags(kind: str, kh: int, kw: int, sh: int, sw: int, has_bias: bool):
+def _flags(kind: str, kh: int, kw: int, sh: int, sw: int, has_bias: bool, align: int = 1):
+    if kind == "pointwise":
+        return seat_flags(aligned=align, bias=int(has_bias), filter=f"{kh}x{kw}", kind=kind, stride=f"{sh}x{sw}")
     return seat_flags(bias=int(has_bias), filter=f"{kh}x{kw}", kind=kind, stride=f"{sh}x{sw}")
+
+
+def _row_align(kind, nb, ci, co, h, wd, oh, ow, stride, dtype) -> int:
+    """The `aligned` flag of a trace row's seat, whose tensors are contiguous NCHW."""
+    if kind != "pointwise":
+        return 1
+    return pointwise_align(oh * ow, (ci * h * wd, h * wd, wd, 1), (co * oh * ow, oh * ow, ow, 1),
+                           tuple(stride) == (1, 1), TORCH_DTYPES[dtype].itemsize)
 
 
 def _span(t) -> int:
@@ -826,13 +864,16 @@ def _conv(x, w, bias, stride, padding, dilation, groups, nd):
     kh, kw = w4.shape[2], w4.shape[3]
     oh, ow = y4.shape[2], y4.shape[3]
     kind = seat_kind(cig, groups, kh, kw, pad, nb)
-    config = config_for(SPEC, dtypes, _flags(kind, kh, kw, stride[0], stride[1], bias is not None),
+    align = 1
+    if kind == "pointwise":
+        if stride == (1, 1) and not pixels_flat(x4):  # a view: the seat's code is the flat path's
+            x4 = x4.contiguous()
+        align = pointwise_align(oh * ow, x4.stride(), y4.stride(), stride == (1, 1), x4.element_size())
+    config = config_for(SPEC, dtypes, _flags(kind, kh, kw, stride[0], stride[1], bias is not None, align),
                         (nb * oh, ow, ci, co, groups))
     if kind == "depthwise":
         launch_conv_depthwise(x4, w4, bias, y4, stride, pad, dilation, config)
     elif kind == "pointwise":
-        if stride == (1, 1) and not pixels_flat(x4):  # a view: the seat's code is the flat path's
-            x4 = x4.contiguous()
         launch_conv_pointwise(x4, w4, bias, y4, stride, config)
     else:
         launch_conv_gemm(x4, w4, bias, y4, stride, pad, dilation, groups, config)

@@ -529,3 +529,26 @@ def test_pointwise_seats_are_screened_at_tile_edges(interp, x, w, stride):
         assert r.ok, (e.dims, r.reason, r.detail)
     # other kinds keep the shapes seen
     assert SPEC.resized(_problem("float16", (2, 7, 5, 6), (9, 7, 3, 3), padding="1x1"), p.dims) is None
+
+
+def test_pointwise_aligned_flag_follows_pixel_rows(monkeypatch):
+    """`aligned`: the elements (up to 16 bytes) every NCHW pixel row starts on, which the
+    kernel is told (ALIGN) because Triton sees only multiples of 16: a seat of its own."""
+    for dt, x, w, stride, want in [
+        ("bfloat16", (8, 256, 14, 14), (1024, 256, 1, 1), "1x1", "4"),   # P = 196
+        ("bfloat16", (8, 64, 56, 56), (256, 64, 1, 1), "1x1", "8"),      # P = 3136: a 16-byte vector
+        ("float32", (8, 64, 56, 56), (256, 64, 1, 1), "1x1", "4"),
+        ("bfloat16", (8, 512, 7, 7), (2048, 512, 1, 1), "1x1", "1"),     # P = 49
+        ("bfloat16", (8, 512, 28, 28), (1024, 512, 1, 1), "2x2", "1"),   # strided: pixels split
+    ]:
+        assert dict(_problem(dt, x, w, False, stride).flags)["aligned"] == want
+    assert "aligned" not in dict(_problem("float16", (2, 6, 5, 6), (4, 6, 3, 3), False).flags)
+    # the public op computes it from the real strides: channels-last rows are not pixel rows
+    seen = []
+    real = cv.config_for
+    monkeypatch.setattr(cv, "config_for", lambda spec, d, f, dims: seen.append(dict(f)["aligned"]) or real(spec, d, f, dims))
+    x, w = torch.randn(2, 6, 6, 6), torch.randn(4, 6, 1, 1)
+    ref = oracle.conv2d(x.double().numpy(), w.double().numpy())
+    for xin in (x, x.contiguous(memory_format=torch.channels_last)):
+        assert _rel(cv.conv2d(xin, w), ref) <= 1e-5
+    assert seen == ["4", "1"]
