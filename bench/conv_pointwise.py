@@ -60,7 +60,7 @@ def old_config(spec, profile, problem):
     from nbx_tune.kernels import table_format
     from nbx_tune.kernels.spec import Config, bucket_of, encode_bucket, encode_flags
 
-    flags = tuple(sorted({**dict(problem.flags), "kind": "gemm"}.items()))
+    flags = tuple(sorted((k, v) for k, v in {**dict(problem.flags), "kind": "gemm"}.items() if k != "aligned"))
     old = dataclasses.replace(problem, flags=flags)
     bucket = encode_bucket(spec.key, bucket_of(profile, spec.key, problem.dims))
     try:

@@ -40,7 +40,8 @@ entry, and its width is the sequence length), CI and CO the channel counts and G
 groups (`default`). The GEMM's M = R*W, N = CO/G and K = CI/G * taps all follow from them.
 Flags: `kind` (gemm | depthwise | pointwise: which kernel), `filter` (KHxKW) and `stride` (SHxSW), which
 are constexprs of the kernels (the tap loop and the input addressing are compiled for
-them, and they set the gather's memory pattern and arithmetic intensity), and `bias`.
+them, and they set the gather's memory pattern and arithmetic intensity), and `bias`;
+pointwise seats also `aligned` (`pointwise_align`: the vector width their pixel rows allow).
 Padding and dilation are runtime values (masks and offsets): any config serves any of
 them correctly, so they stay out of the seat (but for whether a 1x1 is padded: its kind). Every load and store is masked, so one
 config is correct for every shape of a seat. Pointwise seats are screened at tile edges
