@@ -15,7 +15,8 @@ Three kernels; the seat's `kind` flag (`seat_kind`) picks one:
   X[n] (C_in x OH*OW), X[n] read through the input's own strides (NCHW, channels-last,
   views; the stride scales them), a grid axis over the batch, no pixel split into n/oh/ow
   where the pixel grid is one strided axis, so unit strides vectorize. Most of a ResNet's
-  convolutions.
+  convolutions. Configs with SPLIT_K split C_in over programs (few tiles, long K: 7x7
+  maps), fp32 partials summed in split order by `_pointwise_reduce_kernel` (reproducible).
 - `_conv_depthwise_kernel`, a direct kernel for depthwise convolutions (one input channel
   per group: groups == C_in, C_out = groups * multiplier; also a C_in=1 convolution): a
   tile of output pixels x channels accumulates KH*KW scaled input windows, no reduction
@@ -193,9 +194,10 @@ def _conv_pointwise_kernel(
     sxn, sxc, sxh, sxw,
     swo, swc,
     syn, syc, syh, syw,
-    sb,
+    sb, s_split,
     FLAT: tl.constexpr, ALIGN: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr = 1,
 ):
     # Y[n] (CO x P) = W (CO x CI) @ X[n] (CI x P), one plain GEMM per batch entry (grid
     # axis 1), P = OH*OW output pixels; sxh, sxw step the input by one output row / column
@@ -238,13 +240,32 @@ def _conv_pointwise_kernel(
     w_ptrs = w_ptr + co[:, None] * swo + rk[None, :] * swc
     x_ptrs = x_ptr + n * sxn + rk[:, None] * sxc + x_pix[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(CI, BLOCK_K)):
-        k_left = CI - k * BLOCK_K
-        a = tl.load(w_ptrs, mask=rk[None, :] < k_left, other=0.0)
-        b = tl.load(x_ptrs, mask=rk[:, None] < k_left, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-        w_ptrs += BLOCK_K * swc
-        x_ptrs += BLOCK_K * sxc
+    if SPLIT_K == 1:
+        for k in range(0, tl.cdiv(CI, BLOCK_K)):
+            k_left = CI - k * BLOCK_K
+            a = tl.load(w_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b = tl.load(x_ptrs, mask=rk[:, None] < k_left, other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+            w_ptrs += BLOCK_K * swc
+            x_ptrs += BLOCK_K * sxc
+    else:
+        # Split-K: program (tile, n, split) sums whole BLOCK_K blocks of its share of C_in
+        # into an fp32 partial (y is the workspace, s_split apart); `_pointwise_reduce_kernel`
+        # adds the partials in split order, so results are bitwise reproducible.
+        split = tl.program_id(2)
+        per = tl.cdiv(tl.cdiv(CI, BLOCK_K), SPLIT_K) * BLOCK_K
+        k_lo = split * per
+        k_hi = tl.minimum(CI, k_lo + per)  # below k_lo for an empty split: no iteration
+        w_ptrs += k_lo * swc
+        x_ptrs += k_lo * sxc
+        for k in range(k_lo, k_hi, BLOCK_K):
+            k_left = k_hi - k
+            a = tl.load(w_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b = tl.load(x_ptrs, mask=rk[:, None] < k_left, other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+            w_ptrs += BLOCK_K * swc
+            x_ptrs += BLOCK_K * sxc
+        y_ptr += split.to(tl.int64) * s_split
 
     if HAS_BIAS:
         acc += tl.load(b_ptr + co * sb).to(tl.float32)[:, None]
@@ -254,6 +275,31 @@ def _conv_pointwise_kernel(
 
 
 _conv_pointwise_kernel = launch.recorded(_conv_pointwise_kernel)  # its calls are replayed (kernels/launch.py)
+
+
+@triton.jit
+def _pointwise_reduce_kernel(
+    ws_ptr, b_ptr, y_ptr, TOTAL, CO, P, OW, s_split, syn, syc, syh, syw, sb,
+    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # y = (the SPLIT_K fp32 partials of the workspace (SPLIT_K, N, CO, P), summed in split
+    # order) [+ bias], cast and stored through y's strides.
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = idx < TOTAL
+    acc = tl.load(ws_ptr + idx, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ws_ptr + s * s_split + idx, mask=ok, other=0.0)
+    pix = idx % P
+    nc = idx // P
+    co = nc % CO
+    n = nc // CO
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + co * sb, mask=ok, other=0.0).to(tl.float32)
+    y_ptrs = y_ptr + n * syn + co * syc + (pix // OW) * syh + (pix % OW) * syw
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+_pointwise_reduce_kernel = launch.recorded(_pointwise_reduce_kernel)  # its calls are replayed (kernels/launch.py)
 
 
 def launch_conv_gemm(x, w, bias, y, stride, padding, dilation, groups: int, config: Config) -> None:
@@ -340,18 +386,30 @@ def launch_conv_pointwise(x, w, bias, y, stride, config: Config) -> None:
     syn, syc, syh, syw = y.stride()
     flat = stride[0] == 1 and stride[1] == 1 and pixels_flat(x) and pixels_flat(y)
     p = oh * ow
-    align = pointwise_align(p, x.stride(), y.stride(), flat, x.element_size())
-    grid = (triton.cdiv(co, config["BLOCK_M"]) * triton.cdiv(p, config["BLOCK_N"]), nb)
+    sk = config.kwargs.get("SPLIT_K", 1)
+    out, has_bias = y, bias is not None
+    if sk > 1:  # fp32 partials in a workspace, then `_pointwise_reduce_kernel` writes y
+        out, has_bias = launch.empty((sk, nb, co, oh, ow), torch.float32, x.device), False
+        syn, syc, syh, syw = out.stride()[1:]
+    align = pointwise_align(p, x.stride(), (syn, syc, syh, syw), flat, x.element_size())
+    grid = (triton.cdiv(co, config["BLOCK_M"]) * triton.cdiv(p, config["BLOCK_N"]), nb, sk)
     _conv_pointwise_kernel[grid](
-        x, w, y if bias is None else bias, y,
+        x, w, out if bias is None else bias, out,
         p, ow, ci, co,
         sxn, sxc, sxh, sxw, w.stride(0), w.stride(1), syn, syc, syh, syw,
-        0 if bias is None else bias.stride(0),
-        FLAT=flat, ALIGN=align, HAS_BIAS=bias is not None,
+        0 if bias is None else bias.stride(0), out.stride(0) if sk > 1 else 0,
+        FLAT=flat, ALIGN=align, HAS_BIAS=has_bias,
         INPUT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
-        GROUP_M=config["GROUP_M"], num_warps=config.num_warps, num_stages=config.num_stages,
+        GROUP_M=config["GROUP_M"], SPLIT_K=sk, num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    if sk > 1:
+        total, block = nb * co * p, 1024
+        _pointwise_reduce_kernel[(triton.cdiv(total, block),)](
+            out, y if bias is None else bias, y, total, co, p, ow, out.stride(0), *y.stride(),
+            0 if bias is None else bias.stride(0), HAS_BIAS=bias is not None, SPLIT_K=sk, BLOCK=block,
+            num_warps=4,
+        )
 
 
 def _c(bm, bn, bk, warps, stages, nhwc=0, group=8):
@@ -385,9 +443,9 @@ GEMM_CONFIGS = (
 )
 
 
-def _pw(bm, bn, bk, warps, stages, group=8):
+def _pw(bm, bn, bk, warps, stages, group=8, split=1):
     return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, PW=1,
-                       num_warps=warps, num_stages=stages)
+                       **({"SPLIT_K": split} if split > 1 else {}), num_warps=warps, num_stages=stages)
 
 
 # The pointwise kernel's tiles (PW=1): BLOCK_M output channels x BLOCK_N pixels of one
@@ -400,6 +458,10 @@ POINTWISE_CONFIGS = (
     _pw(128, 64, 32, 4, 3), _pw(128, 64, 64, 4, 3), _pw(128, 64, 64, 4, 4), _pw(128, 64, 64, 8, 4),
     _pw(64, 128, 64, 4, 3), _pw(64, 128, 64, 4, 4), _pw(128, 128, 32, 4, 3), _pw(128, 128, 64, 4, 3),
     _pw(128, 128, 64, 8, 4), _pw(128, 256, 64, 8, 3), _pw(256, 128, 64, 8, 3),
+    # Split-K for 7x7 and 14x14 maps with a long C_in (2048 -> 512 at 7x7 is 64 tiles of
+    # 64 x 64 in a batch of 8): refused where the tiles already fill the machine or K is
+    # short (`_split_refusal`).
+    _pw(64, 64, 64, 4, 4, split=2), _pw(64, 64, 64, 4, 4, split=4), _pw(32, 64, 128, 4, 3, split=4),
 )
 CONFIGS = GEMM_CONFIGS + POINTWISE_CONFIGS
 
@@ -452,6 +514,30 @@ def seat_kind(cig: int, groups: int, kh: int, kw: int, padding, nb: int) -> str:
     if groups == 1 and kh == 1 and kw == 1 and tuple(padding) == (0, 0) and nb <= MAX_GRID_Y:
         return "pointwise"
     return "gemm"
+
+
+# Split-K pays a pass over its fp32 workspace: as matmul's SPLIT_MAX_TILES, with this many
+# output tiles unsplit the machine is already full.
+SPLIT_MAX_TILES = 256
+
+
+def _split_refusal(config: Config, problem: Problem) -> tuple[str, str] | None:
+    """("not_applicable", why) for a split-K config at a seat it cannot help (judged at the
+    seat's shape; a split config is correct at any shape)."""
+    sk = config.kwargs.get("SPLIT_K", 1)
+    if sk == 1:
+        return None
+    r, ow, ci, co, _ = problem.dims
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    if ci < 2 * sk * bk:
+        return ("not_applicable", f"SPLIT_K {sk} over C_in {ci}: fewer than 2 blocks of {bk} per split")
+    nb = problem.get("batch")
+    tiles = (nb * triton.cdiv(r // nb * ow, bn) if nb else triton.cdiv(r * ow, bn)) * triton.cdiv(co, bm)
+    if tiles >= SPLIT_MAX_TILES:
+        return ("not_applicable", f"{tiles} output tiles without a split (>= {SPLIT_MAX_TILES}): nothing to gain")
+    if sk * r * ow * co > INT32_MAX:
+        return ("not_applicable", f"a workspace of {sk} x {r * ow * co} elements (indexed in int32)")
+    return None
 
 
 def _kind(problem: Problem) -> str:
@@ -529,6 +615,9 @@ class ConvSpec(KernelSpec):
         if _is_pointwise_config(config) != (_kind(problem) == "pointwise"):
             return ("not_applicable", f"a config of the {'pointwise' if _is_pointwise_config(config) else 'implicit GEMM'} "
                                       f"kernel at a {_kind(problem)} seat")
+        split = _split_refusal(config, problem)
+        if split:
+            return split
         why = super().static_refusal(profile, config, problem)
         if why is not None or not _is_depthwise(problem):
             return why
@@ -541,7 +630,8 @@ class ConvSpec(KernelSpec):
         return None
 
     def source_parts(self):
-        return (_conv_gemm_kernel, _conv_depthwise_kernel, _conv_pointwise_kernel, launch_conv_gemm,
+        return (_conv_gemm_kernel, _conv_depthwise_kernel, _conv_pointwise_kernel, _pointwise_reduce_kernel,
+                launch_conv_gemm,
                 launch_conv_depthwise, launch_conv_pointwise, seat_kind, pixels_flat, pointwise_align)
 
     def example_rows(self, scale):

@@ -252,7 +252,7 @@ def test_single_value_params_expand_and_missing_params_default():
 def test_config_space_and_static_prune(interp):
     hopper = get_profile("hopper")
     configs = SPEC.configs()
-    assert 20 <= len(cv.GEMM_CONFIGS) <= 48 and 12 <= len(cv.POINTWISE_CONFIGS) <= 20
+    assert 20 <= len(cv.GEMM_CONFIGS) <= 48 and 12 <= len(cv.POINTWISE_CONFIGS) <= 24
     assert configs == cv.GEMM_CONFIGS + cv.POINTWISE_CONFIGS and len(set(configs)) == len(configs)
     for c in configs:
         for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
@@ -381,8 +381,8 @@ def test_pointwise_seat_only_for_unpadded_ungrouped_1x1(interp, row, kind):
     keep, refused = static_prune(SPEC, interp, p)
     # the seat's kind picks the kernel: pointwise seats launch only PW=1 configs, others never
     assert keep and all(cv._is_pointwise_config(c) == (kind == "pointwise") for c in keep)
-    assert {cv._is_pointwise_config(r.config) for r in refused if r.reason == "not_applicable"} == \
-        {kind != "pointwise"}
+    other_kernel = {r.config for r in refused if r.reason == "not_applicable" and "kernel at a" in r.detail}
+    assert other_kernel == {c for c in SPEC.configs() if cv._is_pointwise_config(c) != (kind == "pointwise")}
     for prof in (interp, get_profile("hopper")):
         d = SPEC.default_config(prof, p)
         assert d in SPEC.configs() and cv._is_pointwise_config(d) == (kind == "pointwise")
@@ -552,3 +552,36 @@ def test_pointwise_aligned_flag_follows_pixel_rows(monkeypatch):
     for xin in (x, x.contiguous(memory_format=torch.channels_last)):
         assert _rel(cv.conv2d(xin, w), ref) <= 1e-5
     assert seen == ["4", "1"]
+
+
+SPLITS = [c for c in cv.POINTWISE_CONFIGS if c.kwargs.get("SPLIT_K", 1) > 1]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("x,w,stride,bias", [
+    ((2, 1030, 5, 3), (19, 1030, 1, 1), "1x1", True),   # C_in past every split's whole blocks
+    ((1, 600, 7, 9), (33, 600, 1, 1), "2x2", False),    # 32x64x128 over 4 splits: the last is empty
+    ((2, 520, 11), (7, 520, 1), "1", True),             # 1-D
+])
+def test_pointwise_split_k_matches_oracle_bit_for_bit_twice(interp, dtype, x, w, stride, bias):
+    p = _problem(dtype, x, w, bias, stride, "0" if len(x) == 3 else "0x0", "1" if len(x) == 3 else "1x1")
+    assert len(SPLITS) >= 2
+    for c in SPLITS:
+        if c["BLOCK_K"] * c["SPLIT_K"] * 2 > x[1]:
+            continue
+        why = SPEC.static_refusal(interp, c, p)  # applicable here (the interpreter runs any tile)
+        assert why is None or why[0] == "smem_over_budget", why
+        case = screening.make_case(SPEC, p, "cpu", 5, True)
+        r = screening.screen(SPEC, c, case, interp.rtol(dtype), "cpu", repeat=True)
+        assert r.ok and r.err <= r.rtol, (str(c), r.reason, r.detail)
+
+
+def test_pointwise_split_k_only_where_tiles_are_few_and_k_long():
+    hopper = get_profile("hopper")
+    late = _problem("bfloat16", (8, 2048, 7, 7), (512, 2048, 1, 1), False)   # 64 tiles of 64 x 64, K = 2048
+    early = _problem("bfloat16", (8, 64, 56, 56), (256, 64, 1, 1), False)    # K = 64
+    wide = _problem("bfloat16", (8, 1024, 28, 28), (1024, 1024, 1, 1), False)  # 1664 tiles
+    for c in SPLITS:
+        assert SPEC.static_refusal(hopper, c, late) is None
+        assert SPEC.static_refusal(hopper, c, early)[0] == "not_applicable"
+        assert "output tiles" in SPEC.static_refusal(hopper, c, wide)[1]
