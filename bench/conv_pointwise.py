@@ -209,7 +209,8 @@ def main(argv=None) -> int:
                      f"{t['pw_default'] * 1e3:.1f}", f"{t['pw_best'] * 1e3:.1f}",
                      f"{t['torch'] / t['gemm']:.2f}", f"{t['torch'] / t['pw_default']:.2f}",
                      f"{t['torch'] / t['pw_best']:.2f}",
-                     f"{best['BLOCK_M']}x{best['BLOCK_N']}x{best['BLOCK_K']} w{best.num_warps} s{best.num_stages}"])
+                     f"{best['BLOCK_M']}x{best['BLOCK_N']}x{best['BLOCK_K']} w{best.num_warps} s{best.num_stages}"
+                     + (f" split {best.kwargs['SPLIT_K']}" if "SPLIT_K" in best.kwargs else "")])
 
     timed = [r for r in results if "ms" in r]
     tot = {s: sum(r["count"] * r["ms"][s] for r in timed) for s in ("torch", "gemm", "pw_default", "pw_best")}
