@@ -11,7 +11,8 @@
 # Other stages: coverage (the data-movement, batch norm and pooling families and the integer
 # element-wise path against fp64, every dtype), served (what the launch read serves: shipped table,
 # another target, a sibling device), direct (the direct launch's GPU proof, every family), tma (every TMA config at odd shapes), profile (a census under cProfile),
-# fleet (one GPU's worker against two on the same queue, cold caches; needs 2 GPUs),
+# pointwise (ResNet-50's 1x1 convolutions: torch, the implicit GEMM's old certified config, the
+# pointwise kernel's default and best PW config), fleet (one GPU's worker against two on the same queue, cold caches; needs 2 GPUs),
 # compare (every served row of the example traces against torch: bench/torch_compare.py), speed (new GEMM
 # and attention candidates against fp64, then every config of the space timed against torch, certified and the HBM floor),
 # recert (every shipped hopper seat re-certified after a source change, against a fresh census),
@@ -21,7 +22,7 @@
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them). Studies (lab/<study>/) are run directly, not from here.
 # Limits are env overrides: TRUST_S ORACLE_S CENSUS8B_S FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
-# COVERAGE_S SERVED_S DIRECT_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S SERVE_S
+# COVERAGE_S SERVED_S DIRECT_S POINTWISE_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S SERVE_S
 # (COMPARE_BUDGET_S, SPEED_BUDGET_S: when compare, speed stop starting new work);
 # CENSUS_TRACES: the trace files of the census stage, CENSUS_TOTAL_S its whole budget; QUALITY_ARGS: e.g. --buckets-only.
 set -u
@@ -63,6 +64,7 @@ for s in $STAGES; do case $s in
   census_all) python3 bench/_common.py /tmp/all_traces.tsv ${CENSUS_TRACES:-examples/traces/*_bf16.tsv}
               census ${CENSUS_TOTAL_S:-540} /tmp/all_traces.tsv
               stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
+  pointwise) stage ${POINTWISE_S:-300} python3 bench/conv_pointwise.py --budget-s 240 ;;
   trust) stage ${TRUST_S:-240} python3 bench/gpu_check.py --skip-fault --planted --seconds 170 \
            --configs-per-row 3 --jobs 12 ;;
   oracle) stage ${ORACLE_S:-240} python3 bench/oracle_cost.py ;;

@@ -1,21 +1,32 @@
 """Convolutions: aten.convolution (not transposed), 1-D and 2-D, in fp16, bf16 and fp32.
 
-Two kernels share one config space (tiles of BLOCK_M output pixels x BLOCK_N output
-channels):
+Three kernels; the seat's `kind` flag (`seat_kind`) picks one:
 
 - `_conv_gemm_kernel`, an implicit GEMM for every convolution whose groups see more than
-  one input channel each (groups=1 and grouped): M = N*H_out*W_out output pixels,
+  one input channel each (groups=1 and grouped), pointwise ones aside: M = N*H_out*W_out output pixels,
   N = C_out / groups, K = (C_in / groups)*KH*KW. The input patches are gathered on the
   fly (no im2col buffer): one loop runs over (filter tap, block of BLOCK_K input
   channels), so a tap's row offsets and padding masks are computed once per tile and the
   loop stays a single pipelined loop however small C_in is. A second grid axis runs over
   the groups. The kernel is stride-generic; configs with NHWC=1 copy the input
   channels-last (and the weight channels-innermost) first, which vectorizes the gathers.
+- `_conv_pointwise_kernel` (kind=pointwise), for 1x1 filters with no padding and one group
+  (any stride): per batch entry a plain GEMM Y[n] (C_out x OH*OW) = W (C_out x C_in) @
+  X[n] (C_in x OH*OW), X[n] read through the input's own strides (NCHW, channels-last,
+  views; the stride scales them), a grid axis over the batch, no pixel split into n/oh/ow
+  where the pixel grid is one strided axis, so unit strides vectorize. Most of a ResNet's
+  convolutions. Configs with SPLIT_K split C_in over programs (few tiles, long K: 7x7
+  maps), fp32 partials summed in split order by `_pointwise_reduce_kernel` (reproducible).
 - `_conv_depthwise_kernel`, a direct kernel for depthwise convolutions (one input channel
   per group: groups == C_in, C_out = groups * multiplier; also a C_in=1 convolution): a
   tile of output pixels x channels accumulates KH*KW scaled input windows, no reduction
   over channels and no tensor cores. It ignores BLOCK_K, GROUP_M and NHWC, so at a
   depthwise seat configs that differ only there are refused as `equivalent` (the same code).
+
+The implicit GEMM and depthwise kernels take tiles of BLOCK_M output pixels x BLOCK_N
+output channels (with NHWC); the pointwise kernel's configs (PW=1) take BLOCK_M output
+channels x BLOCK_N pixels. Each seat launches only its kernel's configs: the others are
+refused as `not_applicable`.
 
 A 1-D convolution (input N, C, W) is a 2-D one with H = KH = 1, launched on 4-D views.
 
@@ -28,16 +39,19 @@ Launch key: dims (R, W, CI, CO, G) with R = N*H_out (output rows across the batc
 `default` ladder), W = W_out (the `W` ladder: a 1-D convolution is one row per batch
 entry, and its width is the sequence length), CI and CO the channel counts and G the
 groups (`default`). The GEMM's M = R*W, N = CO/G and K = CI/G * taps all follow from them.
-Flags: `kind` (gemm | depthwise: which kernel), `filter` (KHxKW) and `stride` (SHxSW), which
+Flags: `kind` (gemm | depthwise | pointwise: which kernel), `filter` (KHxKW) and `stride` (SHxSW), which
 are constexprs of the kernels (the tap loop and the input addressing are compiled for
-them, and they set the gather's memory pattern and arithmetic intensity), and `bias`.
+them, and they set the gather's memory pattern and arithmetic intensity), and `bias`;
+pointwise seats also `aligned` (`pointwise_align`: the vector width their pixel rows allow).
 Padding and dilation are runtime values (masks and offsets): any config serves any of
-them correctly, so they stay out of the seat. Every load and store is masked, so one
-config is correct for every shape of a seat.
+them correctly, so they stay out of the seat (but for whether a 1x1 is padded: its kind). Every load and store is masked, so one
+config is correct for every shape of a seat. Pointwise seats are screened at tile edges
+too (`resized`); the other kinds at the shapes seen.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 
 import torch
@@ -173,6 +187,121 @@ def _conv_depthwise_kernel(
 _conv_depthwise_kernel = launch.recorded(_conv_depthwise_kernel)  # its calls are replayed (kernels/launch.py)
 
 
+@triton.jit
+def _conv_pointwise_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    P, OW, CI, CO,
+    sxn, sxc, sxh, sxw,
+    swo, swc,
+    syn, syc, syh, syw,
+    sb, s_split,
+    FLAT: tl.constexpr, ALIGN: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr = 1,
+):
+    # Y[n] (CO x P) = W (CO x CI) @ X[n] (CI x P), one plain GEMM per batch entry (grid
+    # axis 1), P = OH*OW output pixels; sxh, sxw step the input by one output row / column
+    # (the convolution's stride folded in by the launch). FLAT (stride 1, `pixels_flat`):
+    # both pixel grids are one strided axis, so no pixel is split into (oh, ow) and unit
+    # strides stay visible to the compiler (16-byte vector loads).
+    if ALIGN > 1:
+        # No-ops at run time (`pointwise_align`): they tell the compiler what Triton's
+        # specialization (multiples of 16 only) cannot, that P = 196 is a multiple of 4 and
+        # so is every pixel row's start: rows load as asynchronous 8-byte copies, not
+        # element by element.
+        P = P // ALIGN * ALIGN
+        sxn = sxn // ALIGN * ALIGN
+        sxc = sxc // ALIGN * ALIGN
+        syn = syn // ALIGN * ALIGN
+        syc = syc // ALIGN * ALIGN
+    pid = tl.program_id(0)
+    n = tl.program_id(1)
+    num_pid_m = tl.cdiv(CO, BLOCK_M)
+    num_pid_n = tl.cdiv(P, BLOCK_N)
+    group = GROUP_M * num_pid_n
+    first_m = (pid // group) * GROUP_M
+    group_m = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % group_m
+    pid_n = (pid % group) // group_m
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    # Channels and pixels past the edge wrap to valid ones: loads need only the K mask,
+    # and the store is masked.
+    co = rm % CO
+    pix = rn % P
+    if FLAT:
+        x_pix = pix * sxw
+        y_pix = rn * syw
+    else:
+        x_pix = (pix // OW) * sxh + (pix % OW) * sxw
+        y_pix = (rn // OW) * syh + (rn % OW) * syw
+    w_ptrs = w_ptr + co[:, None] * swo + rk[None, :] * swc
+    x_ptrs = x_ptr + n * sxn + rk[:, None] * sxc + x_pix[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SPLIT_K == 1:
+        for k in range(0, tl.cdiv(CI, BLOCK_K)):
+            k_left = CI - k * BLOCK_K
+            a = tl.load(w_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b = tl.load(x_ptrs, mask=rk[:, None] < k_left, other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+            w_ptrs += BLOCK_K * swc
+            x_ptrs += BLOCK_K * sxc
+    else:
+        # Split-K: program (tile, n, split) sums whole BLOCK_K blocks of its share of C_in
+        # into an fp32 partial (y is the workspace, s_split apart); `_pointwise_reduce_kernel`
+        # adds the partials in split order, so results are bitwise reproducible.
+        split = tl.program_id(2)
+        per = tl.cdiv(tl.cdiv(CI, BLOCK_K), SPLIT_K) * BLOCK_K
+        k_lo = split * per
+        k_hi = tl.minimum(CI, k_lo + per)  # below k_lo for an empty split: no iteration
+        w_ptrs += k_lo * swc
+        x_ptrs += k_lo * sxc
+        for k in range(k_lo, k_hi, BLOCK_K):
+            k_left = k_hi - k
+            a = tl.load(w_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b = tl.load(x_ptrs, mask=rk[:, None] < k_left, other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+            w_ptrs += BLOCK_K * swc
+            x_ptrs += BLOCK_K * sxc
+        y_ptr += split.to(tl.int64) * s_split
+
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + co * sb).to(tl.float32)[:, None]
+    y_ptrs = y_ptr + n * syn + (rm * syc)[:, None] + y_pix[None, :]
+    mask = (rm < CO)[:, None] & (rn < P)[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_conv_pointwise_kernel = launch.recorded(_conv_pointwise_kernel)  # its calls are replayed (kernels/launch.py)
+
+
+@triton.jit
+def _pointwise_reduce_kernel(
+    ws_ptr, b_ptr, y_ptr, TOTAL, CO, P, OW, s_split, syn, syc, syh, syw, sb,
+    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # y = (the SPLIT_K fp32 partials of the workspace (SPLIT_K, N, CO, P), summed in split
+    # order) [+ bias], cast and stored through y's strides.
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = idx < TOTAL
+    acc = tl.load(ws_ptr + idx, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ws_ptr + s * s_split + idx, mask=ok, other=0.0)
+    pix = idx % P
+    nc = idx // P
+    co = nc % CO
+    n = nc // CO
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + co * sb, mask=ok, other=0.0).to(tl.float32)
+    y_ptrs = y_ptr + n * syn + co * syc + (pix // OW) * syh + (pix % OW) * syw
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+_pointwise_reduce_kernel = launch.recorded(_pointwise_reduce_kernel)  # its calls are replayed (kernels/launch.py)
+
+
 def launch_conv_gemm(x, w, bias, y, stride, padding, dilation, groups: int, config: Config) -> None:
     """y = conv(x, w) [+ bias] by implicit GEMM: x (N, C_in, H, W), w (C_out, C_in/groups,
     KH, KW), y (N, C_out, H_out, W_out), any strides; bias (C_out,) or None.
@@ -223,6 +352,66 @@ def launch_conv_depthwise(x, w, bias, y, stride, padding, dilation, config: Conf
     )
 
 
+def pixels_flat(t) -> bool:
+    """Whether a 4-D tensor's pixel grid (H, W) is one strided axis: one row, or rows one
+    row's length apart (NCHW and channels-last tensors)."""
+    return t.shape[2] == 1 or t.stride(2) == t.shape[3] * t.stride(3)
+
+
+def pointwise_align(p: int, x_strides, y_strides, flat: bool, esize: int) -> int:
+    """A pointwise seat's `aligned` flag and its kernel's ALIGN: on the flat path with unit
+    pixel strides (NCHW), the largest power of two of elements, up to a 16-byte vector,
+    that P and the batch and channel strides of x and y are all multiples of; else 1.
+    It changes the compiled code (vector width, asynchronous copies), so it is in the seat."""
+    if not flat or x_strides[3] != 1 or y_strides[3] != 1:
+        return 1
+    a = 16 // esize
+    while a > 1 and (p % a or x_strides[0] % a or x_strides[1] % a or y_strides[0] % a or y_strides[1] % a):
+        a //= 2
+    return a
+
+
+def launch_conv_pointwise(x, w, bias, y, stride, config: Config) -> None:
+    """y = conv(x, w) [+ bias] for a 1x1 filter, no padding, one group: per batch entry the
+    GEMM W (C_out x C_in) @ X[n] (C_in x OH*OW), read through x's own strides (NCHW,
+    channels-last or a view) with the stride's pixels picked by scaled strides. The flat
+    pixel path is for stride 1 only, so a seat's stride decides it for contiguous tensors
+    (`_conv` copies an input whose pixels are not flat at stride 1): served code is what
+    the census screened."""
+    nb = x.shape[0]
+    co, ci = w.shape[0], w.shape[1]
+    oh, ow = y.shape[2], y.shape[3]
+    sxn, sxc, sxh, sxw = x.stride()
+    sxh, sxw = sxh * stride[0], sxw * stride[1]
+    syn, syc, syh, syw = y.stride()
+    flat = stride[0] == 1 and stride[1] == 1 and pixels_flat(x) and pixels_flat(y)
+    p = oh * ow
+    sk = config.kwargs.get("SPLIT_K", 1)
+    out, has_bias = y, bias is not None
+    if sk > 1:  # fp32 partials in a workspace, then `_pointwise_reduce_kernel` writes y
+        out, has_bias = launch.empty((sk, nb, co, oh, ow), torch.float32, x.device), False
+        syn, syc, syh, syw = out.stride()[1:]
+    align = pointwise_align(p, x.stride(), (syn, syc, syh, syw), flat, x.element_size())
+    grid = (triton.cdiv(co, config["BLOCK_M"]) * triton.cdiv(p, config["BLOCK_N"]), nb, sk)
+    _conv_pointwise_kernel[grid](
+        x, w, out if bias is None else bias, out,
+        p, ow, ci, co,
+        sxn, sxc, sxh, sxw, w.stride(0), w.stride(1), syn, syc, syh, syw,
+        0 if bias is None else bias.stride(0), out.stride(0) if sk > 1 else 0,
+        FLAT=flat, ALIGN=align, HAS_BIAS=has_bias,
+        INPUT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
+        GROUP_M=config["GROUP_M"], SPLIT_K=sk, num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if sk > 1:
+        total, block = nb * co * p, 1024
+        _pointwise_reduce_kernel[(triton.cdiv(total, block),)](
+            out, y if bias is None else bias, y, total, co, p, ow, out.stride(0), *y.stride(),
+            0 if bias is None else bias.stride(0), HAS_BIAS=bias is not None, SPLIT_K=sk, BLOCK=block,
+            num_warps=4,
+        )
+
+
 def _c(bm, bn, bk, warps, stages, nhwc=0, group=8):
     return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, NHWC=nhwc,
                        num_warps=warps, num_stages=stages)
@@ -234,7 +423,7 @@ def _c(bm, bn, bk, warps, stages, nhwc=0, group=8):
 # tall-narrow tiles are the depthwise kernel's good ones (many contiguous pixels of few
 # channels). 128x256x64 at 4 stages (192 KB in fp16) is refused by the shared-memory
 # prune outside Hopper/Blackwell: the space is the same on every device.
-CONFIGS = (
+GEMM_CONFIGS = (
     _c(32, 32, 16, 2, 2), _c(32, 32, 32, 4, 2), _c(64, 32, 32, 4, 2), _c(64, 64, 16, 4, 3),
     _c(64, 64, 32, 4, 2), _c(64, 64, 32, 4, 3), _c(64, 64, 64, 4, 3), _c(128, 16, 32, 4, 2),
     _c(128, 32, 16, 4, 3), _c(128, 32, 32, 4, 3), _c(256, 16, 32, 4, 3), _c(256, 32, 32, 8, 3),
@@ -253,11 +442,36 @@ CONFIGS = (
     _c(128, 256, 64, 8, 3, 1),
 )
 
+
+def _pw(bm, bn, bk, warps, stages, group=8, split=1):
+    return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, PW=1,
+                       **({"SPLIT_K": split} if split > 1 else {}), num_warps=warps, num_stages=stages)
+
+
+# The pointwise kernel's tiles (PW=1): BLOCK_M output channels x BLOCK_N pixels of one
+# batch entry. A ResNet 1x1 is a GEMM with M = C_out 64..2048, N = OH*OW 49..3136 and
+# K = C_in 64..2048 per batch entry of a few: 7x7 and 14x14 maps give few large tiles for
+# 132 SMs, so small tiles with deep pipelines are here beside the large ones.
+POINTWISE_CONFIGS = (
+    _pw(32, 64, 64, 4, 4), _pw(64, 32, 64, 4, 4), _pw(32, 64, 32, 4, 4), _pw(64, 64, 32, 4, 3),
+    _pw(64, 64, 64, 4, 3), _pw(64, 64, 64, 4, 4), _pw(64, 64, 64, 4, 5), _pw(64, 64, 128, 4, 3),
+    _pw(128, 64, 32, 4, 3), _pw(128, 64, 64, 4, 3), _pw(128, 64, 64, 4, 4), _pw(128, 64, 64, 8, 4),
+    _pw(64, 128, 64, 4, 3), _pw(64, 128, 64, 4, 4), _pw(128, 128, 32, 4, 3), _pw(128, 128, 64, 4, 3),
+    _pw(128, 128, 64, 8, 4), _pw(128, 256, 64, 8, 3), _pw(256, 128, 64, 8, 3),
+    # Split-K for 7x7 and 14x14 maps with a long C_in (2048 -> 512 at 7x7 is 64 tiles of
+    # 64 x 64 in a batch of 8): refused where the tiles already fill the machine or K is
+    # short (`_split_refusal`).
+    _pw(64, 64, 64, 4, 4, split=2), _pw(64, 64, 64, 4, 4, split=4), _pw(32, 64, 128, 4, 3, split=4),
+)
+CONFIGS = GEMM_CONFIGS + POINTWISE_CONFIGS
+
 # Served when a seat has no certificate: the first that fits the device, after the one
 # `_gemm_defaults` picks for the seat's channels per group.
 DEFAULTS = (_c(128, 128, 32, 4, 3), _c(64, 64, 32, 4, 2), _c(32, 32, 32, 4, 2))
 # For depthwise seats (their equivalence class representative is served).
 DEPTHWISE_DEFAULTS = (_c(128, 32, 32, 4, 3), _c(64, 32, 32, 4, 2), _c(32, 32, 32, 4, 2))
+# For pointwise seats; the last fits 64 KB of shared memory in fp32.
+POINTWISE_DEFAULTS = (_pw(128, 64, 64, 4, 3), _pw(64, 64, 64, 4, 3), _pw(64, 64, 32, 4, 3))
 
 
 def _gemm_defaults(problem: Problem) -> tuple:
@@ -277,13 +491,65 @@ def _gemm_defaults(problem: Problem) -> tuple:
     return (first, *DEFAULTS)
 
 
+def _pointwise_defaults(problem: Problem) -> tuple:
+    """64 output channels a tile where 128 would leave fewer than 256 programs (C_out 512
+    over 8 x 7 x 7 pixels is 32): a long K over few programs leaves most SMs idle."""
+    r, ow, _, co, _ = problem.dims
+    if triton.cdiv(co, 128) * triton.cdiv(r * ow, 64) < 256:
+        return (_pw(64, 64, 64, 4, 3), *POINTWISE_DEFAULTS)
+    return POINTWISE_DEFAULTS
+
+
 def _parse_pair(text: str) -> tuple[int, int]:
     a, b = text.split("x")
     return int(a), int(b)
 
 
+def seat_kind(cig: int, groups: int, kh: int, kw: int, padding, nb: int) -> str:
+    """The seat's `kind` flag, which picks the kernel: `depthwise` for one input channel
+    per group, `pointwise` for a 1x1 filter with no padding and one group (any stride, any
+    dilation: a 1x1 tap has no spread), `gemm` for the rest."""
+    if cig == 1:
+        return "depthwise"
+    if groups == 1 and kh == 1 and kw == 1 and tuple(padding) == (0, 0) and nb <= MAX_GRID_Y:
+        return "pointwise"
+    return "gemm"
+
+
+# Split-K pays a pass over its fp32 workspace: as matmul's SPLIT_MAX_TILES, with this many
+# output tiles unsplit the machine is already full.
+SPLIT_MAX_TILES = 256
+
+
+def _split_refusal(config: Config, problem: Problem) -> tuple[str, str] | None:
+    """("not_applicable", why) for a split-K config at a seat it cannot help (judged at the
+    seat's shape; a split config is correct at any shape)."""
+    sk = config.kwargs.get("SPLIT_K", 1)
+    if sk == 1:
+        return None
+    r, ow, ci, co, _ = problem.dims
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    if ci < 2 * sk * bk:
+        return ("not_applicable", f"SPLIT_K {sk} over C_in {ci}: fewer than 2 blocks of {bk} per split")
+    nb = problem.get("batch")
+    tiles = (nb * triton.cdiv(r // nb * ow, bn) if nb else triton.cdiv(r * ow, bn)) * triton.cdiv(co, bm)
+    if tiles >= SPLIT_MAX_TILES:
+        return ("not_applicable", f"{tiles} output tiles without a split (>= {SPLIT_MAX_TILES}): nothing to gain")
+    if sk * r * ow * co > INT32_MAX:
+        return ("not_applicable", f"a workspace of {sk} x {r * ow * co} elements (indexed in int32)")
+    return None
+
+
+def _kind(problem: Problem) -> str:
+    return dict(problem.flags).get("kind", "gemm")
+
+
 def _is_depthwise(problem: Problem) -> bool:
-    return dict(problem.flags).get("kind") == "depthwise"
+    return _kind(problem) == "depthwise"
+
+
+def _is_pointwise_config(config: Config) -> bool:
+    return config.kwargs.get("PW", 0) == 1
 
 
 def _spatial(p, name: str, nd: int, default: int):
@@ -306,6 +572,11 @@ class ConvSpec(KernelSpec):
     default_configs = DEFAULTS
 
     def default_config(self, profile, problem):
+        if _kind(problem) == "pointwise":
+            for c in _pointwise_defaults(problem):
+                if not self.static_refusal(profile, c, problem):
+                    return c
+            return POINTWISE_DEFAULTS[-1]
         if not _is_depthwise(problem):
             for c in _gemm_defaults(problem):
                 if not self.static_refusal(profile, c, problem):
@@ -333,12 +604,20 @@ class ConvSpec(KernelSpec):
 
     def _representative(self, profile, config: Config, problem: Problem) -> Config | None:
         ident = self._depthwise_ident(profile, config)
-        for c in CONFIGS:
+        for c in GEMM_CONFIGS:
             if self._depthwise_ident(profile, c) == ident and super().static_refusal(profile, c, problem) is None:
                 return c
         return None
 
     def static_refusal(self, profile, config, problem):
+        # The seat's kind picks the kernel; a config is for the pointwise kernel (PW=1) or
+        # for the implicit GEMM and depthwise ones, never both.
+        if _is_pointwise_config(config) != (_kind(problem) == "pointwise"):
+            return ("not_applicable", f"a config of the {'pointwise' if _is_pointwise_config(config) else 'implicit GEMM'} "
+                                      f"kernel at a {_kind(problem)} seat")
+        split = _split_refusal(config, problem)
+        if split:
+            return split
         why = super().static_refusal(profile, config, problem)
         if why is not None or not _is_depthwise(problem):
             return why
@@ -351,7 +630,9 @@ class ConvSpec(KernelSpec):
         return None
 
     def source_parts(self):
-        return (_conv_gemm_kernel, _conv_depthwise_kernel, launch_conv_gemm, launch_conv_depthwise)
+        return (_conv_gemm_kernel, _conv_depthwise_kernel, _conv_pointwise_kernel, _pointwise_reduce_kernel,
+                launch_conv_gemm,
+                launch_conv_depthwise, launch_conv_pointwise, seat_kind, pixels_flat, pointwise_align)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
@@ -376,6 +657,7 @@ class ConvSpec(KernelSpec):
                     conv(dt, (2, 6, 9, 10), (6, 1, 3, 3), False, 1, 1, 1, 6),
                     conv(dt, (2, 4, 37), (7, 4, 5), True, 1, 2, 1, 1),
                     conv(dt, (2, 5, 41), (10, 1, 4), True, 1, 3, 1, 5),
+                    conv(dt, (2, 9, 11, 13), (5, 9, 1, 1), False, 2, 0, 1, 1),  # pointwise, strided
                 ]
             else:
                 rows += [
@@ -386,6 +668,13 @@ class ConvSpec(KernelSpec):
                     conv(dt, (8, 96, 112, 112), (96, 1, 3, 3), False, 1, 1, 1, 96),
                     conv(dt, (4, 80, 3001), (384, 80, 3), True, 1, 1, 1, 1),
                     conv(dt, (2, 1536, 1027), (1536, 1, 4), True, 1, 3, 1, 1536),
+                    # pointwise (1x1, no padding): ResNet-50's at batch 8, an odd one, a 1-D one
+                    conv(dt, (8, 2048, 7, 7), (512, 2048, 1, 1), False, 1, 0, 1, 1),
+                    conv(dt, (8, 64, 56, 56), (256, 64, 1, 1), False, 1, 0, 1, 1),
+                    conv(dt, (8, 512, 28, 28), (128, 512, 1, 1), False, 1, 0, 1, 1),
+                    conv(dt, (8, 1024, 14, 14), (2048, 1024, 1, 1), False, 2, 0, 1, 1),
+                    conv(dt, (3, 200, 13, 15), (72, 200, 1, 1), True, 1, 0, 1, 1),
+                    conv(dt, (4, 384, 1001), (96, 384, 1), True, 1, 0, 1, 1),
                 ]
         return rows
 
@@ -447,8 +736,9 @@ class ConvSpec(KernelSpec):
             return NotServable(f"C_out {co} > {16 * MAX_GRID_Y} (the grid's second axis)")
         if not depthwise and groups > MAX_GRID_Y:
             return NotServable(f"groups {groups} > {MAX_GRID_Y} (the grid's second axis)")
-        flags = seat_flags(bias=int(has_bias), filter=f"{kh}x{kw}", kind="depthwise" if depthwise else "gemm",
-                           stride=f"{stride[0]}x{stride[1]}")
+        kind = seat_kind(cig, groups, kh, kw, padding, nb)
+        flags = _flags(kind, kh, kw, stride[0], stride[1], has_bias,
+                       _row_align(kind, nb, ci, co, h, wd, oh, ow, stride, dtype))
         extra = (("batch", nb), ("dilation", tuple(dilation)), ("in_hw", (h, wd)),
                  ("padding", tuple(padding)), ("rank", nd))
         return Problem(self.name, (dtype,), flags, (nb * oh, ow, ci, co, groups), extra)
@@ -465,6 +755,31 @@ class ConvSpec(KernelSpec):
                     stride=_parse_pair(f["stride"]), padding=tuple(problem.get("padding")),
                     dilation=tuple(problem.get("dilation")), rank=problem.get("rank"),
                     bias=f["bias"] == "1")
+
+    def resized(self, problem, dims):
+        # Tile-edge shapes for pointwise seats: a 1x1 unpadded convolution is any output
+        # size (the input follows: the same stride remainder kept) and any channel counts.
+        # The batch is kept where it divides R = N*H_out, else R rows of one entry (1-D:
+        # R entries of one row). Other kinds are screened at the shapes seen.
+        if _kind(problem) != "pointwise":
+            return None
+        r, ow, ci, co, groups = dims
+        g = self._geometry(problem)
+        if g["rank"] == 1:
+            nb, oh = r, 1
+        else:
+            nb = g["nb"] if r % g["nb"] == 0 else 1
+            oh = r // nb
+        (sh, sw), (h, wd) = g["stride"], (g["h"], g["w"])
+        in_hw = ((oh - 1) * sh + 1 + (h - 1) % sh, (ow - 1) * sw + 1 + (wd - 1) % sw)
+        if (groups != 1 or seat_kind(ci, groups, 1, 1, (0, 0), nb) != "pointwise"
+                or max(nb * ci * in_hw[0] * in_hw[1], co * ci, nb * co * oh * ow) > INT32_MAX):
+            return None
+        align = _row_align("pointwise", nb, ci, co, *in_hw, oh, ow, (sh, sw), problem.dtypes[0])
+        if str(align) != dict(problem.flags)["aligned"]:
+            return None
+        extra = dict(problem.extra, batch=nb, in_hw=in_hw)
+        return dataclasses.replace(problem, dims=(nb * oh, ow, ci, co, 1), extra=tuple(sorted(extra.items())))
 
     def input_shapes(self, problem):
         g = self._geometry(problem)
@@ -514,6 +829,8 @@ class ConvSpec(KernelSpec):
             x, w, y = x.unsqueeze(2), w.unsqueeze(2), y.unsqueeze(2)
         if _is_depthwise(problem):
             launch_conv_depthwise(x, w, inputs.get("bias"), y, g["stride"], g["padding"], g["dilation"], config)
+        elif _kind(problem) == "pointwise":
+            launch_conv_pointwise(x, w, inputs.get("bias"), y, g["stride"], config)
         else:
             launch_conv_gemm(x, w, inputs.get("bias"), y, g["stride"], g["padding"], g["dilation"],
                              g["groups"], config)
@@ -529,9 +846,18 @@ _DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
 
 @lru_cache(maxsize=1024)
-def _flags(depthwise: bool, kh: int, kw: int, sh: int, sw: int, has_bias: bool):
-    return seat_flags(bias=int(has_bias), filter=f"{kh}x{kw}", kind="depthwise" if depthwise else "gemm",
-                      stride=f"{sh}x{sw}")
+def _flags(kind: str, kh: int, kw: int, sh: int, sw: int, has_bias: bool, align: int = 1):
+    if kind == "pointwise":
+        return seat_flags(aligned=align, bias=int(has_bias), filter=f"{kh}x{kw}", kind=kind, stride=f"{sh}x{sw}")
+    return seat_flags(bias=int(has_bias), filter=f"{kh}x{kw}", kind=kind, stride=f"{sh}x{sw}")
+
+
+def _row_align(kind, nb, ci, co, h, wd, oh, ow, stride, dtype) -> int:
+    """The `aligned` flag of a trace row's seat, whose tensors are contiguous NCHW."""
+    if kind != "pointwise":
+        return 1
+    return pointwise_align(oh * ow, (ci * h * wd, h * wd, wd, 1), (co * oh * ow, oh * ow, ow, 1),
+                           tuple(stride) == (1, 1), TORCH_DTYPES[dtype].itemsize)
 
 
 def _span(t) -> int:
@@ -628,11 +954,18 @@ def _conv(x, w, bias, stride, padding, dilation, groups, nd):
         x4, w4, y4 = x, w, y
     kh, kw = w4.shape[2], w4.shape[3]
     oh, ow = y4.shape[2], y4.shape[3]
-    depthwise = cig == 1
-    config = config_for(SPEC, dtypes, _flags(depthwise, kh, kw, stride[0], stride[1], bias is not None),
+    kind = seat_kind(cig, groups, kh, kw, pad, nb)
+    align = 1
+    if kind == "pointwise":
+        if stride == (1, 1) and not pixels_flat(x4):  # a view: the seat's code is the flat path's
+            x4 = x4.contiguous()
+        align = pointwise_align(oh * ow, x4.stride(), y4.stride(), stride == (1, 1), x4.element_size())
+    config = config_for(SPEC, dtypes, _flags(kind, kh, kw, stride[0], stride[1], bias is not None, align),
                         (nb * oh, ow, ci, co, groups))
-    if depthwise:
+    if kind == "depthwise":
         launch_conv_depthwise(x4, w4, bias, y4, stride, pad, dilation, config)
+    elif kind == "pointwise":
+        launch_conv_pointwise(x4, w4, bias, y4, stride, config)
     else:
         launch_conv_gemm(x4, w4, bias, y4, stride, pad, dilation, groups, config)
     return y.squeeze(0) if unbatched else y

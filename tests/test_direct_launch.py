@@ -72,6 +72,7 @@ FAMILIES = {
     "softmax": (softmax, lambda b: (b(5, 37), -1), {}),
     "reduce": (nbx_sum, lambda b: (b(5, 37), 1), {}),
     "conv": (conv2d, lambda b: (b(1, 3, 8, 8), b(4, 3, 3, 3)), {"padding": 1}),
+    "conv_pointwise": (conv2d, lambda b: (b(2, 6, 5, 7), b(4, 6, 1, 1), b(4)), {}),  # a 1x1: its own kernel
     "matmul": (mm, lambda b: (b(37, 32), b(32, 48)), {}),
     "copy": (_to_copy, lambda b: (b(37, 16),), {"dtype": torch.float16}),
     "cat": (lambda x, dim: cat([x], dim), lambda b: (b(3, 5, 7),), {"dim": 1}),  # one input, one launch

@@ -70,11 +70,11 @@ def test_selfcheck_small_rows(interp):
         p = SPEC.problem_from_row(rows[(c.shapes, c.dtype)])
         seen.add((p.get("rank"), dict(p.flags)["kind"], p.dims[-1] > 1))
     assert {(2, "gemm", False), (2, "gemm", True), (2, "depthwise", True), (1, "gemm", False),
-            (1, "depthwise", True)} <= seen
+            (1, "depthwise", True), (2, "pointwise", False)} <= seen
     per_row = {}
     for c in checks:
         per_row.setdefault((c.shapes, c.dtype), set()).add(c.config)
-    assert len(per_row) == 14 and all(len(v) >= 2 for v in per_row.values())
+    assert len(per_row) == 16 and all(len(v) >= 2 for v in per_row.values())
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
@@ -252,7 +252,8 @@ def test_single_value_params_expand_and_missing_params_default():
 def test_config_space_and_static_prune(interp):
     hopper = get_profile("hopper")
     configs = SPEC.configs()
-    assert 20 <= len(configs) <= 48 and len(set(configs)) == len(configs)
+    assert 20 <= len(cv.GEMM_CONFIGS) <= 48 and 12 <= len(cv.POINTWISE_CONFIGS) <= 24
+    assert configs == cv.GEMM_CONFIGS + cv.POINTWISE_CONFIGS and len(set(configs)) == len(configs)
     for c in configs:
         for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
             assert c[k] >= 16 and c[k] & (c[k] - 1) == 0  # tl.dot needs >= 16, powers of two
@@ -269,7 +270,7 @@ def test_config_space_and_static_prune(interp):
         keep, refused = static_prune(SPEC, prof, dw)
         ident = lambda c: (c["BLOCK_M"], c["BLOCK_N"], *(getattr(c, o) for o in prof.launch_options))  # noqa: E731
         assert len({ident(c) for c in keep}) == len(keep)  # no two kept compile the same
-        assert {ident(c) for c in keep} == {ident(c) for c in configs}  # every class kept once
+        assert {ident(c) for c in keep} == {ident(c) for c in cv.GEMM_CONFIGS}  # every class kept once
         assert any(r.reason == "equivalent" for r in refused)
         d = SPEC.default_config(prof, dw)
         assert d in keep and d["BLOCK_M"] == 128 and d["BLOCK_N"] == 32
@@ -356,3 +357,231 @@ def test_stride_span_is_the_largest_offset():
     assert cv._span(x[:, :, ::2, 1:]) == 1 * 60 + 2 * 20 + 1 * 10 + 3 * 1
     assert cv._span(x.contiguous(memory_format=torch.channels_last)) == x.numel() - 1
     assert cv._span(torch.randn(3, 1).expand(3, 7)) == 2
+
+
+# ----------------------------------------------------------------------------- pointwise (1x1)
+
+@pytest.mark.parametrize("row,kind", [
+    (_row("float16", (3, 7, 5, 6), (9, 7, 1, 1)), "pointwise"),
+    (_row("float16", (1, 7, 5, 6), (9, 7, 1, 1), False, stride="2x2"), "pointwise"),  # a downsample
+    (_row("float16", (1, 7, 5, 6), (9, 7, 1, 1), False, stride="2x1", dilation="3x2"), "pointwise"),
+    (_row("float32", (2, 6, 11), (4, 6, 1), True, "1", "0", "1"), "pointwise"),  # 1-D, kernel size 1
+    (_row("float16", (1, 7, 5, 6), (9, 7, 1, 1), padding="1x1"), "gemm"),  # padded: the border is bias only
+    (_row("float16", (1, 7, 5, 6), (9, 7, 1, 1), padding="0x1"), "gemm"),
+    (_row("float16", (1, 7, 5, 6), (9, 7, 3, 3)), "gemm"),
+    (_row("float16", (1, 7, 5, 6), (9, 7, 1, 3)), "gemm"),
+    (_row("float32", (2, 6, 11), (4, 6, 3), True, "1", "0", "1"), "gemm"),
+    (_row("float16", (1, 8, 5, 6), (6, 4, 1, 1), groups=2), "gemm"),  # grouped
+    (_row("float16", (1, 8, 5, 6), (8, 1, 1, 1), groups=8), "depthwise"),
+    (_row("float16", (1, 1, 5, 6), (8, 1, 1, 1)), "depthwise"),  # C_in = 1
+])
+def test_pointwise_seat_only_for_unpadded_ungrouped_1x1(interp, row, kind):
+    p = SPEC.problem_from_row(row)
+    assert dict(p.flags)["kind"] == kind
+    keep, refused = static_prune(SPEC, interp, p)
+    # the seat's kind picks the kernel: pointwise seats launch only PW=1 configs, others never
+    assert keep and all(cv._is_pointwise_config(c) == (kind == "pointwise") for c in keep)
+    other_kernel = {r.config for r in refused if r.reason == "not_applicable" and "kernel at a" in r.detail}
+    assert other_kernel == {c for c in SPEC.configs() if cv._is_pointwise_config(c) != (kind == "pointwise")}
+    for prof in (interp, get_profile("hopper")):
+        d = SPEC.default_config(prof, p)
+        assert d in SPEC.configs() and cv._is_pointwise_config(d) == (kind == "pointwise")
+        assert SPEC.static_refusal(prof, d, p) is None
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("x,w,stride,bias", [
+    ((1, 37, 9, 11), (19, 37, 1, 1), "1x1", True),    # C_in, C_out, H*W all off the tiles
+    ((3, 70, 5, 13), (33, 70, 1, 1), "1x1", False),   # C_in over two BLOCK_K of 32
+    ((3, 20, 13, 10), (70, 20, 1, 1), "2x2", True),   # a strided downsample (odd H)
+    ((2, 12, 7, 9), (5, 12, 1, 1), "1x3", False),     # anisotropic stride
+    ((3, 21, 67), (10, 21, 1), "1", True),            # 1-D, kernel size 1
+])
+def test_pointwise_configs_match_oracle(interp, dtype, x, w, stride, bias):
+    """PW tiles of every shape class (narrow, wide, BLOCK_K over C_in), each against the
+    fp64 oracle; the interpreter runs them whatever a device's shared memory admits."""
+    p = _problem(dtype, x, w, bias, stride, "0" if len(x) == 3 else "0x0", "1" if len(x) == 3 else "1x1")
+    assert dict(p.flags)["kind"] == "pointwise"
+    picked = [next(c for c in cv.POINTWISE_CONFIGS if (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]) == t)
+              for t in ((32, 64, 64), (64, 32, 64), (64, 64, 32), (128, 64, 32), (64, 128, 64))]
+    for c in picked:
+        r = _screen(SPEC, p, c, interp)
+        assert r.ok and r.err <= r.rtol, (str(c), r.reason, r.detail)
+
+
+def test_pointwise_public_ops_any_layout():
+    """channels-last and sliced inputs (their own strides), batch 1 and 3, bias or not,
+    conv1d with kernel size 1, unbatched; the output is NCHW contiguous."""
+    g = torch.Generator().manual_seed(5)
+    rn = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    for dt, tol in ((torch.float16, 2e-2), (torch.float32, 1e-5)):
+        for nb in (1, 3):
+            x, w, b = rn(nb, 35, 9, 10).to(dt), (rn(18, 35, 1, 1) / 6).to(dt), rn(18).to(dt)
+            xd, wd, bd = (t.double().numpy() for t in (x, w, b))
+            for xin in (x, x.contiguous(memory_format=torch.channels_last)):
+                for bias, bref in ((b, bd), (None, None)):
+                    for stride in (1, 2):
+                        y = cv.conv2d(xin, w, bias, stride=stride)
+                        assert y.is_contiguous() and y.dtype == dt
+                        assert _rel(y, oracle.conv2d(xd, wd, bref, stride)) <= tol
+            xs = x[:, :, 1:, ::2]  # rows not one strided axis: the kernel splits pixels
+            assert _rel(cv.conv2d(xs, w, b), oracle.conv2d(xs.double().numpy(), wd, bd)) <= tol
+            assert _rel(cv.conv2d(x, w, b, dilation=3), oracle.conv2d(xd, wd, bd, 1, 0, 3)) <= tol
+        x1, w1, b1 = rn(3, 21, 40).to(dt), (rn(7, 21, 1) / 4).to(dt), rn(7).to(dt)
+        ref1 = oracle.conv1d(*(t.double().numpy() for t in (x1, w1, b1)))
+        assert _rel(cv.conv1d(x1, w1, b1), ref1) <= tol
+        assert _rel(cv.conv1d(x1.transpose(1, 2).contiguous().transpose(1, 2), w1, b1), ref1) <= tol
+        assert _rel(cv.conv1d(x1[2], w1, b1), ref1[2]) <= tol
+
+
+def test_public_ops_and_serve_launch_the_pointwise_kernel(monkeypatch):
+    import nbx_tune
+    from torch import nn
+
+    calls = []
+    real = cv.launch_conv_pointwise
+    monkeypatch.setattr(cv, "launch_conv_pointwise",
+                        lambda *a, **k: calls.append((tuple(a[4]), cv.pixels_flat(a[0]))) or real(*a, **k))
+    x = torch.randn(2, 6, 5, 7)
+    w = torch.randn(4, 6, 1, 1)
+    cv.conv2d(x, w, stride=2)
+    cv.conv1d(x[:, :, 0], w[..., 0])
+    # a stride-1 view whose pixels are not one axis is copied: the seat runs the flat path
+    cv.conv2d(x[:, :, :, ::2], w)
+    assert calls == [((2, 2), True), ((1, 1), True), ((1, 1), True)] and not cv.pixels_flat(x[:, :, :, ::2])
+    cv.conv2d(x, w, padding=1)
+    cv.conv2d(x, torch.randn(4, 6, 3, 3))
+    cv.conv2d(x, torch.randn(4, 3, 1, 1), groups=2)
+    assert len(calls) == 3  # padded, 3x3 and grouped ones take the implicit GEMM
+    conv = nn.Conv2d(6, 9, 1).eval()
+    with torch.no_grad():
+        ref = conv(x)
+        with nbx_tune.serve():
+            y = conv(x)
+    assert len(calls) == 4
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+class _PointwiseNoStride(cv.ConvSpec):
+    """Launches a strided pointwise seat with stride 1."""
+
+    def launch(self, config, problem, inputs, outputs):
+        cv.launch_conv_pointwise(inputs["input"], inputs["weight"], inputs.get("bias"), outputs["out"], (1, 1),
+                                 config)
+
+
+def test_pointwise_planted_faults_are_caught(interp):
+    p = _problem("float32", (2, 9, 7, 8), (5, 9, 1, 1), True, stride="2x2")
+    c = SPEC.default_config(interp, p)
+    assert cv._is_pointwise_config(c) and _screen(SPEC, p, c, interp).ok
+    assert _screen(_PointwiseNoStride(), p, c, interp).reason == "wrong_answer"
+    p1 = _problem("float16", (3, 9, 7, 8), (5, 9, 1, 1), False)
+    assert _screen(_NarrowStore(), p1, SPEC.default_config(interp, p1), interp).reason == "unwritten_output"
+    assert _screen(_NoBias(), p, c, interp).reason == "wrong_answer"
+
+
+def test_pointwise_default_narrows_where_wide_tiles_are_few():
+    hopper = get_profile("hopper")
+    late = _problem("bfloat16", (8, 2048, 7, 7), (512, 2048, 1, 1), False)  # 32 programs of 128 x 64
+    early = _problem("bfloat16", (8, 64, 56, 56), (256, 64, 1, 1), False)
+    assert [(d["BLOCK_M"], d["BLOCK_N"]) for d in (SPEC.default_config(hopper, p) for p in (late, early))] == \
+        [(64, 64), (128, 64)]
+
+
+def test_pointwise_bench_smoke(tmp_path, monkeypatch, capsys):
+    """bench/conv_pointwise.py end to end on tiny shapes: every PW config checked, a table."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import conv_pointwise
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert conv_pointwise.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "2x24x7x7 -> 40" in out and "WRONG" not in out
+    assert (tmp_path / "conv_pointwise.json").exists()
+    # the trace's 1x1 unpadded rows are what the GPU run times: ResNet-50 has 15 distinct ones
+    rows = conv_pointwise.pointwise_rows(False, "bfloat16")
+    kinds = [dict(SPEC.problem_from_row(r).flags)["kind"] for r, _ in rows]
+    assert kinds.count("pointwise") == 15 and "gemm" in kinds
+
+
+@pytest.mark.parametrize("x,w,stride", [
+    ((3, 20, 13, 10), (70, 20, 1, 1), "2x2"),
+    ((2, 70, 40, 9), (19, 70, 1, 1), "1x1"),  # R = 80, CI = 70: buckets 16 wide
+    ((3, 21, 67), (10, 21, 1), "1"),
+])
+def test_pointwise_seats_are_screened_at_tile_edges(interp, x, w, stride):
+    from nbx_tune.tuner.screen_shapes import edge_problems
+
+    p = _problem("float16", x, w, True, stride, "0" if len(x) == 3 else "0x0", "1" if len(x) == 3 else "1x1")
+    edges = edge_problems(SPEC, interp, p)
+    bucket = bucket_of(interp, SPEC.key, p.dims)
+    assert edges and all(e.dims != p.dims and e.flags == p.flags for e in edges)
+    assert all(bucket_of(interp, SPEC.key, e.dims) == bucket for e in edges)
+    for e in edges:
+        g = SPEC._geometry(e)
+        # the recorded geometry agrees with the dims: the output the oracle makes is the key's
+        out = SPEC.output_specs(e)["out"][0]
+        assert out[0] == g["nb"] and out[-1] == e.dims[1] and g["nb"] * (out[2] if len(out) == 4 else 1) == e.dims[0]
+        r = _screen(SPEC, e, SPEC.default_config(interp, e), interp)
+        assert r.ok, (e.dims, r.reason, r.detail)
+    # other kinds keep the shapes seen
+    assert SPEC.resized(_problem("float16", (2, 7, 5, 6), (9, 7, 3, 3), padding="1x1"), p.dims) is None
+
+
+def test_pointwise_aligned_flag_follows_pixel_rows(monkeypatch):
+    """`aligned`: the elements (up to 16 bytes) every NCHW pixel row starts on, which the
+    kernel is told (ALIGN) because Triton sees only multiples of 16: a seat of its own."""
+    for dt, x, w, stride, want in [
+        ("bfloat16", (8, 256, 14, 14), (1024, 256, 1, 1), "1x1", "4"),   # P = 196
+        ("bfloat16", (8, 64, 56, 56), (256, 64, 1, 1), "1x1", "8"),      # P = 3136: a 16-byte vector
+        ("float32", (8, 64, 56, 56), (256, 64, 1, 1), "1x1", "4"),
+        ("bfloat16", (8, 512, 7, 7), (2048, 512, 1, 1), "1x1", "1"),     # P = 49
+        ("bfloat16", (8, 512, 28, 28), (1024, 512, 1, 1), "2x2", "1"),   # strided: pixels split
+    ]:
+        assert dict(_problem(dt, x, w, False, stride).flags)["aligned"] == want
+    assert "aligned" not in dict(_problem("float16", (2, 6, 5, 6), (4, 6, 3, 3), False).flags)
+    # the public op computes it from the real strides: channels-last rows are not pixel rows
+    seen = []
+    real = cv.config_for
+    monkeypatch.setattr(cv, "config_for", lambda spec, d, f, dims: seen.append(dict(f)["aligned"]) or real(spec, d, f, dims))
+    x, w = torch.randn(2, 6, 6, 6), torch.randn(4, 6, 1, 1)
+    ref = oracle.conv2d(x.double().numpy(), w.double().numpy())
+    for xin in (x, x.contiguous(memory_format=torch.channels_last)):
+        assert _rel(cv.conv2d(xin, w), ref) <= 1e-5
+    assert seen == ["4", "1"]
+
+
+SPLITS = [c for c in cv.POINTWISE_CONFIGS if c.kwargs.get("SPLIT_K", 1) > 1]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("x,w,stride,bias", [
+    ((2, 1030, 5, 3), (19, 1030, 1, 1), "1x1", True),   # C_in past every split's whole blocks
+    ((1, 600, 7, 9), (33, 600, 1, 1), "2x2", False),    # 32x64x128 over 4 splits: the last is empty
+    ((2, 520, 11), (7, 520, 1), "1", True),             # 1-D
+])
+def test_pointwise_split_k_matches_oracle_bit_for_bit_twice(interp, dtype, x, w, stride, bias):
+    p = _problem(dtype, x, w, bias, stride, "0" if len(x) == 3 else "0x0", "1" if len(x) == 3 else "1x1")
+    assert len(SPLITS) >= 2
+    for c in SPLITS:
+        if c["BLOCK_K"] * c["SPLIT_K"] * 2 > x[1]:
+            continue
+        why = SPEC.static_refusal(interp, c, p)  # applicable here (the interpreter runs any tile)
+        assert why is None or why[0] == "smem_over_budget", why
+        case = screening.make_case(SPEC, p, "cpu", 5, True)
+        r = screening.screen(SPEC, c, case, interp.rtol(dtype), "cpu", repeat=True)
+        assert r.ok and r.err <= r.rtol, (str(c), r.reason, r.detail)
+
+
+def test_pointwise_split_k_only_where_tiles_are_few_and_k_long():
+    hopper = get_profile("hopper")
+    late = _problem("bfloat16", (8, 2048, 7, 7), (512, 2048, 1, 1), False)   # 64 tiles of 64 x 64, K = 2048
+    early = _problem("bfloat16", (8, 64, 56, 56), (256, 64, 1, 1), False)    # K = 64
+    wide = _problem("bfloat16", (8, 1024, 28, 28), (1024, 1024, 1, 1), False)  # 1664 tiles
+    for c in SPLITS:
+        assert SPEC.static_refusal(hopper, c, late) is None
+        assert SPEC.static_refusal(hopper, c, early)[0] == "not_applicable"
+        assert "output tiles" in SPEC.static_refusal(hopper, c, wide)[1]
