@@ -184,7 +184,8 @@ def main(traces, smoke: bool) -> None:
     print(f"re-certification after a source change: {recert_s:.1f} s (cold Triton cache)", flush=True)
 
     fresh = {r[:4]: r[4] for r in query(fresh_db, CURRENT)}
-    recert_rows = query(recert_db, CURRENT)
+    # Only the traces' seats: the rest of the imported table stays stale and untouched.
+    recert_rows = [r for r in query(recert_db, CURRENT) if r[:4] in fresh]
     recert = {r[:4]: r[4] for r in recert_rows}
     searches = {}
     for r in recert_rows:
