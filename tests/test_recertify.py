@@ -354,6 +354,36 @@ def test_a_shipped_tables_entry_seeds_a_seat_the_database_never_saw(db_url, monk
     store.close()
 
 
+def test_a_shortlists_ranking_is_recertified_beside_what_won_at_near_seats(db_url, monkeypatch):
+    # A shipped entry found by a ranked search never timed most of the space: if its
+    # shortlist missed the best config, re-timing its pair would keep the miss for ever.
+    from nbx_tune.tuner import seat_search
+
+    times = {**base_times(), key(16): 0.5}  # BLOCK=16 wins everywhere, the entry never saw it
+    entry = {"config": key(256), "median_ms": 1.0, "runner_up": key(256, 1), "runner_up_ms": 1.02,
+             "margin": 0.02,
+             "provenance": {"device_name": "a sibling", "triton_version": "0.0", "kernel_source_hash": "x",
+                            "config_space_hash": SPEC.config_space_hash, "search": "ranked"}}
+    monkeypatch.setattr(seat_search, "shipped", lambda name: {("test_replay", "float32", "", "n=1000"): entry})
+    store = Store(db_url)
+    run_id, (near, sid) = plan_seats(store, [1100, 1000])
+    tuner = SeatTuner(store, PROFILE, DEVICE, Replay(times), get_strategy("pruned"))
+    assert tune(tuner, run_id, near, 1100)  # no history, not shipped: every candidate
+    ex = Replay(times)
+    assert tune(SeatTuner(store, PROFILE, DEVICE, ex, get_strategy("pruned")), run_id, sid, 1000)
+    assert key(16) in ex.screened and len(set(ex.screened)) <= 2 + recertify.EXPLORE < len(CONFIGS)
+    (cfg, search), = last(db_url, "SELECT c.config, c.search FROM certificates c JOIN seats s ON s.id = c.seat_id "
+                                  "WHERE s.bucket = 'n=1000'")
+    assert (cfg, search) == (key(16), "recertified")
+    # A ranking of the whole space is trusted: its contenders alone are timed.
+    assert not recertify.seed_from_entry(entry, "t").complete
+    entry["provenance"]["search"] = "full"
+    assert recertify.seed_from_entry(entry, "t").complete
+    rec = seat_search.for_seat(store, store.seat_records(seat_ids=[near])[0], SPEC, PROFILE)
+    assert rec.name == "recertified" and rec.explore == ()  # its history: a full tuning
+    store.close()
+
+
 def test_upgrading_a_0002_database_keeps_its_certificates_as_found_by_full_searches(db_url):
     from alembic import command
 

@@ -7,7 +7,11 @@ measured:
 
     1. the contenders: the old winner, the runner-up and every config whose old time was
        within NEAR of the old best (at most MAX_CONTENDERS), plus the configs the space
-       gained since (at most MAX_NEW; more and the seat is tuned in full);
+       gained since (at most MAX_NEW; more and the seat is tuned in full); where the old
+       ranking timed only a shortlist (a ranked search, or a re-certification), also the
+       EXPLORE configs that won most at near seats (`explore`): a shortlist that missed
+       the space's best would otherwise be re-certified for ever (decode attention kept a
+       pick at half torch's speed that way, split-KV never timed);
     2. they are screened at every screen shape of the seat and timed, like any candidate;
     3. the old ranking holds when the new best is no slower than the pace the contenders
        now run at explains, within what the old gap to the first config left out covers:
@@ -33,6 +37,7 @@ from nbx_tune.tuner.strategies.search import SearchNote
 NEAR = 0.10
 MAX_CONTENDERS = 6
 MAX_NEW = 6
+EXPLORE = 4
 # The loss the shortcut may risk: the re-certification goal's maximum loss against a
 # fresh census (3 %), which is also about what re-timing one config moves on a GPU.
 TOLERANCE = 0.03
@@ -49,6 +54,7 @@ class Seed:
     gap: float  # how far behind the old best the fastest config left out was
     known: frozenset | None  # every config the reference judged; None when unknown
     config_space_hash: str
+    complete: bool = True  # whether the reference ranking timed the whole space
 
 
 def _describe(t) -> str:
@@ -86,7 +92,7 @@ def seed_from_history(history, judged=None) -> Seed | None:
             and ref_t.kind != "import":
         known = frozenset(judged(ref_t.id))
     return Seed(t_cert.id, _describe(t_cert), old_ms, contenders, max(gap, 0.0), known,
-                ref_t.config_space_hash)
+                ref_t.config_space_hash, getattr(ref_t, "search", "full") in WHOLE_SPACE)
 
 
 def seed_from_entry(e: dict, source: str) -> Seed:
@@ -99,7 +105,8 @@ def seed_from_entry(e: dict, source: str) -> Seed:
     p = e["provenance"]
     return Seed(None, f"{source} ({p['device_name']}, Triton {p['triton_version']}, source "
                       f"{p['kernel_source_hash']}, space {p['config_space_hash']})",
-                old_ms, tuple(old_ms), max(e.get("margin") or 0.0, 0.0), None, p["config_space_hash"])
+                old_ms, tuple(old_ms), max(e.get("margin") or 0.0, 0.0), None, p["config_space_hash"],
+                p.get("search", "full") in WHOLE_SPACE)
 
 
 def loss_bound(seed: Seed, finals: dict, timed: dict | None = None) -> float | None:
@@ -121,13 +128,14 @@ class Recertify:
 
     name = "recertified"
 
-    def __init__(self, seed: Seed, config_space_hash: str):
+    def __init__(self, seed: Seed, config_space_hash: str, explore=()):
         self.seed, self.space = seed, config_space_hash
+        self.explore = tuple(explore)  # config keys timed beside the contenders (module docstring)
 
     def plan(self, candidates):
         """(contenders to evaluate first, why the whole space is needed instead or None)."""
         by_key = {c.key(): c for c in candidates}
-        first = [by_key[k] for k in self.seed.contenders if k in by_key]
+        first = [by_key[k] for k in dict.fromkeys((*self.seed.contenders, *self.explore)) if k in by_key]
         if self.seed.known is not None:
             new = [c for c in candidates if c.key() not in self.seed.known]
         elif self.seed.config_space_hash == self.space:

@@ -3,6 +3,7 @@
     a seat with a certificate in its history  -> re-certified from it (tuner/recertify.py)
     else, a table shipped in the package
           holds the seat (any provenance)     -> re-certified from that entry
+      (from a shortlist's ranking, the configs that won at near seats are timed beside it)
     else, earlier seats of the kernel timed   -> ranked, or an audit (strategies/ranked.py)
     else                                      -> every candidate
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-from nbx_tune.tuner.recertify import Recertify, seed_from_entry, seed_from_history
+from nbx_tune.tuner.recertify import EXPLORE, Recertify, seed_from_entry, seed_from_history
 from nbx_tune.tuner.strategies.ranked import AUDIT_RATE, Ranked, label_fraction
 from nbx_tune.tuner.strategies.search import Full
 
@@ -44,12 +45,18 @@ def for_seat(store, rec, spec, profile):
             entry = shipped(profile.name).get((s.kernel, s.dtypes, s.flags, s.bucket))
             seed = seed_from_entry(entry, f"shipped table {profile.name}.json") if entry else None
         if seed is not None:
-            return Recertify(seed, spec.config_space_hash)
+            explore = () if seed.complete else ranked(store, s, label, profile).best(EXPLORE)
+            return Recertify(seed, spec.config_space_hash, explore)
+    r = ranked(store, s, label, profile)
+    return r if r.informed else Full()
+
+
+def ranked(store, s, label: str, profile) -> Ranked:
+    """The ranked search of seat `s`, from what the kernel's other seats measured."""
     prior = [((o.dtypes, o.flags, o.bucket), meas, refused)
              for o, _, meas, refused in store.kernel_measurements(profile.name, s.kernel) if o.id != s.id]
     audit = not store.shortcut_losses(profile.name, s.kernel) or label_fraction(label) < AUDIT_RATE
-    ranked = Ranked(label, (s.dtypes, s.flags, s.bucket), prior, audit)
-    return ranked if ranked.informed else Full()
+    return Ranked(label, (s.dtypes, s.flags, s.bucket), prior, audit)
 
 
 @lru_cache(maxsize=None)

@@ -100,6 +100,10 @@ class Ranked:
     def informed(self) -> bool:
         return bool(self.scores)
 
+    def best(self, n: int) -> tuple:
+        """The n best-scored config keys: what won most at near seats."""
+        return tuple(sorted(self.scores, key=lambda k: self.scores[k][0])[:n])
+
     def order(self, candidates):
         """Candidates best-scored first, those no earlier seat ran last (in declared order)."""
         known = [c for c in candidates if c.key() in self.scores]
