@@ -22,6 +22,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.copy import dense
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import batch_norm as oracle
@@ -237,12 +238,12 @@ def _call(x, weight, bias, running_mean, running_var, eps, what, saved):
                           "one for the statistics)")
     if x.dim() < 2:
         raise KernelError(f"{what}: an input of rank {x.dim()} (2 or more expected)")
-    x = x.contiguous()
+    x = dense(x)
     y = launch.empty(x.shape, x.dtype, x.device)
     empty = (launch.empty((0,), running_mean.dtype, x.device), launch.empty((0,), running_mean.dtype, x.device))
     if x.numel() == 0:
         return (y, *empty) if saved else y
-    stats = [t.contiguous() if t is not None else None for t in (running_mean, running_var, weight, bias)]
+    stats = [dense(t) if t is not None else None for t in (running_mean, running_var, weight, bias)]
     config = config_for(SPEC, (x_dt, p_dt.pop()), seat_flags(affine=int(weight is not None)), (x.numel(),))
     launch_batch_norm(x, y, *stats, eps, config)
     return (y, *empty) if saved else y

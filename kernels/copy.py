@@ -131,6 +131,25 @@ def launch_copy(x, y, config: Config) -> None:
     launch_copy_plan(x, y, copy_plan(tuple(y.shape), x.stride(), y.stride()), config)
 
 
+def dense(x: torch.Tensor) -> torch.Tensor:
+    """x where it is contiguous, else a contiguous copy made by the copy kernel into
+    `launch.empty`: unlike `x.contiguous()` (a torch op, which a replay cannot make again),
+    an op on a strided view (rotary's rotate_half, a transposed input) is then remembered
+    (kernels/launch.py). Every copy config is exact, so the staging copy takes STAGING
+    rather than a seat's certificate: it is part of the op, as `.contiguous()` was."""
+    if x.is_contiguous():
+        return x
+    if x.numel() == 0:
+        return launch.empty(x.shape, x.dtype, x.device)
+    try:
+        plan = copy_plan(tuple(x.shape), x.stride(), contiguous_strides(x.shape))
+    except ValueError:  # more dims than the copy kernel takes
+        return x.contiguous()
+    y = launch.empty(x.shape, x.dtype, x.device)
+    launch_copy_plan(x, y, plan, STAGING)
+    return y
+
+
 # ----------------------------------------------------------------------------- configs
 
 def _c(block, warps):
@@ -140,6 +159,7 @@ def _c(block, warps):
 # A stream with no loop: the block and the warps are all a config changes (one stage).
 CONFIGS = (_c(512, 4), _c(1024, 4), _c(2048, 8), _c(4096, 8), _c(8192, 16))
 DEFAULTS = (_c(1024, 4),)
+STAGING = DEFAULTS[0]  # `dense`'s copies
 
 
 def cast_supported(src: str, dst: str) -> str | None:
@@ -472,14 +492,21 @@ def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
 def cat(tensors, dim: int = 0) -> torch.Tensor:
     """aten.cat: the tensors (one dtype, legacy 1-D empty ones skipped) joined on dim."""
     tensors = tuple(tensors)
+    # A tensor given twice (rotary's cat((freqs, freqs))) is one input of the replay, and
+    # the key says which operands it is: two tensors at one address are never remembered.
+    inputs = tuple(dict.fromkeys(tensors))
     try:  # the direct launch (kernels/launch.py)
-        key = (CAT_SPEC, dim, *(launch.tensor_key(t) for t in tensors))
-    except AttributeError:
+        keys = tuple(launch.tensor_key(t) for t in inputs)
+    except (AttributeError, TypeError):
         raise KernelError("cat: the operands must be tensors") from None
+    if len(inputs) == len(tensors):
+        key = (CAT_SPEC, dim, *keys)
+    else:
+        key = (CAT_SPEC, dim, tuple(inputs.index(t) for t in tensors), *keys)
     hit = REMEMBERED.get(key)
     if hit is not None:
-        return hit(*tensors)
-    return launch.remember(key, tensors, _cat_call, tensors, dim)
+        return hit(*inputs)
+    return launch.remember(key, inputs, _cat_call, tensors, dim)
 
 
 def _cat_call(tensors, dim: int) -> torch.Tensor:

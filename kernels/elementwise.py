@@ -31,6 +31,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.copy import dense
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import elementwise as oracle
@@ -812,7 +813,7 @@ def _unary_call(fn: str, x: torch.Tensor, params) -> torch.Tensor:
     dt = _dtype_name(x, fn)
     if dt not in TORCH_DTYPES:
         raise KernelError(f"{fn}: dtype {x.dtype} is not served (float16, bfloat16, float32)")
-    x = x.contiguous()  # a copy when it is not: never remembered
+    x = dense(x)  # a copy by the copy kernel where it is not contiguous
     y = launch.empty(x.shape, x.dtype, x.device)
     n = x.numel()
     if n == 0:

@@ -32,6 +32,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.copy import dense
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags
 from nbx_tune.oracles import norms as oracle
@@ -578,8 +579,8 @@ def _dtype_of(op: str, x, *others) -> tuple[str]:
     return (name,)
 
 
-def _contig(t):  # a copy when it is not contiguous: such a call is never remembered
-    return t if t is None or t.is_contiguous() else t.contiguous()
+def _contig(t):  # a copy by the copy kernel where it is not contiguous
+    return t if t is None else dense(t)
 
 
 def _trailing(op: str, x, normalized_shape) -> tuple[int, int]:

@@ -21,6 +21,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.copy import dense
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import pool as oracle
@@ -231,7 +232,7 @@ def _max_pool2d_call(self, kernel_size, stride, padding, dilation, ceil_mode):
     if isinstance(got, str):
         raise KernelError(f"max_pool2d_with_indices: {got}")
     k, s, p, d, out_shape = got
-    x = self.contiguous()
+    x = dense(self)
     out = launch.empty(out_shape, x.dtype, x.device)
     idx = launch.empty(out_shape, torch.int64, x.device)
     if out.numel() == 0 or x.numel() == 0:

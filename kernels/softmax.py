@@ -21,6 +21,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.copy import dense
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import softmax as oracle
@@ -332,8 +333,7 @@ def _softmax(x: torch.Tensor, dim: int, log: bool, dtype) -> torch.Tensor:
     if not -rank <= dim < rank:
         raise KernelError(f"softmax: dim {dim} is out of range for a rank-{rank} tensor")
     dim %= rank
-    if not x.is_contiguous():
-        x = x.contiguous()  # a copy: never remembered
+    x = dense(x)  # a copy by the copy kernel where it is not contiguous
     y = launch.empty(x.shape, out_dtype, x.device)
     if x.numel() == 0:
         return y
