@@ -440,7 +440,7 @@ class ElementwiseUnarySpec(KernelSpec):
         return 0  # no reduction, no layout conversion: registers only
 
     def source_parts(self):
-        return (_tanh_f32, _unary_math, _unary_kernel, pow_params, launch_unary)
+        return (_tanh_f32, _unary_math, _unary_kernel, pow_params, small_int_pow, launch_unary)
 
     def problem_from_row(self, row):
         op = row.op.removesuffix(".default")
