@@ -449,7 +449,7 @@ class AttentionSpec(KernelSpec):
 
     def source_parts(self):
         return (_attn_fwd_kernel, launch_attention, _attn_decode_kernel, _attn_combine_kernel,
-                launch_attention_decode)
+                launch_attention_decode, _block)
 
     # -- example rows
     def example_rows(self, scale):

@@ -319,7 +319,7 @@ class CatSpec(KernelSpec):
     default_configs = DEFAULTS
 
     def source_parts(self):
-        return (_copy_kernel, copy_plan, launch_copy_plan, launch_cat)
+        return (_copy_kernel, copy_plan, launch_copy_plan, launch_cat, _legacy_empty)
 
     def problem_from_row(self, row):
         if row.op.removesuffix(".default") != "aten.cat":

@@ -613,7 +613,8 @@ class MatmulSpec(KernelSpec):
     def source_parts(self):
         return (_matmul_kernel, _epilogue, _matmul_splitk_kernel, _splitk_reduce_kernel, split_k, launch_splitk,
                 extra_columns, uses_tma, tma_ready, _tma_copy, b_kmajor, tma_descriptors,
-                matmul_args, vector_elems, rows_aligned, _padded, stage_operands, launch_matmul, alignment)
+                matmul_args, vector_elems, rows_aligned, _padded, stage_operands, launch_matmul, alignment,
+                _strides3)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row

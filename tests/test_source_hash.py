@@ -53,3 +53,25 @@ def test_shipped_kernels_hash_without_error():
     from nbx_tune.kernels import registry
     hashes = {name: spec.source_hash for name, spec in registry.all_specs().items()}
     assert all(len(h) == 16 for h in hashes.values())
+
+
+def test_every_helper_a_kernels_hashed_code_calls_is_hashed_too():
+    # A launcher's helper (a head dim's block, a stride layout) decides what is launched: left
+    # out of the hash, a change to it would serve certificates made for other code.
+    import ast
+    import inspect
+    import types
+
+    from nbx_tune.kernels.registry import all_specs
+
+    for name, spec in all_specs().items():
+        fns = [getattr(p, "fn", p) for p in spec.source_parts()]
+        hashed = set(fns)
+        for f in fns:
+            mod = inspect.getmodule(f)
+            for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(f)))):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                    g = getattr(mod, node.func.id, None)
+                    g = getattr(g, "fn", g)
+                    if isinstance(g, types.FunctionType) and g.__module__ == mod.__name__:
+                        assert g in hashed, f"{name}: {f.__name__} calls {g.__name__}, which is not a source part"
