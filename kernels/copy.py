@@ -494,15 +494,19 @@ def cat(tensors, dim: int = 0) -> torch.Tensor:
     tensors = tuple(tensors)
     # A tensor given twice (rotary's cat((freqs, freqs))) is one input of the replay, and
     # the key says which operands it is: two tensors at one address are never remembered.
-    inputs = tuple(dict.fromkeys(tensors))
+    first = {}  # id -> the operand's first position, by identity (tensors compare elementwise)
+    for t in tensors:
+        first.setdefault(id(t), t)
+    inputs = tuple(first.values())
     try:  # the direct launch (kernels/launch.py)
         keys = tuple(launch.tensor_key(t) for t in inputs)
-    except (AttributeError, TypeError):
+    except AttributeError:
         raise KernelError("cat: the operands must be tensors") from None
     if len(inputs) == len(tensors):
         key = (CAT_SPEC, dim, *keys)
     else:
-        key = (CAT_SPEC, dim, tuple(inputs.index(t) for t in tensors), *keys)
+        slot = {id(t): i for i, t in enumerate(inputs)}
+        key = (CAT_SPEC, dim, tuple(slot[id(t)] for t in tensors), *keys)
     hit = REMEMBERED.get(key)
     if hit is not None:
         return hit(*inputs)

@@ -18,6 +18,7 @@ import pytest
 import torch
 from fake_compiled import FakeTriton, lean_launcher
 
+from nbx_tune.errors import KernelError
 from nbx_tune.kernels import (addmm, baddbmm, bmm, certified, conv1d, conv2d, group_norm, launch, layer_norm,
                               mm, mul, rms_norm, scaled_dot_product_attention, silu)
 from nbx_tune.kernels import _to_copy, arange, batch_norm, cat, embedding, max_pool2d_with_indices
@@ -210,6 +211,12 @@ def test_a_cat_of_one_tensor_twice_is_replayed_and_not_served_to_two_tensors(fak
     assert torch.equal(cat([x, y], -1), torch.cat([x, y], -1))
     assert fake.log == ["triton", "triton", "direct", "direct", "triton", "triton"]
     assert not torch.equal(first, cat([x, x], -1))
+    fake.clear()
+    assert torch.equal(cat([x, y, x], 0), torch.cat([x, y, x], 0))  # a repeat after another tensor
+    assert torch.equal(cat([x, y, x], 0), torch.cat([x, y, x], 0))
+    assert fake.log == ["triton"] * 3 + ["direct"] * 3
+    with pytest.raises(KernelError, match="cat: the operands must be tensors"):
+        cat([x, [1, 2]], 0)
 
 
 def test_a_strided_input_is_staged_by_the_copy_kernel_and_the_call_replayed(fake):
