@@ -69,6 +69,16 @@ def side_by_side(fns: dict, rep_ms: float, rounds: int = 4, timer=None) -> dict:
     return {n: statistics.median(v) for n, v in got.items()}
 
 
+def wall_ms(fn, rep_ms: float) -> float:
+    """A `side_by_side` timer for smoke runs on the interpreter: one call's wall time (ms);
+    the numbers mean nothing there, the run checks that the script works."""
+    import time
+
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
 def epoch(value) -> float:
     """A DateTime column as read back by SQLite (text, UTC) or another database, in epoch seconds."""
     if isinstance(value, str):

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, side_by_side, table  # noqa: E402
+from _common import environment, save, side_by_side, table, wall_ms  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "examples" / "traces" / "resnet50_b8_bf16.tsv"
@@ -146,12 +146,7 @@ def main(argv=None) -> int:
     dtype = cv.TORCH_DTYPES["float32" if args.smoke and args.dtype == "bfloat16" else args.dtype]
     dname = {v: k for k, v in cv.TORCH_DTYPES.items()}[dtype]
     profile = current_profile()
-    timer = None
-    if args.smoke:  # the interpreter: one wall-clock call, the numbers mean nothing
-        def timer(fn, rep):
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e3
+    timer = wall_ms if args.smoke else None  # the interpreter: one wall-clock call, the numbers mean nothing
     rep = 1.0 if args.smoke else 24.0
     workers = args.workers if args.workers is not None else (0 if args.smoke else 12)
     if workers > 0:

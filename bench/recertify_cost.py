@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import combined_trace, environment, save, side_by_side, table  # noqa: E402
+from _common import combined_trace, environment, save, side_by_side, table, wall_ms  # noqa: E402
 
 TRACES = ("examples/traces/llama2_7b_seq512_bf16.tsv", "examples/traces/gpt2_seq1024_bf16.tsv",
           "examples/traces/resnet50_b8_bf16.tsv")
@@ -110,12 +110,7 @@ def pick_losses(fresh: dict, recert: dict, problems: dict, smoke: bool) -> list:
     from nbx_tune.tuner import screen
 
     device = "cpu" if smoke else "cuda"
-    timer = None
-    if smoke:
-        def timer(fn, rep):
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e3
+    timer = wall_ms if smoke else None
     out = []
     for k in sorted(fresh.keys() & recert.keys()):
         if fresh[k] == recert[k]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from pathlib import Path
 
 import triton
@@ -24,7 +23,7 @@ import triton.language as tl
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from _common import environment, save, side_by_side, table  # noqa: E402
+from _common import environment, save, side_by_side, table, wall_ms  # noqa: E402
 
 
 @triton.jit
@@ -74,12 +73,7 @@ def main(argv=None) -> int:
     from nbx_tune.kernels import cat as nbx_cat
 
     device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
-    timer = None
-    if args.smoke:
-        def timer(fn, rep):
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e3
+    timer = wall_ms if args.smoke else None
     rep = 1.0 if args.smoke else 24.0
     rows, out = [], []
     for a, b, dim in (SMOKE if args.smoke else SHAPES):

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from _common import environment, save, side_by_side, table  # noqa: E402
+from _common import environment, save, side_by_side, table, wall_ms  # noqa: E402
 from conv_pointwise import _setup, pointwise_rows  # noqa: E402
 
 
@@ -39,12 +38,7 @@ def main(argv=None) -> int:
     device = "cpu" if args.smoke else "cuda"
     dtype = torch.float32 if args.smoke else torch.bfloat16
     dname = "float32" if args.smoke else "bfloat16"
-    timer = None
-    if args.smoke:
-        def timer(fn, rep):
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e3
+    timer = wall_ms if args.smoke else None
     rep = 1.0 if args.smoke else 24.0
     out, rows = [], []
     for i, (row, count) in enumerate(pointwise_rows(args.smoke, dname)):
