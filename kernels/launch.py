@@ -314,12 +314,22 @@ class _Record:
                 body.append(f"{runner}({args_src})")
             else:
                 # What CompiledKernel[grid] does, less its per-call lookups: the compiled
-                # launcher on the current stream, while no launch hook (a profiler) is set.
+                # launcher on the current stream, while no launch hook (a profiler) is set;
+                # where this Triton's C launch is known, that without its Python wrapper.
                 run, function, meta, hooks, stream, device = (bind(x, "l") for x in lean)
-                idle = bind(_hooks_idle, "l")
-                body.append(f"if {idle}({hooks}.launch_enter_hook) and {idle}({hooks}.launch_exit_hook):")
-                body.append(f"    {run}({grid3[0]}, {grid3[1]}, {grid3[2]}, {stream}({device}()), {function}, "
-                            f"{meta}, None, None, None, {args_src})")
+                head = f"{grid3[0]}, {grid3[1]}, {grid3[2]}, {stream}({device}()), {function}"
+                body.append(f"if {bind(_no_hooks, 'l')}({hooks}):")
+                c = _c_launch(compiled)
+                if c is None:
+                    body.append(f"    {run}({head}, {meta}, None, None, None, {args_src})")
+                elif c[1] == "flat":  # Triton 3.6: scratch pointers, then the launcher's arguments
+                    fn, _, coop, pdl = c
+                    body.append(f"    {bind(fn, 'l')}({head}, {coop!r}, {pdl!r}, None, None, {meta}, None, None, "
+                                f"None, {args_src})")
+                else:  # "packed", Triton 3.9: the kernel's arguments as one tuple, with its signature
+                    fn, _, coop, pdl, annotations, signature = c
+                    body.append(f"    {bind(fn, 'l')}({head}, {coop!r}, {pdl!r}, {meta}, None, None, None, None, "
+                                f"None, {bind(annotations, 'l')}, {bind(signature, 'l')}, ({args_src},))")
                 body.append("else:")
                 body.append(f"    {runner}({args_src})")
         for counter, label in self.misses:
@@ -368,6 +378,33 @@ def _hooks_idle(hook) -> bool:
     return hook is None or not getattr(hook, "calls", True)
 
 
+def _no_hooks(knobs) -> bool:
+    return _hooks_idle(knobs.launch_enter_hook) and _hooks_idle(knobs.launch_exit_hook)
+
+
+def _c_launch(compiled):
+    """The C launch under a compiled kernel's Python launcher (`CudaLauncher.__call__`, whose
+    per-call work is scratch allocation only), as (launch, form, cooperative, pdl[, arg
+    annotations, signature]), for the two Triton releases whose call it matches: 3.6 ("flat")
+    and 3.9 ("packed"). None for any other, for kernels that need scratch memory or a
+    tensor-descriptor wrapper, and for anything else: the replay then calls the launcher."""
+    import triton
+
+    run = getattr(compiled, "run", None)
+    if type(run).__name__ != "CudaLauncher" or getattr(run, "gsan_enabled", False):
+        return None
+    fn = getattr(run, "launch", None)
+    if type(fn).__name__ != "builtin_function_or_method" or run.global_scratch_size or run.profile_scratch_size:
+        return None
+    coop, pdl = bool(run.launch_cooperative_grid), bool(run.launch_pdl)
+    version = triton.__version__.split("+")[0].split(".")[:2]
+    if version == ["3", "6"] and not hasattr(run, "arg_annotations"):
+        return fn, "flat", coop, pdl
+    if version == ["3", "9"] and hasattr(run, "arg_annotations") and hasattr(run, "kernel_signature"):
+        return fn, "packed", coop, pdl, run.arg_annotations, run.kernel_signature
+    return None
+
+
 def _lean_launcher(compiled):
     """(run, function, packed_metadata, hooks, get_stream, get_device) of a compiled kernel
     whose launcher takes the arguments CompiledKernel[grid] passes it (Triton 3.2 to 3.9:
@@ -377,9 +414,14 @@ def _lean_launcher(compiled):
         from triton import knobs
         from triton.runtime import driver
 
+        import torch
+
         active = driver.active
+        device = active.get_current_device
+        if device is torch.cuda.current_device:  # its lazy-init check is done: a kernel compiled
+            device = torch._C._cuda_getDevice
         parts = (compiled.run, compiled.function, compiled.packed_metadata, knobs.runtime,
-                 active.get_current_stream, active.get_current_device)
+                 active.get_current_stream, device)
     except Exception:  # another Triton, or no GPU driver
         return None
     return parts if all(callable(p) for p in (parts[0], parts[4], parts[5])) else None

@@ -12,6 +12,7 @@ served a replay recorded for another. The GPU half is bench/direct_launch_check.
 import gc
 import math
 import weakref
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -106,6 +107,63 @@ def test_a_replay_is_bit_identical_to_the_launch_through_triton(fake, family, le
     assert torch.equal(third, op(*args, **kw))  # Triton's launch on the same data
     replayed = ["lean", "direct"] if lean else ["direct"]
     assert fake.log == ["triton", *replayed, *replayed, "triton"]
+
+
+def _c_launches(form):
+    """launch._c_launch for FakeCompiled kernels: a stand-in for Triton's C launch of `form`
+    that checks the arguments are laid out as that release's CudaLauncher.__call__ lays them
+    out, then runs the fake's launcher with them."""
+    def c_launch(compiled):
+        if form == "flat":  # 3.6: grid, stream, function, coop, pdl, scratch x2, then run's own
+            def fn(g0, g1, g2, stream, function, coop, pdl, scratch, profile, meta, lm, enter, exit_, *args):
+                assert (coop, pdl, scratch, profile) == (False, True, None, None)
+                compiled.log.append("c")
+                compiled.run(g0, g1, g2, stream, function, meta, lm, enter, exit_, *args)
+            return fn, "flat", False, True
+
+        def fn(g0, g1, g2, stream, function, coop, pdl, meta, lm, enter, exit_, scratch, profile,
+               annotations, signature, args):  # 3.9: the kernel's arguments as one tuple
+            assert (coop, pdl, scratch, profile, annotations, signature) == (True, False, None, None, "ann", b"sig")
+            assert isinstance(args, tuple)
+            compiled.log.append("c")
+            compiled.run(g0, g1, g2, stream, function, meta, lm, enter, exit_, *args)
+        return fn, "packed", True, False, "ann", b"sig"
+    return c_launch
+
+
+@pytest.mark.parametrize("form", ["flat", "packed"])
+@pytest.mark.parametrize("family", ["elementwise_unary", "matmul", "cat"])
+def test_a_replay_through_tritons_c_launch_passes_what_its_launcher_would(fake, family, form, monkeypatch):
+    monkeypatch.setattr(launch, "_lean_launcher", lean_launcher)
+    monkeypatch.setattr(launch, "_c_launch", _c_launches(form))
+    op, make, kw = FAMILIES[family]
+    args = make(buf)
+    fill(args, 1)
+    first, second = op(*args, **kw), op(*args, **kw)
+    assert torch.equal(first, second)
+    assert fake.log[0] == "triton" and fake.log[1:4] == ["c", "lean", "direct"]
+
+
+@pytest.mark.parametrize("version,attrs,form", [
+    ("3.6.0", {}, "flat"),
+    ("3.9.0", {"arg_annotations": "ann", "kernel_signature": b"sig"}, "packed"),
+    ("3.7.1", {}, None),  # a release whose C launch this was not checked against
+    ("3.6.0", {"global_scratch_size": 64}, None),  # scratch memory: the launcher allocates it
+])
+def test_the_c_launch_is_taken_only_where_its_call_is_known(version, attrs, form, monkeypatch):
+    import triton
+
+    CudaLauncher = type("CudaLauncher", (), {})
+    run = CudaLauncher()
+    run.launch, run.launch_cooperative_grid, run.launch_pdl = len, 0, 0  # a builtin, as the C launch is
+    run.global_scratch_size = run.profile_scratch_size = 0
+    for k, v in attrs.items():
+        setattr(run, k, v)
+    monkeypatch.setattr(triton, "__version__", version)
+    got = launch._c_launch(SimpleNamespace(run=run))
+    assert (got and got[1]) == form
+    if form == "packed":
+        assert got[4:] == ("ann", b"sig")
 
 
 def test_an_empty_hook_chain_counts_as_no_hook(fake, monkeypatch):

@@ -539,7 +539,8 @@ def test_pointwise_aligned_flag_follows_pixel_rows(monkeypatch):
         ("bfloat16", (8, 64, 56, 56), (256, 64, 1, 1), "1x1", "8"),      # P = 3136: a 16-byte vector
         ("float32", (8, 64, 56, 56), (256, 64, 1, 1), "1x1", "4"),
         ("bfloat16", (8, 512, 7, 7), (2048, 512, 1, 1), "1x1", "1"),     # P = 49
-        ("bfloat16", (8, 512, 28, 28), (1024, 512, 1, 1), "2x2", "1"),   # strided: pixels split
+        ("bfloat16", (8, 512, 28, 28), (1024, 512, 1, 1), "2x2", "4"),   # strided: staged dense, P = 196
+        ("bfloat16", (8, 256, 56, 56), (512, 256, 1, 1), "2x2", "8"),    # P = 784
     ]:
         assert dict(_problem(dt, x, w, False, stride).flags)["aligned"] == want
     assert "aligned" not in dict(_problem("float16", (2, 6, 5, 6), (4, 6, 3, 3), False).flags)
