@@ -51,8 +51,12 @@ def matmul_cases(torch, buf):
         ("bmm 3x19x23x31", bmm, (buf(3, 19, 23), buf(3, 23, 31)), {}),
         ("baddbmm bias (B,1,N)", baddbmm, (buf(3, 1, 31), buf(3, 19, 23), buf(3, 23, 31)), {"alpha": 0.25}),
         ("baddbmm bias (N,)", baddbmm, (buf(31), buf(3, 19, 23), buf(3, 23, 31)), {}),
+        # Rotary's inv_freq @ positions (float32 in the model): a decode step's and a batch's
+        # with inv_freq broadcast over it, staged (aligned=0) by the copy and fill kernels.
+        ("bmm rotary decode 1x64x1 @ 1x1x1", bmm, (buf(1, 64, 1), buf(1, 1, 1)), {}),
+        ("bmm rotary 3x64x1 broadcast @ 3x1x7", bmm, (buf(1, 64, 1).expand(3, 64, 1), buf(3, 1, 7)), {}),
+        ("mm W.t() odd K 37x23x45", mm, (buf(37, 23), buf(45, 23).t()), {}),
         # Rows 8 elements apart (aligned=8 in fp16/bf16, 4 in fp32: hinted, not copied).
-        # Launches at aligned=0 stage padded copies on every call and are never replayed.
         ("mm rows of 8 37x24x40", mm, (buf(37, 24), buf(24, 40)), {}),
         ("baddbmm rows of 8 bias (B,1,N)", baddbmm, (buf(3, 1, 40), buf(3, 19, 24), buf(3, 24, 40)), {}),
         ("addmm bias (N,) aligned", addmm, (buf(48), buf(37, 32), buf(32, 48)), {"alpha": 2, "beta": 1}),
@@ -142,19 +146,28 @@ def main() -> None:
 
         for name, op, args, kw, ref in matmul_cases(torch, buf) + family_cases(torch, buf):
             tensors = [t for t in args if isinstance(t, torch.Tensor)]
-            if op.__module__.endswith("matmul"):  # aligned=0 stages copies: never replayed
+            if op.__module__.endswith("matmul"):  # aligned=0 under a TMA tile: staged into descriptors
                 a, b = tensors[-2:]
-                replayable = alignment(a.stride(), b.stride(), b.shape[-1], a.shape[-1], vector_elems(dt)) > 0
+                aligned = alignment(a.stride(), b.stride(), b.shape[-1], a.shape[-1], vector_elems(dt))
+                dims = (a.shape[0] if a.dim() == 3 else 1, a.shape[-2], b.shape[-1], a.shape[-1])
+                bias = len(tensors) == 3 and kw.get("beta", 1) != 0
+                replayable = aligned > 0 or not uses_tma(certified.config_for(SPEC, (dtname,), _FLAGS[bias, aligned],
+                                                                               dims))
             else:
                 replayable = True
             all_cases.append((dtname, name, op, args, kw, ref, replayable))
             expect_replays += replayable
     certified.reload()
-    first, through_triton = [], []
-    for dtname, name, op, args, kw, ref, replayable in all_cases:
+
+    def fill(args):  # new data; a broadcast operand's goes into its base
         for t in args:
             if isinstance(t, torch.Tensor):
+                t = t if 0 not in t.stride() else t._base
                 t.copy_(torch.randn(t.shape, device=DEV, generator=g))
+
+    first, through_triton = [], []
+    for dtname, name, op, args, kw, ref, replayable in all_cases:
+        fill(args)
         n0 = launched[0]
         first.append(op(*args, **kw))
         through_triton.append(launched[0] > n0)  # not served by an earlier call's replay
@@ -164,9 +177,7 @@ def main() -> None:
         n0 = launched[0]
         same = torch.equal(op(*args, **kw), first[i])
         replayed = launched[0] == n0
-        for t in args:
-            if isinstance(t, torch.Tensor):
-                t.copy_(torch.randn(t.shape, device=DEV, generator=g))
+        fill(args)
         got = op(*args, **kw)
         saved = dict(launch.REMEMBERED)
         launch.REMEMBERED.clear()
