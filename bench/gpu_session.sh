@@ -8,6 +8,8 @@
 # nondeterministic), oracle (the fp64 oracle's cost at the largest example shapes), census8b (a
 # Llama-3-8B prefill with its 128k-vocabulary LM head, then the screen's share and `unscreened`).
 # census_all: one census of every bf16 example trace's rows (CENSUS_TRACES), then the export.
+# refresh: the shipped hopper table imported (each entry screened here), then census_all: only
+# the seats a code change left stale or new are tuned, from their history; then the export.
 # Other stages: coverage (the data-movement, batch norm and pooling families and the integer
 # element-wise path against fp64, every dtype), served (what the launch read serves: shipped table,
 # another target, a sibling device), direct (the direct launch's GPU proof, every family), tma (every TMA config at odd shapes), profile (a census under cProfile),
@@ -64,6 +66,10 @@ for s in $STAGES; do case $s in
   census_all) python3 bench/_common.py /tmp/all_traces.tsv ${CENSUS_TRACES:-examples/traces/*_bf16.tsv}
               census ${CENSUS_TOTAL_S:-540} /tmp/all_traces.tsv
               stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
+  refresh) stage ${IMPORT_S:-240} python3 -m nbx_tune.cli.app import kernels/tables/hopper.json
+           python3 bench/_common.py /tmp/all_traces.tsv ${CENSUS_TRACES:-examples/traces/*_bf16.tsv}
+           census ${CENSUS_TOTAL_S:-300} /tmp/all_traces.tsv
+           stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
   pointwise) stage ${POINTWISE_S:-300} python3 bench/conv_pointwise.py --budget-s 240 ;;
   trust) stage ${TRUST_S:-240} python3 bench/gpu_check.py --skip-fault --planted --seconds 170 \
            --configs-per-row 3 --jobs 12 ;;
