@@ -111,6 +111,8 @@ def family_cases(torch, buf):
         ("clone 37x45 off 16B", K.clone, (buf(37, 45, offset=1),), {}, torch.clone),
         ("cat 3x5x7, 3x2x7 dim 1", lambda x, y, dim: K.cat([x, y], dim), (buf(3, 5, 7), buf(3, 2, 7)), {"dim": 1},
          lambda x, y, dim: torch.cat([x, y], dim)),
+        ("cat 8x3x1x37 twice dim -1 (one tensor)", lambda x, dim: K.cat([x, x], dim), (buf(8, 3, 1, 37),),
+         {"dim": -1}, lambda x, dim: torch.cat([x, x], dim)),
         # eps 100 keeps var + eps positive whatever the random statistics
         ("batch_norm 2x8x11x13", lambda x, m, v, w, b, eps: K.batch_norm(x, w, b, m, v, False, 0.1, eps),
          (buf(2, 8, 11, 13), buf(8), buf(8), buf(8), buf(8)), {"eps": 100.0},

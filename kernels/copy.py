@@ -3,8 +3,10 @@ strided copy kernel.
 
 `copy` serves `_to_copy` / `clone` / `copy_`: out[i] = x[i] converted to out's dtype, any
 strides on either side (a clone of a transposed tensor, `.contiguous()`, a broadcast
-`copy_`). `cat` writes each input into its slice of the output with the same kernel, one
-launch per non-empty input (torch skips legacy 1-D empty inputs, and so does `cat`).
+`copy_`). `cat` of two non-empty contiguous inputs (rotary's halves, a KV cache grown by a
+token) writes the whole output in one launch of `_cat2_kernel`; any other cat writes each
+input into its slice of the output with the copy kernel, one launch per non-empty input
+(torch skips legacy 1-D empty inputs, and so does `cat`).
 
 Launch key: the element count on the `elements` ladder (of the output, for `cat`); the
 layout (`flat`: both sides contiguous alike; `strided`: indexed through merged strides) is
@@ -79,6 +81,30 @@ def _copy_kernel(x_ptr, y_ptr, n, D1, D2, D3,
 
 
 _copy_kernel = launch.recorded(_copy_kernel)  # its calls are replayed (kernels/launch.py)
+
+
+@triton.jit
+def _cat2_kernel(x0_ptr, x1_ptr, y_ptr, n, inner0, inner1,
+                 INT64: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """y = cat(x0, x1) in one pass, all three contiguous: y viewed as rows of
+    inner0 + inner1 elements (inner_i: x_i's size on the cat dim times the sizes after it)
+    takes column c from x0 where c < inner0, else from x1."""
+    pid = tl.program_id(0)
+    if INT64:
+        start = pid.to(tl.int64) * BLOCK_SIZE
+    else:
+        start = pid * BLOCK_SIZE
+    offs = start + tl.arange(0, BLOCK_SIZE)
+    mask = offs < n
+    row = offs // (inner0 + inner1)
+    col = offs - row * (inner0 + inner1)
+    first = col < inner0
+    a = tl.load(x0_ptr + (row * inner0 + col), mask=mask & first)
+    b = tl.load(x1_ptr + (row * inner1 + (col - inner0)), mask=mask & (col >= inner0))
+    tl.store(y_ptr + offs, tl.where(first, a, b), mask=mask)
+
+
+_cat2_kernel = launch.recorded(_cat2_kernel)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -294,8 +320,24 @@ def cat_shape(shapes, dim: int) -> tuple[tuple[int, ...], int] | str:
     return tuple(out), dim
 
 
+def launch_cat2(x0, x1, out, dim: int, config: Config) -> None:
+    """out = cat((x0, x1), dim) in one launch; all three contiguous, neither input empty
+    (x0 and x1 may be one tensor: cat((x, x)))."""
+    after = numel(tuple(out.shape)[dim % out.dim() + 1:])
+    n = out.numel()
+    grid = (triton.cdiv(n, config["BLOCK_SIZE"]),)
+    # Every offset the kernel forms (row * inner_i + col, the output's) is below n.
+    _cat2_kernel[grid](x0, x1, out, n, x0.shape[dim] * after, x1.shape[dim] * after,
+                       INT64=n > INDEX_LIMIT, **config.kwargs)
+
+
 def launch_cat(xs, out, dim: int, config: Config) -> None:
-    """out = cat(xs, dim): each non-empty input copied into its slice of out."""
+    """out = cat(xs, dim): two non-empty contiguous inputs into a contiguous out in one
+    launch (`_cat2_kernel`), else each non-empty input copied into its slice of out."""
+    kept = [x for x in xs if x.numel()]  # legacy 1-D empties and zero-size slices add nothing
+    if len(kept) == 2 and out.is_contiguous() and all(x.is_contiguous() for x in kept):
+        launch_cat2(kept[0], kept[1], out, dim, config)
+        return
     offset = 0
     for x in xs:
         if _legacy_empty(tuple(x.shape)):
@@ -319,7 +361,7 @@ class CatSpec(KernelSpec):
     default_configs = DEFAULTS
 
     def source_parts(self):
-        return (_copy_kernel, copy_plan, launch_copy_plan, launch_cat, _legacy_empty)
+        return (_copy_kernel, copy_plan, launch_copy_plan, launch_cat, _legacy_empty, _cat2_kernel, launch_cat2)
 
     def problem_from_row(self, row):
         if row.op.removesuffix(".default") != "aten.cat":

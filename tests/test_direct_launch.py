@@ -238,8 +238,14 @@ def test_an_embedding_and_an_arange_replay(fake):
     x, y = fresh(3, 5, 7, seed=21), fresh(3, 2, 7, seed=22)
     assert torch.equal(cat([x, y], 1), torch.cat([x, y], 1))
     y.copy_(fresh(3, 2, 7, seed=23))
-    assert torch.equal(cat([x, y], 1), torch.cat([x, y], 1))  # one launch per input, replayed
-    assert fake.log == ["triton", "triton", "direct", "direct"]
+    assert torch.equal(cat([x, y], 1), torch.cat([x, y], 1))  # two inputs: one launch, replayed
+    assert fake.log == ["triton", "direct"]
+    fake.clear()
+    z = fresh(3, 1, 7, seed=24)  # three inputs: one copy launch per input, replayed
+    assert torch.equal(cat([x, y, z], 1), torch.cat([x, y, z], 1))
+    z.copy_(fresh(3, 1, 7, seed=25))
+    assert torch.equal(cat([x, y, z], 1), torch.cat([x, y, z], 1))
+    assert fake.log == ["triton"] * 3 + ["direct"] * 3
 
 
 def test_the_interpreter_compiles_nothing_so_every_call_goes_through_triton():
@@ -276,12 +282,17 @@ def test_a_cat_of_one_tensor_twice_is_replayed_and_not_served_to_two_tensors(fak
     assert torch.equal(cat([x, x], -1), torch.cat([x, x], -1))  # replayed on the new data
     y = fresh(3, 4, seed=13)  # the same layout, another tensor: not the alias's replay
     assert torch.equal(cat([x, y], -1), torch.cat([x, y], -1))
-    assert fake.log == ["triton", "triton", "direct", "direct", "triton", "triton"]
+    # One launch of the two-input kernel, both pointers at x's address: one input of the replay.
+    assert fake.log == ["triton", "direct", "triton"]
     assert not torch.equal(first, cat([x, x], -1))
     fake.clear()
     assert torch.equal(cat([x, y, x], 0), torch.cat([x, y, x], 0))  # a repeat after another tensor
     assert torch.equal(cat([x, y, x], 0), torch.cat([x, y, x], 0))
     assert fake.log == ["triton"] * 3 + ["direct"] * 3
+    fake.clear()
+    v = x.view(3, 4)  # another tensor at x's address: never remembered, served right each call
+    assert torch.equal(cat([x, v], 0), torch.cat([x, x], 0)) and torch.equal(cat([x, v], 0), torch.cat([x, x], 0))
+    assert fake.log == ["triton", "triton"] and launch.REFUSED["inputs at one address"] == 2
     with pytest.raises(KernelError, match="cat: the operands must be tensors"):
         cat([x, [1, 2]], 0)
 

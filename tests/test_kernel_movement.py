@@ -121,6 +121,80 @@ def test_cat_equals_torch():
         cp.cat([torch.ones(2), torch.ones(2, dtype=torch.float16)])
 
 
+def _launches(monkeypatch) -> list:
+    """The names of the kernels launched from now on (through launch.through_triton)."""
+    from nbx_tune.kernels import launch
+
+    names, real = [], launch.through_triton
+
+    def logged(kernel, grid, args, kwargs):
+        names.append((kernel.fn.__name__, kwargs.get("INT64")))
+        return real(kernel, grid, args, kwargs)
+
+    monkeypatch.setattr(launch, "through_triton", logged)
+    return names
+
+
+def _cat_input(shape, dt, g):
+    if dt is torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    return (torch.randn(shape, generator=g) * 2.0 ** torch.randint(-12, 12, shape, generator=g)).to(dt)
+
+
+CAT2_CASES = (  # (first shape, second shape, dim): odd sizes, dims first, middle, last, negative
+    ((3, 5, 7), (2, 5, 7), 0),
+    ((3, 5, 7), (3, 1, 7), 1),
+    ((3, 5, 7), (3, 5, 9), 2),
+    ((1, 3, 1, 5), (1, 3, 1, 5), -1),   # rotary's halves
+    ((2, 3, 6, 5), (2, 3, 1, 5), -2),   # a KV cache grown by one token
+    ((37,), (1,), -1),
+)
+
+
+@pytest.mark.parametrize("dt", (torch.float32, torch.float16, torch.int64, torch.bool), ids=str)
+def test_two_input_cat_is_one_launch_equal_to_torch_and_the_oracle(dt, monkeypatch):
+    g = torch.Generator().manual_seed(7)
+    launched = _launches(monkeypatch)
+    for sa, sb, dim in CAT2_CASES:
+        a, b = _cat_input(sa, dt, g), _cat_input(sb, dt, g)
+        for xs in ([a, b], [a, a], [torch.empty(0, dtype=dt), a, b]):
+            launched.clear()
+            got = cp.cat(xs, dim)
+            assert same(got, torch.cat(xs, dim)), (sa, sb, dim)
+            assert np.array_equal(got.numpy(), oracle.cat([x.numpy() for x in xs], dim))
+            assert launched == [("_cat2_kernel", False)], (sa, sb, dim, launched)
+    # A zero-size input leaves one to copy (the copy kernel); three inputs: one copy each.
+    a, z = _cat_input((3, 4, 5), dt, g), torch.empty(3, 0, 5, dtype=dt)
+    launched.clear()
+    assert same(cp.cat([z, a], 1), torch.cat([z, a], 1)) and same(cp.cat([a, z, a], 1), torch.cat([a, a], 1))
+    assert [k for k, _ in launched] == ["_copy_kernel", "_cat2_kernel"]  # [z, a]: one copy
+    launched.clear()
+    assert same(cp.cat([a, a, a], -1), torch.cat([a, a, a], -1))
+    assert [k for k, _ in launched] == ["_copy_kernel"] * 3
+
+
+def test_two_input_cat_of_a_strided_input_copies_each_input(monkeypatch):
+    """The one-launch kernel reads its inputs flat: a strided input keeps the copies."""
+    g = torch.Generator().manual_seed(8)
+    launched = _launches(monkeypatch)
+    c = torch.randn(5, 9, generator=g)
+    assert same(cp.cat([c.t(), c.t()[:2]], 0), torch.cat([c.t(), c.t()[:2]], 0))
+    assert [k for k, _ in launched] == ["_copy_kernel", "_copy_kernel"]
+
+
+def test_two_input_cat_takes_64_bit_offsets_over_the_index_limit(monkeypatch):
+    g = torch.Generator().manual_seed(9)
+    launched = _launches(monkeypatch)
+    monkeypatch.setattr(cp, "INDEX_LIMIT", 100)  # 3 * 13 * 5 = 195 elements: over it
+    a, b = torch.randn(3, 7, 5, generator=g), torch.randn(3, 6, 5, generator=g)
+    assert same(cp.cat([a, b], 1), torch.cat([a, b], 1))
+    assert launched == [("_cat2_kernel", True)]
+    cfg = Config.make(BLOCK_SIZE=64, num_warps=4, num_stages=1)  # several programs
+    out = torch.full((3, 13, 5), float("nan"))
+    cp.launch_cat([a, b], out, 1, cfg)
+    assert same(out, torch.cat([a, b], 1))
+
+
 def test_embedding_equals_torch():
     g = torch.Generator().manual_seed(5)
     w = torch.randn(37, 45, generator=g)
