@@ -12,7 +12,7 @@ import torch
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import addmm, baddbmm, bmm, mm
 from nbx_tune.kernels.matmul import CONFIGS, SPEC, TORCH_DTYPES, launch_matmul
-from nbx_tune.kernels.spec import NotServable
+from nbx_tune.kernels.spec import Config, NotServable
 from nbx_tune.oracles import matmul as oracle
 from nbx_tune.profiles import get_profile
 from nbx_tune.tuner.selfcheck import check_kernel
@@ -442,3 +442,52 @@ def test_mid_size_tiles_of_the_space_match_the_oracle(dt, cfg, kmajor):
     assert grid == (2 * -(-n // (cfg["BLOCK_N"] + cfg.kwargs.get("EXTRA_N", 0))), 1)
     ref = oracle.baddbmm(x.double().numpy(), a.double().numpy(), b.double().numpy(), 1.5, -0.5)
     assert np.abs(c.double().numpy() - ref).max() / np.abs(ref).max() < (2e-3 if dt == "float16" else 1e-5)
+
+
+def _sched(sched, bm=16, bn=16, bk=16, flatten=0, ws=0):
+    extra = {**({"FLATTEN": 1} if flatten else {}), **({"WS": 1} if ws else {})}
+    return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2, TMA=1, SCHEDULE=sched, **extra,
+                       num_warps=1, num_stages=1)
+
+
+@pytest.mark.parametrize("dt", ["float16", "float32"])
+@pytest.mark.parametrize("m,n,k", [(37, 45, 200), (5, 70, 33), (64, 16, 96)])
+@pytest.mark.parametrize("cfg", [_sched(1), _sched(1, flatten=1, ws=1), _sched(2), _sched(2, bm=32, bk=32)],
+                         ids=["persistent", "persistent-flat-ws", "stream-k", "stream-k-32"])
+@pytest.mark.parametrize("kmajor", [0, 1])
+def test_persistent_and_stream_k_match_the_oracle_and_repeat_bit_for_bit(dt, m, n, k, cfg, kmajor):
+    # 4 programs under the interpreter (`sm_count`): 37 x 45 is 9 tiles of 16, so the
+    # persistent programs walk several tiles, and stream-K cuts 9 x 13 K blocks into runs
+    # that start and end inside tiles (pieces summed by the fixup); K = 33 and 200 leave a
+    # ragged last block; a column-major B is read in place; with a bias, alpha and beta.
+    tdt = TORCH_DTYPES[dt]
+    g = torch.Generator().manual_seed(m * n + k)
+    a, x = (torch.rand(s, generator=g) * 2 - 1 for s in ((m, k), (1, n)))
+    b = torch.rand((n, k) if kmajor else (k, n), generator=g) * 2 - 1
+    a, b, x = a.to(tdt), (b.t() if kmajor else b).to(tdt), x.to(tdt)
+    outs = []
+    for _ in range(2):
+        c = torch.full((m, n), float("nan"), dtype=tdt)
+        launch_matmul(a, b, c, x.expand(m, n), -1.5, 0.5, cfg)
+        outs.append(c)
+    ref = oracle.baddbmm(x.double().numpy()[None], a.double().numpy()[None], b.double().numpy()[None], -1.5, 0.5)[0]
+    assert np.abs(outs[0].double().numpy() - ref).max() / np.abs(ref).max() < (2e-3 if dt == "float16" else 1e-5)
+    assert torch.equal(outs[0].view(torch.int16 if dt == "float16" else torch.int32),
+                       outs[1].view(torch.int16 if dt == "float16" else torch.int32))
+
+
+def test_persistent_and_stream_k_configs_are_refused_where_they_do_not_serve():
+    hopper = get_profile("hopper")
+    scheds = [c for c in CONFIGS if c.kwargs.get("SCHEDULE")]
+    assert {c["SCHEDULE"] for c in scheds} == {1, 2} and all(c.kwargs.get("TMA") for c in scheds)
+
+    def problem(b, m, n, k):
+        return SPEC.problem_from_row(make_row("aten.bmm" if b > 1 else "aten.mm", ["bfloat16"] * 2,
+                                              [(b, m, k), (b, k, n)] if b > 1 else [(m, k), (k, n)]))
+    for c in scheds:
+        assert SPEC.static_refusal(hopper, c, problem(3, 512, 512, 512))[0] == "not_applicable"
+        assert SPEC.static_refusal(hopper, c, problem(1, 800, 1536, 8960)) is None
+    streamk = [c for c in scheds if c["SCHEDULE"] == 2]
+    assert all(SPEC.static_refusal(hopper, c, problem(1, 4096, 4096, 4096))[0] == "not_applicable" for c in streamk)
+    assert all(SPEC.static_refusal(get_profile("ampere"), c, problem(1, 800, 1536, 8960))[0] == "no_tma"
+               for c in scheds)
