@@ -83,7 +83,11 @@ def _conv_gemm_kernel(
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr = 1, s_split=0,
 ):
+    # SPLIT_K > 1: program (tile, group, split) runs its share of the (tap, channel block)
+    # loop and stores fp32 partials at y + split * s_split (a workspace shaped like y, no
+    # bias); `_pointwise_reduce_kernel` sums them in split order: reproducible.
     pid = tl.program_id(0)
     g = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -111,8 +115,15 @@ def _conv_gemm_kernel(
     w_n = w_ptr + co * swo
 
     cblocks = tl.cdiv(CIG, BLOCK_K)
+    t_lo = 0
+    t_hi = KH * KW * cblocks
+    if SPLIT_K > 1:
+        per = tl.cdiv(t_hi, SPLIT_K)
+        t_lo = tl.program_id(2) * per
+        t_hi = tl.minimum(t_hi, t_lo + per)
+        y_ptr += tl.program_id(2).to(tl.int64) * s_split
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for t in range(0, KH * KW * cblocks):
+    for t in range(t_lo, t_hi):
         tap = t // cblocks
         c0 = (t - tap * cblocks) * BLOCK_K
         kh = tap // KW
@@ -318,18 +329,30 @@ def launch_conv_gemm(x, w, bias, y, stride, padding, dilation, groups: int, conf
     oh, ow = y.shape[2], y.shape[3]
     m = nb * oh * ow
     cog = co // groups
-    grid = (triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(cog, config["BLOCK_N"]), groups)
+    sk = config.kwargs.get("SPLIT_K", 1)
+    out, has_bias = y, bias is not None
+    if sk > 1:  # fp32 partials in a workspace (SPLIT_K, N, C_out, OH, OW), reduced below
+        out, has_bias = launch.empty((sk, nb, co, oh, ow), torch.float32, x.device), False
+    grid = (triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(cog, config["BLOCK_N"]), groups, sk)
     _conv_gemm_kernel[grid](
-        x, w, y if bias is None else bias, y,
+        x, w, out if bias is None else bias, out,
         m, h, wd, oh, ow, cig, cog,
-        *x.stride(), *w.stride(), *y.stride(), 0 if bias is None else bias.stride(0),
+        *x.stride(), *w.stride(), *out.stride()[-4:], 0 if bias is None else bias.stride(0),
         padding[0], padding[1], dilation[0], dilation[1],
         KH=kh, KW=kw, STRIDE_H=stride[0], STRIDE_W=stride[1],
-        HAS_BIAS=bias is not None,
+        HAS_BIAS=has_bias,
         INPUT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
-        GROUP_M=config["GROUP_M"], num_warps=config.num_warps, num_stages=config.num_stages,
+        GROUP_M=config["GROUP_M"], SPLIT_K=sk, s_split=out.stride(0) if sk > 1 else 0,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    if sk > 1:
+        total, block = nb * co * oh * ow, 1024
+        _pointwise_reduce_kernel[(triton.cdiv(total, block),)](
+            out, y if bias is None else bias, y, total, co, oh * ow, ow, out.stride(0), *y.stride(),
+            0 if bias is None else bias.stride(0), HAS_BIAS=bias is not None, SPLIT_K=sk, BLOCK=block,
+            num_warps=4,
+        )
 
 
 def launch_conv_depthwise(x, w, bias, y, stride, padding, dilation, config: Config) -> None:
@@ -415,9 +438,9 @@ def launch_conv_pointwise(x, w, bias, y, stride, config: Config) -> None:
         )
 
 
-def _c(bm, bn, bk, warps, stages, nhwc=0, group=8):
+def _c(bm, bn, bk, warps, stages, nhwc=0, group=8, split=1):
     return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, NHWC=nhwc,
-                       num_warps=warps, num_stages=stages)
+                       **({"SPLIT_K": split} if split > 1 else {}), num_warps=warps, num_stages=stages)
 
 
 # GEMM tiles as matmul's, plus the tall-narrow ones a convolution needs: C_out of 16-64
@@ -443,6 +466,11 @@ GEMM_CONFIGS = (
     _c(128, 128, 32, 4, 3, 1), _c(128, 128, 64, 4, 3, 1), _c(128, 128, 64, 8, 4, 1),
     _c(256, 32, 32, 8, 3, 1), _c(256, 128, 64, 8, 3, 1), _c(128, 256, 32, 8, 3, 1),
     _c(128, 256, 64, 8, 3, 1),
+    # Split-K over the (tap, channel block) loop for 3x3 convolutions on 7x7 and 14x14 maps
+    # (512 -> 512 at 7x7 in a batch of 8 is 56 tiles of 64 x 64 for 132 SMs, K = 4608):
+    # refused where the tiles already fill the machine or the loop is short (`_split_refusal`).
+    _c(64, 64, 64, 4, 4, 1, split=2), _c(64, 64, 64, 4, 4, 1, split=4), _c(64, 128, 64, 4, 3, 1, split=2),
+    _c(64, 128, 64, 4, 3, 1, split=4), _c(128, 64, 64, 4, 3, 1, split=4), _c(64, 64, 32, 4, 3, split=4),
 )
 
 
@@ -530,12 +558,22 @@ def _split_refusal(config: Config, problem: Problem) -> tuple[str, str] | None:
     sk = config.kwargs.get("SPLIT_K", 1)
     if sk == 1:
         return None
-    r, ow, ci, co, _ = problem.dims
+    r, ow, ci, co, groups = problem.dims
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    if ci < 2 * sk * bk:
+    kind = _kind(problem)
+    if kind == "depthwise":
+        return ("not_applicable", "the depthwise kernel has no reduction to split")
+    if kind == "gemm":  # tiles of pixels x output channels, K = taps x channel blocks
+        kh, kw = _parse_pair(dict(problem.flags)["filter"])
+        blocks = kh * kw * triton.cdiv(ci // groups, bk)
+        if blocks < 2 * sk:
+            return ("not_applicable", f"SPLIT_K {sk} over {blocks} blocks of taps x {bk} channels: fewer than 2 a split")
+        tiles = triton.cdiv(r * ow, bm) * triton.cdiv(co // groups, bn) * groups
+    elif ci < 2 * sk * bk:
         return ("not_applicable", f"SPLIT_K {sk} over C_in {ci}: fewer than 2 blocks of {bk} per split")
-    nb = problem.get("batch")
-    tiles = (nb * triton.cdiv(r // nb * ow, bn) if nb else triton.cdiv(r * ow, bn)) * triton.cdiv(co, bm)
+    else:
+        nb = problem.get("batch")
+        tiles = (nb * triton.cdiv(r // nb * ow, bn) if nb else triton.cdiv(r * ow, bn)) * triton.cdiv(co, bm)
     if tiles >= SPLIT_MAX_TILES:
         return ("not_applicable", f"{tiles} output tiles without a split (>= {SPLIT_MAX_TILES}): nothing to gain")
     if sk * r * ow * co > INT32_MAX:

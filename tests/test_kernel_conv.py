@@ -252,7 +252,7 @@ def test_single_value_params_expand_and_missing_params_default():
 def test_config_space_and_static_prune(interp):
     hopper = get_profile("hopper")
     configs = SPEC.configs()
-    assert 20 <= len(cv.GEMM_CONFIGS) <= 48 and 12 <= len(cv.POINTWISE_CONFIGS) <= 24
+    assert 20 <= len(cv.GEMM_CONFIGS) <= 56 and 12 <= len(cv.POINTWISE_CONFIGS) <= 24
     assert configs == cv.GEMM_CONFIGS + cv.POINTWISE_CONFIGS and len(set(configs)) == len(configs)
     for c in configs:
         for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
@@ -270,7 +270,7 @@ def test_config_space_and_static_prune(interp):
         keep, refused = static_prune(SPEC, prof, dw)
         ident = lambda c: (c["BLOCK_M"], c["BLOCK_N"], *(getattr(c, o) for o in prof.launch_options))  # noqa: E731
         assert len({ident(c) for c in keep}) == len(keep)  # no two kept compile the same
-        assert {ident(c) for c in keep} == {ident(c) for c in cv.GEMM_CONFIGS}  # every class kept once
+        assert {ident(c) for c in keep} == {ident(c) for c in cv.GEMM_CONFIGS if "SPLIT_K" not in c.kwargs}  # each once
         assert any(r.reason == "equivalent" for r in refused)
         d = SPEC.default_config(prof, dw)
         assert d in keep and d["BLOCK_M"] == 128 and d["BLOCK_N"] == 32
@@ -586,3 +586,42 @@ def test_pointwise_split_k_only_where_tiles_are_few_and_k_long():
         assert SPEC.static_refusal(hopper, c, late) is None
         assert SPEC.static_refusal(hopper, c, early)[0] == "not_applicable"
         assert "output tiles" in SPEC.static_refusal(hopper, c, wide)[1]
+
+
+GEMM_SPLITS = [c for c in cv.GEMM_CONFIGS if c.kwargs.get("SPLIT_K", 1) > 1]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("x,w,stride,padding,groups,bias", [
+    ((2, 70, 5, 6), (19, 70, 3, 3), "1x1", "1x1", 1, True),    # taps x channel blocks over the splits
+    ((1, 64, 7, 9), (12, 32, 3, 3), "2x2", "1x1", 2, False),   # grouped, strided
+    ((2, 140, 11), (7, 140, 3), "1", "1", 1, True),            # 1-D
+])
+def test_implicit_gemm_split_k_matches_oracle_bit_for_bit_twice(interp, dtype, x, w, stride, padding, groups, bias):
+    one = len(x) == 3
+    p = _problem(dtype, x, w, bias, stride, padding, "1" if one else "1x1", groups=groups)
+    assert dict(p.flags)["kind"] == "gemm" and len(GEMM_SPLITS) >= 2
+    ran = 0
+    for c in GEMM_SPLITS:
+        why = SPEC.static_refusal(interp, c, p)  # the interpreter runs any tile
+        if why is not None:
+            assert why[0] in ("smem_over_budget", "not_applicable"), why
+            continue
+        case = screening.make_case(SPEC, p, "cpu", 5, True)
+        r = screening.screen(SPEC, c, case, interp.rtol(dtype), "cpu", repeat=True)
+        assert r.ok and r.err <= r.rtol, (str(c), r.reason, r.detail)
+        ran += 1
+    assert ran >= 1
+
+
+def test_implicit_gemm_split_k_only_where_tiles_are_few_and_the_loop_long():
+    hopper = get_profile("hopper")
+    late = _problem("bfloat16", (8, 512, 7, 7), (512, 512, 3, 3), False, "1x1", "1x1")     # 56 tiles of 64 x 64
+    early = _problem("bfloat16", (8, 64, 56, 56), (128, 64, 3, 3), False, "1x1", "1x1")    # >= 392 tiles
+    short = _problem("bfloat16", (8, 3, 7, 7), (64, 3, 1, 2), False, "1x1", "1x1")         # 2 taps x 1 block
+    for c in GEMM_SPLITS:
+        assert SPEC.static_refusal(hopper, c, late) is None, str(c)
+        assert "output tiles" in SPEC.static_refusal(hopper, c, early)[1]
+        assert SPEC.static_refusal(hopper, c, short)[0] == "not_applicable"
+    dw = _problem("bfloat16", (2, 8, 9, 9), (8, 1, 3, 3), False, "1x1", "1x1", groups=8)
+    assert all(SPEC.static_refusal(hopper, c, dw)[0] == "not_applicable" for c in GEMM_SPLITS)
