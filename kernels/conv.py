@@ -405,6 +405,9 @@ def launch_conv_pointwise(x, w, bias, y, stride, config: Config) -> None:
         # The stride's pixels gathered dense first (the copy kernel, exact): the flat path's
         # vector loads then beat loading every pixel alone by 2-4x on a downsample.
         x, stride = copy.dense(x[:, :, ::stride[0], ::stride[1]]), (1, 1)
+    if config.kwargs.get("PAD") and y.shape[2] * y.shape[3] % 2:
+        _launch_padded(x, w, bias, y, config)
+        return
     nb = x.shape[0]
     co, ci = w.shape[0], w.shape[1]
     oh, ow = y.shape[2], y.shape[3]
@@ -436,6 +439,30 @@ def launch_conv_pointwise(x, w, bias, y, stride, config: Config) -> None:
             0 if bias is None else bias.stride(0), HAS_BIAS=bias is not None, SPLIT_K=sk, BLOCK=block,
             num_warps=4,
         )
+
+
+def _pixel_rows(nb: int, c: int, oh: int, ow: int, pp: int, like):
+    """(a (nb, c, 1, pp) buffer from `launch.empty`, the (nb, c, oh, ow) view of its first
+    oh * ow pixels a row)."""
+    buf = launch.empty((nb, c, 1, pp), like.dtype, like.device)
+    return buf, buf.as_strided((nb, c, oh, ow), (c * pp, pp, ow, 1))
+
+
+def _launch_padded(x, w, bias, y, config: Config) -> None:
+    """`launch_conv_pointwise` for a PAD config at an odd pixel count (7 x 7 = 49): x
+    copied into pixel rows padded to a 16-byte multiple, the kernel run over the padded rows
+    (16-byte vector loads, where 49-pixel rows load one element at a time; a padding
+    pixel's column of the product is its own and never stored), y copied out of padded rows."""
+    nb, ci, oh, ow = x.shape
+    co = w.shape[0]
+    vec = 16 // x.element_size()
+    pp = -(-(oh * ow) // vec) * vec
+    xs, xv = _pixel_rows(nb, ci, oh, ow, pp, x)
+    copy.launch_copy_plan(x, xv, copy.copy_plan(tuple(x.shape), x.stride(), xv.stride()), copy.STAGING)
+    ys, yv = _pixel_rows(nb, co, oh, ow, pp, y)
+    launch_conv_pointwise(xs, w, bias, ys, (1, 1), dataclasses.replace(config, meta=tuple(
+        (k, v) for k, v in config.meta if k != "PAD")))
+    copy.launch_copy_plan(yv, y, copy.copy_plan(tuple(y.shape), yv.stride(), y.stride()), copy.STAGING)
 
 
 def _c(bm, bn, bk, warps, stages, nhwc=0, group=8, split=1):
@@ -474,9 +501,10 @@ GEMM_CONFIGS = (
 )
 
 
-def _pw(bm, bn, bk, warps, stages, group=8, split=1):
+def _pw(bm, bn, bk, warps, stages, group=8, split=1, pad=0):
     return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, PW=1,
-                       **({"SPLIT_K": split} if split > 1 else {}), num_warps=warps, num_stages=stages)
+                       **({"SPLIT_K": split} if split > 1 else {}), **({"PAD": 1} if pad else {}),
+                       num_warps=warps, num_stages=stages)
 
 
 # The pointwise kernel's tiles (PW=1): BLOCK_M output channels x BLOCK_N pixels of one
@@ -493,6 +521,10 @@ POINTWISE_CONFIGS = (
     # 64 x 64 in a batch of 8): refused where the tiles already fill the machine or K is
     # short (`_split_refusal`).
     _pw(64, 64, 64, 4, 4, split=2), _pw(64, 64, 64, 4, 4, split=4), _pw(32, 64, 128, 4, 3, split=4),
+    # PAD: odd pixel counts (7 x 7 maps) run on pixel rows padded to 16 bytes, copies in and
+    # out included (`_launch_padded`); refused at seats whose rows are aligned already.
+    _pw(64, 64, 64, 4, 4, pad=1), _pw(64, 64, 64, 4, 4, split=2, pad=1), _pw(64, 64, 64, 4, 4, split=4, pad=1),
+    _pw(128, 64, 64, 4, 3, pad=1), _pw(64, 64, 128, 4, 3, pad=1),
 )
 CONFIGS = GEMM_CONFIGS + POINTWISE_CONFIGS
 
@@ -581,6 +613,14 @@ def _split_refusal(config: Config, problem: Problem) -> tuple[str, str] | None:
     return None
 
 
+def _rows_unaligned(problem: Problem) -> bool | None:
+    """Whether a pointwise seat's pixel rows load one element at a time (its `aligned` flag
+    is 1: an odd pixel count in NCHW), a PAD config's case; None at other kinds."""
+    if _kind(problem) != "pointwise":
+        return None
+    return dict(problem.flags).get("aligned") == "1"
+
+
 def _kind(problem: Problem) -> str:
     return dict(problem.flags).get("kind", "gemm")
 
@@ -659,6 +699,8 @@ class ConvSpec(KernelSpec):
         split = _split_refusal(config, problem)
         if split:
             return split
+        if config.kwargs.get("PAD") and _rows_unaligned(problem) is False:
+            return ("not_applicable", "PAD pads pixel rows that are not aligned; this seat's are")
         why = super().static_refusal(profile, config, problem)
         if why is not None or not _is_depthwise(problem):
             return why
@@ -673,7 +715,8 @@ class ConvSpec(KernelSpec):
     def source_parts(self):
         return (_conv_gemm_kernel, _conv_depthwise_kernel, _conv_pointwise_kernel, _pointwise_reduce_kernel,
                 launch_conv_gemm,
-                launch_conv_depthwise, launch_conv_pointwise, seat_kind, pixels_flat, pointwise_align,
+                launch_conv_depthwise, launch_conv_pointwise, _launch_padded, _pixel_rows, seat_kind, pixels_flat,
+                pointwise_align,
                 copy.dense, copy.contiguous_strides, copy.copy_plan, copy.launch_copy_plan, copy._copy_kernel)
 
     def example_rows(self, scale):

@@ -584,3 +584,21 @@ def test_staging_by_kernels_launches_what_launch_matmul_launches(monkeypatch, ca
         for i, (x, y) in enumerate(zip(b1, b2)):
             assert _same_argument(x, y), f"argument {i}: {x!r} against {y!r}"
     assert torch.equal(outs[0], outs[1])
+
+
+def test_a_padded_pointwise_convolution_is_remembered_and_its_replay_is_bit_identical(fake, monkeypatch):
+    # A PAD config (7 x 7 maps): the copies into and out of padded pixel rows are kernels
+    # into `launch.empty`, so the whole call replays, on the data of each call.
+    from nbx_tune.kernels import conv as cv
+    from nbx_tune.oracles import conv as conv_oracle
+
+    pad = next(c for c in cv.POINTWISE_CONFIGS if c.kwargs.get("PAD") and c.kwargs.get("SPLIT_K", 1) == 1)
+    monkeypatch.setattr(cv, "config_for", lambda spec, d, f, dims: pad)
+    x, w = fresh(2, 24, 7, 7, seed=1), fresh(5, 24, 1, 1, seed=2)
+    first, second = cv.conv2d(x, w), cv.conv2d(x, w)
+    assert torch.equal(first, second)
+    n = fake.log.index("direct")  # copy in, the GEMM, copy out
+    assert fake.log == ["triton"] * n + ["direct"] * n and n == 3
+    _refill([x], 99)
+    third = cv.conv2d(x, w)
+    assert rel_err(third, conv_oracle.conv2d(x.double().numpy(), w.double().numpy())) < 1e-5

@@ -252,7 +252,7 @@ def test_single_value_params_expand_and_missing_params_default():
 def test_config_space_and_static_prune(interp):
     hopper = get_profile("hopper")
     configs = SPEC.configs()
-    assert 20 <= len(cv.GEMM_CONFIGS) <= 56 and 12 <= len(cv.POINTWISE_CONFIGS) <= 24
+    assert 20 <= len(cv.GEMM_CONFIGS) <= 56 and 12 <= len(cv.POINTWISE_CONFIGS) <= 28
     assert configs == cv.GEMM_CONFIGS + cv.POINTWISE_CONFIGS and len(set(configs)) == len(configs)
     for c in configs:
         for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
@@ -555,7 +555,7 @@ def test_pointwise_aligned_flag_follows_pixel_rows(monkeypatch):
     assert seen == ["4", "1"]
 
 
-SPLITS = [c for c in cv.POINTWISE_CONFIGS if c.kwargs.get("SPLIT_K", 1) > 1]
+SPLITS = [c for c in cv.POINTWISE_CONFIGS if c.kwargs.get("SPLIT_K", 1) > 1 and not c.kwargs.get("PAD")]
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
@@ -625,3 +625,37 @@ def test_implicit_gemm_split_k_only_where_tiles_are_few_and_the_loop_long():
         assert SPEC.static_refusal(hopper, c, short)[0] == "not_applicable"
     dw = _problem("bfloat16", (2, 8, 9, 9), (8, 1, 3, 3), False, "1x1", "1x1", groups=8)
     assert all(SPEC.static_refusal(hopper, c, dw)[0] == "not_applicable" for c in GEMM_SPLITS)
+
+
+PADS = [c for c in cv.POINTWISE_CONFIGS if c.kwargs.get("PAD")]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("x,w,stride,bias", [
+    ((2, 520, 7, 7), (19, 520, 1, 1), "1x1", True),     # 49 pixels: rows padded to 56 (52 in fp32)
+    ((1, 130, 14, 14), (33, 130, 1, 1), "2x2", False),  # staged dense to 7 x 7, then padded
+    ((2, 150, 3), (7, 150, 1), "1", True),              # 1-D, 3 pixels
+])
+def test_padded_pixel_rows_match_oracle_bit_for_bit_twice(interp, dtype, x, w, stride, bias):
+    p = _problem(dtype, x, w, bias, stride, "0" if len(x) == 3 else "0x0", "1" if len(x) == 3 else "1x1")
+    assert dict(p.flags)["aligned"] == "1" and len(PADS) >= 3
+    ran = 0
+    for c in PADS:
+        why = SPEC.static_refusal(interp, c, p)  # the interpreter runs any tile
+        if why is not None and why[0] != "smem_over_budget":
+            assert why[0] == "not_applicable" and "PAD" not in why[1], why
+            continue
+        case = screening.make_case(SPEC, p, "cpu", 5, True)
+        r = screening.screen(SPEC, c, case, interp.rtol(dtype), "cpu", repeat=True)
+        assert r.ok and r.err <= r.rtol, (str(c), r.reason, r.detail)
+        ran += 1
+    assert ran >= 2
+
+
+def test_padded_pixel_rows_only_where_rows_are_not_aligned():
+    hopper = get_profile("hopper")
+    odd = _problem("bfloat16", (8, 2048, 7, 7), (512, 2048, 1, 1), False)
+    even = _problem("bfloat16", (8, 1024, 14, 14), (256, 1024, 1, 1), False)
+    for c in PADS:
+        assert SPEC.static_refusal(hopper, c, odd) is None, str(c)
+        assert "PAD" in SPEC.static_refusal(hopper, c, even)[1]
