@@ -383,7 +383,9 @@ def renewed(cert, new_screens: list[ScreenResult], seconds: float) -> SeatResult
     winner = rec(cert.config, cert.median_ms, cert.p20_ms, cert.p80_ms, old + list(new_screens))
     runner = rec(cert.runner_up, cert.runner_up_ms, cert.runner_up_ms, cert.runner_up_ms) if cert.runner_up else None
     note = SearchNote(getattr(cert, "search", None) or "full",
-                      recertified_from=getattr(cert, "recertified_from", None))
+                      recertified_from=getattr(cert, "recertified_from", None),
+                      detail=getattr(cert, "search_detail", None) or "",
+                      sampled_regret=getattr(cert, "sampled_regret", None))
     return SeatResult("unscreened" if cert.unscreened else "certified", [], winner, runner, cert.margin,
                       unscreened=cert.unscreened, screened=tuple(dict.fromkeys(s.problem for s in winner.screens)),
                       screen_s=seconds, total_s=seconds, note=note)
