@@ -539,3 +539,44 @@ def test_a_clear_history_times_fewer_configs_beside_its_pair(db_url, monkeypatch
     cert.margin = 0.3
     assert recertify.seed_from_history(hist, store.judged_configs).contenders == (cert.config, cert.runner_up)
     store.close()
+
+
+def test_a_census_queues_the_next_seats_first_configs_while_this_one_is_tuned(db_url, monkeypatch):
+    from nbx_tune.tuner import runner
+    from nbx_tune.tuner.census import SeatLine
+
+    class Ahead(Replay):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.events = []
+
+        def prefetch(self, spec, job, configs):
+            self.events.append(("prefetch", job.label, [c.key() for c in configs]))
+
+        def start_seat(self, spec, job, configs=()):
+            self.events.append(("start", job.label, [c.key() for c in configs]))
+            super().start_seat(spec, job, configs)
+
+    store = Store(db_url)
+    sizes = [1000, 1100, 1200, 1300]
+    run_id, sids = plan_seats(store, sizes)
+    labels = [f"test_replay|float32||n={n}" for n in sizes]
+    lines = [SeatLine(sid, lb, "test_replay", "pending", "", 1, 1) for sid, lb in zip(sids, labels)]
+    # Histories of full tunings: each seat's contenders are its own (a shortlist's would be
+    # joined by what won at near seats, which the seats before it may change).
+    monkeypatch.setenv("NBX_TUNE_SEARCH", "full")
+    SeatTuner(store, PROFILE, DEVICE, Replay(base_times()), get_strategy("pruned")).run(lines, None, None, run_id)
+    monkeypatch.delenv("NBX_TUNE_SEARCH")
+    with create_engine(db_url).begin() as c:  # every seat stale: each re-certified from its contenders
+        c.execute(text("UPDATE tunings SET kernel_source_hash = 'before'"))
+    monkeypatch.setattr(runner, "PREFETCH_CONFIGS", 5)
+    ex = Ahead(base_times())
+    SeatTuner(store, PROFILE, DEVICE, ex, get_strategy("pruned")).run(lines, None, None, run_id)
+    starts = [e for e in ex.events if e[0] == "start"]
+    assert [e[1] for e in starts] == labels
+    for i, (_, label, first) in enumerate(starts[1:], 1):
+        # Queued before the seat ahead of it started, with exactly the configs it starts on.
+        queued = [e for e in ex.events[:ex.events.index(starts[i - 1])] if e[0] == "prefetch" and e[1] == label]
+        assert queued == [("prefetch", label, first)] and 2 <= len(first) < len(CONFIGS)
+    assert not any(e[0] == "prefetch" and e[1] == labels[0] for e in ex.events)  # its own start queues it
+    store.close()

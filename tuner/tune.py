@@ -285,6 +285,17 @@ class _Refused:
         return [self.screen]
 
 
+def first_compiles(spec: KernelSpec, profile, label: str, problems: list[Problem], device: str, search=None):
+    """(the seat's job, the configs its search has the compile pool start on), or (None,
+    []) for a seat that is refused unlaunched: what `tune_seat` hands the executor, and
+    what a census queues ahead for the seats coming next (tuner/runner.py)."""
+    if unscreenable(spec, profile, problems):
+        return None, []
+    job, _ = seat_job(spec, profile, label, problems, device)
+    keep, _ = static_prune(spec, profile, job.time_problem)
+    return job, (search or Full()).compile_first(keep)
+
+
 def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], executor,
               strategy, device: str, reporter=None, search=None) -> SeatResult:
     """Certify one seat from the shapes a census saw in it (the steps of this module's
