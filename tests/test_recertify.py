@@ -574,9 +574,14 @@ def test_a_census_queues_the_next_seats_first_configs_while_this_one_is_tuned(db
     SeatTuner(store, PROFILE, DEVICE, ex, get_strategy("pruned")).run(lines, None, None, run_id)
     starts = [e for e in ex.events if e[0] == "start"]
     assert [e[1] for e in starts] == labels
+    whole = 0
     for i, (_, label, first) in enumerate(starts[1:], 1):
-        # Queued before the seat ahead of it started, with exactly the configs it starts on.
-        queued = [e for e in ex.events[:ex.events.index(starts[i - 1])] if e[0] == "prefetch" and e[1] == label]
-        assert queued == [("prefetch", label, first)] and 2 <= len(first) < len(CONFIGS)
+        # Queued once, before the seat ahead of it started: the configs it starts on, as
+        # many as fit PREFETCH_CONFIGS ahead.
+        queued = [e[2] for e in ex.events[:ex.events.index(starts[i - 1])] if e[0] == "prefetch" and e[1] == label]
+        assert len(queued) == 1 and 1 <= len(queued[0]) <= 5 and queued[0] == first[:len(queued[0])]
+        assert 2 <= len(first) < len(CONFIGS)
+        whole += queued[0] == first
+    assert whole >= 1
     assert not any(e[0] == "prefetch" and e[1] == labels[0] for e in ex.events)  # its own start queues it
     store.close()

@@ -127,9 +127,10 @@ class SeatTuner:
             raise
 
     def prefetch(self, upcoming) -> None:
-        """Queue the first configs of the seats coming next until PREFETCH_CONFIGS are
-        queued ahead (each seat once). Only for speed: a seat whose search turns out other
-        than planned here (an earlier seat informed it) compiles what it needs itself."""
+        """Queue the first configs of the seats coming next, at most PREFETCH_CONFIGS ahead
+        (each seat once; a seat timing the whole space has the rest queued at its start, so
+        a fallback here does not wait behind it). Only for speed: a seat whose search turns
+        out other than planned here (an earlier seat informed it) compiles what it needs."""
         if not hasattr(self.executor, "prefetch"):
             return
         ahead = 0
@@ -146,6 +147,7 @@ class SeatTuner:
                         search = seat_search.for_seat(self.store, rec, spec, self.profile)
                         job, first = first_compiles(spec, self.profile, ln.label, rec.problems,
                                                     self.torch_device, search)
+                        first = first[:PREFETCH_CONFIGS - ahead]
                         if job is not None and first:
                             self.executor.prefetch(spec, job, first)
                             self.prefetched[ln.id] = len(first)
