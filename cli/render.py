@@ -286,10 +286,11 @@ def search_text(h: dict, cert: dict | None) -> str:
     text = h.get("search") or "full"
     if h.get("seeded_from") is not None:
         text += f" from tuning {h['seeded_from']}"
-    if cert and cert.get("recertified_from"):
+    detail = (cert or {}).get("search_detail") or ""
+    if cert and cert.get("recertified_from") and cert["recertified_from"] not in detail:
         text += f" ({cert['recertified_from']})"
-    if cert and cert.get("search_detail"):
-        text += f": {cert['search_detail']}"
+    if detail:
+        text += f": {detail}"
     if h.get("shortcut_loss") is not None:
         text += f"; the ranked shortlist's pick would have lost {100 * h['shortcut_loss']:.2f} %"
     return text

@@ -585,3 +585,19 @@ def test_a_census_queues_the_next_seats_first_configs_while_this_one_is_tuned(db
     assert whole >= 1
     assert not any(e[0] == "prefetch" and e[1] == labels[0] for e in ex.events)  # its own start queues it
     store.close()
+
+
+def test_an_imported_shortlists_ranking_is_not_taken_for_the_whole_space():
+    # The same entry seeds alike whether it is read from the shipped table or imported first.
+    t = SimpleNamespace(id=3, kind="import", search="full", device_name="H200", triton_version="3.6.0",
+                        kernel_source_hash="x", config_space_hash=SPEC.config_space_hash)
+
+    def cert(search):
+        return SimpleNamespace(config=key(256), median_ms=1.0, p20_ms=1.0, p80_ms=1.0, runner_up=key(128),
+                               runner_up_ms=1.02, margin=0.02, search=search)
+
+    assert not recertify.seed_from_history([(t, cert("ranked"), [])]).complete
+    assert not recertify.seed_from_history([(t, cert("recertified"), [])]).complete
+    assert recertify.seed_from_history([(t, cert("full"), [])]).complete
+    tuned = SimpleNamespace(**{**t.__dict__, "kind": "tune", "search": "ranked"})
+    assert not recertify.seed_from_history([(tuned, cert("ranked"), [])]).complete

@@ -125,8 +125,12 @@ def seed_from_history(history, judged=None) -> Seed | None:
     if ref_meas and judged is not None and getattr(ref_t, "search", "full") in WHOLE_SPACE \
             and ref_t.kind != "import":
         known = frozenset(judged(ref_t.id))
+    # An import's tuning timed nothing: how its certificate was found (the table's provenance)
+    # says whether its ranking covered the whole space.
+    complete = getattr(ref_t, "search", "full") in WHOLE_SPACE and (
+        ref_t.kind != "import" or getattr(cert, "search", "full") in WHOLE_SPACE)
     return Seed(t_cert.id, _describe(t_cert), old_ms, contenders, max(gap, 0.0), known,
-                ref_t.config_space_hash, getattr(ref_t, "search", "full") in WHOLE_SPACE,
+                ref_t.config_space_hash, complete,
                 {k: v for k, v in old_noise.items() if v is not None}, cert.margin)
 
 
