@@ -158,7 +158,6 @@ def loss_bound(seed: Seed, finals: dict, timed: dict | None = None, noise: dict 
     `noise` (config key -> relative noise of its new timing) shrinks each move by what
     the timings cannot tell apart; without it every move counts in full."""
     timed = {**(timed or {}), **finals}
-    noise = noise or {}
     old = {k: t for k, t in timed.items() if seed.old_ms.get(k, 0) > 0}
     with_old = [k for k in finals if k in old]
     if not with_old:
@@ -167,6 +166,8 @@ def loss_bound(seed: Seed, finals: dict, timed: dict | None = None, noise: dict 
     pace = old[ref] / seed.old_ms[ref]
 
     def band(k):  # the noise of a new/old ratio; an old time's noise, where unknown, as its new one's
+        if noise is None:
+            return 0.0
         new = noise.get(k, 0.0)
         return (new ** 2 + seed.old_noise.get(k, new) ** 2) ** 0.5
 
@@ -208,8 +209,8 @@ def judge(seed: Seed, measured) -> Verdict:
     worst = max(noise[k] for k in finals)
     if bound > TOLERANCE:
         return Verdict(False, f"the old ranking no longer holds: a config left out could be up to {bound:.1%} "
-                              f"faster than the pick (gap then {seed.gap:.1%}, moves beyond noise up to "
-                              f"{worst:.1%} counted)", bound)
+                              f"faster than the pick (gap then {seed.gap:.1%}, noise up to {worst:.1%} "
+                              f"allowed for)", bound)
     pick = min(finals, key=lambda k: finals[k].median_ms)
     how = ("the old winner is still the fastest" if pick == w else
            f"{pick} is ahead of the old winner within noise and tolerance" if w in finals else
