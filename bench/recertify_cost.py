@@ -141,6 +141,14 @@ def breakdown(db: str) -> list:
                                         "FROM tunings WHERE kind = 'tune' GROUP BY search ORDER BY search")]
 
 
+def slowest(db: str, n: int = 8) -> list:
+    """The n seats that took longest: (label, search, seconds, screening, timing)."""
+    rows = query(db, "SELECT s.kernel, s.dtypes, s.flags, s.bucket, t.search, t.total_s, t.screen_s, t.bench_s "
+                     "FROM tunings t JOIN seats s ON s.id = t.seat_id WHERE t.kind = 'tune' "
+                     "ORDER BY t.total_s DESC")
+    return [("|".join(r[:4]), r[4], r[5], r[6], r[7]) for r in rows[:n]]
+
+
 def fallback_reasons(db: str) -> dict:
     """Why the fallbacks fell back, by the first words of the reason their certificate keeps."""
     out: dict = {}
@@ -282,6 +290,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int) -> None:
     worst = max(ls) if ls else float("nan")
     spent = {"recert": breakdown(recert_db), "fresh": breakdown(fresh_db)}
     reasons = fallback_reasons(recert_db)
+    slow = {"recert": slowest(recert_db), "fresh": slowest(fresh_db)}
     env = environment()
     result = {"env": env, "smoke": smoke, "traces": [str(t) for t in traces], "table_entries": entries,
               "sample": {"seats": seats, "seed": seed, "kernels": kernels},
@@ -289,6 +298,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int) -> None:
               "recert_s": recert_s, "speedup": fresh_s / recert_s, "recert_searches": searches,
               "fresh_searches": fresh_searches, "fresh_audit_losses": regret,
               "loss_median": med, "loss_max": worst, "spent": spent, "fallback_reasons": reasons,
+              "slowest": slow,
               "losses": [{"seat": "|".join(k), "fresh": fresh[k], "recert": recert[k], "loss": x}
                          for k, x in losses]}
     save("recertify_cost-smoke.json" if smoke else "recertify_cost.json", result)
@@ -303,6 +313,9 @@ def main(traces, smoke: bool, seats: int | None, seed: int) -> None:
                 + [[side, "(outside seats)", "", f"{wall - sum(r[2] for r in spent[side]):.1f}", "", ""]
                    for side, wall in (("recert", recert_s), ("fresh", fresh_s))],
                 ["side", "search", "seats", "s in seats", "screening s", "timing s"]))
+    print(table([[side, label[:70], search, f"{tot:.1f}", f"{scr:.1f}", f"{bch:.1f}"]
+                 for side, rows_ in slow.items() for label, search, tot, scr, bch in rows_],
+                ["side", "slowest seats", "search", "s", "screening s", "timing s"]))
     if reasons:
         print("fallbacks: " + "; ".join(f"{n} x {why}" for why, n in sorted(reasons.items(), key=lambda x: -x[1])))
     differ = [[("|".join(k))[:60], fresh[k], recert[k], f"{100 * x:+.2f} %"] for k, x in losses if fresh[k] != recert[k]]
