@@ -17,7 +17,9 @@
 # pointwise kernel's default and best PW config), fleet (one GPU's worker against two on the same queue, cold caches; needs 2 GPUs),
 # compare (every served row of the example traces against torch: bench/torch_compare.py), speed (new GEMM
 # and attention candidates against fp64, then every config of the space timed against torch, certified and the HBM floor),
-# recert (every shipped hopper seat re-certified after a source change, against a fresh census),
+# recert (the shipped hopper table made stale by a source change, then a seeded sample of 48 of its
+# seats, every kernel in it, re-certified against a fresh census of them, cold caches, about 5 min;
+# RECERT_ARGS="--seats all" for all 148, about 10 min),
 # serve (transformers' Llama at 7B's dims, 2 layers: the timed prefill and decode traced, their
 # census into the session database (SERVE_ARGS="--census-budget-s N", default 180; --no-census
 # skips it), then torch against serve(), eager and CUDA graphs; needs transformers' wheels in .whl), pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
@@ -26,7 +28,8 @@
 # Limits are env overrides: TRUST_S ORACLE_S CENSUS8B_S FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
 # COVERAGE_S SERVED_S DIRECT_S POINTWISE_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S SERVE_S
 # (COMPARE_BUDGET_S, SPEED_BUDGET_S: when compare, speed stop starting new work);
-# CENSUS_TRACES: the trace files of the census stage, CENSUS_TOTAL_S its whole budget; QUALITY_ARGS: e.g. --buckets-only.
+# CENSUS_TRACES: the trace files of the census stage, CENSUS_TOTAL_S its whole budget; QUALITY_ARGS: e.g. --buckets-only;
+# RECERT_ARGS: e.g. --seats all, --seats 30 --seed 1.
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
 LOG="$OUT/session.log"
@@ -89,7 +92,7 @@ for s in $STAGES; do case $s in
   pycache) export PYTHONPYCACHEPREFIX=/tmp/pycache; unset PYTHONDONTWRITEBYTECODE
            echo "=== bytecode cached under $PYTHONPYCACHEPREFIX from here on" | tee -a "$LOG" ;;
   cost) stage ${COST_S:-280} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv ;;
-  recert) stage ${RECERT_S:-540} python3 bench/recertify_cost.py ;;  # shipped hopper seats: re-certified vs fresh
+  recert) stage ${RECERT_S:-420} python3 bench/recertify_cost.py ${RECERT_ARGS:-} ;;  # shipped hopper seats: re-certified vs fresh
   replay) stage 60 python3 bench/ranking_replay.py ;;  # rankers replayed on the session database's full tunings
   quality) stage ${QUALITY_S:-280} python3 bench/kernel_quality.py ${QUALITY_ARGS:-} ;;
   serve) stage ${SERVE_S:-420} python3 bench/serve_models.py ${SERVE_ARGS:-} ;;

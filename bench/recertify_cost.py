@@ -1,15 +1,26 @@
-"""Re-certification against a fresh census: every seat of a certified table (the shipped
-hopper table by default), imported into a fresh database and then made stale as a kernel
-source change makes it, is re-certified by one census of the traces that hold its seats;
-the same traces get a fresh census in another fresh database (NBX_TUNE_SEARCH=ranked: no
-seat's own history or shipped entry, the ranked search and its audits as usual). Each side
-runs in its own process with an empty Triton cache. Then the two picks of every seat where
-they differ are timed side by side, three times, and the loss is the median.
+"""Re-certification against a fresh census, as issue 27's goal states it: every seat of
+the shipped hopper table imported into a fresh database and made stale as a kernel source
+change makes it (the stand-in for a Triton upgrade), then re-certified by one census of
+trace rows that hold its seats; the same rows get a fresh census in another fresh database
+(NBX_TUNE_SEARCH=ranked: no seat's own history or shipped entry, the ranked search and its
+audits as usual). Each side runs in its own process with an empty Triton cache, the
+re-certification first (the fresh side then finds the OS's file cache warm: if anything,
+that favours the fresh side). The two picks of every seat where they differ are then
+timed side by side, three times, and the loss is the median.
 
-    python bench/recertify_cost.py                       hopper: the three example traces
-    python bench/recertify_cost.py --traces A.tsv B.tsv  fewer seats
-    python bench/recertify_cost.py --smoke               the interpreter, tiny shapes: the
-                                                         table is made by a census first
+    python bench/recertify_cost.py                 a seeded sample of SEATS shipped seats,
+                                                   every kernel in it (about 5 minutes)
+    python bench/recertify_cost.py --seats all     every shipped seat (the fresh census
+                                                   alone took 526 s: two 600 s calls' worth)
+    python bench/recertify_cost.py --seats 30 --seed 1
+    python bench/recertify_cost.py --traces A.tsv B.tsv   the seats of these traces
+    python bench/recertify_cost.py --smoke         the interpreter, tiny shapes: the table
+                                                   is made by a census first
+
+Besides the table it prints where each side's time went (per search: seats, seconds in
+seats, of which screening and timing; the rest of the wall time is process start, CUDA
+initialisation and planning) and why each fallback fell back (the certificates'
+`search_detail`).
 
 If the table was made under other code or Triton than this checkout's, its provenance is
 rewritten to this checkout's before the import (the bench stales it next anyway).
@@ -18,6 +29,7 @@ rewritten to this checkout's before the import (the bench stales it next anyway)
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -27,10 +39,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import combined_trace, environment, save, side_by_side, table, wall_ms  # noqa: E402
+from _common import environment, save, side_by_side, table, wall_ms  # noqa: E402
 
-TRACES = ("examples/traces/llama2_7b_seq512_bf16.tsv", "examples/traces/gpt2_seq1024_bf16.tsv",
-          "examples/traces/resnet50_b8_bf16.tsv")
+TRACES = tuple(sorted(str(p) for p in (Path(__file__).resolve().parent.parent / "examples" / "traces")
+                     .glob("*_bf16.tsv")))  # every real-scale example: all the shipped seats
+SEATS = 48  # the default sample: a fresh census of it and the rest fit one ~5 minute call
 SMOKE_TRACE = ("# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
                + "".join(f"aten.mm\tfloat32,float32\t{m}x16;16x{n}\t\t1\n" for m, n in ((17, 24), (33, 40), (65, 24)))
                + "aten.add.Tensor\tfloat32,float32\t1000;1000\t\t1\n")
@@ -84,6 +97,73 @@ def stale_everything(db: str) -> None:
     engine.dispose()
 
 
+def sample(keys, n: int | None, seed: int) -> list:
+    """A seeded sample of n seat keys, every kernel in it, the rest shared out by kernel in
+    proportion to its seats (largest remainders); all of them when n is None."""
+    keys = sorted(keys)
+    if n is None or n >= len(keys):
+        return keys
+    by_kernel: dict = {}
+    for k in keys:
+        by_kernel.setdefault(k[0], []).append(k)
+    n = max(n, len(by_kernel))
+    share = {kn: 1 + (n - len(by_kernel)) * (len(ks) - 1) / max(1, len(keys) - len(by_kernel))
+             for kn, ks in by_kernel.items()}
+    take = {kn: min(int(x), len(by_kernel[kn])) for kn, x in share.items()}
+    for kn in sorted(share, key=lambda kn: share[kn] - int(share[kn]), reverse=True):
+        if sum(take.values()) >= n:
+            break
+        if take[kn] < len(by_kernel[kn]):
+            take[kn] += 1
+    rng = random.Random(seed)
+    return sorted(k for kn, ks in by_kernel.items() for k in rng.sample(ks, take[kn]))
+
+
+def seat_rows(traces, profile, wanted=None) -> tuple[list, set]:
+    """(trace rows, their seat keys): the rows of `traces` whose seat is in `wanted` (all
+    when None), each row mapped by the census's own planning."""
+    from nbx_tune.tuner.census import plan
+    from nbx_tune.tuner.trace import Trace, read_trace
+
+    rows, keys = [], set()
+    for t in traces:
+        for r in read_trace(t).rows:
+            seats = plan(Trace(str(t), (r,)), "", profile).seats
+            if seats and (wanted is None or set(seats) <= wanted):
+                rows.append(r)
+                keys.update(seats)
+    return rows, keys
+
+
+def breakdown(db: str) -> list:
+    """[(search, seats, seconds in seats, screening, timing)] of a census's tunings."""
+    return [tuple(r) for r in query(db, "SELECT search, count(*), sum(total_s), sum(screen_s), sum(bench_s) "
+                                        "FROM tunings WHERE kind = 'tune' GROUP BY search ORDER BY search")]
+
+
+def slowest(db: str, n: int = 8) -> list:
+    """The n seats that took longest: (label, search, seconds, screening, timing)."""
+    rows = query(db, "SELECT s.kernel, s.dtypes, s.flags, s.bucket, t.search, t.total_s, t.screen_s, t.bench_s "
+                     "FROM tunings t JOIN seats s ON s.id = t.seat_id WHERE t.kind = 'tune' "
+                     "ORDER BY t.total_s DESC")
+    return [("|".join(r[:4]), r[4], r[5], r[6], r[7]) for r in rows[:n]]
+
+
+def fallback_reasons(db: str) -> dict:
+    """Why the fallbacks fell back, by the first words of the reason their certificate keeps."""
+    out: dict = {}
+    for (detail,) in query(db, "SELECT c.search_detail FROM certificates c JOIN tunings t ON t.id = c.tuning_id "
+                               "WHERE t.search = 'fallback'"):
+        why = (detail or "?").split(": ", 1)[-1]
+        for cue in ("faster than the old winner", "a config left out", "no old contender", "config space changed",
+                    "new since the seed", "none of the old contenders"):
+            if cue in why:
+                why = cue
+                break
+        out[why] = out.get(why, 0) + 1
+    return out
+
+
 CURRENT = ("SELECT s.kernel, s.dtypes, s.flags, s.bucket, c.config, t.search FROM certificates c "
            "JOIN seats s ON s.id = c.seat_id JOIN tunings t ON t.id = c.tuning_id WHERE c.superseded_at IS NULL")
 
@@ -130,7 +210,7 @@ def pick_losses(fresh: dict, recert: dict, problems: dict, smoke: bool) -> list:
     return out
 
 
-def main(traces, smoke: bool) -> None:
+def main(traces, smoke: bool, seats: int | None, seed: int) -> None:
     work = Path(tempfile.mkdtemp(prefix="nbx-rc-"))
     base = {**os.environ}
     if smoke:
@@ -143,43 +223,57 @@ def main(traces, smoke: bool) -> None:
         os.environ["TRITON_INTERPRET"] = "1"
     else:
         os.environ.pop("TRITON_INTERPRET", None)
+    from nbx_tune.kernels import table_format
     from nbx_tune.profiles import get_profile
+    from nbx_tune.tuner.trace import write_trace
 
     profile = get_profile("interpreter" if smoke else "hopper")
     trace = work / "seats.tsv"
-    if smoke:
-        trace.write_text(SMOKE_TRACE)
-    else:
-        combined_trace(traces, trace)
     cli = [sys.executable, "-m", "nbx_tune.cli.app"]
-    census = [*cli, "census", "--model", str(trace), "--json"] + (["--no-isolate"] if smoke else [])
+
+    def census(path):
+        return [*cli, "census", "--model", str(path), "--json"] + (["--no-isolate"] if smoke else [])
 
     # The table to re-certify: the shipped one, or (smoke) one a census makes here.
     table_src = work / "made.json"
     if smoke:
+        (work / "smoke.tsv").write_text(SMOKE_TRACE)
+        traces = (str(work / "smoke.tsv"),)
         made = f"sqlite:///{work / 'made.db'}"
-        run(census, {**base, "NBX_TUNE_DB": made, "NBX_TUNE_SEARCH": "full"})
+        run(census(work / "smoke.tsv"), {**base, "NBX_TUNE_DB": made, "NBX_TUNE_SEARCH": "full"})
         run([*cli, "export", "--profile", profile.name, "-o", str(table_src), "--db", made], base)
     else:
         from nbx_tune.kernels.certified import TABLE_DIR
 
         table_src = TABLE_DIR / f"{profile.name}.json"
     entries = current_table(table_src, work / "table.json", profile)
+    shipped = {(e["kernel"], e["dtypes"], e["flags"], e["bucket"])
+               for e in table_format.read(work / "table.json")["entries"]}
+    _, held = seat_rows(traces, profile, shipped)
+    chosen = set(sample(held, seats, seed))
+    rows, keys = seat_rows(traces, profile, chosen)
+    write_trace(trace, rows, comments=[f"rows of {len(chosen)} of the table's {entries} seats"])
+    kernels = {}
+    for k in sorted(keys):
+        kernels[k[0]] = kernels.get(k[0], 0) + 1
+    print(f"{len(keys)} of the table's {entries} seats ({len(rows)} trace rows): "
+          + ", ".join(f"{k} {n}" for k, n in sorted(kernels.items())), flush=True)
 
-    fresh_db = f"sqlite:///{work / 'fresh.db'}"
-    fresh_s, _ = run(census, {**base, "NBX_TUNE_DB": fresh_db, "NBX_TUNE_SEARCH": "ranked",
-                              "TRITON_CACHE_DIR": str(work / "cache_fresh")})
-    print(f"fresh census: {fresh_s:.1f} s (cold Triton cache)", flush=True)
-
+    # Re-certification: the whole table imported and made stale; the census tunes the chosen seats.
     recert_db = f"sqlite:///{work / 'recert.db'}"
     run([*cli, "import", str(work / "table.json"), "--db", recert_db], base)
     stale_everything(recert_db)
-    recert_s, _ = run(census, {**base, "NBX_TUNE_DB": recert_db, "NBX_TUNE_SEARCH": "auto",
-                               "TRITON_CACHE_DIR": str(work / "cache_recert")})
+    recert_s, _ = run(census(trace), {**base, "NBX_TUNE_DB": recert_db, "NBX_TUNE_SEARCH": "auto",
+                                      "TRITON_CACHE_DIR": str(work / "cache_recert")})
     print(f"re-certification after a source change: {recert_s:.1f} s (cold Triton cache)", flush=True)
 
+    fresh_db = f"sqlite:///{work / 'fresh.db'}"
+    fresh_s, _ = run(census(trace), {**base, "NBX_TUNE_DB": fresh_db, "NBX_TUNE_SEARCH": "ranked",
+                                     "TRITON_CACHE_DIR": str(work / "cache_fresh")})
+    print(f"fresh census: {fresh_s:.1f} s (cold Triton cache)", flush=True)
+
     fresh = {r[:4]: r[4] for r in query(fresh_db, CURRENT)}
-    # Only the traces' seats: the rest of the imported table stays stale and untouched.
+    # Only the chosen seats: the rest of the imported table stays stale and untouched.
     recert_rows = [r for r in query(recert_db, CURRENT) if r[:4] in fresh]
     recert = {r[:4]: r[4] for r in recert_rows}
     searches = {}
@@ -194,12 +288,17 @@ def main(traces, smoke: bool) -> None:
     ls = [x for _, x in losses]
     med = statistics.median(ls) if ls else float("nan")
     worst = max(ls) if ls else float("nan")
+    spent = {"recert": breakdown(recert_db), "fresh": breakdown(fresh_db)}
+    reasons = fallback_reasons(recert_db)
+    slow = {"recert": slowest(recert_db), "fresh": slowest(fresh_db)}
     env = environment()
     result = {"env": env, "smoke": smoke, "traces": [str(t) for t in traces], "table_entries": entries,
+              "sample": {"seats": seats, "seed": seed, "kernels": kernels},
               "seats_fresh": len(fresh), "seats_recert": len(recert), "fresh_s": fresh_s,
               "recert_s": recert_s, "speedup": fresh_s / recert_s, "recert_searches": searches,
               "fresh_searches": fresh_searches, "fresh_audit_losses": regret,
-              "loss_median": med, "loss_max": worst,
+              "loss_median": med, "loss_max": worst, "spent": spent, "fallback_reasons": reasons,
+              "slowest": slow,
               "losses": [{"seat": "|".join(k), "fresh": fresh[k], "recert": recert[k], "loss": x}
                          for k, x in losses]}
     save("recertify_cost-smoke.json" if smoke else "recertify_cost.json", result)
@@ -209,6 +308,16 @@ def main(traces, smoke: bool) -> None:
                   f"{100 * med:.2f} %", f"{100 * worst:.2f} %"]],
                 ["seats", "fresh census s", "re-certification s", "faster by", "re-certified as",
                  "median loss", "max loss"]))
+    print(table([[side, search, n, f"{tot:.1f}", f"{scr:.1f}", f"{bch:.1f}"]
+                 for side, rows_ in spent.items() for search, n, tot, scr, bch in rows_]
+                + [[side, "(outside seats)", "", f"{wall - sum(r[2] for r in spent[side]):.1f}", "", ""]
+                   for side, wall in (("recert", recert_s), ("fresh", fresh_s))],
+                ["side", "search", "seats", "s in seats", "screening s", "timing s"]))
+    print(table([[side, label[:70], search, f"{tot:.1f}", f"{scr:.1f}", f"{bch:.1f}"]
+                 for side, rows_ in slow.items() for label, search, tot, scr, bch in rows_],
+                ["side", "slowest seats", "search", "s", "screening s", "timing s"]))
+    if reasons:
+        print("fallbacks: " + "; ".join(f"{n} x {why}" for why, n in sorted(reasons.items(), key=lambda x: -x[1])))
     differ = [[("|".join(k))[:60], fresh[k], recert[k], f"{100 * x:+.2f} %"] for k, x in losses if fresh[k] != recert[k]]
     if differ:
         print(table(differ, ["seat (picks differ)", "fresh pick", "re-certified pick", "loss"]))
@@ -219,8 +328,14 @@ def main(traces, smoke: bool) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+
+    def opt(name, default):
+        return args[args.index(name) + 1] if name in args else default
+
     smoke = "--smoke" in args
     traces = TRACES
     if "--traces" in args:
-        traces = tuple(a for a in args[args.index("--traces") + 1:] if not a.startswith("--"))
-    main(traces, smoke)
+        rest = args[args.index("--traces") + 1:]
+        traces = tuple(rest[:next((i for i, a in enumerate(rest) if a.startswith("--")), len(rest))])
+    n = opt("--seats", "all" if ("--traces" in args or smoke) else str(SEATS))
+    main(traces, smoke, None if n == "all" else int(n), int(opt("--seed", "0")))

@@ -248,6 +248,9 @@ def show_seat(out: Console, d: dict) -> None:
                           highlight=False)
             if c["unscreened"]:
                 out.print(f"  [yellow]unscreened:[/] {escape(c['unscreened'])}")
+            if c.get("sampled_regret"):
+                out.print(f"  sampled regret (from the table it was imported from): "
+                          f"{regret_text(c['sampled_regret'])}", highlight=False)
         out.print(f"  search: {escape(search_text(h, c))}", highlight=False)
         if h["measurements"]:
             t = Table(title="timed candidates")
@@ -283,8 +286,11 @@ def search_text(h: dict, cert: dict | None) -> str:
     text = h.get("search") or "full"
     if h.get("seeded_from") is not None:
         text += f" from tuning {h['seeded_from']}"
-    if cert and cert.get("recertified_from"):
+    detail = (cert or {}).get("search_detail") or ""
+    if cert and cert.get("recertified_from") and cert["recertified_from"] not in detail:
         text += f" ({cert['recertified_from']})"
+    if detail:
+        text += f": {detail}"
     if h.get("shortcut_loss") is not None:
         text += f"; the ranked shortlist's pick would have lost {100 * h['shortcut_loss']:.2f} %"
     return text

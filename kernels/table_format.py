@@ -12,8 +12,9 @@ range's ends (`screened_min`, `screened_max`) are problem objects; tables writte
 were JSON text in a string, and read the same. Provenance may hold optional keys beyond
 PROVENANCE_KEYS, which readers pass over: `search` (how the winner was found: full,
 recertified, fallback, ranked, audit), `recertified_from` (the tuning it was re-certified
-from, in words) and `sampled_regret` (the kernel's audited losses of ranked searches:
-{"audits", "median", "max"}). Everything
+from, in words), `search_detail` (why it was or was not tuned in full) and
+`sampled_regret` (the kernel's audited losses of ranked searches: {"audits", "median",
+"max"}; an import keeps it, and the export after passes it on). Everything
 here is plain data checked field by field: a broken file is a `TableError` naming the file
 and the position, and no entry of it is used.
 """

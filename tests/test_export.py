@@ -240,3 +240,82 @@ def test_the_launch_read_serves_only_this_compile_target(tmp_path, table, monkey
     assert validity.stale_reason(prov, planted.SPEC, ampere, "t", "cuda:80") is None
     assert "compile target cuda:80" in validity.stale_reason(prov, planted.SPEC, ampere, "t", "cuda:87")
     assert validity.stale_reason(prov, planted.SPEC, ampere) is None  # an exporter judges the code only
+
+
+REGRET = {"audits": 3, "median": 0.004, "max": 0.021}
+
+
+def test_sampled_regret_survives_an_import_then_export_and_show_prints_it(tmp_path, table, any_db):
+    from typer.testing import CliRunner
+
+    from nbx_tune.cli.app import app
+
+    with_regret = _resigned(table, tmp_path / "made.json", lambda d: [
+        e["provenance"].update(sampled_regret=REGRET, search_detail="re-certified: the old winner held")
+        for e in d["entries"]])
+    assert api.import_(str(with_regret), any_db).added == 2
+    again = tmp_path / "again.json"
+    assert api.export("interpreter", str(again), any_db).entries == 2
+    for e in json.loads(again.read_text())["entries"]:
+        assert e["provenance"]["sampled_regret"] == REGRET
+        assert e["provenance"]["search_detail"] == "re-certified: the old winner held"
+    seat = api.seat_views(any_db)[0]
+    assert api.show_seat(str(seat.id), db=any_db)["history"][-1]["certificate"]["sampled_regret"] == REGRET
+    r = CliRunner().invoke(app, ["show", str(seat.id), "--db", any_db], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "median 0.40 %, max 2.10 % over 3 audited seat(s)" in r.output
+    assert "the old winner held" in r.output
+
+
+def test_a_table_without_sampled_regret_still_imports_and_exports_none(tmp_path, table, any_db):
+    assert "sampled_regret" not in json.loads(table.read_text())["entries"][0]["provenance"]
+    assert api.import_(str(table), any_db).added == 2
+    assert db_count(any_db, "certificates", "WHERE sampled_regret IS NULL") == 2
+    again = tmp_path / "again.json"
+    api.export("interpreter", str(again), any_db)
+    assert all("sampled_regret" not in e["provenance"] for e in json.loads(again.read_text())["entries"])
+
+
+@pytest.mark.parametrize("bad", [{"audits": 0, "median": 0.0, "max": 0.0}, {"median": 0.1, "max": 0.2},
+                                 {"audits": 2, "median": -1.0, "max": 0.1}, "3 %"])
+def test_a_malformed_sampled_regret_is_refused_before_the_database_opens(tmp_path, table, bad):
+    broken = _resigned(table, tmp_path / "bad.json",
+                       lambda d: d["entries"][1]["provenance"].update(sampled_regret=bad))
+    with pytest.raises(TableError, match=r"entries\[1\]\.provenance\.sampled_regret"):
+        api.import_(str(broken), f"sqlite:///{tmp_path / 'never.db'}")
+    assert not (tmp_path / "never.db").exists()
+
+
+def test_a_0004_database_upgrades_with_its_certificates_and_no_regret_or_detail(any_db):
+    from alembic import command
+    from sqlalchemy import text
+
+    from nbx_tune.tuner.api import db_upgrade
+    from nbx_tune.tuner.store.db import _alembic_config, make_engine
+
+    engine = make_engine(any_db)
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "0004")
+        conn.execute(text("INSERT INTO seats (id, profile, kernel, dtypes, flags, bucket, created_at) "
+                          "VALUES (1, 'interpreter', 'test_double', 'float32', '', 'n=1000', '2026-12-01')"))
+        conn.execute(text("INSERT INTO tunings (id, seat_id, kind, outcome, started_at, finished_at, worker, "
+                          "device_name, device_target, driver, triton_version, torch_version, kernel_source_hash, "
+                          "config_space_hash, profile_hash, candidates, survivors, screen_s, bench_s, total_s) "
+                          "VALUES (1, 1, 'import', 'certified', '2026-12-01', '2026-12-01', 'w', 'd', "
+                          "'interpreter', 'n/a', 't', 't', 'h', 'h', 'h', 0, 0, 0, 0, 0)"))
+        conn.execute(text("INSERT INTO certificates (seat_id, tuning_id, config, median_ms, p20_ms, p80_ms, screens, "
+                          "timing_method, created_at) VALUES (1, 1, 'BLOCK=256', 1.0, 1.0, 1.0, '[]', 'w', "
+                          "'2026-12-01')"))
+    engine.dispose()
+    db_upgrade(any_db)
+    engine = make_engine(any_db)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT config, sampled_regret, search_detail FROM certificates")).all() \
+                == [("BLOCK=256", None, None)]
+            assert conn.execute(text("SELECT count(*) FROM certified_configs")).scalar() == 1
+        with engine.begin() as conn:  # and back down: the columns go, the certificate stays
+            command.downgrade(_alembic_config(conn), "0004")
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT config FROM certificates")).all() == [("BLOCK=256",)]
+    finally:
+        engine.dispose()

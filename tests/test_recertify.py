@@ -417,3 +417,187 @@ def test_configs_that_failed_wherever_they_ran_are_never_sampled():
     assert not any(Config.parse(k)["BLOCK"] >= 1024 for k in short)
     assert len(short) == len(CONFIGS) - len(failed)  # every other config fits in the sample
     assert len(r.order(list(CONFIGS))) == len(CONFIGS)  # an audit still evaluates them all
+
+
+# ----------------------------------------------------------------------------- noise-aware verdicts
+# Synthetic timings as do_bench gives them: a median, the p20..p80 band of its launches and
+# the spread of its rounds; CUDA events tick at RESOLUTION_MS["do_bench"].
+
+def timed(cfg, ms, band=0.0, rounds=0.0, final=True):
+    return SimpleNamespace(config=Config.parse(cfg), final=final,
+                           timing=Timing(ms, ms * (1 - band), ms * (1 + band), "do_bench+lead(rep=25ms) x4 rounds",
+                                         rounds))
+
+
+def shipped_seed(w_ms, r_ms, band=None):
+    """A seed as a shipped entry gives it: its winner (W) and runner-up (R), the margin the gap."""
+    e = {"config": key(256), "median_ms": w_ms, "runner_up": key(128), "runner_up_ms": r_ms,
+         "margin": r_ms / w_ms - 1,
+         "spread_ms": [w_ms * (1 - band), w_ms * (1 + band)] if band is not None else [w_ms, w_ms],
+         "provenance": {"device_name": "H200", "triton_version": "3.6.0", "kernel_source_hash": "x",
+                        "config_space_hash": SPEC.config_space_hash, "search": "full"}}
+    return recertify.seed_from_entry(e, "shipped table")
+
+
+def test_timing_noise_is_the_widest_of_band_rounds_and_the_timers_resolution():
+    from nbx_tune.tuner.timing import RESOLUTION_MS, combine, noise
+
+    assert noise(Timing(1.0, 0.98, 1.04, "do_bench")) == pytest.approx(0.03)
+    assert noise(Timing(1.0, 1.0, 1.0, "do_bench", rounds_spread=0.1)) == pytest.approx(0.05)
+    # A 4 us kernel timed with no spread at all is still only known to the events' tick.
+    assert noise(Timing(0.004, 0.004, 0.004, "do_bench")) == pytest.approx(RESOLUTION_MS["do_bench"] / 0.004)
+    assert noise(Timing(1.0, 1.0, 1.0, "replay")) == 0.0
+    t = combine([Timing(m, m, m, "do_bench") for m in (1.0, 1.1, 0.9, 1.0)])
+    assert t.median_ms == pytest.approx(1.0) and t.rounds_spread == pytest.approx(0.2)
+
+
+def test_sub_noise_moves_on_a_microsecond_seat_do_not_break_the_ranking():
+    # A 4 us element-wise seat: W 4.0 us, R 4.2 us then; now W reads 4.6 us and R 4.3 us,
+    # each +-4 % between launches and the events tick at 0.5 us.
+    seed = shipped_seed(0.0040, 0.0042, band=0.04)
+    got = [timed(key(256), 0.0046, 0.04, 0.05), timed(key(128), 0.0043, 0.04, 0.05)]
+    finals = {m.config.key(): m.timing.median_ms for m in got}
+    assert recertify.loss_bound(seed, finals) > recertify.TOLERANCE  # read without noise: broken
+    v = recertify.judge(seed, got)
+    assert v.holds and v.bound <= recertify.TOLERANCE and "within noise" in v.why
+
+
+def test_a_real_rank_change_falls_back_though_noise_is_allowed_for():
+    # A 1 ms GEMM timed to +-0.3 %: R is now 12 % faster than the old winner. That is no noise.
+    seed = shipped_seed(1.00, 1.02, band=0.003)
+    v = recertify.judge(seed, [timed(key(256), 1.10, 0.003), timed(key(128), 0.98, 0.003)])
+    assert not v.holds and "faster than the old winner" in v.why
+    # The same move on the microsecond seat above is within what its timer can tell apart.
+    seed = shipped_seed(0.0040, 0.00408, band=0.04)
+    assert recertify.judge(seed, [timed(key(256), 0.0044, 0.04), timed(key(128), 0.0039, 0.04)]).holds
+
+
+def test_moves_beyond_noise_still_bound_what_a_config_left_out_could_gain():
+    # W stays, R (30 % behind then) closes up to 1 %: configs left out 30 % behind could
+    # have closed up as much and now beat W. Precise timings: the move counts in full.
+    seed = shipped_seed(1.0, 1.3, band=0.002)
+    v = recertify.judge(seed, [timed(key(256), 1.0, 0.002), timed(key(128), 1.01, 0.002)])
+    assert not v.holds and v.bound > recertify.TOLERANCE and "a config left out" in v.why
+    # Nothing comparable timed (the old pair failed its screen): no verdict but a full tune.
+    v = recertify.judge(seed, [timed(key(64), 1.0)])
+    assert not v.holds and "no old contender survived" in v.why
+
+
+def test_a_noisy_seat_is_recertified_and_the_certificate_says_why(db_url):
+    # Whole-seat level: the seat's history is a full tuning; after a source change its
+    # contenders re-time within noise of each other but in another order.
+    class Noisy(Replay):
+        def time(self, config, mode="full"):
+            out = super().time(config, mode)
+            ms = out.timing.median_ms
+            return Outcome(timing=Timing(ms, ms * 0.93, ms * 1.07, "do_bench+lead(rep=25ms)"))
+
+    small = {k: v * 0.005 for k, v in base_times().items()}  # 5 us and up
+    store = Store(db_url)
+    run_id, (sid,) = plan_seats(store, [1000])
+    tuner = SeatTuner(store, PROFILE, DEVICE, Noisy(small), get_strategy("pruned"))
+    assert tune(tuner, run_id, sid, 1000)
+    with create_engine(db_url).begin() as c:
+        c.execute(text("UPDATE tunings SET kernel_source_hash = 'before'"))
+    again = dict(small)
+    again[key(256)] *= 1.06  # the old winner reads 6 % slower: behind its runner-up (2 % then)
+    ex = Noisy(again)
+    tuner.executor = ex
+    assert tune(tuner, run_id, sid, 1000)
+    assert len(set(ex.screened)) < len(CONFIGS)  # no full tune
+    (search, detail), = last(db_url, "SELECT search, search_detail FROM certificates WHERE superseded_at IS NULL")
+    assert search == "recertified" and "within noise" in detail and "worst case" in detail
+    # The same move timed precisely is a real rank change: the seat falls back, and says why.
+    with create_engine(db_url).begin() as c:
+        c.execute(text("UPDATE tunings SET kernel_source_hash = 'before'"))
+    tuner.executor = Replay(again)
+    assert tune(tuner, run_id, sid, 1000)
+    (search, detail), = last(db_url, "SELECT search, search_detail FROM certificates WHERE superseded_at IS NULL")
+    assert search == "fallback" and "no longer holds" in detail
+    store.close()
+
+
+def test_a_clear_history_times_fewer_configs_beside_its_pair(db_url, monkeypatch):
+    from nbx_tune.tuner import seat_search
+
+    entry = {"config": key(256), "median_ms": 1.0, "runner_up": key(256, 1), "runner_up_ms": 1.02, "margin": 0.02,
+             "provenance": {"device_name": "a sibling", "triton_version": "0.0", "kernel_source_hash": "x",
+                            "config_space_hash": SPEC.config_space_hash, "search": "ranked"}}
+    monkeypatch.setattr(seat_search, "shipped", lambda name: {("test_replay", "float32", "", "n=1000"): entry})
+    store = Store(db_url)
+    run_id, (near, sid) = plan_seats(store, [1100, 1000])
+    assert tune(SeatTuner(store, PROFILE, DEVICE, Replay(base_times()), get_strategy("pruned")), run_id, near, 1100)
+    rec = store.seat_records(seat_ids=[sid])[0]
+    assert len(seat_search.for_seat(store, rec, SPEC, PROFILE).explore) == recertify.EXPLORE
+    entry.update(runner_up_ms=1.25, margin=0.25)  # the runner-up far behind: the history is clear
+    assert len(seat_search.for_seat(store, rec, SPEC, PROFILE).explore) == recertify.EXPLORE_CLEAR
+    # From a seat's own history too: a clear winner is re-timed with its runner-up only.
+    hist = store.history(near)
+    seed = recertify.seed_from_history(hist, store.judged_configs)
+    assert seed.margin < recertify.CLEAR and len(seed.contenders) > 2
+    cert = hist[-1][1]
+    cert.margin = 0.3
+    assert recertify.seed_from_history(hist, store.judged_configs).contenders == (cert.config, cert.runner_up)
+    store.close()
+
+
+def test_a_census_queues_the_next_seats_first_configs_while_this_one_is_tuned(db_url, monkeypatch):
+    from nbx_tune.tuner import runner
+    from nbx_tune.tuner.census import SeatLine
+
+    class Ahead(Replay):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.events = []
+
+        def prefetch(self, spec, job, configs):
+            self.events.append(("prefetch", job.label, [c.key() for c in configs]))
+
+        def start_seat(self, spec, job, configs=()):
+            self.events.append(("start", job.label, [c.key() for c in configs]))
+            super().start_seat(spec, job, configs)
+
+    store = Store(db_url)
+    sizes = [1000, 1100, 1200, 1300]
+    run_id, sids = plan_seats(store, sizes)
+    labels = [f"test_replay|float32||n={n}" for n in sizes]
+    lines = [SeatLine(sid, lb, "test_replay", "pending", "", 1, 1) for sid, lb in zip(sids, labels)]
+    # Histories of full tunings: each seat's contenders are its own (a shortlist's would be
+    # joined by what won at near seats, which the seats before it may change).
+    monkeypatch.setenv("NBX_TUNE_SEARCH", "full")
+    SeatTuner(store, PROFILE, DEVICE, Replay(base_times()), get_strategy("pruned")).run(lines, None, None, run_id)
+    monkeypatch.delenv("NBX_TUNE_SEARCH")
+    with create_engine(db_url).begin() as c:  # every seat stale: each re-certified from its contenders
+        c.execute(text("UPDATE tunings SET kernel_source_hash = 'before'"))
+    monkeypatch.setattr(runner, "PREFETCH_CONFIGS", 5)
+    ex = Ahead(base_times())
+    SeatTuner(store, PROFILE, DEVICE, ex, get_strategy("pruned")).run(lines, None, None, run_id)
+    starts = [e for e in ex.events if e[0] == "start"]
+    assert [e[1] for e in starts] == labels
+    whole = 0
+    for i, (_, label, first) in enumerate(starts[1:], 1):
+        # Queued once, before the seat ahead of it started: the configs it starts on, as
+        # many as fit PREFETCH_CONFIGS ahead.
+        queued = [e[2] for e in ex.events[:ex.events.index(starts[i - 1])] if e[0] == "prefetch" and e[1] == label]
+        assert len(queued) == 1 and 1 <= len(queued[0]) <= 5 and queued[0] == first[:len(queued[0])]
+        assert 2 <= len(first) < len(CONFIGS)
+        whole += queued[0] == first
+    assert whole >= 1
+    assert not any(e[0] == "prefetch" and e[1] == labels[0] for e in ex.events)  # its own start queues it
+    store.close()
+
+
+def test_an_imported_shortlists_ranking_is_not_taken_for_the_whole_space():
+    # The same entry seeds alike whether it is read from the shipped table or imported first.
+    t = SimpleNamespace(id=3, kind="import", search="full", device_name="H200", triton_version="3.6.0",
+                        kernel_source_hash="x", config_space_hash=SPEC.config_space_hash)
+
+    def cert(search):
+        return SimpleNamespace(config=key(256), median_ms=1.0, p20_ms=1.0, p80_ms=1.0, runner_up=key(128),
+                               runner_up_ms=1.02, margin=0.02, search=search)
+
+    assert not recertify.seed_from_history([(t, cert("ranked"), [])]).complete
+    assert not recertify.seed_from_history([(t, cert("recertified"), [])]).complete
+    assert recertify.seed_from_history([(t, cert("full"), [])]).complete
+    tuned = SimpleNamespace(**{**t.__dict__, "kind": "tune", "search": "ranked"})
+    assert not recertify.seed_from_history([(tuned, cert("ranked"), [])]).complete

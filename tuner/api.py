@@ -281,6 +281,8 @@ def show_seat(ref: str, db=None, profile=None, plugins=()) -> dict:
                     "screens": json.loads(cert.screens), "unscreened": cert.unscreened,
                     "timing_method": cert.timing_method, "current": cert.superseded_at is None,
                     "search": cert.search, "recertified_from": cert.recertified_from,
+                    "search_detail": cert.search_detail,
+                    "sampled_regret": json.loads(cert.sampled_regret) if cert.sampled_regret else None,
                     "superseded_reason": cert.superseded_reason}
             history.append(h)
         refusals = [{"tuning": t.id, "config": r.config, "reason": r.reason, "detail": r.detail,

@@ -35,10 +35,14 @@ def _entry(seat: Seat, cert: Certificate, t: Tuning, regret: dict | None = None)
     prov = {k: getattr(t, k) for k in provenance.FIELDS}
     prov["certified_at"] = iso_utc(cert.created_at)
     # How the winner was found, and the kernel's sampled regret (tuner/strategies/ranked.py):
-    # optional provenance keys, which readers of format 1 pass over.
+    # optional provenance keys, which readers of format 1 pass over. An imported
+    # certificate carries the regret of the database that made it; others this one's.
     prov["search"] = cert.search
     if cert.recertified_from:
         prov["recertified_from"] = cert.recertified_from
+    if cert.search_detail:
+        prov["search_detail"] = cert.search_detail
+    regret = json.loads(cert.sampled_regret) if cert.sampled_regret else regret
     if regret:
         prov["sampled_regret"] = regret
     return {
@@ -93,11 +97,30 @@ def export_table(store, profile, out: str | Path) -> ExportSummary:
 
 
 def _search_of(prov: dict) -> dict:
-    """The optional provenance keys of how a winner was found, as certificate columns."""
+    """The optional provenance keys of how a winner was found, as certificate columns
+    (`sampled_regret` was checked by `check_table`)."""
     search = prov.get("search")
     frm = prov.get("recertified_from")
+    detail = prov.get("search_detail")
+    regret = prov.get("sampled_regret")
     return {"search": search if search in SEARCHES else "full",
-            "recertified_from": frm if isinstance(frm, str) else None}
+            "recertified_from": frm if isinstance(frm, str) else None,
+            "search_detail": detail if isinstance(detail, str) else None,
+            "sampled_regret": json.dumps(regret, sort_keys=True) if regret else None}
+
+
+def regret_problem(r) -> str | None:
+    """Why a provenance's `sampled_regret` is malformed, or None (absent counts as fine)."""
+    if r is None:
+        return None
+    if not isinstance(r, dict) or set(r) != {"audits", "median", "max"}:
+        return 'expected {"audits", "median", "max"}'
+    if not isinstance(r["audits"], int) or isinstance(r["audits"], bool) or r["audits"] < 1:
+        return "audits: expected a count of at least 1"
+    for k in ("median", "max"):
+        if not isinstance(r[k], (int, float)) or isinstance(r[k], bool) or not 0 <= r[k] < float("inf"):
+            return f"{k}: expected a loss >= 0"
+    return None
 
 
 @dataclass
@@ -134,6 +157,9 @@ def check_table(path: str | Path, profiles: dict) -> CheckedTable:
     for i, e in enumerate(doc["entries"]):
         label = label_of(e["kernel"], e["dtypes"], e["flags"], e["bucket"])
         prov = e["provenance"]
+        bad = regret_problem(prov.get("sampled_regret"))
+        if bad:
+            raise TableError(f"{path}: entries[{i}].provenance.sampled_regret: {bad}")
         if not validity.claims(profile, prov["device_target"]):
             raise TableError(f"{path}: entries[{i}]: made on device {prov['device_target']}, which profile "
                              f"{name} does not claim (a table for another architecture?)")

@@ -246,6 +246,11 @@ class Isolated:
             problems = tuple(dict.fromkeys((*job.screen_problems, job.time_problem)))
             self.precompiler.submit(spec.name, problems, configs, job.device)
 
+    def prefetch(self, spec, job: SeatJob, configs) -> None:
+        """Queue a seat's first configs before its turn (tuner/runner.py): compiled while
+        the seats before it are screened and timed."""
+        self._precompile(spec, job, configs)
+
     def precompile(self, configs) -> None:
         """Queue more of this seat's configs (a search that widens: tuner/recertify.py)."""
         if self.spec is not None and self.job is not None:

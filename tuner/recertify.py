@@ -13,31 +13,46 @@ measured:
        the space's best would otherwise be re-certified for ever (decode attention kept a
        pick at half torch's speed that way, split-KV never timed);
     2. they are screened at every screen shape of the seat and timed, like any candidate;
-    3. the old ranking holds when the new best is no slower than the pace the contenders
-       now run at explains, within what the old gap to the first config left out covers:
+    3. the old ranking holds unless the new measurements say otherwise (`judge`), read
+       against what this run's timings cannot tell apart: each config's noise (half its
+       launches' p20..p80 band, half the range of its rounds, at least the timer's
+       resolution; the old timing's where recorded) and the old margins:
+         - it does not hold where a contender the old ranking timed is now faster than
+           the old winner by more than TOLERANCE beyond their noise (the old ranking's
+           pick would lose that), or where no contender survives the screen and a full
+           timing (a new or explored config that wins is simply picked);
+         - else the contenders' moves against the pick, each shrunk by the noise of the
+           ratio (so a move within noise counts as none), bound what a config left out
+           (at least `gap` behind then) could gain, moving as much again:
 
-           new best x (1 + spread) / (old best x lo x (1 + gap)) - 1  <=  TOLERANCE
+               new best / (old best x (1 + gap) x pace x lo^2 / hi) - 1  <=  TOLERANCE
 
-       where lo is the lowest new/old time ratio of a contender and spread = hi/lo - 1
-       how far the contenders moved apart: a config left out (at least `gap` behind then)
-       that moved as much again beyond the contender that sped up most would still not
-       beat the pick by more than TOLERANCE;
-    4. else, or when no contender survives, every candidate is screened and timed.
+           with pace the new/old time of the fastest contender with an old time, and lo,
+           hi the lowest and highest move against it (1 for itself);
+    4. else every candidate is screened and timed.
+
+Where the history is clear (the runner-up was CLEAR or more behind the winner), fewer
+configs are timed: the pair, and at most EXPLORE_CLEAR of the near seats' winners.
 
 Either way the winner was screened here; the certificate records that it was re-certified
-and from which tuning.
+and from which tuning, and why the seat did or did not fall back (`search_detail`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nbx_tune.tuner.strategies.search import SearchNote
+from nbx_tune.tuner.timing import noise as timing_noise
 
 NEAR = 0.10
 MAX_CONTENDERS = 6
 MAX_NEW = 6
 EXPLORE = 4
+# A runner-up this far behind the winner makes the history clear: EXPLORE_CLEAR configs of
+# the near seats' winners are timed beside the pair instead of EXPLORE.
+CLEAR = 0.10
+EXPLORE_CLEAR = 1
 # The loss the shortcut may risk: the re-certification goal's maximum loss against a
 # fresh census (3 %), which is also about what re-timing one config moves on a GPU.
 TOLERANCE = 0.03
@@ -55,6 +70,21 @@ class Seed:
     known: frozenset | None  # every config the reference judged; None when unknown
     config_space_hash: str
     complete: bool = True  # whether the reference ranking timed the whole space
+    old_noise: dict = field(default_factory=dict)  # config key -> noise of its old time, where recorded
+    margin: float | None = None  # the old certificate's runner-up margin
+
+    @property
+    def clear(self) -> bool:
+        """The old winner stood CLEAR or more ahead of its runner-up."""
+        return self.margin is not None and self.margin >= CLEAR
+
+    @property
+    def winner(self) -> str:
+        return min(self.old_ms, key=self.old_ms.get)
+
+
+def _band(median, p20, p80) -> float | None:
+    return (p80 - p20) / (2 * median) if median and p20 is not None and p80 is not None else None
 
 
 def _describe(t) -> str:
@@ -71,16 +101,20 @@ def seed_from_history(history, judged=None) -> Seed | None:
     t_cert, cert, meas_cert = certified[-1]
     whole = [(t, m) for t, c, m in history if getattr(t, "search", "full") in WHOLE_SPACE and m]
     ref_t, ref_meas = whole[-1] if whole else (t_cert, meas_cert)
-    old_ms = {}
+    old_ms, old_noise = {}, {}
     for m in sorted(ref_meas, key=lambda m: not m.final):  # a full timing wins over a quick one
-        old_ms.setdefault(m.config, m.median_ms)
+        if m.config not in old_ms:
+            old_ms[m.config] = m.median_ms
+            old_noise[m.config] = _band(m.median_ms, m.p20_ms, m.p80_ms)
     # The certificate's own pair, where the reference did not time them (an import).
     old_ms.setdefault(cert.config, cert.median_ms)
+    old_noise.setdefault(cert.config, _band(cert.median_ms, cert.p20_ms, cert.p80_ms))
     if cert.runner_up and cert.runner_up_ms is not None:
         old_ms.setdefault(cert.runner_up, cert.runner_up_ms)
     best = min(old_ms.values())
     ranked = sorted(old_ms, key=old_ms.get)
-    near = [k for k in ranked if old_ms[k] <= best * (1 + NEAR)][:MAX_CONTENDERS]
+    clear = cert.margin is not None and cert.margin >= CLEAR
+    near = ranked[:1] if clear else [k for k in ranked if old_ms[k] <= best * (1 + NEAR)][:MAX_CONTENDERS]
     contenders = tuple(dict.fromkeys([*near, cert.config, *([cert.runner_up] if cert.runner_up else [])]))
     left_out = [old_ms[k] for k in ranked if k not in contenders]
     if left_out:
@@ -91,8 +125,13 @@ def seed_from_history(history, judged=None) -> Seed | None:
     if ref_meas and judged is not None and getattr(ref_t, "search", "full") in WHOLE_SPACE \
             and ref_t.kind != "import":
         known = frozenset(judged(ref_t.id))
+    # An import's tuning timed nothing: how its certificate was found (the table's provenance)
+    # says whether its ranking covered the whole space.
+    complete = getattr(ref_t, "search", "full") in WHOLE_SPACE and (
+        ref_t.kind != "import" or getattr(cert, "search", "full") in WHOLE_SPACE)
     return Seed(t_cert.id, _describe(t_cert), old_ms, contenders, max(gap, 0.0), known,
-                ref_t.config_space_hash, getattr(ref_t, "search", "full") in WHOLE_SPACE)
+                ref_t.config_space_hash, complete,
+                {k: v for k, v in old_noise.items() if v is not None}, cert.margin)
 
 
 def seed_from_entry(e: dict, source: str) -> Seed:
@@ -103,23 +142,81 @@ def seed_from_entry(e: dict, source: str) -> Seed:
     if e.get("runner_up") and e.get("runner_up_ms") is not None:
         old_ms.setdefault(e["runner_up"], e["runner_up_ms"])
     p = e["provenance"]
+    spread = e.get("spread_ms") or [None, None]
+    band = _band(e["median_ms"], *spread[:2]) if len(spread) >= 2 else None
     return Seed(None, f"{source} ({p['device_name']}, Triton {p['triton_version']}, source "
                       f"{p['kernel_source_hash']}, space {p['config_space_hash']})",
                 old_ms, tuple(old_ms), max(e.get("margin") or 0.0, 0.0), None, p["config_space_hash"],
-                p.get("search", "full") in WHOLE_SPACE)
+                p.get("search", "full") in WHOLE_SPACE, {e["config"]: band} if band is not None else {},
+                e.get("margin"))
 
 
-def loss_bound(seed: Seed, finals: dict, timed: dict | None = None) -> float | None:
+def loss_bound(seed: Seed, finals: dict, timed: dict | None = None, noise: dict | None = None) -> float | None:
     """The most a config left out could beat the new pick by (see the module's rule), or
     None when no contender with an old time was timed in full again. `timed` adds the
-    quick estimates of contenders the strategy left behind: their pace counts too."""
+    quick estimates of contenders the strategy left behind: their pace counts too.
+    `noise` (config key -> relative noise of its new timing) shrinks each move by what
+    the timings cannot tell apart; without it every move counts in full."""
     timed = {**(timed or {}), **finals}
-    ratios = [timed[k] / seed.old_ms[k] for k in timed if k in seed.old_ms and seed.old_ms[k] > 0]
-    if not finals or not ratios or not any(k in seed.old_ms for k in finals):
+    old = {k: t for k, t in timed.items() if seed.old_ms.get(k, 0) > 0}
+    with_old = [k for k in finals if k in old]
+    if not with_old:
         return None
+    ref = min(with_old, key=finals.get)  # the fastest timed config with an old time
+    pace = old[ref] / seed.old_ms[ref]
+
+    def band(k):  # the noise of a new/old ratio; an old time's noise, where unknown, as its new one's
+        if noise is None:
+            return 0.0
+        new = noise.get(k, 0.0)
+        return (new ** 2 + seed.old_noise.get(k, new) ** 2) ** 0.5
+
+    lo = hi = 1.0
+    for k in old:
+        move = (old[k] / seed.old_ms[k]) / pace
+        n = (band(k) ** 2 + band(ref) ** 2) ** 0.5 if k != ref else 0.0
+        move = move / (1 + n) if move > 1 + n else move * (1 + n) if move < 1 / (1 + n) else 1.0
+        lo, hi = min(lo, move), max(hi, move)
     best_old = min(seed.old_ms.values())
-    lo, hi = min(ratios), max(ratios)
-    return min(finals.values()) * (hi / lo) / (best_old * lo * (1 + seed.gap)) - 1
+    return min(finals.values()) / (best_old * (1 + seed.gap) * pace * lo * lo / hi) - 1
+
+
+@dataclass(frozen=True)
+class Verdict:
+    holds: bool
+    why: str  # in words, for the certificate
+    bound: float | None = None
+
+
+def judge(seed: Seed, measured) -> Verdict:
+    """Whether the old ranking holds after re-timing its contenders (`measured`: the
+    strategy's `Measured`), and why (the module's rule)."""
+    finals = {m.config.key(): m.timing for m in measured if m.final}
+    timed = {m.config.key(): m.timing for m in measured}
+    noise = {k: timing_noise(t) for k, t in timed.items()}
+    if not any(k in seed.old_ms for k in finals):
+        return Verdict(False, "no old contender survived the screen and a full timing")
+    w = seed.winner
+    if w in finals:
+        tw, nw = finals[w].median_ms, noise[w]
+        for k, t in sorted(finals.items(), key=lambda kv: kv[1].median_ms):
+            n = (nw ** 2 + noise[k] ** 2) ** 0.5
+            if k != w and k in seed.old_ms and tw / t.median_ms > (1 + TOLERANCE) * (1 + n):
+                return Verdict(False, f"the old ranking no longer holds: {k} is now {tw / t.median_ms - 1:.1%} "
+                                      f"faster than the old winner {w} (noise {n:.1%}, tolerance {TOLERANCE:.0%})")
+    bound = loss_bound(seed, {k: t.median_ms for k, t in finals.items()},
+                       {k: t.median_ms for k, t in timed.items()}, noise)
+    worst = max(noise[k] for k in finals)
+    if bound > TOLERANCE:
+        return Verdict(False, f"the old ranking no longer holds: a config left out could be up to {bound:.1%} "
+                              f"faster than the pick (gap then {seed.gap:.1%}, noise up to {worst:.1%} "
+                              f"allowed for)", bound)
+    pick = min(finals, key=lambda k: finals[k].median_ms)
+    how = ("the old winner is still the fastest" if pick == w else
+           f"{pick} is ahead of the old winner within noise and tolerance" if w in finals else
+           f"the old winner was not timed again, {pick} took its place")
+    return Verdict(True, f"{how}; worst case {max(bound, 0.0):.1%} behind (gap then {seed.gap:.1%}, "
+                         f"noise up to {worst:.1%})", bound)
 
 
 class Recertify:
@@ -157,18 +254,12 @@ class Recertify:
         seed = self.seed
         first, why = self.plan(candidates)
         if why is None:
-            measured = evaluate(first)
-            finals = {m.config.key(): m.timing.median_ms for m in measured if m.final}
-            bound = loss_bound(seed, finals, {m.config.key(): m.timing.median_ms for m in measured})
-            if bound is None:
-                why = "no old contender survived the screen and a full timing"
-            elif bound > TOLERANCE:
-                why = (f"the old ranking no longer holds (a config left out could be up to {bound:.1%} "
-                       f"faster than the pick; gap then {seed.gap:.1%})")
-            else:
+            verdict = judge(seed, evaluate(first))
+            if verdict.holds:
                 return SearchNote("recertified", seed.tuning_id, seed.source, None,
                                   f"re-certified from {seed.source}: {len(first)} contender(s) timed, "
-                                  f"worst case {max(bound, 0.0):.1%} behind")
+                                  f"{verdict.why}")
+            why = verdict.why
         evaluate(list(candidates))
         return SearchNote("fallback", seed.tuning_id, seed.source, None,
                           f"tuned in full after re-certification from {seed.source}: {why}")

@@ -19,10 +19,14 @@ from nbx_tune.tuner.recertify import from_sibling
 from nbx_tune.tuner.status import seat_status
 from nbx_tune.tuner.store import holder_id
 from nbx_tune.kernels.spec import Config
-from nbx_tune.tuner.tune import NullReporter, renewed, screen_configs, tune_seat
+from nbx_tune.tuner.tune import NullReporter, first_compiles, renewed, screen_configs, tune_seat
 
 CLAIM_TTL_S = 120.0  # a dead holder's seat is free again this long after its last heartbeat
 WAIT_POLL_S = 1.0
+# The compile pool is kept this many configs ahead of the seat being tuned: the next seats'
+# first configs (a re-certification's few contenders, a shortlist) compile while this one
+# is screened and timed, instead of after, one seat at a time.
+PREFETCH_CONFIGS = 16
 
 
 class _Heartbeat:
@@ -55,6 +59,7 @@ class SeatTuner:
         self.holder = holder or holder_id()
         self.claim_ttl = claim_ttl
         self.torch_device = "cpu" if device.target == "interpreter" else "cuda"
+        self.prefetched: dict = {}  # seat id -> how many configs were queued for it ahead
 
     def _worth_it(self, rec, spec, st) -> bool:
         """An unscreened seat is worked on only if a shape its winner was never screened at
@@ -70,6 +75,7 @@ class SeatTuner:
         todo = [ln for ln in lines if ln.id is not None]
         held_elsewhere = []
         for i, ln in enumerate(todo):
+            self.prefetch(todo[i + 1:])
             if not self._tune_one(ln, i, len(todo), run_id, reporter):
                 held_elsewhere.append(ln)
         # Seats another process was tuning: wait for it to finish them, or to die (its
@@ -119,6 +125,35 @@ class SeatTuner:
         except BaseException:
             self.store.release(seat_id, self.holder)
             raise
+
+    def prefetch(self, upcoming) -> None:
+        """Queue the first configs of the seats coming next, at most PREFETCH_CONFIGS ahead
+        (each seat once; a seat timing the whole space has the rest queued at its start, so
+        a fallback here does not wait behind it). Only for speed: a seat whose search turns
+        out other than planned here (an earlier seat informed it) compiles what it needs."""
+        if not hasattr(self.executor, "prefetch"):
+            return
+        ahead = 0
+        for ln in upcoming:
+            if ahead >= PREFETCH_CONFIGS:
+                return
+            if ln.id not in self.prefetched:
+                self.prefetched[ln.id] = 0
+                try:
+                    spec = get_spec(ln.kernel)
+                    rec = self.store.seat_records(seat_ids=[ln.id])[0]
+                    if seat_status(rec, spec, self.profile).status in ("pending", "stale") \
+                            or from_sibling(rec.cert_tuning, self.device):
+                        search = seat_search.for_seat(self.store, rec, spec, self.profile)
+                        job, first = first_compiles(spec, self.profile, ln.label, rec.problems,
+                                                    self.torch_device, search)
+                        first = first[:PREFETCH_CONFIGS - ahead]
+                        if job is not None and first:
+                            self.executor.prefetch(spec, job, first)
+                            self.prefetched[ln.id] = len(first)
+                except Exception:  # planning ahead never costs the census anything
+                    pass
+            ahead += self.prefetched[ln.id]
 
     def _rescreened(self, rec, spec, st, label, reporter):
         """The certificate renewed with its winner's screens at the shapes seen since it was

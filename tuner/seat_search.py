@@ -3,7 +3,8 @@
     a seat with a certificate in its history  -> re-certified from it (tuner/recertify.py)
     else, a table shipped in the package
           holds the seat (any provenance)     -> re-certified from that entry
-      (from a shortlist's ranking, the configs that won at near seats are timed beside it)
+      (from a shortlist's ranking, the configs that won at near seats are timed beside it,
+       fewer where the old winner stood clear of its runner-up)
     else, earlier seats of the kernel timed   -> ranked, or an audit (strategies/ranked.py)
     else                                      -> every candidate
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-from nbx_tune.tuner.recertify import EXPLORE, Recertify, seed_from_entry, seed_from_history
+from nbx_tune.tuner.recertify import EXPLORE, EXPLORE_CLEAR, Recertify, seed_from_entry, seed_from_history
 from nbx_tune.tuner.strategies.ranked import AUDIT_RATE, Ranked, label_fraction
 from nbx_tune.tuner.strategies.search import Full
 
@@ -45,7 +46,8 @@ def for_seat(store, rec, spec, profile):
             entry = shipped(profile.name).get((s.kernel, s.dtypes, s.flags, s.bucket))
             seed = seed_from_entry(entry, f"shipped table {profile.name}.json") if entry else None
         if seed is not None:
-            explore = () if seed.complete else ranked(store, s, label, profile).best(EXPLORE)
+            explore = () if seed.complete else ranked(store, s, label, profile).best(
+                EXPLORE_CLEAR if seed.clear else EXPLORE)
             return Recertify(seed, spec.config_space_hash, explore)
     r = ranked(store, s, label, profile)
     return r if r.informed else Full()

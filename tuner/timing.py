@@ -30,6 +30,25 @@ class Timing:
     p20_ms: float
     p80_ms: float
     method: str
+    rounds_spread: float | None = None  # (max - min) / median of the rounds' medians (`combine`)
+
+
+# The smallest difference a timing method can tell apart: CUDA/HIP events tick at about
+# half a microsecond, which is 10-25 % of a small element-wise kernel's time.
+RESOLUTION_MS = {"do_bench": 5e-4, "wall": 1e-4}
+
+
+def resolution_ms(method: str) -> float:
+    return next((ms for name, ms in RESOLUTION_MS.items() if method.startswith(name)), 0.0)
+
+
+def noise(t: Timing) -> float:
+    """How far a re-timing of the same config in the same conditions may plausibly land
+    from this one, relative: the larger of half the p20..p80 band of its launches, half
+    the range of its rounds' medians, and the timer's resolution."""
+    med = max(t.median_ms, 1e-12)
+    return max((t.p80_ms - t.p20_ms) / (2 * med), (t.rounds_spread or 0.0) / 2,
+               resolution_ms(t.method) / med, 0.0)
 
 
 class Benchmarker(Protocol):
@@ -179,8 +198,11 @@ def rounds_of(mode: str) -> int:
 def combine(rounds: list[Timing]) -> Timing:
     """One contender's timing from its interleaved rounds: the median of each statistic
     across rounds, so one round hit by a neighbour's burst does not move it."""
-    return Timing(statistics.median(t.median_ms for t in rounds), statistics.median(t.p20_ms for t in rounds),
-                  statistics.median(t.p80_ms for t in rounds), f"{rounds[0].method} x{len(rounds)} rounds")
+    meds = [t.median_ms for t in rounds]
+    mid = statistics.median(meds)
+    return Timing(mid, statistics.median(t.p20_ms for t in rounds),
+                  statistics.median(t.p80_ms for t in rounds), f"{rounds[0].method} x{len(rounds)} rounds",
+                  (max(meds) - min(meds)) / mid if mid > 0 else None)
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:

@@ -285,6 +285,17 @@ class _Refused:
         return [self.screen]
 
 
+def first_compiles(spec: KernelSpec, profile, label: str, problems: list[Problem], device: str, search=None):
+    """(the seat's job, the configs its search has the compile pool start on), or (None,
+    []) for a seat that is refused unlaunched: what `tune_seat` hands the executor, and
+    what a census queues ahead for the seats coming next (tuner/runner.py)."""
+    if unscreenable(spec, profile, problems):
+        return None, []
+    job, _ = seat_job(spec, profile, label, problems, device)
+    keep, _ = static_prune(spec, profile, job.time_problem)
+    return job, (search or Full()).compile_first(keep)
+
+
 def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], executor,
               strategy, device: str, reporter=None, search=None) -> SeatResult:
     """Certify one seat from the shapes a census saw in it (the steps of this module's
@@ -383,7 +394,9 @@ def renewed(cert, new_screens: list[ScreenResult], seconds: float) -> SeatResult
     winner = rec(cert.config, cert.median_ms, cert.p20_ms, cert.p80_ms, old + list(new_screens))
     runner = rec(cert.runner_up, cert.runner_up_ms, cert.runner_up_ms, cert.runner_up_ms) if cert.runner_up else None
     note = SearchNote(getattr(cert, "search", None) or "full",
-                      recertified_from=getattr(cert, "recertified_from", None))
+                      recertified_from=getattr(cert, "recertified_from", None),
+                      detail=getattr(cert, "search_detail", None) or "",
+                      sampled_regret=getattr(cert, "sampled_regret", None))
     return SeatResult("unscreened" if cert.unscreened else "certified", [], winner, runner, cert.margin,
                       unscreened=cert.unscreened, screened=tuple(dict.fromkeys(s.problem for s in winner.screens)),
                       screen_s=seconds, total_s=seconds, note=note)

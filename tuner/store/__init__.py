@@ -287,7 +287,9 @@ class Store:
                     screened_max=screened[-1].to_json() if screened else None,
                     unscreened=result.unscreened, timing_method=w.timing.method, created_at=utcnow(),
                     search=_search_columns(result)["search"], recertified_from=getattr(
-                        getattr(result, "note", None), "recertified_from", None)))
+                        getattr(result, "note", None), "recertified_from", None),
+                    search_detail=getattr(getattr(result, "note", None), "detail", None) or None,
+                    sampled_regret=getattr(getattr(result, "note", None), "sampled_regret", None)))
             s.execute(update(Seat).where(Seat.id == seat_id).values(claimed_by=None, claim_expires=None))
             return t.id
 

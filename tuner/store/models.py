@@ -190,6 +190,10 @@ class Certificate(Base):
     timing_method: Mapped[str] = mapped_column(String(32))
     search: Mapped[str] = mapped_column(String(16), default="full", server_default="full")
     recertified_from: Mapped[str | None] = mapped_column(Text)  # the tuning it was re-certified from
+    search_detail: Mapped[str | None] = mapped_column(Text)  # why it was (or was not) tuned in full
+    # An imported certificate's sampled regret ({"audits", "median", "max"} JSON), which the
+    # importing database never measured: kept so an export carries it on.
+    sampled_regret: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     superseded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     superseded_reason: Mapped[str | None] = mapped_column(Text)

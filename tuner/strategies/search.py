@@ -30,7 +30,8 @@ class SearchNote:
     seeded_from: int | None = None  # the tuning a re-certification started from
     recertified_from: str | None = None  # that tuning, in words that survive an export
     shortcut_loss: float | None = None  # audit: the ranked pick's loss against the best
-    detail: str = ""  # why, for the console
+    detail: str = ""  # why, for the console and the certificate
+    sampled_regret: str | None = None  # an imported certificate's regret (JSON), kept when it is renewed
 
 
 class Full:

@@ -1,0 +1,40 @@
+"""bench/recertify_cost.py: the seats it re-certifies are a seeded sample of the shipped
+table with every kernel in it, and the trace rows it hands both censuses hold exactly those
+seats, with every shape the full traces give them."""
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import recertify_cost as rc  # noqa: E402
+
+from nbx_tune.kernels.certified import TABLE_DIR  # noqa: E402
+from nbx_tune.profiles import get_profile  # noqa: E402
+from nbx_tune.tuner.census import plan  # noqa: E402
+from nbx_tune.tuner.trace import Trace  # noqa: E402
+
+
+def test_the_sample_is_seeded_holds_every_kernel_and_is_shared_by_size():
+    keys = [("big", "", "", f"b{i}") for i in range(40)] + [("mid", "", "", f"b{i}") for i in range(10)] \
+        + [("one", "", "", "b0")]
+    got = rc.sample(keys, 12, 0)
+    assert len(got) == 12 and got == rc.sample(keys, 12, 0) and got != rc.sample(keys, 12, 1)
+    n = Counter(k[0] for k in got)
+    assert n["one"] == 1 and n["big"] > n["mid"] >= 1
+    assert rc.sample(keys, None, 0) == sorted(keys) and rc.sample(keys, 999, 0) == sorted(keys)
+
+
+def test_the_rows_hold_the_chosen_shipped_seats_with_all_their_shapes():
+    profile = get_profile("hopper")
+    table = json.loads((TABLE_DIR / "hopper.json").read_text())
+    shipped = {(e["kernel"], e["dtypes"], e["flags"], e["bucket"]) for e in table["entries"]}
+    traces = [t for t in rc.TRACES if "llama2_7b_seq512" in t or "gpt2" in t]
+    every, held = rc.seat_rows(traces, profile, shipped)
+    chosen = set(rc.sample(held, 10, 0))
+    rows, keys = rc.seat_rows(traces, profile, chosen)
+    assert keys == chosen
+    whole = plan(Trace("all", tuple(every)), "", profile).seats
+    part = plan(Trace("part", tuple(rows)), "", profile).seats
+    assert set(part) == chosen and all(part[k].problems == whole[k].problems for k in chosen)
