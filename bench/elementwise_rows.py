@@ -12,8 +12,8 @@ replay (bench/torch_compare.py's capture and rounds). Inputs rotate through up t
 (about 96 MB) on every side. Outputs: every side allocates its output per call (the caching
 allocator then hands back the same block, as in a model), so both sides write alike;
 `rot-out` also times the best config writing into one output per input set, as
-bench/torch_compare.py's nbx side does (torch's side there allocates per call: its output
-stays in the L2 across calls and nbx's do not). Each config's result is checked once
+bench/torch_compare.py's spec path once did (torch's side allocates per call:
+its output stays in the L2 across calls, the rotating ones do not). Each config's result is checked once
 against an fp64 reference (torch in float64; exact rows: bit for bit against torch).
 Prints a table per row (ms, GB/s = bytes read and written / time, torch/config) and a
 summary (torch/best, best config, torch/certified); JSON in $OUT/elementwise_rows.json.
@@ -277,7 +277,7 @@ def run(args) -> int:
         ok = {s: t for s, t in times.items() if s != "torch" and s not in extra and checks.get(s) == "ok"}
         best = min(ok, key=ok.get) if ok else None
         rot = None
-        if best is not None:  # the best config writing one output per input set (torch_compare's nbx side)
+        if best is not None:  # the best config writing one output per input set (torch_compare's old nbx side)
             bc = next(c for c in configs if str(c) == best)
             outs = [torch.empty_like(want) for _ in range(k)]
             out_name = next(iter(spec.output_specs(problem)))
@@ -313,7 +313,7 @@ def run(args) -> int:
         rot_txt = "-"
         if rot:
             rot_txt = f"{rot['torch'] / rot['rot']:.3f}"
-            print(f"   best {best} writing one output per set (torch_compare's nbx side): torch/it "
+            print(f"   best {best} writing one output per set (torch_compare's old nbx side): torch/it "
                   f"{rot_txt} (vs {rot['torch'] / rot[best]:.3f} allocating per call)")
         summary.append([sr["name"], f"{nbytes / 1e6:.1f}", f"{tt * 1e3:.2f}",
                         f"{times[best] * 1e3:.2f}" if best else "-",

@@ -206,8 +206,8 @@ def launch_copy_seat(x, y, plan, config: Config) -> None:
     if not flat:
         launch_copy_plan(x, y, plan, _base(config))
         return
-    grid, masked = stream_grid(n, config, y.device)
-    _flat_copy_kernel[grid](x, y, n, INT64=n > INDEX_LIMIT, MASKED=masked, **config.kwargs)
+    grid, kw = stream_launch(n, config, y.device)
+    _flat_copy_kernel[grid](x, y, n, INT64=n > INDEX_LIMIT, **kw)
 
 
 def dense(x: torch.Tensor) -> torch.Tensor:
@@ -240,12 +240,14 @@ CONFIGS = (_c(512, 4), _c(1024, 4), _c(2048, 8), _c(4096, 8), _c(8192, 16))
 DEFAULTS = (_c(1024, 4),)
 STAGING = DEFAULTS[0]  # `dense`'s copies
 # The copy spec's flat seats also take the stream levers (`_flat_copy_kernel`): more bytes
-# per thread, a persistent grid of PERSIST programs per SM, evict-first loads (EVICT).
+# per thread, a persistent grid of PERSIST programs per SM, evict-first loads (EVICT), a
+# block that shrinks until the grid has FILL programs per SM.
 FLAT_CONFIGS = CONFIGS + (_c(16384, 16), _c(4096, 8, PERSIST=8), _c(8192, 16, PERSIST=4),
-                          _c(8192, 16, EVICT=1), _c(8192, 16, PERSIST=4, EVICT=1))
-STREAM_KEYS = ("PERSIST", "EVICT")  # meta-parameters only the flat stream kernels take
+                          _c(8192, 16, EVICT=1), _c(8192, 16, PERSIST=4, EVICT=1), _c(16384, 16, FILL=4))
+STREAM_KEYS = ("PERSIST", "EVICT", "FILL")  # meta-parameters only the flat stream kernels take
 INTERPRETER_SMS = 4  # the CPU interpreter's stand-in for the SM count of a persistent grid
 _sms: dict = {}
+_stream_memo: dict = {}
 
 
 def _base(config: Config) -> Config:
@@ -256,20 +258,35 @@ def _base(config: Config) -> Config:
                   config.num_stages)
 
 
-def stream_grid(n: int, config: Config, device) -> tuple[tuple[int], bool]:
-    """(grid, masked) of a flat stream of n elements: one program per block, or with
-    PERSIST, at most PERSIST programs per SM striding over the blocks; masked unless every
-    block is full."""
-    block = config["BLOCK_SIZE"]
+def stream_launch(n: int, config: Config, device) -> tuple[tuple[int], dict]:
+    """(grid, kernel keyword arguments) of a flat stream of n elements under config: one
+    program per block, or with PERSIST at most PERSIST programs per SM striding over the
+    blocks; FILL: the block halved (down to 4 elements a thread) until the grid has FILL
+    programs per SM, so that one config fills the machine over its whole bucket (the
+    `elements` ladder spans 16x); MASKED unless every block is full."""
+    key = (n, config, device)
+    hit = _stream_memo.get(key)
+    if hit is not None:
+        return hit
+    meta = dict(config.meta)
+    block, persist, fill = meta["BLOCK_SIZE"], meta.pop("PERSIST", 0), meta.pop("FILL", 0)
+    sms = _sms.get(device)
+    if sms is None and (persist or fill):
+        sms = _sms[device] = (torch.cuda.get_device_properties(device).multi_processor_count
+                              if device.type == "cuda" else INTERPRETER_SMS)
+    while fill and block > 128 * config.num_warps and triton.cdiv(n, block) < fill * sms:
+        block //= 2
     blocks = triton.cdiv(n, block)
-    persist = dict(config.meta).get("PERSIST", 0)
     if persist:
-        sms = _sms.get(device)
-        if sms is None:
-            sms = _sms[device] = (torch.cuda.get_device_properties(device).multi_processor_count
-                                  if device.type == "cuda" else INTERPRETER_SMS)
         blocks = min(blocks, persist * sms)
-    return (blocks,), n % block != 0
+        meta["PERSIST"] = persist
+    meta["BLOCK_SIZE"] = block
+    got = ((blocks,), {**meta, "MASKED": n % block != 0, "num_warps": config.num_warps,
+                       "num_stages": config.num_stages})
+    if len(_stream_memo) >= 1 << 12:
+        _stream_memo.clear()
+    _stream_memo[key] = got
+    return got
 
 
 def cast_supported(src: str, dst: str) -> str | None:
@@ -311,11 +328,11 @@ class CopySpec(KernelSpec):
 
     def source_parts(self):
         return (_copy_kernel, copy_plan, launch_copy_plan, launch_copy, _flat_copy_kernel, _flat_copy_block,
-                launch_copy_seat, stream_grid, _base)
+                launch_copy_seat, stream_launch, _base)
 
     def static_refusal(self, profile, config, problem):
         if dict(problem.flags).get("layout") != "flat" and _base(config) is not config:
-            return ("not_applicable", "the stream levers (PERSIST, EVICT) are the flat copy's only")
+            return ("not_applicable", "the stream levers (PERSIST, EVICT, FILL) are the flat copy's only")
         return super().static_refusal(profile, config, problem)
 
     def problem_from_row(self, row):

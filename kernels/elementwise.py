@@ -31,7 +31,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
-from nbx_tune.kernels.copy import contiguous_strides, copy_plan, dense, stream_grid
+from nbx_tune.kernels.copy import contiguous_strides, copy_plan, dense, stream_launch
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import elementwise as oracle
@@ -343,11 +343,11 @@ def launch_unary(x, y, fn: str, params: tuple, config: Config, plan=None) -> Non
     same shape as y)."""
     n = y.numel()
     nd, d1, d2, d3, s0, s1, s2, s3 = plan or unary_plan(x)
-    grid, masked = stream_grid(n, config, y.device)
+    grid, kw = stream_launch(n, config, y.device)
     extent = 0 if nd == 0 else sum((k - 1) * s for k, s in zip(x.shape, x.stride()))
     _unary_kernel[grid](x, y, n, float(params[0]), float(params[1]), float(params[2]),
                         d1, d2, d3, s0, s1, s2, s3, FN=fn, INT64=max(n, extent) > INDEX_LIMIT,
-                        IPOW=small_int_pow(fn, params), NDIM=nd, MASKED=masked, **config.kwargs)
+                        IPOW=small_int_pow(fn, params), NDIM=nd, **kw)
 
 
 def broadcast_shape(*shapes) -> tuple[int, ...] | None:
@@ -447,13 +447,13 @@ def launch_binary_plan(a, b, out, plan, fn: str, b_value: float, alpha: float, c
     d, ls_a = _levels(sizes, sa)
     _, ls_b = _levels(sizes, sb)
     extent = max(sum((k - 1) * abs(s) for k, s in zip(sizes, st)) for st in (sa, sb))
-    grid, masked = stream_grid(n, config, out.device)
+    grid, kw = stream_launch(n, config, out.device)
     num = float if out.dtype.is_floating_point else int
     _binary_kernel[grid](
         a, a if b is None else b, out, n, num(b_value), num(alpha),
         d[0], d[1], d[2], d[3], *ls_a, *ls_b,
         FN=fn, A_KIND=a_kind, B_KIND=b_kind, NDIM=len(sizes),
-        INT64=max(n, extent) > INDEX_LIMIT, INT=num is int, MASKED=masked, **config.kwargs,
+        INT64=max(n, extent) > INDEX_LIMIT, INT=num is int, **kw,
     )
 
 
@@ -475,15 +475,17 @@ def _c(block, warps, **extra):
 # and the grid's length); num_warps sets elements per thread (8 fp16 = one 128-bit access at
 # BLOCK 1024 / 4 warps). No loop, so nothing to pipeline: one stage. The last ones are the
 # stream levers for mid-size launches (1-8 M elements): more bytes per thread, a persistent
-# grid (PERSIST programs per SM, full occupancy at PERSIST x warps = 64) and evict-first
-# loads of the inputs (EVICT), so the L2 keeps the output that the next op reads.
+# grid (PERSIST programs per SM, full occupancy at PERSIST x warps = 64), evict-first
+# loads of the inputs (EVICT), so the L2 keeps the output that the next op reads, and a
+# block that shrinks until the grid has FILL programs per SM (16384 elements in 16 warps is
+# 128 programs at 2 M elements: under one per SM of the H200's 132).
 CONFIGS = (
     _c(256, 2), _c(256, 4), _c(512, 2), _c(512, 4), _c(1024, 4), _c(1024, 8), _c(2048, 4),
     _c(2048, 8), _c(4096, 4), _c(4096, 8), _c(4096, 16), _c(8192, 8), _c(8192, 16),
     _c(16384, 16),
     _c(16384, 8), _c(32768, 16), _c(2048, 4, PERSIST=16), _c(4096, 8, PERSIST=8),
     _c(8192, 16, PERSIST=4), _c(4096, 8, EVICT=1), _c(16384, 16, EVICT=1),
-    _c(8192, 16, PERSIST=4, EVICT=1),
+    _c(8192, 16, PERSIST=4, EVICT=1), _c(16384, 16, FILL=4), _c(8192, 8, FILL=8),
 )
 DEFAULTS = (_c(1024, 4), _c(256, 4))
 
@@ -554,7 +556,7 @@ class ElementwiseUnarySpec(KernelSpec):
 
     def source_parts(self):
         return (_tanh_f32, _unary_math, _unary_kernel, pow_params, small_int_pow, launch_unary, unary_plan,
-                _block_start, _stream_load, _stream_store, _strided_offsets, _unary_block, stream_grid)
+                _block_start, _stream_load, _stream_store, _strided_offsets, _unary_block, stream_launch)
 
     def problem_from_row(self, row):
         op = row.op.removesuffix(".default")
@@ -703,7 +705,7 @@ class ElementwiseBinarySpec(KernelSpec):
     def source_parts(self):
         return (_binary_math, _binary_kernel, _contiguous_strides, _expanded_strides, binary_plan,
                 _levels, launch_binary_plan, launch_binary, _block_start, _stream_load, _stream_store,
-                _binary_block, stream_grid)
+                _binary_block, stream_launch)
 
     def problem_from_row(self, row):
         op = row.op.removesuffix(".default")

@@ -1,5 +1,6 @@
 """The stream levers of the element-wise and copy kernels on the interpreter: every config of
-their spaces (persistent grids, evict-first loads, unmasked full blocks, large blocks)
+their spaces (persistent grids, evict-first loads, unmasked full blocks, large blocks,
+blocks shrunk to fill the SMs)
 against fp64 oracles at odd sizes and at whole blocks, the unary kernel's strided input
 (rotary's x[..., 64:] read in place, no staging copy) and the one-launch cat of two
 halves of a contiguous tensor."""
@@ -21,7 +22,8 @@ from nbx_tune.profiles import get_profile
 RTOL = {torch.float16: 2e-2, torch.float32: 1e-5}
 # Small blocks on a one-SM stand-in: a persistent grid of 2 programs loops over many blocks.
 LOOPING = (Config.make(BLOCK_SIZE=64, num_warps=2, num_stages=1, PERSIST=2),
-           Config.make(BLOCK_SIZE=32, num_warps=1, num_stages=1, PERSIST=1, EVICT=1))
+           Config.make(BLOCK_SIZE=32, num_warps=1, num_stages=1, PERSIST=1, EVICT=1),
+           Config.make(BLOCK_SIZE=1024, num_warps=1, num_stages=1, FILL=3))
 
 
 @pytest.fixture(autouse=True)
@@ -34,6 +36,7 @@ def _registered():
 def one_sm(monkeypatch):
     monkeypatch.setattr(cp, "INTERPRETER_SMS", 1)
     monkeypatch.setattr(cp, "_sms", {})
+    monkeypatch.setattr(cp, "_stream_memo", {})
 
 
 def _launches(monkeypatch) -> list:
@@ -162,13 +165,22 @@ def test_stream_levers_are_the_flat_copys_only():
     assert cp._base(levers[0]).key() == f"BLOCK_SIZE={levers[0]['BLOCK_SIZE']},num_warps={levers[0].num_warps},num_stages=1"
 
 
-def test_stream_grid_persistent_programs_and_masks(one_sm):
+def test_stream_launch_persistent_grid_fill_and_masks(one_sm):
     cpu = torch.device("cpu")
-    plain, persist = Config.make(BLOCK_SIZE=64, num_stages=1), Config.make(BLOCK_SIZE=64, num_stages=1, PERSIST=3)
-    assert cp.stream_grid(1001, plain, cpu) == ((16,), True)
-    assert cp.stream_grid(1024, plain, cpu) == ((16,), False)
-    assert cp.stream_grid(1024, persist, cpu) == ((3,), False)  # 3 programs per SM, one SM
-    assert cp.stream_grid(100, persist, cpu) == ((2,), True)  # never more programs than blocks
+
+    def launch(n, **meta):
+        grid, kw = cp.stream_launch(n, Config.make(num_warps=1, num_stages=1, **meta), cpu)
+        return grid[0], kw["BLOCK_SIZE"], kw["MASKED"], kw.get("PERSIST"), "FILL" in kw
+
+    assert launch(1001, BLOCK_SIZE=64) == (16, 64, True, None, False)
+    assert launch(1024, BLOCK_SIZE=64) == (16, 64, False, None, False)  # whole blocks: no mask
+    assert launch(1024, BLOCK_SIZE=64, PERSIST=3) == (3, 64, False, 3, False)  # 3 programs per SM, one SM
+    assert launch(100, BLOCK_SIZE=64, PERSIST=3) == (2, 64, True, 3, False)  # never more programs than blocks
+    # FILL: the block halves until the grid has FILL programs per SM, down to 128 a warp
+    assert launch(1000, BLOCK_SIZE=1024, FILL=2) == (2, 512, True, None, False)
+    assert launch(4096, BLOCK_SIZE=1024, FILL=8) == (8, 512, False, None, False)
+    assert launch(256, BLOCK_SIZE=1024, FILL=8) == (2, 128, False, None, False)  # the floor
+    assert launch(1 << 20, BLOCK_SIZE=1024, FILL=8) == (1024, 1024, False, None, False)
 
 
 def test_row_stride_of_halves_transposes_and_expands():
