@@ -3,8 +3,9 @@ strided copy kernel.
 
 `copy` serves `_to_copy` / `clone` / `copy_`: out[i] = x[i] converted to out's dtype, any
 strides on either side (a clone of a transposed tensor, `.contiguous()`, a broadcast
-`copy_`). `cat` of two non-empty contiguous inputs (rotary's halves, a KV cache grown by a
-token) writes the whole output in one launch of `_cat2_kernel`; any other cat writes each
+`copy_`). `cat` of two non-empty inputs laid out as rows of contiguous elements (contiguous
+ones, rotary's halves of a contiguous tensor, a KV cache grown by a token) writes the whole
+output in one launch of `_cat2_kernel`, in 2-D tiles; any other cat writes each
 input into its slice of the output with the copy kernel, one launch per non-empty input
 (torch skips legacy 1-D empty inputs, and so does `cat`).
 
@@ -124,26 +125,28 @@ _flat_copy_kernel = launch.recorded(_flat_copy_kernel)
 
 
 @triton.jit
-def _cat2_kernel(x0_ptr, x1_ptr, y_ptr, n, inner0, inner1, rs0, rs1,
-                 INT64: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """y = cat(x0, x1) in one pass, y contiguous: y viewed as rows of inner0 + inner1
-    elements (inner_i: x_i's size on the cat dim times the sizes after it) takes column c
-    from x0 where c < inner0, else from x1. x_i is rows of inner_i contiguous elements,
-    rs_i apart (inner_i where x_i is contiguous; rotary's halves x[..., :64] of a
-    contiguous x: the full row's length)."""
+def _cat2_kernel(x0_ptr, x1_ptr, y_ptr, rows, inner0, inner1, rs0, rs1, col_blocks,
+                 INT64: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    """y = cat(x0, x1) in one pass, y contiguous: y viewed as `rows` rows of inner0 +
+    inner1 elements (inner_i: x_i's size on the cat dim times the sizes after it) takes
+    column c from x0 where c < inner0, else from x1. x_i is rows of inner_i contiguous
+    elements, rs_i apart (inner_i where x_i is contiguous; rotary's halves x[..., :64] of a
+    contiguous x: the full row's length). A program writes a BLOCK_ROWS x BLOCK_COLS tile:
+    columns stay contiguous (no division per element), so the loads vectorize."""
     pid = tl.program_id(0)
+    pid_r = pid // col_blocks
+    c = (pid - pid_r * col_blocks) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
     if INT64:
-        start = pid.to(tl.int64) * BLOCK_SIZE
+        r = pid_r.to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     else:
-        start = pid * BLOCK_SIZE
-    offs = start + tl.arange(0, BLOCK_SIZE)
-    mask = offs < n
-    row = offs // (inner0 + inner1)
-    col = offs - row * (inner0 + inner1)
-    first = col < inner0
-    a = tl.load(x0_ptr + (row * rs0 + col), mask=mask & first)
-    b = tl.load(x1_ptr + (row * rs1 + (col - inner0)), mask=mask & (col >= inner0))
-    tl.store(y_ptr + offs, tl.where(first, a, b), mask=mask)
+        r = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    width = inner0 + inner1
+    in_rows = (r < rows)[:, None]
+    first = (c < inner0)[None, :]
+    second = ((c >= inner0) & (c < width))[None, :]
+    a = tl.load(x0_ptr + (r[:, None] * rs0 + c[None, :]), mask=in_rows & first)
+    b = tl.load(x1_ptr + (r[:, None] * rs1 + (c - inner0)[None, :]), mask=in_rows & second)
+    tl.store(y_ptr + (r[:, None] * width + c[None, :]), tl.where(first, a, b), mask=in_rows & (first | second))
 
 
 _cat2_kernel = launch.recorded(_cat2_kernel)
@@ -444,20 +447,30 @@ def row_stride(shape, strides, dim: int) -> int | None:
     return outer[-1][1]
 
 
+def cat2_tile(rows: int, width: int, block: int) -> tuple[int, int]:
+    """(BLOCK_ROWS, BLOCK_COLS) of `_cat2_kernel`: a tile of `block` elements, as wide as a
+    row allows (a power of two)."""
+    cols = min(triton.next_power_of_2(width), block)
+    return max(1, block // cols), cols
+
+
 def launch_cat2(x0, x1, out, dim: int, config: Config) -> None:
     """out = cat((x0, x1), dim) in one launch; out contiguous, each input rows of
     contiguous elements (`row_stride` not None), neither input empty (x0 and x1 may be one
     tensor: cat((x, x)))."""
     dim = dim % out.dim()
     after = numel(tuple(out.shape)[dim + 1:])
-    n = out.numel()
     rows = numel(tuple(out.shape)[:dim])
     inner = [x.shape[dim] * after for x in (x0, x1)]
     rs = [row_stride(tuple(x.shape), x.stride(), dim) for x in (x0, x1)]
-    extent = max(n, *((rows - 1) * r + i for r, i in zip(rs, inner)))
-    grid = (triton.cdiv(n, config["BLOCK_SIZE"]),)
-    _cat2_kernel[grid](x0, x1, out, n, inner[0], inner[1], rs[0], rs[1],
-                       INT64=extent > INDEX_LIMIT, **_base(config).kwargs)
+    width = inner[0] + inner[1]
+    br, bc = cat2_tile(rows, width, config["BLOCK_SIZE"])
+    extent = (rows + br) * max(width, *rs) + width  # past every offset formed, masked rows included
+    col_blocks = triton.cdiv(width, bc)
+    grid = (triton.cdiv(rows, br) * col_blocks,)
+    _cat2_kernel[grid](x0, x1, out, rows, inner[0], inner[1], rs[0], rs[1], col_blocks,
+                       INT64=extent > INDEX_LIMIT, BLOCK_ROWS=br, BLOCK_COLS=bc,
+                       num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 def _one_launch(x, dim: int) -> bool:
@@ -496,7 +509,7 @@ class CatSpec(KernelSpec):
 
     def source_parts(self):
         return (_copy_kernel, copy_plan, launch_copy_plan, launch_cat, _legacy_empty, _cat2_kernel, launch_cat2,
-                row_stride, _one_launch, _base)
+                row_stride, _one_launch, _base, cat2_tile)
 
     def problem_from_row(self, row):
         if row.op.removesuffix(".default") != "aten.cat":

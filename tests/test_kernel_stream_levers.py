@@ -207,7 +207,15 @@ def test_cat_of_strided_halves_is_one_launch(dt, monkeypatch):
         assert torch.equal(got, torch.cat(xs, dim)) and got.dtype == dt
         assert np.array_equal(got.numpy(), moracle.cat([t.numpy() for t in xs], dim))
         assert launched == ["_cat2_kernel"], (dim, launched)
-    cfg = Config.make(BLOCK_SIZE=32, num_warps=1, num_stages=1)  # several programs
-    out = torch.zeros(2, 3, 5, 14, dtype=dt)
-    cp.launch_cat([x2, x1], out, -1, cfg)
-    assert torch.equal(out, torch.cat([x2, x1], -1))
+    # every config, and small tiles: many programs, a row split over column blocks, 1-D
+    small = [Config.make(BLOCK_SIZE=b, num_warps=1, num_stages=1) for b in (4, 32)]
+    v = (torch.randn(37, generator=g) * 100).to(dt)
+    for cfg in (*cp.CAT_SPEC.configs(), *small):
+        out = torch.zeros(2, 3, 5, 14, dtype=dt)
+        cp.launch_cat([x2, x1], out, -1, cfg)
+        assert torch.equal(out, torch.cat([x2, x1], -1)), str(cfg)
+        out = torch.zeros(37 + 30, dtype=dt)
+        cp.launch_cat([v, v[3:33]], out, 0, cfg)
+        assert torch.equal(out, torch.cat([v, v[3:33]], 0)), str(cfg)
+    assert cp.cat2_tile(96, 128, 8192) == (64, 128) and cp.cat2_tile(1, 10**6, 1024) == (1, 1024)
+    assert cp.cat2_tile(5, 3, 4) == (1, 4)
