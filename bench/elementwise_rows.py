@@ -52,7 +52,11 @@ def row_specs(smoke: bool) -> list[dict]:
         {"name": "add bf16 gpt2", "kind": "add", "dt": bf16, "shape": s(1, 1024, 3072)},
         {"name": "neg bf16 half decode-b64", "kind": "neg_half", "dt": bf16, "shape": s(64, 32, 1, 128)},
         {"name": "neg bf16 half llama2-512", "kind": "neg_half", "dt": bf16, "shape": s(1, 32, 512, 128)},
-        {"name": "cat(-x2, x1) bf16 llama2-512", "kind": "cat_half", "dt": bf16, "shape": s(1, 32, 512, 128)},
+        {"name": "cat(-x2, x1) bf16 llama2-512", "kind": "cat", "dt": bf16, "half": True, "dim": -1,
+         "shapes": [s(1, 32, 512, 64)] * 2},
+        {"name": "cat halves bf16 llama3-1000", "kind": "cat", "dt": bf16, "dim": -1, "shapes": [s(1, 32, 1000, 64)] * 2},
+        {"name": "cat kv-grow bf16 b1-4096", "kind": "cat", "dt": bf16, "dim": -2,
+         "shapes": [s(1, 32, 4096, 128), s(1, 32, 1, 128)]},
     ]
 
 
@@ -71,7 +75,8 @@ def build(spec_row: dict, device: str):
     from nbx_tune.kernels import elementwise as ew
     from nbx_tune.kernels.rows import make_row
 
-    kind, dt, shape = spec_row["kind"], spec_row["dt"], tuple(spec_row["shape"])
+    kind, dt = spec_row["kind"], spec_row["dt"]
+    shape = tuple(spec_row.get("shape", ()))
     n = math.prod(shape)
     size = getattr(torch, dt).itemsize
     extra = {}
@@ -129,7 +134,7 @@ def build(spec_row: dict, device: str):
                      if s != ())
         return spec, problem, make_set, torch_fn, nbx, extra, ref, kind == "cast", nbytes
 
-    half = shape[-1] // 2
+    half = shape[-1] // 2 if shape else 0
     if kind == "neg_half":
         spec = ew.UNARY_SPEC
         problem = spec.problem_from_row(make_row("aten.neg", [dt], [shape[:-1] + (half,)]))
@@ -153,29 +158,38 @@ def build(spec_row: dict, device: str):
         # reads one half, writes it: n elements moved
         return spec, problem, make_set, (lambda ins: torch.neg(ins["x"])), nbx, extra, None, True, n * size
 
-    # cat_half: rotate_half's cat((-x2, x1), -1): -x2 contiguous (neg's output), x1 a half
+    # cat: the inputs' shapes and dim; `half`: the second input is the first half of a
+    # tensor twice as wide on the last dim (rotate_half's cat((-x2, x1), -1))
     spec = cp.CAT_SPEC
-    hs = shape[:-1] + (half,)
-    problem = spec.problem_from_row(make_row("aten.cat", [dt, dt], [hs, hs], {"dim": "-1"}))
+    shapes, dim = [tuple(x) for x in spec_row["shapes"]], spec_row["dim"]
+    problem = spec.problem_from_row(make_row("aten.cat", [dt, dt], shapes, {"dim": str(dim)}))
+    out_shape = tuple(problem.get("out_shape"))
 
     def make_set():
-        return {"a": _rand(hs, dt, device), "x1": _rand(shape, dt, device)[..., :half]}
+        b = shapes[1]
+        if spec_row.get("half"):
+            x1 = _rand(b[:-1] + (2 * b[-1],), dt, device)[..., :b[-1]]
+        else:
+            x1 = _rand(b, dt, device)
+        return {"a": _rand(shapes[0], dt, device), "x1": x1}
 
     def nbx(config, ins):
-        out = torch.empty(shape, dtype=ins["a"].dtype, device=device)
-        cp.launch_cat([ins["a"], ins["x1"]], out, -1, config)
+        out = torch.empty(out_shape, dtype=ins["a"].dtype, device=device)
+        cp.launch_cat([ins["a"], ins["x1"]], out, dim, config)
         return out
 
-    def two_copies(ins):  # before: each input copied into its slice
-        out = torch.empty(shape, dtype=ins["a"].dtype, device=device)
-        for x, lo in ((ins["a"], 0), (ins["x1"], half)):
-            y = out[..., lo:lo + half]
+    def two_copies(ins):  # each input copied into its slice (a strided input's path before)
+        out = torch.empty(out_shape, dtype=ins["a"].dtype, device=device)
+        lo = 0
+        for x in (ins["a"], ins["x1"]):
+            y = out.narrow(dim, lo, x.shape[dim])
             cp.launch_copy_plan(x, y, cp.copy_plan(tuple(x.shape), x.stride(), y.stride()), cp.DEFAULTS[0])
+            lo += x.shape[dim]
         return out
 
     extra["two copies"] = two_copies
-    return (spec, problem, make_set, (lambda ins: torch.cat([ins["a"], ins["x1"]], -1)), nbx, extra, None, True,
-            2 * n * size)
+    return (spec, problem, make_set, (lambda ins: torch.cat([ins["a"], ins["x1"]], dim)), nbx, extra, None, True,
+            2 * math.prod(out_shape) * size)
 
 
 def shipped_config(spec, problem) -> str | None:
@@ -285,7 +299,7 @@ def run(args) -> int:
             def rot_fn(i, bc=bc):
                 ins, out = sets[i % k], outs[i % k]
                 if spec.name == "cat":
-                    cp.launch_cat([ins["a"], ins["x1"]], out, -1, bc)
+                    cp.launch_cat([ins["a"], ins["x1"]], out, problem.get("dim"), bc)
                 else:
                     spec.launch(bc, problem, ins, {out_name: out})
             rot = graph_times({"rot": rot_fn, "torch": sides["torch"], best: sides[best]}, rep_ms, device=device)
@@ -295,7 +309,7 @@ def run(args) -> int:
             lines.append({"side": s, "ms": t, "gbps": nbytes / t / 1e6 if t else None,
                           "torch_over": tt / t if t else None, "check": checks.get(s, "ok"),
                           "certified": s == str(cert), "shipped": s == shipped})
-        res = {"row": sr["name"], "spec": spec.name, "shape": sr["shape"], "dtypes": problem.dtypes,
+        res = {"row": sr["name"], "spec": spec.name, "shape": sr.get("shape") or sr["shapes"], "dtypes": problem.dtypes,
                "bytes": nbytes, "sets": k, "certified_config": str(cert), "best": best,
                "torch_over_best": tt / times[best] if best else None,
                "torch_over_certified": tt / times[str(cert)] if str(cert) in times else None,
@@ -303,7 +317,7 @@ def run(args) -> int:
                "rot_out": rot, "sides": lines,
                "bad_configs": {s: v for s, v in checks.items() if v != "ok"}}
         report["rows"].append(res)
-        print(f"\n== {sr['name']}: {spec.name} {','.join(problem.dtypes)} {sr['shape']}, "
+        print(f"\n== {sr['name']}: {spec.name} {','.join(problem.dtypes)} {sr.get('shape') or sr['shapes']}, "
               f"{nbytes / 1e6:.1f} MB moved, {k} input sets, served {cert}, shipped {shipped}")
         print(table([[ln["side"][:52], f"{ln['ms'] * 1e3:.2f}", f"{ln['gbps']:.0f}" if ln["gbps"] else "-",
                       f"{ln['torch_over']:.3f}" if ln["torch_over"] else "-",
