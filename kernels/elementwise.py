@@ -255,13 +255,13 @@ def _binary_block(a_ptr, b_ptr, out_ptr, start, n, b_value, alpha, D1, D2, D3, D
     elif A_KIND == 1:
         a = tl.load(a_ptr)
     else:
-        a = _stream_load(a_ptr + a_off, mask, 1, MASKED, EVICT)
+        a = _stream_load(a_ptr + a_off, mask, 1, MASKED, 0)  # a broadcast operand is read again
     if B_KIND == 0:
         b = _stream_load(b_ptr + offs, mask, 1, MASKED, EVICT)
     elif B_KIND == 1:
         b = tl.load(b_ptr)
     elif B_KIND == 2:
-        b = _stream_load(b_ptr + b_off, mask, 1, MASKED, EVICT)
+        b = _stream_load(b_ptr + b_off, mask, 1, MASKED, 0)
     else:
         b = b_value  # a float argument (an int one when INT)
     if INT:  # exact; `+ zeros` because an int argument of 1 arrives as a constexpr
