@@ -3,8 +3,8 @@ cos, pow by a scalar) and binary with broadcasting (add, sub, rsub, mul, div, ma
 minimum) in fp16, bf16 and fp32.
 
 Two specs, one per kernel: `elementwise_unary` (one stream in, contiguous or strided, one
-contiguous out) and
-`elementwise_binary` (two operands, each contiguous, a scalar, or strided/broadcast). They
+contiguous out) and `elementwise_binary` (two operands, each contiguous, a scalar, or
+strided/broadcast). They
 are separate kernels because their launchers, inputs and code paths differ; inside each,
 the function is a constexpr (`fn=gelu_tanh`), so it is a seat flag. Every op computes in
 fp32 (load, `.to(tl.float32)`, compute, cast on store), which is what torch's CUDA kernels
