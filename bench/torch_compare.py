@@ -11,7 +11,8 @@ Per row, both sides are timed the same way in alternating rounds (_common.side_b
 - graph: kernel time per call under CUDA-graph replay (a graph of G calls, replayed);
 - eager: milliseconds per call launched from Python in a loop (host launch path included).
 Operands rotate through several copies (about 96 MB in all, at most 4) on both sides, so a
-weight matrix is not served from the 50 MB L2 on the next call, as in a model.
+weight matrix is not served from the 50 MB L2 on the next call, as in a model; outputs are
+allocated per call on both sides (the caching allocator hands back the block just freed).
 
 nbx side: the certified config of the row's seat (the DB named by NBX_TUNE_DB, tables,
 shipped tables: kernels/certified.py), through the public op where one takes the row as is
@@ -191,11 +192,14 @@ def nbx_call(spec, problem, row, device: str):
 
             ins = {n: torch.from_numpy(np.ascontiguousarray(v)).to(getattr(torch, dt)).to(device)
                    for n, (v, dt) in spec.make_inputs(problem, np.random.default_rng(0)).items()}
-        outs = {n: torch.empty(s, dtype=getattr(torch, dt), device=device)
-                for n, (s, dt) in spec.output_specs(problem).items()}
+        out_specs = [(n, s, getattr(torch, dt)) for n, (s, dt) in spec.output_specs(problem).items()]
+        outs = {n: torch.empty(s, dtype=d, device=device) for n, s, d in out_specs}
         pub = _public(spec, problem, row, ins, outs)
         if pub is None:
-            pub = (lambda ins=ins, outs=outs: spec.launch(config, problem, ins, outs))
+            # Outputs allocated per call, as torch's op (and the public ops) allocate theirs:
+            # one output per operand set would leave the L2 each call while torch's stays.
+            pub = (lambda ins=ins: spec.launch(config, problem, ins, {
+                n: torch.empty(s, dtype=d, device=device) for n, s, d in out_specs}))
         sets.append(pub)
     path = "public" if _public(spec, problem, row, ins, outs) is not None else "spec"
     return (lambda i: sets[i % len(sets)]()), str(config), is_cert, path

@@ -3,8 +3,9 @@ strided copy kernel.
 
 `copy` serves `_to_copy` / `clone` / `copy_`: out[i] = x[i] converted to out's dtype, any
 strides on either side (a clone of a transposed tensor, `.contiguous()`, a broadcast
-`copy_`). `cat` of two non-empty contiguous inputs (rotary's halves, a KV cache grown by a
-token) writes the whole output in one launch of `_cat2_kernel`; any other cat writes each
+`copy_`). `cat` of two non-empty inputs laid out as rows of contiguous elements (contiguous
+ones, rotary's halves of a contiguous tensor, a KV cache grown by a token) writes the whole
+output in one launch of `_cat2_kernel`, in 2-D tiles; any other cat writes each
 input into its slice of the output with the copy kernel, one launch per non-empty input
 (torch skips legacy 1-D empty inputs, and so does `cat`).
 
@@ -84,24 +85,68 @@ _copy_kernel = launch.recorded(_copy_kernel)  # its calls are replayed (kernels/
 
 
 @triton.jit
-def _cat2_kernel(x0_ptr, x1_ptr, y_ptr, n, inner0, inner1,
-                 INT64: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """y = cat(x0, x1) in one pass, all three contiguous: y viewed as rows of
-    inner0 + inner1 elements (inner_i: x_i's size on the cat dim times the sizes after it)
-    takes column c from x0 where c < inner0, else from x1."""
+def _flat_copy_kernel(x_ptr, y_ptr, n, INT64: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                      MASKED: tl.constexpr = True, PERSIST: tl.constexpr = 0, EVICT: tl.constexpr = 0):
+    """y = x cast to y's dtype, both contiguous alike (the copy spec's `flat` seats).
+    MASKED False: every block is full. PERSIST > 0: a fixed grid (PERSIST programs per SM)
+    strides over the blocks. EVICT: the source is loaded evict-first (read once)."""
     pid = tl.program_id(0)
-    if INT64:
-        start = pid.to(tl.int64) * BLOCK_SIZE
+    if PERSIST > 0:
+        nprog = tl.num_programs(0)
+        for it in range(0, tl.cdiv(tl.cdiv(n, BLOCK_SIZE) - pid, nprog)):
+            _flat_copy_block(x_ptr, y_ptr, pid + it * nprog, n, INT64, BLOCK_SIZE, MASKED, EVICT)
     else:
-        start = pid * BLOCK_SIZE
-    offs = start + tl.arange(0, BLOCK_SIZE)
-    mask = offs < n
-    row = offs // (inner0 + inner1)
-    col = offs - row * (inner0 + inner1)
-    first = col < inner0
-    a = tl.load(x0_ptr + (row * inner0 + col), mask=mask & first)
-    b = tl.load(x1_ptr + (row * inner1 + (col - inner0)), mask=mask & (col >= inner0))
-    tl.store(y_ptr + offs, tl.where(first, a, b), mask=mask)
+        _flat_copy_block(x_ptr, y_ptr, pid, n, INT64, BLOCK_SIZE, MASKED, EVICT)
+
+
+@triton.jit
+def _flat_copy_block(x_ptr, y_ptr, blk, n, INT64: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                     MASKED: tl.constexpr, EVICT: tl.constexpr):
+    if INT64:
+        offs = blk.to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    else:
+        offs = blk * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    if MASKED:
+        mask = offs < n
+        if EVICT:
+            x = tl.load(x_ptr + offs, mask=mask, eviction_policy="evict_first")
+        else:
+            x = tl.load(x_ptr + offs, mask=mask)
+        tl.store(y_ptr + offs, x.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        if EVICT:
+            x = tl.load(x_ptr + offs, eviction_policy="evict_first")
+        else:
+            x = tl.load(x_ptr + offs)
+        tl.store(y_ptr + offs, x.to(y_ptr.dtype.element_ty))
+
+
+_flat_copy_kernel = launch.recorded(_flat_copy_kernel)
+
+
+@triton.jit
+def _cat2_kernel(x0_ptr, x1_ptr, y_ptr, rows, inner0, inner1, rs0, rs1, col_blocks,
+                 INT64: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    """y = cat(x0, x1) in one pass, y contiguous: y viewed as `rows` rows of inner0 +
+    inner1 elements (inner_i: x_i's size on the cat dim times the sizes after it) takes
+    column c from x0 where c < inner0, else from x1. x_i is rows of inner_i contiguous
+    elements, rs_i apart (inner_i where x_i is contiguous; rotary's halves x[..., :64] of a
+    contiguous x: the full row's length). A program writes a BLOCK_ROWS x BLOCK_COLS tile:
+    columns stay contiguous (no division per element), so the loads vectorize."""
+    pid = tl.program_id(0)
+    pid_r = pid // col_blocks
+    c = (pid - pid_r * col_blocks) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+    if INT64:
+        r = pid_r.to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    else:
+        r = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    width = inner0 + inner1
+    in_rows = (r < rows)[:, None]
+    first = (c < inner0)[None, :]
+    second = ((c >= inner0) & (c < width))[None, :]
+    a = tl.load(x0_ptr + (r[:, None] * rs0 + c[None, :]), mask=in_rows & first)
+    b = tl.load(x1_ptr + (r[:, None] * rs1 + (c - inner0)[None, :]), mask=in_rows & second)
+    tl.store(y_ptr + (r[:, None] * width + c[None, :]), tl.where(first, a, b), mask=in_rows & (first | second))
 
 
 _cat2_kernel = launch.recorded(_cat2_kernel)
@@ -154,7 +199,18 @@ def launch_copy_plan(x, y, plan, config: Config) -> None:
 
 def launch_copy(x, y, config: Config) -> None:
     """y = x (same shape; x may broadcast by stride 0), cast to y's dtype, any strides."""
-    launch_copy_plan(x, y, copy_plan(tuple(y.shape), x.stride(), y.stride()), config)
+    launch_copy_seat(x, y, copy_plan(tuple(y.shape), x.stride(), y.stride()), config)
+
+
+def launch_copy_seat(x, y, plan, config: Config) -> None:
+    """A copy of the copy spec's seats: a flat plan on the flat stream kernel (every
+    FLAT_CONFIGS lever), any other on the strided copy kernel."""
+    n, flat = plan[0], plan[1]
+    if not flat:
+        launch_copy_plan(x, y, plan, _base(config))
+        return
+    grid, kw = stream_launch(n, config, y.device)
+    _flat_copy_kernel[grid](x, y, n, INT64=n > INDEX_LIMIT, **kw)
 
 
 def dense(x: torch.Tensor) -> torch.Tensor:
@@ -178,14 +234,62 @@ def dense(x: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- configs
 
-def _c(block, warps):
-    return Config.make(BLOCK_SIZE=block, num_warps=warps, num_stages=1)
+def _c(block, warps, **extra):
+    return Config.make(BLOCK_SIZE=block, num_warps=warps, num_stages=1, **extra)
 
 
 # A stream with no loop: the block and the warps are all a config changes (one stage).
 CONFIGS = (_c(512, 4), _c(1024, 4), _c(2048, 8), _c(4096, 8), _c(8192, 16))
 DEFAULTS = (_c(1024, 4),)
 STAGING = DEFAULTS[0]  # `dense`'s copies
+# The copy spec's flat seats also take the stream levers (`_flat_copy_kernel`): more bytes
+# per thread, a persistent grid of PERSIST programs per SM, evict-first loads (EVICT), a
+# block that shrinks until the grid has FILL programs per SM.
+FLAT_CONFIGS = CONFIGS + (_c(16384, 16), _c(4096, 8, PERSIST=8), _c(8192, 16, PERSIST=4),
+                          _c(8192, 16, EVICT=1), _c(8192, 16, PERSIST=4, EVICT=1), _c(16384, 16, FILL=4))
+STREAM_KEYS = ("PERSIST", "EVICT", "FILL")  # meta-parameters only the flat stream kernels take
+INTERPRETER_SMS = 4  # the CPU interpreter's stand-in for the SM count of a persistent grid
+_sms: dict = {}
+_stream_memo: dict = {}
+
+
+def _base(config: Config) -> Config:
+    """config without the stream-only levers: what the strided and cat kernels take."""
+    if not any(k in STREAM_KEYS for k, _ in config.meta):
+        return config
+    return Config(tuple((k, v) for k, v in config.meta if k not in STREAM_KEYS), config.num_warps,
+                  config.num_stages)
+
+
+def stream_launch(n: int, config: Config, device) -> tuple[tuple[int], dict]:
+    """(grid, kernel keyword arguments) of a flat stream of n elements under config: one
+    program per block, or with PERSIST at most PERSIST programs per SM striding over the
+    blocks; FILL: the block halved (down to 4 elements a thread) until the grid has FILL
+    programs per SM, so that one config fills the machine over its whole bucket (the
+    `elements` ladder spans 16x); MASKED unless every block is full."""
+    key = (n, config, device)
+    hit = _stream_memo.get(key)
+    if hit is not None:
+        return hit
+    meta = dict(config.meta)
+    block, persist, fill = meta["BLOCK_SIZE"], meta.pop("PERSIST", 0), meta.pop("FILL", 0)
+    sms = _sms.get(device)
+    if sms is None and (persist or fill):
+        sms = _sms[device] = (torch.cuda.get_device_properties(device).multi_processor_count
+                              if device.type == "cuda" else INTERPRETER_SMS)
+    while fill and block > 128 * config.num_warps and triton.cdiv(n, block) < fill * sms:
+        block //= 2
+    blocks = triton.cdiv(n, block)
+    if persist:
+        blocks = min(blocks, persist * sms)
+        meta["PERSIST"] = persist
+    meta["BLOCK_SIZE"] = block
+    got = ((blocks,), {**meta, "MASKED": n % block != 0, "num_warps": config.num_warps,
+                       "num_stages": config.num_stages})
+    if len(_stream_memo) >= 1 << 12:
+        _stream_memo.clear()
+    _stream_memo[key] = got
+    return got
 
 
 def cast_supported(src: str, dst: str) -> str | None:
@@ -222,11 +326,17 @@ class CopySpec(KernelSpec):
     exact = True
     description = "copies and dtype casts: _to_copy, clone, copy_ (any strides)"
 
-    config_space = CONFIGS
+    config_space = FLAT_CONFIGS
     default_configs = DEFAULTS
 
     def source_parts(self):
-        return (_copy_kernel, copy_plan, launch_copy_plan, launch_copy)
+        return (_copy_kernel, copy_plan, launch_copy_plan, launch_copy, _flat_copy_kernel, _flat_copy_block,
+                launch_copy_seat, stream_launch, _base)
+
+    def static_refusal(self, profile, config, problem):
+        if dict(problem.flags).get("layout") != "flat" and _base(config) is not config:
+            return ("not_applicable", "the stream levers (PERSIST, EVICT, FILL) are the flat copy's only")
+        return super().static_refusal(profile, config, problem)
 
     def problem_from_row(self, row):
         op = row.op.removesuffix(".default")
@@ -320,22 +430,59 @@ def cat_shape(shapes, dim: int) -> tuple[tuple[int, ...], int] | str:
     return tuple(out), dim
 
 
+def row_stride(shape, strides, dim: int) -> int | None:
+    """x (shape, strides) as rows of its elements from `dim` on, those contiguous: the
+    distance between rows (elements), or None where x is not laid out so."""
+    inner, acc = tuple(shape[dim:]), 1
+    for d, s in zip(reversed(inner), reversed(tuple(strides[dim:]))):
+        if d != 1 and s != acc:
+            return None
+        acc *= d
+    outer = [(d, s) for d, s in zip(shape[:dim], strides[:dim]) if d != 1]
+    if not outer:
+        return acc
+    for (d0, s0), (d1, s1) in zip(outer, outer[1:]):  # the outer dims must merge into one
+        if s0 != s1 * d1:
+            return None
+    return outer[-1][1]
+
+
+def cat2_tile(rows: int, width: int, block: int) -> tuple[int, int]:
+    """(BLOCK_ROWS, BLOCK_COLS) of `_cat2_kernel`: a tile of `block` elements, as wide as a
+    row allows (a power of two)."""
+    cols = min(triton.next_power_of_2(width), block)
+    return max(1, block // cols), cols
+
+
 def launch_cat2(x0, x1, out, dim: int, config: Config) -> None:
-    """out = cat((x0, x1), dim) in one launch; all three contiguous, neither input empty
-    (x0 and x1 may be one tensor: cat((x, x)))."""
-    after = numel(tuple(out.shape)[dim % out.dim() + 1:])
-    n = out.numel()
-    grid = (triton.cdiv(n, config["BLOCK_SIZE"]),)
-    # Every offset the kernel forms (row * inner_i + col, the output's) is below n.
-    _cat2_kernel[grid](x0, x1, out, n, x0.shape[dim] * after, x1.shape[dim] * after,
-                       INT64=n > INDEX_LIMIT, **config.kwargs)
+    """out = cat((x0, x1), dim) in one launch; out contiguous, each input rows of
+    contiguous elements (`row_stride` not None), neither input empty (x0 and x1 may be one
+    tensor: cat((x, x)))."""
+    dim = dim % out.dim()
+    after = numel(tuple(out.shape)[dim + 1:])
+    rows = numel(tuple(out.shape)[:dim])
+    inner = [x.shape[dim] * after for x in (x0, x1)]
+    rs = [row_stride(tuple(x.shape), x.stride(), dim) for x in (x0, x1)]
+    width = inner[0] + inner[1]
+    br, bc = cat2_tile(rows, width, config["BLOCK_SIZE"])
+    extent = (rows + br) * max(width, *rs) + width  # past every offset formed, masked rows included
+    col_blocks = triton.cdiv(width, bc)
+    grid = (triton.cdiv(rows, br) * col_blocks,)
+    _cat2_kernel[grid](x0, x1, out, rows, inner[0], inner[1], rs[0], rs[1], col_blocks,
+                       INT64=extent > INDEX_LIMIT, BLOCK_ROWS=br, BLOCK_COLS=bc,
+                       num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def _one_launch(x, dim: int) -> bool:
+    return row_stride(tuple(x.shape), x.stride(), dim % x.dim()) is not None
 
 
 def launch_cat(xs, out, dim: int, config: Config) -> None:
-    """out = cat(xs, dim): two non-empty contiguous inputs into a contiguous out in one
-    launch (`_cat2_kernel`), else each non-empty input copied into its slice of out."""
+    """out = cat(xs, dim): two non-empty inputs laid out as rows (contiguous ones, halves
+    of a contiguous tensor) into a contiguous out in one launch (`_cat2_kernel`), else each
+    non-empty input copied into its slice of out."""
     kept = [x for x in xs if x.numel()]  # legacy 1-D empties and zero-size slices add nothing
-    if len(kept) == 2 and out.is_contiguous() and all(x.is_contiguous() for x in kept):
+    if len(kept) == 2 and out.is_contiguous() and all(_one_launch(x, dim) for x in kept):
         launch_cat2(kept[0], kept[1], out, dim, config)
         return
     offset = 0
@@ -345,7 +492,7 @@ def launch_cat(xs, out, dim: int, config: Config) -> None:
         size = x.shape[dim]
         if x.numel():
             y = out.narrow(dim, offset, size)
-            launch_copy_plan(x, y, copy_plan(tuple(x.shape), x.stride(), y.stride()), config)
+            launch_copy_plan(x, y, copy_plan(tuple(x.shape), x.stride(), y.stride()), _base(config))
         offset += size
 
 
@@ -361,7 +508,8 @@ class CatSpec(KernelSpec):
     default_configs = DEFAULTS
 
     def source_parts(self):
-        return (_copy_kernel, copy_plan, launch_copy_plan, launch_cat, _legacy_empty, _cat2_kernel, launch_cat2)
+        return (_copy_kernel, copy_plan, launch_copy_plan, launch_cat, _legacy_empty, _cat2_kernel, launch_cat2,
+                row_stride, _one_launch, _base, cat2_tile)
 
     def problem_from_row(self, row):
         if row.op.removesuffix(".default") != "aten.cat":
@@ -481,7 +629,7 @@ def _copy_into(x: torch.Tensor, y: torch.Tensor, what: str) -> torch.Tensor:
         raise KernelError(f"{what}: {e}") from None
     config = config_for(COPY_SPEC, (_NAMES[y.dtype], _NAMES[x.dtype]),
                         seat_flags(layout="flat" if plan[1] else "strided"), (plan[0],))
-    launch_copy_plan(x, y, plan, config)
+    launch_copy_seat(x, y, plan, config)
     return y
 
 

@@ -2,8 +2,9 @@
 cos, pow by a scalar) and binary with broadcasting (add, sub, rsub, mul, div, maximum,
 minimum) in fp16, bf16 and fp32.
 
-Two specs, one per kernel: `elementwise_unary` (one contiguous stream in, one out) and
-`elementwise_binary` (two operands, each contiguous, a scalar, or strided/broadcast). They
+Two specs, one per kernel: `elementwise_unary` (one stream in, contiguous or strided, one
+contiguous out) and `elementwise_binary` (two operands, each contiguous, a scalar, or
+strided/broadcast). They
 are separate kernels because their launchers, inputs and code paths differ; inside each,
 the function is a constexpr (`fn=gelu_tanh`), so it is a seat flag. Every op computes in
 fp32 (load, `.to(tl.float32)`, compute, cast on store), which is what torch's CUDA kernels
@@ -31,7 +32,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
-from nbx_tune.kernels.copy import dense
+from nbx_tune.kernels.copy import contiguous_strides, copy_plan, dense, stream_launch
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import elementwise as oracle
@@ -108,18 +109,91 @@ def _unary_math(x, p0, p1, p2, FN: tl.constexpr, IPOW: tl.constexpr = 0):
 
 
 @triton.jit
-def _unary_kernel(x_ptr, y_ptr, n, p0, p1, p2,
-                  FN: tl.constexpr, INT64: tl.constexpr, BLOCK_SIZE: tl.constexpr, IPOW: tl.constexpr = 0):
-    pid = tl.program_id(0)
+def _block_start(blk, BLOCK_SIZE: tl.constexpr, INT64: tl.constexpr):
     if INT64:
-        start = pid.to(tl.int64) * BLOCK_SIZE
+        start = blk.to(tl.int64) * BLOCK_SIZE
     else:
-        start = pid * BLOCK_SIZE
+        start = blk * BLOCK_SIZE
+    return start
+
+
+@triton.jit
+def _stream_load(ptrs, mask, other, MASKED: tl.constexpr, EVICT: tl.constexpr):
+    """A load of a stream read once: unmasked where every block is full (MASKED False);
+    EVICT: marked evict-first, so the L2 keeps what the next op reads (the output)."""
+    if MASKED:
+        if EVICT:
+            x = tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_first")
+        else:
+            x = tl.load(ptrs, mask=mask, other=other)
+    else:
+        if EVICT:
+            x = tl.load(ptrs, eviction_policy="evict_first")
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _stream_store(ptrs, y, mask, MASKED: tl.constexpr):
+    if MASKED:
+        tl.store(ptrs, y, mask=mask)
+    else:
+        tl.store(ptrs, y)
+
+
+@triton.jit
+def _strided_offsets(offs, NDIM: tl.constexpr, D1, D2, D3, S0, S1, S2, S3):
+    """Offsets of row-major element indices `offs` in a tensor of NDIM merged dims: sizes
+    D1..D3 of the innermost dims (D1 innermost), S1..S3 their strides, S0 the outermost's."""
+    rem = offs
+    off = offs * 0
+    if NDIM > 1:
+        i = rem % D1
+        rem = rem // D1
+        off += i * S1
+    if NDIM > 2:
+        i = rem % D2
+        rem = rem // D2
+        off += i * S2
+    if NDIM > 3:
+        i = rem % D3
+        rem = rem // D3
+        off += i * S3
+    return off + rem * S0
+
+
+@triton.jit
+def _unary_block(x_ptr, y_ptr, start, n, p0, p1, p2, D1, D2, D3, S0, S1, S2, S3,
+                 FN: tl.constexpr, IPOW: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                 NDIM: tl.constexpr, MASKED: tl.constexpr, EVICT: tl.constexpr):
     offs = start + tl.arange(0, BLOCK_SIZE)
     mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask, other=1.0).to(tl.float32)
+    if NDIM > 0:  # a strided input
+        x_off = _strided_offsets(offs, NDIM, D1, D2, D3, S0, S1, S2, S3)
+    else:
+        x_off = offs
+    x = _stream_load(x_ptr + x_off, mask, 1.0, MASKED, EVICT).to(tl.float32)
     y = _unary_math(x, p0, p1, p2, FN, IPOW)
-    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    _stream_store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask, MASKED)
+
+
+@triton.jit
+def _unary_kernel(x_ptr, y_ptr, n, p0, p1, p2, D1, D2, D3, S0, S1, S2, S3,
+                  FN: tl.constexpr, INT64: tl.constexpr, BLOCK_SIZE: tl.constexpr, IPOW: tl.constexpr = 0,
+                  NDIM: tl.constexpr = 0, MASKED: tl.constexpr = True, PERSIST: tl.constexpr = 0,
+                  EVICT: tl.constexpr = 0):
+    """y = FN(x), y contiguous; x contiguous (NDIM 0) or strided over NDIM merged dims.
+    PERSIST > 0: a fixed grid (PERSIST programs per SM) strides over the blocks."""
+    pid = tl.program_id(0)
+    if PERSIST > 0:
+        nprog = tl.num_programs(0)
+        for it in range(0, tl.cdiv(tl.cdiv(n, BLOCK_SIZE) - pid, nprog)):
+            _unary_block(x_ptr, y_ptr, _block_start(pid + it * nprog, BLOCK_SIZE, INT64), n, p0, p1, p2,
+                         D1, D2, D3, S0, S1, S2, S3, FN, IPOW, BLOCK_SIZE, NDIM, MASKED, EVICT)
+    else:
+        _unary_block(x_ptr, y_ptr, _block_start(pid, BLOCK_SIZE, INT64), n, p0, p1, p2,
+                     D1, D2, D3, S0, S1, S2, S3, FN, IPOW, BLOCK_SIZE, NDIM, MASKED, EVICT)
 
 
 _unary_kernel = launch.recorded(_unary_kernel)  # its calls are replayed (kernels/launch.py)
@@ -145,23 +219,10 @@ def _binary_math(a, b, alpha, FN: tl.constexpr):
 
 
 @triton.jit
-def _binary_kernel(a_ptr, b_ptr, out_ptr, n, b_value, alpha,
-                   D1, D2, D3, D4,
-                   SA0, SA1, SA2, SA3, SA4,
-                   SB0, SB1, SB2, SB3, SB4,
-                   FN: tl.constexpr, A_KIND: tl.constexpr, B_KIND: tl.constexpr,
-                   NDIM: tl.constexpr, INT64: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   INT: tl.constexpr = False):
-    """out[i] = FN(a, b) over the contiguous output (INT: integers, computed in int64). An operand is FLAT (0: its element i),
-    SCALAR (1: one element, loaded once), STRIDED (2: element i's broadcast offset) or
-    VALUE (3, b only: the runtime scalar b_value). STRIDED offsets decompose i over the
-    merged output dims: D1..D4 are the sizes of the innermost dims (D1 innermost), SA1..
-    the matching strides, SA0 the stride of the outermost dim."""
-    pid = tl.program_id(0)
-    if INT64:
-        start = pid.to(tl.int64) * BLOCK_SIZE
-    else:
-        start = pid * BLOCK_SIZE
+def _binary_block(a_ptr, b_ptr, out_ptr, start, n, b_value, alpha, D1, D2, D3, D4,
+                  SA0, SA1, SA2, SA3, SA4, SB0, SB1, SB2, SB3, SB4,
+                  FN: tl.constexpr, A_KIND: tl.constexpr, B_KIND: tl.constexpr, NDIM: tl.constexpr,
+                  BLOCK_SIZE: tl.constexpr, INT: tl.constexpr, MASKED: tl.constexpr, EVICT: tl.constexpr):
     offs = start + tl.arange(0, BLOCK_SIZE)
     mask = offs < n
     if A_KIND == 2 or B_KIND == 2:
@@ -191,17 +252,17 @@ def _binary_kernel(a_ptr, b_ptr, out_ptr, n, b_value, alpha,
         a_off += rem * SA0
         b_off += rem * SB0
     if A_KIND == 0:
-        a = tl.load(a_ptr + offs, mask=mask, other=1)
+        a = _stream_load(a_ptr + offs, mask, 1, MASKED, EVICT)
     elif A_KIND == 1:
         a = tl.load(a_ptr)
     else:
-        a = tl.load(a_ptr + a_off, mask=mask, other=1)
+        a = _stream_load(a_ptr + a_off, mask, 1, MASKED, 0)  # a broadcast operand is read again
     if B_KIND == 0:
-        b = tl.load(b_ptr + offs, mask=mask, other=1)
+        b = _stream_load(b_ptr + offs, mask, 1, MASKED, EVICT)
     elif B_KIND == 1:
         b = tl.load(b_ptr)
     elif B_KIND == 2:
-        b = tl.load(b_ptr + b_off, mask=mask, other=1)
+        b = _stream_load(b_ptr + b_off, mask, 1, MASKED, 0)
     else:
         b = b_value  # a float argument (an int one when INT)
     if INT:  # exact; `+ zeros` because an int argument of 1 arrives as a constexpr
@@ -211,7 +272,35 @@ def _binary_kernel(a_ptr, b_ptr, out_ptr, n, b_value, alpha,
         a = a.to(tl.float32)
         b = b.to(tl.float32)
     y = _binary_math(a, b, alpha, FN)
-    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    _stream_store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask, MASKED)
+
+
+@triton.jit
+def _binary_kernel(a_ptr, b_ptr, out_ptr, n, b_value, alpha,
+                   D1, D2, D3, D4,
+                   SA0, SA1, SA2, SA3, SA4,
+                   SB0, SB1, SB2, SB3, SB4,
+                   FN: tl.constexpr, A_KIND: tl.constexpr, B_KIND: tl.constexpr,
+                   NDIM: tl.constexpr, INT64: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                   INT: tl.constexpr = False, MASKED: tl.constexpr = True, PERSIST: tl.constexpr = 0,
+                   EVICT: tl.constexpr = 0):
+    """out[i] = FN(a, b) over the contiguous output (INT: integers, computed in int64). An operand is FLAT (0: its element i),
+    SCALAR (1: one element, loaded once), STRIDED (2: element i's broadcast offset) or
+    VALUE (3, b only: the runtime scalar b_value). STRIDED offsets decompose i over the
+    merged output dims: D1..D4 are the sizes of the innermost dims (D1 innermost), SA1..
+    the matching strides, SA0 the stride of the outermost dim. PERSIST > 0: a fixed grid
+    (PERSIST programs per SM) strides over the blocks."""
+    pid = tl.program_id(0)
+    if PERSIST > 0:
+        nprog = tl.num_programs(0)
+        for it in range(0, tl.cdiv(tl.cdiv(n, BLOCK_SIZE) - pid, nprog)):
+            _binary_block(a_ptr, b_ptr, out_ptr, _block_start(pid + it * nprog, BLOCK_SIZE, INT64), n,
+                          b_value, alpha, D1, D2, D3, D4, SA0, SA1, SA2, SA3, SA4, SB0, SB1, SB2, SB3, SB4,
+                          FN, A_KIND, B_KIND, NDIM, BLOCK_SIZE, INT, MASKED, EVICT)
+    else:
+        _binary_block(a_ptr, b_ptr, out_ptr, _block_start(pid, BLOCK_SIZE, INT64), n,
+                      b_value, alpha, D1, D2, D3, D4, SA0, SA1, SA2, SA3, SA4, SB0, SB1, SB2, SB3, SB4,
+                      FN, A_KIND, B_KIND, NDIM, BLOCK_SIZE, INT, MASKED, EVICT)
 
 
 _binary_kernel = launch.recorded(_binary_kernel)  # its calls are replayed (kernels/launch.py)
@@ -235,12 +324,31 @@ def small_int_pow(fn: str, params: tuple) -> int:
     return int(e) if fn == "pow" and params[1] and 1 <= e <= MAX_IPOW else 0
 
 
-def launch_unary(x, y, fn: str, params: tuple, config: Config) -> None:
-    """y = fn(x) over n contiguous elements (x and y contiguous, same numel)."""
+def unary_plan(x) -> tuple:
+    """(NDIM, D1..D3, S0..S3) of the unary kernel's input: NDIM 0 where x is contiguous, else
+    x's dims merged (copy_plan), innermost-first sizes and strides; more than the copy
+    kernel's MAX_RANK merged dims raise ValueError (the caller stages a copy)."""
+    if x.is_contiguous():
+        return (0, 1, 1, 1, 0, 0, 0, 0)
+    n, flat, sizes, sx, _ = copy_plan(tuple(x.shape), x.stride(), contiguous_strides(x.shape))
+    if flat:
+        return (0, 1, 1, 1, 0, 0, 0, 0)
+    nd = len(sizes)
+    d = [sizes[nd - 1 - k] if k < nd - 1 else 1 for k in range(3)]
+    st = [sx[0]] + [sx[nd - 1 - k] if k < nd - 1 else 0 for k in range(3)]
+    return (nd, *d, *st)
+
+
+def launch_unary(x, y, fn: str, params: tuple, config: Config, plan=None) -> None:
+    """y = fn(x) over n elements: y contiguous, x contiguous or strided (`unary_plan`, the
+    same shape as y)."""
     n = y.numel()
-    grid = (triton.cdiv(n, config["BLOCK_SIZE"]),)
+    nd, d1, d2, d3, s0, s1, s2, s3 = plan or unary_plan(x)
+    grid, kw = stream_launch(n, config, y.device)
+    extent = 0 if nd == 0 else sum((k - 1) * s for k, s in zip(x.shape, x.stride()))
     _unary_kernel[grid](x, y, n, float(params[0]), float(params[1]), float(params[2]),
-               FN=fn, INT64=n > INDEX_LIMIT, IPOW=small_int_pow(fn, params), **config.kwargs)
+                        d1, d2, d3, s0, s1, s2, s3, FN=fn, INT64=max(n, extent) > INDEX_LIMIT,
+                        IPOW=small_int_pow(fn, params), NDIM=nd, **kw)
 
 
 def broadcast_shape(*shapes) -> tuple[int, ...] | None:
@@ -340,13 +448,13 @@ def launch_binary_plan(a, b, out, plan, fn: str, b_value: float, alpha: float, c
     d, ls_a = _levels(sizes, sa)
     _, ls_b = _levels(sizes, sb)
     extent = max(sum((k - 1) * abs(s) for k, s in zip(sizes, st)) for st in (sa, sb))
-    grid = (triton.cdiv(n, config["BLOCK_SIZE"]),)
+    grid, kw = stream_launch(n, config, out.device)
     num = float if out.dtype.is_floating_point else int
     _binary_kernel[grid](
         a, a if b is None else b, out, n, num(b_value), num(alpha),
         d[0], d[1], d[2], d[3], *ls_a, *ls_b,
         FN=fn, A_KIND=a_kind, B_KIND=b_kind, NDIM=len(sizes),
-        INT64=max(n, extent) > INDEX_LIMIT, INT=num is int, **config.kwargs,
+        INT64=max(n, extent) > INDEX_LIMIT, INT=num is int, **kw,
     )
 
 
@@ -360,17 +468,25 @@ def launch_binary(a, b, out, fn: str, b_value: float, alpha: float, config: Conf
 
 # ----------------------------------------------------------------------------- configs
 
-def _c(block, warps):
-    return Config.make(BLOCK_SIZE=block, num_warps=warps, num_stages=1)
+def _c(block, warps, **extra):
+    return Config.make(BLOCK_SIZE=block, num_warps=warps, num_stages=1, **extra)
 
 
 # Memory-bound streams: the block is what a config changes (bytes in flight per program,
 # and the grid's length); num_warps sets elements per thread (8 fp16 = one 128-bit access at
-# BLOCK 1024 / 4 warps). No loop, so nothing to pipeline: one stage.
+# BLOCK 1024 / 4 warps). No loop, so nothing to pipeline: one stage. The last ones are the
+# stream levers for mid-size launches (1-8 M elements): more bytes per thread, a persistent
+# grid (PERSIST programs per SM, full occupancy at PERSIST x warps = 64), evict-first
+# loads of the inputs (EVICT), so the L2 keeps the output that the next op reads, and a
+# block that shrinks until the grid has FILL programs per SM (16384 elements in 16 warps is
+# 128 programs at 2 M elements: under one per SM of the H200's 132).
 CONFIGS = (
     _c(256, 2), _c(256, 4), _c(512, 2), _c(512, 4), _c(1024, 4), _c(1024, 8), _c(2048, 4),
     _c(2048, 8), _c(4096, 4), _c(4096, 8), _c(4096, 16), _c(8192, 8), _c(8192, 16),
     _c(16384, 16),
+    _c(16384, 8), _c(32768, 16), _c(2048, 4, PERSIST=16), _c(4096, 8, PERSIST=8),
+    _c(8192, 16, PERSIST=4), _c(4096, 8, EVICT=1), _c(16384, 16, EVICT=1),
+    _c(8192, 16, PERSIST=4, EVICT=1), _c(16384, 16, FILL=4), _c(8192, 8, FILL=8),
 )
 DEFAULTS = (_c(1024, 4), _c(256, 4))
 
@@ -440,7 +556,8 @@ class ElementwiseUnarySpec(KernelSpec):
         return 0  # no reduction, no layout conversion: registers only
 
     def source_parts(self):
-        return (_tanh_f32, _unary_math, _unary_kernel, pow_params, small_int_pow, launch_unary)
+        return (_tanh_f32, _unary_math, _unary_kernel, pow_params, small_int_pow, launch_unary, unary_plan,
+                _block_start, _stream_load, _stream_store, _strided_offsets, _unary_block, stream_launch)
 
     def problem_from_row(self, row):
         op = row.op.removesuffix(".default")
@@ -588,7 +705,8 @@ class ElementwiseBinarySpec(KernelSpec):
 
     def source_parts(self):
         return (_binary_math, _binary_kernel, _contiguous_strides, _expanded_strides, binary_plan,
-                _levels, launch_binary_plan, launch_binary)
+                _levels, launch_binary_plan, launch_binary, _block_start, _stream_load, _stream_store,
+                _binary_block, stream_launch)
 
     def problem_from_row(self, row):
         op = row.op.removesuffix(".default")
@@ -813,13 +931,17 @@ def _unary_call(fn: str, x: torch.Tensor, params) -> torch.Tensor:
     dt = _dtype_name(x, fn)
     if dt not in TORCH_DTYPES:
         raise KernelError(f"{fn}: dtype {x.dtype} is not served (float16, bfloat16, float32)")
-    x = dense(x)  # a copy by the copy kernel where it is not contiguous
     y = launch.empty(x.shape, x.dtype, x.device)
     n = x.numel()
     if n == 0:
         return y
+    try:  # a strided input (rotate_half's x[..., 64:]) is read in place
+        plan = unary_plan(x)
+    except ValueError:  # more merged dims than the kernel takes: a copy by the copy kernel
+        x = dense(x)
+        plan = None
     config = config_for(UNARY_SPEC, (dt,), _UNARY_FLAGS[fn], (n,))
-    launch_unary(x, y, fn, params, config)
+    launch_unary(x, y, fn, params, config, plan)
     return y
 
 

@@ -305,7 +305,8 @@ def test_a_strided_input_is_staged_by_the_copy_kernel_and_the_call_replayed(fake
     first = silu(x), softmax(x, -1)
     base.copy_(fresh(16, 74, seed=9))  # new data in the same buffer
     second = silu(x), softmax(x, -1)
-    assert fake.log == ["triton"] * 4 + ["direct"] * 4  # a copy and the op's kernel, each
+    # silu reads x in place (one kernel); softmax stages it (a copy and its kernel)
+    assert fake.log == ["triton"] * 3 + ["direct"] * 3
     launch.forget()
     assert all(torch.equal(r, t) for r, t in zip(second, (silu(x), softmax(x, -1))))
     ref = x.double()

@@ -64,8 +64,11 @@ def test_gpu_rows_are_servable_and_claim_every_dtype():
 def test_config_space():
     for spec in ew.SPECS:
         cs = spec.configs()
-        assert 10 <= len(cs) <= 20 and len(set(cs)) == len(cs)
+        assert 10 <= len(cs) <= 26 and len(set(cs)) == len(cs)
         assert all(c.num_stages == 1 for c in cs)
+        # the stream levers of mid-size launches: a persistent grid, evict-first loads
+        metas = [dict(c.meta) for c in cs]
+        assert any(m.get("PERSIST") for m in metas) and any(m.get("EVICT") for m in metas)
         assert len({c["BLOCK_SIZE"] for c in cs}) >= 5 and len({c.num_warps for c in cs}) >= 3
         assert spec.default_config(PROFILE, None) in cs
         assert all(spec.smem_bytes(c, None) == 0 for c in cs)
