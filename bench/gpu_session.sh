@@ -17,6 +17,8 @@
 # pointwise kernel's default and best PW config), fleet (one GPU's worker against two on the same queue, cold caches; needs 2 GPUs),
 # compare (every served row of the example traces against torch: bench/torch_compare.py), speed (new GEMM
 # and attention candidates against fp64, then every config of the space timed against torch, certified and the HBM floor),
+# attn (every prefill attention config, the Hopper levers included, checked and timed against torch's SDPA at the
+# Llama-3-8B, Llama-2-7B and GPT-2 prefill shapes: bench/attention_prefill.py),
 # recert (every shipped hopper seat re-certified after a source change, against a fresh census),
 # serve (transformers' Llama at 7B's dims, 2 layers: the timed prefill and decode traced, their
 # census into the session database (SERVE_ARGS="--census-budget-s N", default 180; --no-census
@@ -24,8 +26,8 @@
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them). Studies (lab/<study>/) are run directly, not from here.
 # Limits are env overrides: TRUST_S ORACLE_S CENSUS8B_S FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
-# COVERAGE_S SERVED_S DIRECT_S POINTWISE_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S SERVE_S
-# (COMPARE_BUDGET_S, SPEED_BUDGET_S: when compare, speed stop starting new work);
+# COVERAGE_S SERVED_S DIRECT_S POINTWISE_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S ATTN_S SERVE_S
+# (COMPARE_BUDGET_S, SPEED_BUDGET_S, ATTN_BUDGET_S: when compare, speed, attn stop starting new work);
 # CENSUS_TRACES: the trace files of the census stage, CENSUS_TOTAL_S its whole budget; QUALITY_ARGS: e.g. --buckets-only.
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
@@ -85,6 +87,7 @@ for s in $STAGES; do case $s in
   profile) stage ${PROFILE_S:-150} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv \
              --profile "$OUT/profile" ;;
   speed) stage ${SPEED_S:-330} python3 bench/speed_candidates.py --budget-s ${SPEED_BUDGET_S:-270} ;;
+  attn) stage ${ATTN_S:-240} python3 bench/attention_prefill.py --budget-s ${ATTN_BUDGET_S:-180} ;;
   compare) stage ${COMPARE_S:-330} python3 bench/torch_compare.py --budget-s ${COMPARE_BUDGET_S:-270} ;;
   pycache) export PYTHONPYCACHEPREFIX=/tmp/pycache; unset PYTHONDONTWRITEBYTECODE
            echo "=== bytecode cached under $PYTHONPYCACHEPREFIX from here on" | tee -a "$LOG" ;;

@@ -230,3 +230,24 @@ def test_lever_refusals():
     # WS without TMA is refused (the space has none; a hand-made one is).
     why = SPEC.static_refusal(HOPPER, _cfg(128, 64, WS=1), _problem(32, 8))
     assert why is not None and why[0] == "not_applicable"
+
+
+# ----------------------------------------------------------------------------- the bench
+
+def test_bench_smoke_checks_and_times_one_config_per_lever_set(tmp_path, monkeypatch):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import attention_prefill as bench
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(bench, "SMOKE_SHAPES", [(1, 4, 2, 24, 16, True)])
+    assert bench.main(["--smoke"]) == 0
+    report = json.loads((tmp_path / "attention_prefill.json").read_text())
+    sets = {r[3] for r in report["check"]}
+    assert {"-", "FMA", "TMA+FMA", "TMA+WS+FMA", "TMA+FMA+LPT"} <= sets, sets
+    assert all(r[-1] == "ok" for r in report["check"]) and {r[1] for r in report["check"]} == {"bhld", "blhd"}
+    (row,) = report["timing"]
+    assert row["torch_ms"] > 0 and row["best"] in row["sweep"] and row["plain"] in row["sweep"]
