@@ -19,6 +19,11 @@ sees key 0, so no row is ever fully masked (also for Lq > Lk). Key blocks every 
 program sees in full run without masks; the rest (the causal diagonal and the ragged key tail)
 run masked.
 
+Prefill configs may switch on the levers of Triton's fused-attention tutorial (constexprs,
+certified only where they win): FMA (the scale folded into the exponent's subtraction), TMA
+(K/V through tensor descriptors), WS (the unmasked loop warp-specialized) and LPT (every
+head's longest causal query block first). Decode configs (SPLIT_KV) have none of them.
+
 fp32 inputs multiply in IEEE fp32 (input_precision="ieee": both QK^T and PV), fp16/bf16 with
 the default (tensor cores, fp32 accumulation), P cast to the input dtype before PV.
 
@@ -472,8 +477,13 @@ CONFIGS = (
     # into the exponent's subtraction), TMA (K/V through descriptors; refused without a TMA
     # unit), WS (the unmasked loop warp-specialized, with TMA), LPT (causal: every head's
     # longest query block first, one grid axis; refused where not causal).
+    # 64-row tiles with 4 warps (one warp group) give a short prefill's few heads more
+    # programs than SMs; 128-row tiles with 8 warps are the tutorial's.
+    _c(64, 64, 4, 3, fma=1), _c(64, 64, 4, 4, fma=1), _c(64, 128, 4, 3, fma=1), _c(64, 64, 4, 3, fma=1, lpt=1),
+    _c(64, 64, 4, 3, tma=1, fma=1), _c(64, 64, 4, 4, tma=1, fma=1), _c(64, 128, 4, 2, tma=1, fma=1),
+    _c(64, 128, 4, 3, tma=1, fma=1), _c(64, 64, 4, 3, tma=1, fma=1, lpt=1), _c(64, 64, 4, 3, pack=4, tma=1, fma=1),
+    _c(64, 64, 4, 3, tma=1, ws=1, fma=1),
     _c(128, 64, 8, 3, fma=1), _c(128, 128, 8, 2, fma=1), _c(128, 64, 8, 3, fma=1, lpt=1),
-    _c(64, 64, 4, 3, tma=1, fma=1), _c(64, 128, 4, 2, tma=1, fma=1),
     _c(128, 64, 8, 3, tma=1, fma=1), _c(128, 64, 8, 4, tma=1, fma=1),
     _c(128, 128, 8, 2, tma=1, fma=1), _c(128, 128, 8, 3, tma=1, fma=1),
     _c(128, 64, 8, 3, tma=1, fma=1, lpt=1), _c(128, 128, 8, 2, tma=1, fma=1, lpt=1),
