@@ -9,7 +9,7 @@ config of the space at the shapes of issue 23, in one run.
 (b) time, per shape: torch, the config served now (certified, or the declared default:
     marked) and every config of the space, a coarse sweep under CUDA-graph replay, then
     torch, the served config, the best of the space, the best without the Hopper levers
-    (TMA, WS, FMA, LPT) and the best with each lever timed again side by side, longer.
+    (TMA, WS, FMA, LPT, PAIR) and the best with each lever timed again side by side, longer.
     K and V rotate through several buffers on both sides.
 
 Shapes (B, Hq, Hkv, L, D, causal): Llama-3-8B prefill 1x32/8x1000x128 and 1x32/8x1024x128,
@@ -38,7 +38,7 @@ from _common import environment, save, table  # noqa: E402
 SHAPES = [(1, 32, 8, 1000, 128, True), (1, 32, 8, 1024, 128, True), (1, 32, 32, 512, 128, True),
           (1, 12, 12, 1024, 64, True)]
 SMOKE_SHAPES = [(1, 4, 2, 40, 16, True), (1, 2, 2, 33, 32, True)]
-LEVERS = ("TMA", "WS", "FMA", "LPT")
+LEVERS = ("TMA", "WS", "FMA", "LPT", "PAIR")
 ROTATE_BYTES = 64 << 20
 T0 = time.perf_counter()
 

@@ -21,8 +21,9 @@ run masked.
 
 Prefill configs may switch on the levers of Triton's fused-attention tutorial (constexprs,
 certified only where they win): FMA (the scale folded into the exponent's subtraction), TMA
-(K/V through tensor descriptors), WS (the unmasked loop warp-specialized) and LPT (every
-head's longest causal query block first). Decode configs (SPLIT_KV) have none of them.
+(K/V through tensor descriptors), WS (the unmasked loop warp-specialized), LPT (every
+head's longest causal query block first) and PAIR (a long and a short causal query block per
+program). Decode configs (SPLIT_KV) have none of them.
 
 fp32 inputs multiply in IEEE fp32 (input_precision="ieee": both QK^T and PV), fp16/bf16 with
 the default (tensor cores, fp32 accumulation), P cast to the input dtype before PV.
@@ -94,43 +95,18 @@ def _attn_step(q, k, v, m_i, l_i, acc, qk_scale, keep,
 
 
 @triton.jit
-def _attn_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, k_desc, v_desc,
-    Hq, GROUP, Lq, Lk, LSE_LEN,
-    stride_qb, stride_qh, stride_qm, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_ob, stride_oh, stride_om, stride_od,
-    stride_lb, stride_lh, stride_lm,
-    qk_scale,  # scale * log2(e)
+def _attn_fwd_rows(
+    pid_m, n_m, b, h0, kvh, q_ptr, k_base, v_base, o_ptr, lse_ptr, k_desc, v_desc,
+    Lq, Lk, LSE_LEN, stride_qb, stride_qh, stride_qm, stride_qd, stride_kn, stride_kd,
+    stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
+    stride_lm, qk_scale,
     IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACK: tl.constexpr = 1,
-    TMA: tl.constexpr = 0, WS: tl.constexpr = 0, FMA: tl.constexpr = 0, LPT: tl.constexpr = 0,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACK: tl.constexpr, TMA: tl.constexpr,
+    WS: tl.constexpr, FMA: tl.constexpr,
 ):
-    # PACK query heads of one key/value head share a program (PACK divides GROUP): row r is
-    # head h0 + r // QB at query start_m + r % QB, so each K/V tile is loaded once for all
-    # of them (grouped-query prefill). PACK = 1: one head, BLOCK_M queries.
+    # Query block pid_m (of n_m) of heads h0 .. h0 + PACK - 1: its output and logsumexp.
     QB: tl.constexpr = BLOCK_M // PACK
-    if LPT:
-        # One axis, query blocks outermost, longest first: every head's last (longest causal)
-        # block starts before any head's shorter ones, so the short ones fill the tail.
-        n_m = tl.cdiv(Lq, QB)
-        n_bh = tl.num_programs(0) // n_m
-        pid_m = n_m - 1 - tl.program_id(0) // n_bh
-        bh = (tl.program_id(0) % n_bh).to(tl.int64)
-    else:
-        # Causal: the longest query blocks (the last) of a head start first, so the short
-        # ones fill the machine's tail instead of one long block running alone at the end.
-        n_m = tl.num_programs(0)
-        pid_m = n_m - 1 - tl.program_id(0) if IS_CAUSAL else tl.program_id(0)
-        bh = tl.program_id(1).to(tl.int64)
-    b = bh // (Hq // PACK)
-    h0 = (bh % (Hq // PACK)) * PACK
-    kvh = h0 // GROUP
-    k_base = k_ptr + b * stride_kb + kvh * stride_kh
-    v_base = v_ptr + b * stride_vb + kvh * stride_vh
-
     start_m = pid_m * QB
     if PACK == 1:
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -217,6 +193,61 @@ def _attn_fwd_kernel(
         for j in tl.static_range(PACK):
             tl.store(lse_ptr + b * stride_lb + (h0 + j) * stride_lh + offs_t * stride_lm,
                      tl.full([32], float("inf"), dtype=tl.float32), mask=offs_t < LSE_LEN)
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, k_desc, v_desc,
+    Hq, GROUP, Lq, Lk, LSE_LEN,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_lb, stride_lh, stride_lm,
+    qk_scale,  # scale * log2(e)
+    IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACK: tl.constexpr = 1,
+    TMA: tl.constexpr = 0, WS: tl.constexpr = 0, FMA: tl.constexpr = 0, LPT: tl.constexpr = 0,
+    PAIR: tl.constexpr = 0,
+):
+    # PACK query heads of one key/value head share a program (PACK divides GROUP): row r is
+    # head h0 + r // QB at query start_m + r % QB, so each K/V tile is loaded once for all
+    # of them (grouped-query prefill). PACK = 1: one head, BLOCK_M queries.
+    QB: tl.constexpr = BLOCK_M // PACK
+    # PAIR: program j of a head runs query blocks n_m - 1 - j and j, a long causal block and
+    # a short one, so every program has about the same work (one wave where they all fit).
+    if LPT:
+        # One axis, query blocks outermost, longest first: every head's last (longest causal)
+        # block starts before any head's shorter ones, so the short ones fill the tail.
+        n_m = tl.cdiv(Lq, QB)
+        n_bh = tl.num_programs(0) // tl.cdiv(n_m, 1 + PAIR)
+        j = tl.program_id(0) // n_bh
+        bh = (tl.program_id(0) % n_bh).to(tl.int64)
+    else:
+        # Causal: the longest query blocks (the last) of a head start first, so the short
+        # ones fill the machine's tail instead of one long block running alone at the end.
+        n_m = tl.cdiv(Lq, QB) if PAIR else tl.num_programs(0)
+        j = tl.program_id(0)
+        bh = tl.program_id(1).to(tl.int64)
+    pid_m = n_m - 1 - j if IS_CAUSAL else j
+    b = bh // (Hq // PACK)
+    h0 = (bh % (Hq // PACK)) * PACK
+    kvh = h0 // GROUP
+    k_base = k_ptr + b * stride_kb + kvh * stride_kh
+    v_base = v_ptr + b * stride_vb + kvh * stride_vh
+    _attn_fwd_rows(pid_m, n_m, b, h0, kvh, q_ptr, k_base, v_base, o_ptr, lse_ptr, k_desc, v_desc,
+                   Lq, Lk, LSE_LEN, stride_qb, stride_qh, stride_qm, stride_qd, stride_kn, stride_kd,
+                   stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
+                   stride_lm, qk_scale, IS_CAUSAL, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, INPUT_PRECISION,
+                   BLOCK_M, BLOCK_N, PACK, TMA, WS, FMA)
+    if PAIR:
+        if j < n_m - 1 - j:
+            _attn_fwd_rows(n_m - 1 - pid_m, n_m, b, h0, kvh, q_ptr, k_base, v_base, o_ptr, lse_ptr, k_desc,
+                           v_desc, Lq, Lk, LSE_LEN, stride_qb, stride_qh, stride_qm, stride_qd, stride_kn,
+                           stride_kd, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od, stride_lb,
+                           stride_lh, stride_lm, qk_scale, IS_CAUSAL, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
+                           INPUT_PRECISION, BLOCK_M, BLOCK_N, PACK, TMA, WS, FMA)
 
 
 _attn_fwd_kernel = launch.recorded(_attn_fwd_kernel)  # its calls are replayed (kernels/launch.py)
@@ -371,6 +402,8 @@ def launch_attention(q, k, v, o, lse, scale: float, is_causal: bool, config: Con
     if kwargs.get("TMA"):
         k_desc, v_desc = kv_descriptors(k, v, config["BLOCK_N"], _block(D), _block(Dv))
     blocks, bh = triton.cdiv(Lq, config["BLOCK_M"] // pack), B * Hq // pack
+    if kwargs.get("PAIR"):
+        blocks = triton.cdiv(blocks, 2)  # a long and a short query block per program
     grid = (blocks * bh,) if kwargs.get("LPT") else (blocks, bh)
     _attn_fwd_kernel[grid](
         q, k, v, o, lse, k_desc, v_desc,
@@ -442,9 +475,9 @@ def launch_attention_decode(q, k, v, o, lse, scale: float, is_causal: bool, conf
         lse[:, :, Lq:].fill_(float("inf"))
 
 
-def _c(bm, bn, warps, stages, split=0, pack=1, tma=0, ws=0, fma=0, lpt=0):
+def _c(bm, bn, warps, stages, split=0, pack=1, tma=0, ws=0, fma=0, lpt=0, pair=0):
     extra = {"SPLIT_KV": split} if split else ({"PACK": pack} if pack > 1 else {})
-    for name, on in (("TMA", tma), ("WS", ws), ("FMA", fma), ("LPT", lpt)):
+    for name, on in (("TMA", tma), ("WS", ws), ("FMA", fma), ("LPT", lpt), ("PAIR", pair)):
         if on:
             extra[name] = 1
     return Config.make(BLOCK_M=bm, BLOCK_N=bn, **extra, num_warps=warps, num_stages=stages)
@@ -476,7 +509,8 @@ CONFIGS = (
     # Prefill with the levers of Triton's fused-attention tutorial: FMA (the scale folded
     # into the exponent's subtraction), TMA (K/V through descriptors; refused without a TMA
     # unit), WS (the unmasked loop warp-specialized, with TMA), LPT (causal: every head's
-    # longest query block first, one grid axis; refused where not causal).
+    # longest query block first, one grid axis), PAIR (causal: a long and a short query block
+    # per program); LPT and PAIR are refused where not causal.
     # 64-row tiles with 4 warps (one warp group) give a short prefill's few heads more
     # programs than SMs; 128-row tiles with 8 warps are the tutorial's.
     _c(64, 64, 4, 3, fma=1), _c(64, 64, 4, 4, fma=1), _c(64, 128, 4, 3, fma=1), _c(64, 64, 4, 3, fma=1, lpt=1),
@@ -491,6 +525,8 @@ CONFIGS = (
     _c(128, 128, 8, 2, pack=2, tma=1, fma=1, lpt=1),
     _c(128, 64, 8, 3, tma=1, ws=1, fma=1), _c(128, 128, 8, 2, tma=1, ws=1, fma=1),
     _c(128, 64, 8, 3, tma=1, ws=1, fma=1, lpt=1),
+    _c(64, 64, 4, 3, tma=1, fma=1, pair=1), _c(128, 64, 8, 3, fma=1, pair=1), _c(128, 64, 8, 3, tma=1, fma=1, pair=1),
+    _c(128, 128, 8, 2, tma=1, fma=1, pair=1), _c(128, 64, 8, 3, pack=4, tma=1, fma=1, pair=1),
 )
 DECODE_MAX_LQ = 16
 
@@ -541,8 +577,9 @@ class AttentionSpec(KernelSpec):
                                           "(each call would read a copy)")
         elif config.kwargs.get("WS"):
             return ("not_applicable", "WS without TMA: warp specialization needs TMA loads")
-        if config.kwargs.get("LPT") and dict(problem.flags)["causal"] != "1":
-            return ("not_applicable", "LPT orders causal query blocks longest first; not causal")
+        for lever in ("LPT", "PAIR"):
+            if config.kwargs.get(lever) and dict(problem.flags)["causal"] != "1":
+                return ("not_applicable", f"{lever} balances causal query blocks; not causal")
         sk = config.kwargs.get("SPLIT_KV")
         if sk is not None:
             _, Lq, Lk, _, _ = problem.dims
@@ -566,7 +603,7 @@ class AttentionSpec(KernelSpec):
         return (stages * config["BLOCK_N"] * (bd + bdv) + config["BLOCK_M"] * bd) * esize
 
     def source_parts(self):
-        return (_attn_step, _attn_fwd_kernel, launch_attention, _tma_strides, kv_descriptors,
+        return (_attn_step, _attn_fwd_rows, _attn_fwd_kernel, launch_attention, _tma_strides, kv_descriptors,
                 _attn_decode_kernel, _attn_combine_kernel, launch_attention_decode, _block)
 
     # -- example rows

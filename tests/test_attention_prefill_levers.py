@@ -1,4 +1,4 @@
-"""The prefill attention kernel's Hopper levers (TMA, WS, FMA, LPT) on the interpreter: each
+"""The prefill attention kernel's Hopper levers (TMA, WS, FMA, LPT, PAIR) on the interpreter: each
 against the fp64 oracle at odd shapes in fp32 and fp16 (bf16 is proven on the GPU:
 bench/attention_prefill.py), the descriptors and grids the launch builds, and the static
 refusals that keep them off devices and problems they cannot serve.
@@ -26,7 +26,7 @@ except ImportError:
     TensorDescriptor = None
 
 HOPPER = get_profile("hopper")
-LEVERS = ("TMA", "WS", "FMA", "LPT")
+LEVERS = ("TMA", "WS", "FMA", "LPT", "PAIR")
 
 
 def _cfg(bm=16, bn=16, **flags):
@@ -86,6 +86,8 @@ FLAG_SETS = [
     {"TMA": 1, "WS": 1, "FMA": 1},
     {"PACK": 2, "TMA": 1, "FMA": 1, "LPT": 1},
     {"PACK": 4, "FMA": 1, "LPT": 1},
+    {"TMA": 1, "FMA": 1, "PAIR": 1},
+    {"PACK": 2, "FMA": 1, "LPT": 1, "PAIR": 1},
 ]
 SHAPES = [  # (B, Hq, Hkv, Lq, Lk, D, Dv, causal)
     (1, 4, 1, 21, 45, 24, 40, True),    # GQA 4:1, Lq < Lk causal, D and Dv off their blocks, Dv != D
@@ -109,6 +111,8 @@ def test_levers_match_the_oracle_and_repeat_bit_for_bit(monkeypatch, dtype, tol,
     if pack > 1 and (Hq // Hkv) % pack:
         pack = 1 if (Hq // Hkv) % 2 else 2
     blocks, bh = -(-Lq // (16 // pack)), B * Hq // pack
+    if flags.get("PAIR"):
+        blocks = -(-blocks // 2)  # a long and a short query block per program
     assert grid == ((blocks * bh,) if flags.get("LPT") else (blocks, bh))
     assert passed == {"PACK": pack, **{n: flags.get(n, 0) for n in LEVERS}}
     if flags.get("TMA"):
@@ -224,9 +228,10 @@ def test_lever_refusals():
     why = SPEC.static_refusal(HOPPER, tma, _problem(8, 8, L=300, D=20, dt="float16"))
     assert why is not None and why[0] == "not_applicable" and "16 bytes" in why[1]
     assert SPEC.static_refusal(HOPPER, tma, _problem(8, 8, L=300, D=24, dt="float16")) is None
-    # LPT orders causal work; a square non-causal problem has nothing to order.
-    why = SPEC.static_refusal(HOPPER, lpt, _problem(12, 12, L=1024, D=64, causal=False))
-    assert why is not None and why[0] == "not_applicable"
+    # LPT and PAIR balance causal work; a non-causal problem's blocks are all alike.
+    for c in (lpt, next(c for c in A.CONFIGS if _has(c, "PAIR"))):
+        why = SPEC.static_refusal(HOPPER, c, _problem(12, 12, L=1024, D=64, causal=False))
+        assert why is not None and why[0] == "not_applicable"
     # WS without TMA is refused (the space has none; a hand-made one is).
     why = SPEC.static_refusal(HOPPER, _cfg(128, 64, WS=1), _problem(32, 8))
     assert why is not None and why[0] == "not_applicable"
