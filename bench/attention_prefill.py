@@ -136,29 +136,28 @@ def _job(job):
 
 def run_jobs(jobs, device, workers, deadline_s):
     """Each job's rows, in order: in a pool of spawned processes on a GPU, in this process on
-    the CPU. A job not done within deadline_s (a compile that hangs) gets an ERROR row and its
-    process is stopped, so one config cannot cost the whole run."""
+    the CPU. A job not done by deadline_s after the start (a compile that hangs, or a worker
+    that crashed: multiprocessing.Pool replaces it and the job's result never comes) gets an
+    ERROR row, so one config cannot cost the others."""
     if device == "cpu" or workers <= 1:
         return [_job(j) for j in jobs]
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, wait
 
-    ex = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-    futures = [ex.submit(_job, j) for j in jobs]
-    wait(futures, timeout=max(1.0, deadline_s - (time.perf_counter() - T0)))
-    out = []
-    for j, f in zip(jobs, futures):
-        if f.done() and f.exception() is None:
-            out.append(f.result())
-        else:
-            why = "not done in time" if not f.done() else f"{type(f.exception()).__name__}: {f.exception()}"[:100]
-            out.append([[shape_name(s), "-", j[0], "+".join(levers(config_named(j[0]))) or "-", "-", "-",
-                         f"ERROR {why}"] for s in j[1]])
-    stuck = [p for p in (ex._processes or {}).values() if p.is_alive()] if not all(f.done() for f in futures) else []
-    ex.shutdown(wait=False, cancel_futures=True)
-    for p in stuck:  # this run's own workers, still compiling past the deadline
-        p.terminate()
-    return out
+    pool = multiprocessing.get_context("spawn").Pool(workers)
+    try:
+        pending = [pool.apply_async(_job, (j,)) for j in jobs]
+        out = []
+        for j, r in zip(jobs, pending):
+            try:
+                out.append(r.get(timeout=max(0.1, deadline_s - (time.perf_counter() - T0))))
+            except Exception as e:
+                why = "not done in time (hung or crashed)" if isinstance(e, multiprocessing.TimeoutError) \
+                    else f"{type(e).__name__}: {e}"[:100]
+                out.append([[shape_name(s), "-", j[0], "+".join(levers(config_named(j[0]))) or "-", "-", "-",
+                             f"ERROR {why}"] for s in j[1]])
+        return out
+    finally:
+        pool.terminate()  # this run's own workers
 
 
 # ----------------------------------------------------------------------------- (b) timing
