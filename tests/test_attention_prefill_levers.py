@@ -173,6 +173,47 @@ def test_fma_falls_back_to_the_unfolded_update_where_the_scale_is_not_positive(m
     assert spy.launches[1][3]["FMA"] == 1
 
 
+# ----------------------------------------------------------------------------- the direct launch
+
+@pytest.fixture
+def fake(monkeypatch):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fake_compiled import FakeTriton
+
+    from nbx_tune.kernels import launch
+
+    f = FakeTriton()
+    monkeypatch.setattr(launch, "through_triton", f)
+    return f
+
+
+@pytest.mark.skipif(TensorDescriptor is None, reason="Triton without host-side tensor descriptors")
+def test_a_tma_attention_call_replays_with_descriptors_of_each_calls_key_and_value(fake, monkeypatch):
+    # The public op under a TMA config (tests/fake_compiled.py stands in for the compiled
+    # kernel): later calls with fresh tensors of the same key replay it, the descriptors made
+    # around each call's K and V; a call whose K needs an aligned copy is never remembered.
+    from nbx_tune.kernels import certified, launch
+
+    cfg = _cfg(TMA=1, FMA=1, LPT=1, PAIR=1)
+    monkeypatch.setattr(SPEC, "default_configs", (cfg,))
+    certified.reload()
+    for seed in range(3):
+        q, k, v = _inputs(1, 4, 2, 37, 37, 16, 16, "float32", seed=90 + seed)
+        ref = oracle.scaled_dot_product_attention(*(t.double().numpy() for t in (q, k, v)), True, None)
+        got = A.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert np.abs(got.double().numpy() - ref).max() / np.abs(ref).max() < 1e-5
+    assert fake.log == ["triton", "direct", "direct"]
+    assert next(iter(launch.REMEMBERED.values())).source.count("(d") == 2  # k's and v's descriptors
+    fake.clear()
+    q, k, v = _inputs(1, 4, 2, 13, 21, 20, 20, "float16", seed=5)  # 40-byte rows: read from copies
+    for _ in range(2):
+        A.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert fake.log == ["triton", "triton"]
+
+
 # ----------------------------------------------------------------------------- the config space
 
 def _problem(hq, hkv, L=1000, D=128, causal=True, dt="bfloat16"):
