@@ -2,8 +2,8 @@
 config of the space at the shapes of issue 23, in one run.
 
 (a) check, in a pool of processes (which also compiles every kernel the timing launches into
-    Triton's disk cache): every prefill config the profile does not refuse, at every shape,
-    on contiguous (B, H, L, D) inputs and on a model's layout ((B, L, H, D) projections
+    Triton's disk cache): every prefill config the profile does not refuse, at every shape
+    (the lever configs at odd shapes too), on contiguous (B, H, L, D) inputs and on a model's layout ((B, L, H, D) projections
     viewed as (B, H, L, D)), against torch's SDPA on fp32 copies of the inputs, within the
     profile's bfloat16 tolerance; torch's own bfloat16 error printed beside it;
 (b) time, per shape: torch, the config served now (certified, or the declared default:
@@ -12,8 +12,9 @@ config of the space at the shapes of issue 23, in one run.
     (TMA, WS, FMA, LPT, PAIR) and the best with each lever timed again side by side, longer.
     K and V rotate through several buffers on both sides.
 
-Shapes (B, Hq, Hkv, L, D, causal): Llama-3-8B prefill 1x32/8x1000x128 and 1x32/8x1024x128,
-Llama-2-7B 1x32x512x128, GPT-2 1x12x1024x64; all causal, bfloat16.
+Shapes timed (all causal, bfloat16): Llama-3-8B prefill 1x32/8x1000x128 and 1x32/8x1024x128,
+Llama-2-7B 1x32x512x128, GPT-2 1x12x1024x64. Checked besides: odd shapes (Lq != Lk, lengths
+off every block, D = 80, GQA 4:1 and 1:1, causal and not).
 
     python bench/attention_prefill.py [--budget-s 180] [--check-s 120] [--workers 12]
     python bench/attention_prefill.py --smoke     tiny, on the CPU interpreter
@@ -34,28 +35,32 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment, save, table  # noqa: E402
 
-# (B, Hq, Hkv, L, D, causal)
-SHAPES = [(1, 32, 8, 1000, 128, True), (1, 32, 8, 1024, 128, True), (1, 32, 32, 512, 128, True),
-          (1, 12, 12, 1024, 64, True)]
-SMOKE_SHAPES = [(1, 4, 2, 40, 16, True), (1, 2, 2, 33, 32, True)]
+# (B, Hq, Hkv, Lq, Lk, D, causal)
+SHAPES = [(1, 32, 8, 1000, 1000, 128, True), (1, 32, 8, 1024, 1024, 128, True), (1, 32, 32, 512, 512, 128, True),
+          (1, 12, 12, 1024, 1024, 64, True)]
+ODD = [(2, 8, 2, 333, 517, 80, True), (1, 6, 6, 45, 300, 64, False)]
+SMOKE_SHAPES = [(1, 4, 2, 40, 40, 16, True), (1, 2, 2, 33, 33, 32, True)]
+SMOKE_ODD = [(1, 4, 1, 21, 45, 24, True)]
 LEVERS = ("TMA", "WS", "FMA", "LPT", "PAIR")
 ROTATE_BYTES = 64 << 20
 T0 = time.perf_counter()
 
 
 def shape_name(s) -> str:
-    B, Hq, Hkv, L, D, causal = s
-    return f"B{B} H{Hq}/{Hkv} L{L} d{D}{' causal' if causal else ''}"
+    B, Hq, Hkv, Lq, Lk, D, causal = s
+    L = f"L{Lq}" if Lq == Lk else f"Lq{Lq} Lk{Lk}"
+    return f"B{B} H{Hq}/{Hkv} {L} d{D}{' causal' if causal else ''}"
 
 
 def problem(s, dt):
     from nbx_tune.kernels import attention as A
     from nbx_tune.tuner.trace import make_row
 
-    B, Hq, Hkv, L, D, causal = s
+    B, Hq, Hkv, Lq, Lk, D, causal = s
     params = {"attn_mask": "None", **({"is_causal": "True"} if causal else {}),
               **({"enable_gqa": "True"} if Hkv != Hq else {})}
-    return A.SPEC.problem_from_row(make_row(A.SDPA, [dt] * 3, [(B, Hq, L, D), (B, Hkv, L, D), (B, Hkv, L, D)], params))
+    return A.SPEC.problem_from_row(make_row(A.SDPA, [dt] * 3, [(B, Hq, Lq, D), (B, Hkv, Lk, D), (B, Hkv, Lk, D)],
+                                            params))
 
 
 def space(profile, p) -> list:
@@ -79,10 +84,10 @@ def inputs(s, tdt, device, layout, seed):
     """q, k, v of shape s; layout "bhld" contiguous, "blhd" a model's projections transposed."""
     import torch
 
-    B, Hq, Hkv, L, D, _ = s
+    B, Hq, Hkv, Lq, Lk, D, _ = s
     g = torch.Generator(device=device).manual_seed(seed)
     out = []
-    for h in (Hq, Hkv, Hkv):
+    for h, L in ((Hq, Lq), (Hkv, Lk), (Hkv, Lk)):
         shape = (B, h, L, D) if layout == "bhld" else (B, L, h, D)
         t = torch.randn(shape, generator=g, device=device, dtype=torch.float32).to(tdt)
         out.append(t if layout == "bhld" else t.transpose(1, 2))
@@ -105,10 +110,10 @@ def _check(key, shapes, dt, device, rtol):
 
     cfg, tdt, rows = config_named(key), getattr(torch, dt), []
     for s in shapes:
-        B, Hq, Hkv, L, D, causal = s
+        B, Hq, Hkv, L, Lk, D, causal = s
         for layout in ("bhld", "blhd"):
             try:
-                q, k, v = inputs(s, tdt, device, layout, seed=L + D)
+                q, k, v = inputs(s, tdt, device, layout, seed=L + Lk + D)
                 ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal,
                                                      enable_gqa=Hkv != Hq)
                 theirs = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hkv != Hq)
@@ -169,7 +174,7 @@ def time_shape(profile, s, dt, device, broken, sweep_calls, final_calls):
     from nbx_tune.kernels import attention as A, certified
     from speed_candidates import sweep_then_confirm
 
-    B, Hq, Hkv, L, D, causal = s
+    B, Hq, Hkv, L, _, D, causal = s  # timed shapes are square (self-attention prefill)
     tdt = getattr(torch, dt)
     p = problem(s, dt)
     served = certified.config_for(A.SPEC, p.dtypes, p.flags, p.dims)
@@ -229,10 +234,10 @@ def main(argv=None) -> int:
     if args.smoke:
         # The interpreter checks fp16 (its bf16 arithmetic is not faithful); the space is
         # pruned as on the GPU (hopper) and cut to a few configs per lever.
-        profile, device, dt, shapes, calls = get_profile("hopper"), "cpu", "float16", SMOKE_SHAPES, (1, 1)
+        profile, device, dt, shapes, odd, calls = get_profile("hopper"), "cpu", "float16", SMOKE_SHAPES, SMOKE_ODD, (1, 1)
         rtol = get_profile("interpreter").rtol(dt)
     else:
-        profile, device, dt, shapes, calls = current_profile(), "cuda", "bfloat16", SHAPES, (4, 12)
+        profile, device, dt, shapes, odd, calls = current_profile(), "cuda", "bfloat16", SHAPES, ODD, (4, 12)
         rtol = profile.rtol(dt)
     report = {"env": environment(), "profile": profile.name, "dtype": dt, "rtol": rtol}
 
@@ -240,6 +245,10 @@ def main(argv=None) -> int:
     for s in shapes:
         for c in space(profile, problem(s, dt)):
             by_cfg.setdefault(str(c), []).append(s)
+    for s in odd:  # the lever configs at odd shapes too (the others were proven there before)
+        for c in space(profile, problem(s, dt)):
+            if levers(c) and str(c) in by_cfg:
+                by_cfg[str(c)].append(s)
     if args.smoke:
         keep = {}
         for key in by_cfg:
