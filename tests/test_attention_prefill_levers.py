@@ -289,7 +289,7 @@ def test_bench_smoke_checks_and_times_one_config_per_lever_set(tmp_path, monkeyp
     import attention_prefill as bench
 
     monkeypatch.setenv("OUT", str(tmp_path))
-    monkeypatch.setattr(bench, "SMOKE_SHAPES", [(1, 4, 2, 24, 16, True)])
+    monkeypatch.setattr(bench, "SMOKE_SHAPES", [(1, 4, 2, 24, 24, 16, True)])
     assert bench.main(["--smoke"]) == 0
     report = json.loads((tmp_path / "attention_prefill.json").read_text())
     sets = {r[3] for r in report["check"]}
