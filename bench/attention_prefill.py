@@ -3,9 +3,10 @@ config of the space at the shapes of issue 23, in one run.
 
 (a) check, in a pool of processes (which also compiles every kernel the timing launches into
     Triton's disk cache): every prefill config the profile does not refuse, at every shape
-    (the lever configs at odd shapes too), on contiguous (B, H, L, D) inputs and on a model's layout ((B, L, H, D) projections
-    viewed as (B, H, L, D)), against torch's SDPA on fp32 copies of the inputs, within the
-    profile's bfloat16 tolerance; torch's own bfloat16 error printed beside it;
+    (the lever configs at odd shapes too), on contiguous (B, H, L, D) inputs and on a
+    model's layout ((B, L, H, D) projections viewed as (B, H, L, D)), against torch's SDPA
+    on fp32 copies of the inputs, within the profile's bfloat16 tolerance; torch's own
+    bfloat16 error printed beside it;
 (b) time, per shape: torch, the config served now (certified, or the declared default:
     marked) and every config of the space, a coarse sweep under CUDA-graph replay, then
     torch, the served config, the best of the space, the best without the Hopper levers
@@ -234,7 +235,8 @@ def main(argv=None) -> int:
     if args.smoke:
         # The interpreter checks fp16 (its bf16 arithmetic is not faithful); the space is
         # pruned as on the GPU (hopper) and cut to a few configs per lever.
-        profile, device, dt, shapes, odd, calls = get_profile("hopper"), "cpu", "float16", SMOKE_SHAPES, SMOKE_ODD, (1, 1)
+        profile, device, dt, calls = get_profile("hopper"), "cpu", "float16", (1, 1)
+        shapes, odd = SMOKE_SHAPES, SMOKE_ODD
         rtol = get_profile("interpreter").rtol(dt)
     else:
         profile, device, dt, shapes, odd, calls = current_profile(), "cuda", "bfloat16", SHAPES, ODD, (4, 12)
@@ -288,18 +290,19 @@ def main(argv=None) -> int:
     env = report["env"]
     print(f"\n{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}; "
           f"{dt}, kernel time under CUDA-graph replay; ratios torch / ours (below 1: slower than torch)")
+    header = ["shape", "torch ms", "best ms", "torch/best", "torch/served", "no lever", *(f"best {n}" for n in LEVERS),
+              "best config"]
     t = []
     for x in report["timing"]:
         if "error" in x:
-            t.append([x["shape"], x["error"][:60]] + [""] * 9)
+            t.append([x["shape"], x["error"][:60]] + [""] * (len(header) - 2))
             continue
         t.append([x["shape"], f"{x['torch_ms']:.4f}", f"{x['best_ms']:.4f}",
                   ratio(x["torch_ms"], x["best_ms"]),
                   ratio(x["torch_ms"], x["served_ms"]) + ("" if x["certified"] else " (default)"),
                   ratio(x["torch_ms"], x["plain_ms"]),
                   *(ratio(x["torch_ms"], x[f"{n}_ms"]) for n in LEVERS), x["best"]])
-    print(table(t, ["shape", "torch ms", "best ms", "torch/best", "torch/served", "no lever",
-                    *(f"best {n}" for n in LEVERS), "best config"]))
+    print(table(t, header))
     print(f"total {time.perf_counter() - T0:.0f} s; JSON {save('attention_prefill.json', report)}")
     return 1 if bad else 0
 

@@ -98,7 +98,8 @@ SHAPES = [  # (B, Hq, Hkv, Lq, Lk, D, Dv, causal)
 
 
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 3e-3)])
-@pytest.mark.parametrize("flags", FLAG_SETS, ids=lambda f: "+".join(f"{k}{v}" if k == "PACK" else k for k, v in f.items()))
+@pytest.mark.parametrize("flags", FLAG_SETS,
+                         ids=lambda f: "+".join(f"{k}{v}" if k == "PACK" else k for k, v in f.items()))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}H{}/{}L{}x{}d{}/{}{}".format(*s[:7], "c" if s[7] else ""))
 def test_levers_match_the_oracle_and_repeat_bit_for_bit(monkeypatch, dtype, tol, flags, shape):
     B, Hq, Hkv, Lq, Lk, D, Dv, causal = shape
@@ -295,5 +296,6 @@ def test_bench_smoke_checks_and_times_one_config_per_lever_set(tmp_path, monkeyp
     sets = {r[3] for r in report["check"]}
     assert {"-", "FMA", "TMA+FMA", "TMA+WS+FMA", "TMA+FMA+LPT"} <= sets, sets
     assert all(r[-1] == "ok" for r in report["check"]) and {r[1] for r in report["check"]} == {"bhld", "blhd"}
+    assert any("Lq21 Lk45" in r[0] for r in report["check"])  # the lever configs at an odd shape too
     (row,) = report["timing"]
     assert row["torch_ms"] > 0 and row["best"] in row["sweep"] and row["plain"] in row["sweep"]
