@@ -18,6 +18,8 @@
 # compare (every served row of the example traces against torch: bench/torch_compare.py), ew (the
 # element-wise/copy rows that lose to torch: every config of their spaces vs torch, bench/elementwise_rows.py), speed (new GEMM
 # and attention candidates against fp64, then every config of the space timed against torch, certified and the HBM floor),
+# attn (every prefill attention config, the Hopper levers included, checked and timed against torch's SDPA at the
+# Llama-3-8B, Llama-2-7B and GPT-2 prefill shapes: bench/attention_prefill.py),
 # recert (the shipped hopper table made stale by a source change, then a seeded sample of 48 of its
 # seats, every kernel in it, re-certified against a fresh census of them, cold caches, about 5 min;
 # RECERT_ARGS="--seats all" for all 148, about 10 min),
@@ -27,8 +29,8 @@
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them). Studies (lab/<study>/) are run directly, not from here.
 # Limits are env overrides: TRUST_S ORACLE_S CENSUS8B_S FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
-# COVERAGE_S SERVED_S DIRECT_S POINTWISE_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S SERVE_S EW_S
-# (COMPARE_BUDGET_S, SPEED_BUDGET_S, EW_BUDGET_S: when compare, speed, ew stop starting new work);
+# COVERAGE_S SERVED_S DIRECT_S POINTWISE_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S ATTN_S SERVE_S EW_S
+# (COMPARE_BUDGET_S, SPEED_BUDGET_S, ATTN_BUDGET_S, EW_BUDGET_S: when compare, speed, attn, ew stop starting new work);
 # CENSUS_TRACES: the trace files of the census stage, CENSUS_TOTAL_S its whole budget; QUALITY_ARGS: e.g. --buckets-only;
 # RECERT_ARGS: e.g. --seats all, --seats 30 --seed 1.
 set -u
@@ -89,6 +91,7 @@ for s in $STAGES; do case $s in
   profile) stage ${PROFILE_S:-150} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv \
              --profile "$OUT/profile" ;;
   speed) stage ${SPEED_S:-330} python3 bench/speed_candidates.py --budget-s ${SPEED_BUDGET_S:-270} ;;
+  attn) stage ${ATTN_S:-240} python3 bench/attention_prefill.py --budget-s ${ATTN_BUDGET_S:-180} ;;
   compare) stage ${COMPARE_S:-330} python3 bench/torch_compare.py --budget-s ${COMPARE_BUDGET_S:-270} ;;
   ew) stage ${EW_S:-240} python3 bench/elementwise_rows.py --budget-s ${EW_BUDGET_S:-150} ;;  # losing element-wise rows: every config vs torch
   pycache) export PYTHONPYCACHEPREFIX=/tmp/pycache; unset PYTHONDONTWRITEBYTECODE

@@ -19,6 +19,12 @@ sees key 0, so no row is ever fully masked (also for Lq > Lk). Key blocks every 
 program sees in full run without masks; the rest (the causal diagonal and the ragged key tail)
 run masked.
 
+Prefill configs may switch on the levers of Triton's fused-attention tutorial (constexprs,
+certified only where they win): FMA (the scale folded into the exponent's subtraction), TMA
+(K/V through tensor descriptors), WS (the unmasked loop warp-specialized), LPT (every
+head's longest causal query block first) and PAIR (a long and a short causal query block per
+program). Decode configs (SPLIT_KV) have none of them.
+
 fp32 inputs multiply in IEEE fp32 (input_precision="ieee": both QK^T and PV), fp16/bf16 with
 the default (tensor cores, fp32 accumulation), P cast to the input dtype before PV.
 
@@ -35,6 +41,11 @@ import math
 import torch
 import triton
 import triton.language as tl
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # Triton before 3.4: no host-side descriptors, so no TMA configs (`no_tma`)
+    TensorDescriptor = None
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import launch
@@ -58,33 +69,44 @@ FLASH_CPU = "aten._scaled_dot_product_flash_attention_for_cpu"
 
 
 @triton.jit
-def _attn_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
-    Hq, GROUP, Lq, Lk, LSE_LEN,
-    stride_qb, stride_qh, stride_qm, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_ob, stride_oh, stride_om, stride_od,
-    stride_lb, stride_lh, stride_lm,
-    qk_scale,  # scale * log2(e)
+def _attn_step(q, k, v, m_i, l_i, acc, qk_scale, keep,
+               MASKED: tl.constexpr, FMA: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    # One key block of the online softmax: (m, l, acc) updated by the scores q k (base 2).
+    qk = tl.dot(q, k, input_precision=INPUT_PRECISION)
+    if FMA:
+        # The scale applied after the row max (scale > 0: the launch sees to it) and folded
+        # into the subtraction: one fused multiply-add per score instead of a multiply and a
+        # subtract. -inf * scale stays -inf, so masked scores still weigh 0.
+        if MASKED:
+            qk = tl.where(keep, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.exp2(qk * qk_scale - m_new[:, None])
+    else:
+        qk = qk * qk_scale
+        if MASKED:
+            qk = tl.where(keep, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _attn_fwd_rows(
+    pid_m, n_m, b, h0, kvh, q_ptr, k_base, v_base, o_ptr, lse_ptr, k_desc, v_desc,
+    Lq, Lk, LSE_LEN, stride_qb, stride_qh, stride_qm, stride_qd, stride_kn, stride_kd,
+    stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
+    stride_lm, qk_scale,
     IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACK: tl.constexpr = 1,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACK: tl.constexpr, TMA: tl.constexpr,
+    WS: tl.constexpr, FMA: tl.constexpr,
 ):
-    # Causal: the longest query blocks (the last) start first, so the short ones fill the
-    # machine's tail instead of one long block running alone at the end.
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0) if IS_CAUSAL else tl.program_id(0)
-    # PACK query heads of one key/value head share a program (PACK divides GROUP): row r is
-    # head h0 + r // QB at query start_m + r % QB, so each K/V tile is loaded once for all
-    # of them (grouped-query prefill). PACK = 1: one head, BLOCK_M queries.
+    # Query block pid_m (of n_m) of heads h0 .. h0 + PACK - 1: its output and logsumexp.
     QB: tl.constexpr = BLOCK_M // PACK
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // (Hq // PACK)
-    h0 = (bh % (Hq // PACK)) * PACK
-    kvh = h0 // GROUP
-    k_base = k_ptr + b * stride_kb + kvh * stride_kh
-    v_base = v_ptr + b * stride_vb + kvh * stride_vh
-
     start_m = pid_m * QB
     if PACK == 1:
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -108,6 +130,10 @@ def _attn_fwd_kernel(
     q = tl.load(q_rows[:, None] + offs_d[None, :] * stride_qd, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N)
     v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd  # (BLOCK_N, BLOCK_DV)
+    # TMA: K and V through 4-D descriptors (B, Hkv, Lk, D) in (1, 1, BLOCK_N, BLOCK_D) boxes
+    # (`kv_descriptors`); boxes past Lk or the head dim read zeros, so no load needs a mask.
+    tb = b.to(tl.int32)
+    tkvh = kvh.to(tl.int32)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -123,56 +149,105 @@ def _attn_fwd_kernel(
         n_full = (Lk // BLOCK_N) * BLOCK_N
 
     # Key blocks every row sees in full: no masks on keys, nor on head dims that fill their
-    # power-of-two block (D = 64, 128: the loads need no mask at all).
-    for start_n in range(0, n_full, BLOCK_N):
-        if HEAD_DIM == BLOCK_D:
-            k = tl.load(k_ptrs + start_n * stride_kn)
+    # power-of-two block (D = 64, 128: the loads need no mask at all). WS: the loop
+    # warp-specialized (loads, MMAs and softmax in separate warp groups; TMA loads only).
+    for start_n in tl.range(0, n_full, BLOCK_N, warp_specialize=WS == 1):
+        if TMA:
+            k = k_desc.load([tb, tkvh, start_n, 0]).reshape(BLOCK_N, BLOCK_D).T
+            v = v_desc.load([tb, tkvh, start_n, 0]).reshape(BLOCK_N, BLOCK_DV)
         else:
-            k = tl.load(k_ptrs + start_n * stride_kn, mask=d_ok[:, None], other=0.0)
-        if HEAD_DIM_V == BLOCK_DV:
-            v = tl.load(v_ptrs + start_n * stride_vn)
-        else:
-            v = tl.load(v_ptrs + start_n * stride_vn, mask=dv_ok[None, :], other=0.0)
-        qk = tl.dot(q, k, input_precision=INPUT_PRECISION) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
-        m_i = m_new
+            if HEAD_DIM == BLOCK_D:
+                k = tl.load(k_ptrs + start_n * stride_kn)
+            else:
+                k = tl.load(k_ptrs + start_n * stride_kn, mask=d_ok[:, None], other=0.0)
+            if HEAD_DIM_V == BLOCK_DV:
+                v = tl.load(v_ptrs + start_n * stride_vn)
+            else:
+                v = tl.load(v_ptrs + start_n * stride_vn, mask=dv_ok[None, :], other=0.0)
+        m_i, l_i, acc = _attn_step(q, k, v, m_i, l_i, acc, qk_scale, None, False, FMA, INPUT_PRECISION)
 
     # The causal diagonal and the ragged tail of the keys: masked. Every row sees key 0, so
     # m_new is finite from the first block on and no exp2(-inf - -inf) arises.
     for start_n in range(n_full, hi, BLOCK_N):
         cols = start_n + offs_n
         n_ok = cols < Lk
-        k = tl.load(k_ptrs + start_n * stride_kn, mask=d_ok[:, None] & n_ok[None, :], other=0.0)
-        v = tl.load(v_ptrs + start_n * stride_vn, mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
-        qk = tl.dot(q, k, input_precision=INPUT_PRECISION) * qk_scale
+        if TMA:
+            k = k_desc.load([tb, tkvh, start_n, 0]).reshape(BLOCK_N, BLOCK_D).T
+            v = v_desc.load([tb, tkvh, start_n, 0]).reshape(BLOCK_N, BLOCK_DV)
+        else:
+            k = tl.load(k_ptrs + start_n * stride_kn, mask=d_ok[:, None] & n_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs + start_n * stride_vn, mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
         keep = n_ok[None, :]
         if IS_CAUSAL:
             keep = keep & (cols[None, :] <= offs_m[:, None])
-        qk = tl.where(keep, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _attn_step(q, k, v, m_i, l_i, acc, qk_scale, keep, True, FMA, INPUT_PRECISION)
 
     out = acc / l_i[:, None]
     tl.store(o_rows[:, None] + offs_dv[None, :] * stride_od, out.to(o_ptr.dtype.element_ty),
              mask=m_ok[:, None] & dv_ok[None, :])
     lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # back to natural log
     tl.store(l_rows, lse, mask=m_ok)
-    if pid_m == tl.num_programs(0) - 1:
+    if pid_m == n_m - 1:
         # The padding rows [Lq, LSE_LEN) of an aligned logsumexp: +inf (LSE_LEN - Lq < 32).
         offs_t = Lq + tl.arange(0, 32)
         for j in tl.static_range(PACK):
             tl.store(lse_ptr + b * stride_lb + (h0 + j) * stride_lh + offs_t * stride_lm,
                      tl.full([32], float("inf"), dtype=tl.float32), mask=offs_t < LSE_LEN)
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, k_desc, v_desc,
+    Hq, GROUP, Lq, Lk, LSE_LEN,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_lb, stride_lh, stride_lm,
+    qk_scale,  # scale * log2(e)
+    IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACK: tl.constexpr = 1,
+    TMA: tl.constexpr = 0, WS: tl.constexpr = 0, FMA: tl.constexpr = 0, LPT: tl.constexpr = 0,
+    PAIR: tl.constexpr = 0,
+):
+    # PACK query heads of one key/value head share a program (PACK divides GROUP): row r is
+    # head h0 + r // QB at query start_m + r % QB, so each K/V tile is loaded once for all
+    # of them (grouped-query prefill). PACK = 1: one head, BLOCK_M queries.
+    QB: tl.constexpr = BLOCK_M // PACK
+    # PAIR: program j of a head runs query blocks n_m - 1 - j and j, a long causal block and
+    # a short one, so every program has about the same work (one wave where they all fit).
+    if LPT:
+        # One axis, query blocks outermost, longest first: every head's last (longest causal)
+        # block starts before any head's shorter ones, so the short ones fill the tail.
+        n_m = tl.cdiv(Lq, QB)
+        n_bh = tl.num_programs(0) // tl.cdiv(n_m, 1 + PAIR)
+        j = tl.program_id(0) // n_bh
+        bh = (tl.program_id(0) % n_bh).to(tl.int64)
+    else:
+        # Causal: the longest query blocks (the last) of a head start first, so the short
+        # ones fill the machine's tail instead of one long block running alone at the end.
+        n_m = tl.cdiv(Lq, QB) if PAIR else tl.num_programs(0)
+        j = tl.program_id(0)
+        bh = tl.program_id(1).to(tl.int64)
+    pid_m = n_m - 1 - j if IS_CAUSAL else j
+    b = bh // (Hq // PACK)
+    h0 = (bh % (Hq // PACK)) * PACK
+    kvh = h0 // GROUP
+    k_base = k_ptr + b * stride_kb + kvh * stride_kh
+    v_base = v_ptr + b * stride_vb + kvh * stride_vh
+    _attn_fwd_rows(pid_m, n_m, b, h0, kvh, q_ptr, k_base, v_base, o_ptr, lse_ptr, k_desc, v_desc,
+                   Lq, Lk, LSE_LEN, stride_qb, stride_qh, stride_qm, stride_qd, stride_kn, stride_kd,
+                   stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
+                   stride_lm, qk_scale, IS_CAUSAL, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, INPUT_PRECISION,
+                   BLOCK_M, BLOCK_N, PACK, TMA, WS, FMA)
+    if PAIR:
+        if j < n_m - 1 - j:
+            _attn_fwd_rows(n_m - 1 - pid_m, n_m, b, h0, kvh, q_ptr, k_base, v_base, o_ptr, lse_ptr, k_desc,
+                           v_desc, Lq, Lk, LSE_LEN, stride_qb, stride_qh, stride_qm, stride_qd, stride_kn,
+                           stride_kd, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od, stride_lb,
+                           stride_lh, stride_lm, qk_scale, IS_CAUSAL, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
+                           INPUT_PRECISION, BLOCK_M, BLOCK_N, PACK, TMA, WS, FMA)
 
 
 _attn_fwd_kernel = launch.recorded(_attn_fwd_kernel)  # its calls are replayed (kernels/launch.py)
@@ -319,9 +394,19 @@ def launch_attention(q, k, v, o, lse, scale: float, is_causal: bool, config: Con
         # multiple of PACK, the program packs as many heads as both allow (still correct).
         pack = math.gcd(pack, Hq // Hkv)
         kwargs = {**kwargs, "PACK": pack}
-    grid = (triton.cdiv(Lq, config["BLOCK_M"] // pack), B * Hq // pack)
+    if kwargs.get("FMA") and not scale > 0:
+        # The folded scale takes the row max before scaling: right for a positive scale only
+        # (a seat's problems may differ in scale); the unfolded update serves the others.
+        kwargs = {**kwargs, "FMA": 0}
+    k_desc = v_desc = None
+    if kwargs.get("TMA"):
+        k_desc, v_desc = kv_descriptors(k, v, config["BLOCK_N"], _block(D), _block(Dv))
+    blocks, bh = triton.cdiv(Lq, config["BLOCK_M"] // pack), B * Hq // pack
+    if kwargs.get("PAIR"):
+        blocks = triton.cdiv(blocks, 2)  # a long and a short query block per program
+    grid = (blocks * bh,) if kwargs.get("LPT") else (blocks, bh)
     _attn_fwd_kernel[grid](
-        q, k, v, o, lse,
+        q, k, v, o, lse, k_desc, v_desc,
         Hq, Hq // Hkv, Lq, Lk, lse.shape[2],
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
         scale * LOG2E,
@@ -329,6 +414,36 @@ def launch_attention(q, k, v, o, lse, scale: float, is_causal: bool, config: Con
         INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         **kwargs,
     )
+
+
+def _tma_strides(t):
+    """t's strides as a TMA descriptor may give them (16-byte multiples, the last 1), or None:
+    a dim of size 1 is never stepped, so its stride is replaced by an aligned one."""
+    es, st = t.element_size(), list(t.stride())
+    if st[-1] != 1 and t.shape[-1] > 1:
+        return None
+    st[-1] = 1
+    for d in range(t.dim() - 1):
+        if t.shape[d] == 1:
+            st[d] = -(-math.prod(t.shape[d + 1:]) * es // 16) * 16 // es
+        elif st[d] == 0 or (st[d] * es) % 16:
+            return None
+    return st
+
+
+def kv_descriptors(k, v, block_n: int, block_d: int, block_dv: int) -> tuple:
+    """Host-side TMA descriptors of k (B, Hkv, Lk, D) and v in (1, 1, block_n, block_d|dv)
+    boxes. A tensor TMA cannot read in place (base or a row off 16 bytes, a broadcast stride)
+    is described through an aligned copy (such calls are not replayed: kernels/launch.py)."""
+    descs = []
+    for t, bd in ((k, block_d), (v, block_dv)):
+        st = _tma_strides(t) if t.data_ptr() % 16 == 0 else None
+        if st is None:
+            per = 16 // t.element_size()
+            t = t.new_empty((*t.shape[:-1], -(-t.shape[-1] // per) * per))[..., :t.shape[-1]].copy_(t)
+            st = _tma_strides(t)
+        descs.append(TensorDescriptor(t, list(t.shape), st, [1, 1, block_n, bd]))
+    return tuple(descs)
 
 
 def launch_attention_decode(q, k, v, o, lse, scale: float, is_causal: bool, config: Config) -> None:
@@ -360,8 +475,11 @@ def launch_attention_decode(q, k, v, o, lse, scale: float, is_causal: bool, conf
         lse[:, :, Lq:].fill_(float("inf"))
 
 
-def _c(bm, bn, warps, stages, split=0, pack=1):
+def _c(bm, bn, warps, stages, split=0, pack=1, tma=0, ws=0, fma=0, lpt=0, pair=0):
     extra = {"SPLIT_KV": split} if split else ({"PACK": pack} if pack > 1 else {})
+    for name, on in (("TMA", tma), ("WS", ws), ("FMA", fma), ("LPT", lpt), ("PAIR", pair)):
+        if on:
+            extra[name] = 1
     return Config.make(BLOCK_M=bm, BLOCK_N=bn, **extra, num_warps=warps, num_stages=stages)
 
 
@@ -388,6 +506,27 @@ CONFIGS = (
     # K/V tiles cross from L2 once per PACK heads. Refused where PACK does not divide the group.
     _c(64, 64, 4, 3, pack=2), _c(64, 64, 4, 3, pack=4), _c(128, 64, 8, 3, pack=2), _c(128, 64, 8, 3, pack=4),
     _c(128, 128, 8, 3, pack=4),
+    # Prefill with the levers of Triton's fused-attention tutorial: FMA (the scale folded
+    # into the exponent's subtraction), TMA (K/V through descriptors; refused without a TMA
+    # unit), WS (the unmasked loop warp-specialized, with TMA), LPT (causal: every head's
+    # longest query block first, one grid axis), PAIR (causal: a long and a short query block
+    # per program); LPT and PAIR are refused where not causal.
+    # 64-row tiles with 4 warps (one warp group) give a short prefill's few heads more
+    # programs than SMs; 128-row tiles with 8 warps are the tutorial's.
+    _c(64, 64, 4, 3, fma=1), _c(64, 64, 4, 4, fma=1), _c(64, 128, 4, 3, fma=1), _c(64, 64, 4, 3, fma=1, lpt=1),
+    _c(64, 64, 4, 3, tma=1, fma=1), _c(64, 64, 4, 4, tma=1, fma=1), _c(64, 128, 4, 2, tma=1, fma=1),
+    _c(64, 128, 4, 3, tma=1, fma=1), _c(64, 64, 4, 3, tma=1, fma=1, lpt=1), _c(64, 64, 4, 3, pack=4, tma=1, fma=1),
+    _c(64, 64, 4, 3, tma=1, ws=1, fma=1),
+    _c(128, 64, 8, 3, fma=1), _c(128, 128, 8, 2, fma=1), _c(128, 64, 8, 3, fma=1, lpt=1),
+    _c(128, 64, 8, 3, tma=1, fma=1), _c(128, 64, 8, 4, tma=1, fma=1),
+    _c(128, 128, 8, 2, tma=1, fma=1), _c(128, 128, 8, 3, tma=1, fma=1),
+    _c(128, 64, 8, 3, tma=1, fma=1, lpt=1), _c(128, 128, 8, 2, tma=1, fma=1, lpt=1),
+    _c(128, 64, 8, 3, pack=4, tma=1, fma=1), _c(128, 64, 8, 3, pack=4, tma=1, fma=1, lpt=1),
+    _c(128, 128, 8, 2, pack=2, tma=1, fma=1, lpt=1),
+    _c(128, 64, 8, 3, tma=1, ws=1, fma=1), _c(128, 128, 8, 2, tma=1, ws=1, fma=1),
+    _c(128, 64, 8, 3, tma=1, ws=1, fma=1, lpt=1),
+    _c(64, 64, 4, 3, tma=1, fma=1, pair=1), _c(128, 64, 8, 3, fma=1, pair=1), _c(128, 64, 8, 3, tma=1, fma=1, pair=1),
+    _c(128, 128, 8, 2, tma=1, fma=1, pair=1), _c(128, 64, 8, 3, pack=4, tma=1, fma=1, pair=1),
 )
 DECODE_MAX_LQ = 16
 
@@ -425,6 +564,22 @@ class AttentionSpec(KernelSpec):
         if pack > 1 and (problem.get("Hq") // problem.get("Hkv")) % pack:
             return ("not_applicable", f"PACK {pack} query heads per program: the group is "
                                       f"{problem.get('Hq') // problem.get('Hkv')} heads")
+        if config.kwargs.get("TMA"):
+            if TensorDescriptor is None:
+                return ("no_tma", f"TMA loads need host-side tensor descriptors, which Triton "
+                                  f"{triton.__version__} lacks (3.4 and later have them)")
+            if not profile.has_tma:
+                return ("no_tma", f"TMA loads need an NVIDIA sm_90 or later device; profile {profile.name} has none")
+            esize = DTYPE_BYTES[problem.dtypes[0]]
+            dims = [d for d in problem.dims[3:] if d * esize % 16]
+            if dims:
+                return ("not_applicable", f"TMA: a row of head dim {dims[0]} is not a multiple of 16 bytes "
+                                          "(each call would read a copy)")
+        elif config.kwargs.get("WS"):
+            return ("not_applicable", "WS without TMA: warp specialization needs TMA loads")
+        for lever in ("LPT", "PAIR"):
+            if config.kwargs.get(lever) and dict(problem.flags)["causal"] != "1":
+                return ("not_applicable", f"{lever} balances causal query blocks; not causal")
         sk = config.kwargs.get("SPLIT_KV")
         if sk is not None:
             _, Lq, Lk, _, _ = problem.dims
@@ -448,8 +603,8 @@ class AttentionSpec(KernelSpec):
         return (stages * config["BLOCK_N"] * (bd + bdv) + config["BLOCK_M"] * bd) * esize
 
     def source_parts(self):
-        return (_attn_fwd_kernel, launch_attention, _attn_decode_kernel, _attn_combine_kernel,
-                launch_attention_decode, _block)
+        return (_attn_step, _attn_fwd_rows, _attn_fwd_kernel, launch_attention, _tma_strides, kv_descriptors,
+                _attn_decode_kernel, _attn_combine_kernel, launch_attention_decode, _block)
 
     # -- example rows
     def example_rows(self, scale):
