@@ -221,3 +221,13 @@ def test_a_replay_checks_tritons_hook_chains_inline_on_every_call(fake, monkeypa
     assert path() == "full"
     knobs.launch_exit_hook = None  # an older Triton's "no hook"
     assert path() == "full"
+
+
+def test_a_public_op_is_resolved_once():
+    """`nbx_tune.kernels.mm` is looked up lazily the first time, then is the package's own
+    attribute (no import machinery per call), and is the family's function."""
+    import nbx_tune.kernels as K
+    from nbx_tune.kernels import matmul, softmax as softmax_op
+
+    assert K.mm is matmul.mm and K.__dict__["mm"] is matmul.mm
+    assert callable(K.softmax) and K.softmax is softmax_op  # the op, never the module of that name

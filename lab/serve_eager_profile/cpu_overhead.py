@@ -16,7 +16,10 @@ patterns at small widths), median microseconds per call of
 serve - direct is what the serve route adds over the front function; serve - floor is
 what our Python costs behind the boundary (the route and the replay).
 
-    python3 lab/serve_eager_profile/cpu_overhead.py [--calls 300] [--rounds 9] [--json out.json]
+    python3 lab/serve_eager_profile/cpu_overhead.py [--calls 100] [--rounds 41] [--json out.json]
+
+It needs no GPU (run on the GPU machine, it measures that host's CPU); the JSON goes to
+$OUT (or bench_out/) unless --json names a file.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import statistics
 import sys
 import time
 import warnings
+from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
@@ -197,9 +201,13 @@ def main() -> None:
         print(f"{name:<24}{m['torch']:>7.2f}{m['serve']:>7.2f}{m['direct']:>7.2f}{m['floor']:>7.2f}"
               f"{m['launch']:>7.2f}{m['serve'] - m['direct']:>6.2f}{m['serve'] - m['floor']:>6.2f}"
               + (f"  FELL THROUGH: {fell}" if fell else ""))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(raw, f, indent=1)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from _common import environment, out_dir
+
+    path = Path(args.json) if args.json else out_dir() / "serve_cpu_overhead.json"
+    path.write_text(json.dumps({"env": environment(), "calls": args.calls, "rounds": args.rounds,
+                                "us_per_call": raw}, indent=1, default=str))
+    print("wrote", path)
 
 
 if __name__ == "__main__":
