@@ -1015,8 +1015,8 @@ def minimum(a: torch.Tensor, b) -> torch.Tensor:
 # ----------------------------------------------------------------------------- serve()
 
 def _serve_unary() -> dict:
-    # The ops' own function where it checks an argument; else _unary bound to the fn (a
-    # partial is called without a Python frame: what serve() pays per op, the same call).
+    # gelu and pow check an argument first and keep their function; the others are _unary
+    # bound to their fn (the same call, less one Python frame on each served launch).
     ops = {op: globals()[fn] if fn in ("gelu", "pow") else functools.partial(_unary, fn)
            for op, fn in _UNARY_OPS.items()}
     ops["aten.gelu"] = lambda x, approximate="none": gelu(x, approximate)

@@ -192,7 +192,9 @@ def test_a_replay_checks_tritons_hook_chains_inline_on_every_call(fake, monkeypa
     """With chains of launch hooks (Triton 3.4 and later) a replay tests them inline: the
     compiled launcher while they are empty and are the knobs' own; CompiledKernel[grid] (which
     calls hooks) once one holds a hook or a knob is set to another."""
-    from triton.knobs import HookChain
+    HookChain = getattr(pytest.importorskip("triton.knobs"), "HookChain", None)
+    if HookChain is None:
+        pytest.skip("this Triton has no launch-hook chains")
 
     knobs = SimpleNamespace(launch_enter_hook=HookChain(), launch_exit_hook=HookChain(reversed=True))
 
