@@ -101,7 +101,9 @@ def __getattr__(name):
         import importlib
 
         _find_device()
-        return getattr(importlib.import_module(_OPS[name]), name)
+        op = getattr(importlib.import_module(_OPS[name]), name)
+        globals()[name] = op  # resolved once: `kernels.mm(...)` in a loop pays no import lookup
+        return op
     if name in ("launch_stats", "reload_certified"):
         from nbx_tune.kernels import certified
 

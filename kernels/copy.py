@@ -642,8 +642,9 @@ def _to_copy(self: torch.Tensor, *, dtype=None, layout=None, device=None, pin_me
     if layout not in (None, torch.strided):
         raise KernelError(f"_to_copy: layout {layout} is not served")
     dtype = dtype or self.dtype
-    try:  # the direct launch (kernels/launch.py)
-        key = (COPY_SPEC, dtype, memory_format, *launch.tensor_key(self))
+    try:  # the direct launch (kernels/launch.py); launch.tensor_key(self), inline
+        key = (COPY_SPEC, dtype, memory_format, self.shape, self.stride(), self.dtype, self.device,
+               self.data_ptr() & 15)
     except AttributeError:
         raise KernelError("_to_copy: the operand must be a tensor") from None
     hit = REMEMBERED.get(key)
@@ -684,15 +685,18 @@ def cat(tensors, dim: int = 0) -> torch.Tensor:
     tensors = tuple(tensors)
     # A tensor given twice (rotary's cat((freqs, freqs))) is one input of the replay, and
     # the key says which operands it is: two tensors at one address are never remembered.
-    first = {}  # id -> the operand's first position, by identity (tensors compare elementwise)
-    for t in tensors:
-        first.setdefault(id(t), t)
-    inputs = tuple(first.values())
-    try:  # the direct launch (kernels/launch.py)
-        keys = tuple(launch.tensor_key(t) for t in inputs)
+    if len({id(t) for t in tensors}) == len(tensors):  # by identity (tensors compare elementwise)
+        inputs = tensors
+    else:
+        first = {}  # id -> the operand at its first position
+        for t in tensors:
+            first.setdefault(id(t), t)
+        inputs = tuple(first.values())
+    try:  # the direct launch (kernels/launch.py); launch.tensor_key of each, inline
+        keys = [(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15) for t in inputs]
     except AttributeError:
         raise KernelError("cat: the operands must be tensors") from None
-    if len(inputs) == len(tensors):
+    if inputs is tensors:
         key = (CAT_SPEC, dim, *keys)
     else:
         slot = {id(t): i for i, t in enumerate(inputs)}

@@ -23,6 +23,7 @@ Python number is recorded as a 0-d float64 / int64 tensor) takes the other's dty
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -1136,7 +1137,10 @@ def minimum(a: torch.Tensor, b) -> torch.Tensor:
 # ----------------------------------------------------------------------------- serve()
 
 def _serve_unary() -> dict:
-    ops = {op: globals()[fn] for op, fn in _UNARY_OPS.items()}
+    # gelu and pow check an argument first and keep their function; the others are _unary
+    # bound to their fn (the same call, less one Python frame on each served launch).
+    ops = {op: globals()[fn] if fn in ("gelu", "pow") else functools.partial(_unary, fn)
+           for op, fn in _UNARY_OPS.items()}
     ops["aten.gelu"] = lambda x, approximate="none": gelu(x, approximate)
     return ops
 
@@ -1150,8 +1154,9 @@ def _inplace(fn):
 
 
 def _serve_binary() -> dict:
-    fns = {"add": add, "sub": sub, "rsub": rsub, "mul": mul, "div": div, "maximum": maximum,
-           "minimum": minimum}
+    # add, sub and rsub keep their own default alpha (an int 1: Triton compiles it as a constant).
+    fns = {"add": add, "sub": sub, "rsub": rsub,
+           **{fn: functools.partial(_binary, fn) for fn in ("mul", "div", "maximum", "minimum")}}
     ops = {op: fns[fn] for op, fn in _BINARY_OPS.items() if op != "aten.div.Tensor_mode"}
     ops.update({op: _inplace(ops[base]) for op, base in _INPLACE_OPS.items()})
     return ops

@@ -319,7 +319,7 @@ class _Record:
                 # where this Triton's C launch is known, that without its Python wrapper.
                 run, function, meta, hooks, stream, device = (bind(x, "l") for x in lean)
                 head = f"{grid3[0]}, {grid3[1]}, {grid3[2]}, {stream}({device}()), {function}"
-                body.append(f"if {bind(_no_hooks, 'l')}({hooks}):")
+                body.append(f"if {_no_hooks_expr(lean[3], hooks, bind)}:")
                 c = _c_launch(compiled)
                 if c is None:
                     body.append(f"    {run}({head}, {meta}, None, None, None, {args_src})")
@@ -381,6 +381,18 @@ def _hooks_idle(hook) -> bool:
 
 def _no_hooks(knobs) -> bool:
     return _hooks_idle(knobs.launch_enter_hook) and _hooks_idle(knobs.launch_exit_hook)
+
+
+def _no_hooks_expr(knobs, name: str, bind) -> str:
+    """A replay's test for `_no_hooks(knobs)`, inline where the hooks are chains (newer
+    Triton): the chains it was made with are still the knobs' and still empty (a hook
+    added, or a knob set to something else, takes the full path), at no call's cost."""
+    enter, exit_ = knobs.launch_enter_hook, knobs.launch_exit_hook
+    if not (isinstance(getattr(enter, "calls", None), list) and isinstance(getattr(exit_, "calls", None), list)):
+        return f"{bind(_no_hooks, 'l')}({name})"
+    e, x = bind(enter, "l"), bind(exit_, "l")
+    return (f"not {e}.calls and not {x}.calls and {name}.launch_enter_hook is {e} "
+            f"and {name}.launch_exit_hook is {x}")
 
 
 def _c_launch(compiled):

@@ -15,6 +15,8 @@ never reach Python. On leaving, the overrides are destroyed and torch's kernels 
 A call falls through to torch, counted with its reason, when the op's function raises
 `KernelError` (a dtype, layout or argument it does not serve) or anything else. Torch ops
 that a kernel calls itself (allocations, copies, a `.contiguous()`) go straight to torch.
+Per call the override costs a thread-local read and two writes, the miss tally read twice
+and one count (lab/serve_eager_profile/cpu_overhead.py measures it).
 The overrides are process-wide while any serve() is active (the dispatcher has no
 per-thread table): ops of other threads are served too.
 """
@@ -48,8 +50,12 @@ class OpStats:
                 "torch": sum(self.torch.values()), "reasons": dict(self.torch)}
 
 
+class _Local(threading.local):
+    busy = False  # inside a served function: its own torch calls go to torch (every thread starts outside)
+
+
 _stats: dict[str, OpStats] = {}
-_tls = threading.local()
+_tls = _Local()
 _lock = threading.Lock()
 _active = 0
 _library = None
@@ -133,11 +139,16 @@ def _reason(e: BaseException) -> str:
 _NEEDS_GRAD = "autograd: a composite op with inputs that require grad (served kernels are forward only)"
 
 
-def _make_kernel(op: str, fn, original, slots, composite: bool):
+def _make_kernel(op: str, fn, original, slots, composite: bool, keyset):
+    """The override of one op. Registered without the dispatcher's keyset (passing it costs
+    each call a Python object): torch's kernel for this key is called with `keyset`, the
+    backend key alone, which is what the dispatcher hands a backend kernel
+    (tests/test_serve_host.py checks it does)."""
     stats = _stats.setdefault(op, OpStats())
+    tls = _tls
 
-    def kernel(keyset, *args, **kwargs):
-        if getattr(_tls, "busy", False):  # a kernel's own torch call: straight to torch
+    def kernel(*args, **kwargs):
+        if tls.busy:  # a kernel's own torch call: straight to torch
             return original.call_boxed(keyset, *_torch_args(slots, args), **kwargs)
         # Autograd sits above a plain op's kernel and records its backward either way; a
         # composite (SDPA) is replaced whole, so with grad wanted torch's own decomposition runs.
@@ -145,9 +156,9 @@ def _make_kernel(op: str, fn, original, slots, composite: bool):
                 isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             stats.torch[_NEEDS_GRAD] += 1
             return original.call_boxed(keyset, *_torch_args(slots, args), **kwargs)
-        st = certified._state or certified.state()
-        before = st.misses.total
-        _tls.busy = True
+        misses = (certified._state or certified.state()).misses
+        before = misses.total
+        tls.busy = True
         try:
             out = fn(*args, **kwargs)
         except Exception as e:  # not served: torch runs it, and the reason is counted
@@ -157,12 +168,11 @@ def _make_kernel(op: str, fn, original, slots, composite: bool):
             stats.torch[why] += 1
             return original.call_boxed(keyset, *_torch_args(slots, args), **kwargs)
         finally:
-            _tls.busy = False
-        st = certified._state or certified.state()
-        if st.misses.total != before:
-            stats.default += 1
-        else:
+            tls.busy = False
+        if misses.total == before:
             stats.certified += 1
+        else:
+            stats.default += 1
         return out
 
     return kernel
@@ -173,6 +183,7 @@ def _install() -> None:
     if not hasattr(torch.library, "get_kernel"):
         raise KernelError(f"serve() needs torch >= 2.9 (torch.library.get_kernel); this is {torch.__version__}")
     key = dispatch_key()
+    keyset = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
     lib = torch.library.Library("aten", "IMPL")
     try:
         with warnings.catch_warnings():
@@ -184,8 +195,7 @@ def _install() -> None:
                 original = torch.library.get_kernel(overload, key)
                 composite = torch._C._dispatch_has_kernel_for_dispatch_key(
                     overload.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
-                lib.impl(name, _make_kernel(op, fn, original, _tensor_slots(overload), composite), key,
-                         with_keyset=True)
+                lib.impl(name, _make_kernel(op, fn, original, _tensor_slots(overload), composite, keyset), key)
     except BaseException:
         lib._destroy()
         raise
