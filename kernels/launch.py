@@ -167,6 +167,27 @@ def remember(key, inputs: tuple, slow, *args):
 
 # ----------------------------------------------------------------------------- records
 
+def listing(replay) -> str:
+    """A replay's source with its values (ints, shapes, labels: closure constants) written
+    in, as the call it was recorded from had them: for reading and for tests."""
+    import re
+
+    return re.sub(r"\bn\d+\b", lambda m: repr(replay.values[m.group(0)]) if m.group(0) in replay.values
+                  else m.group(0), replay.source)
+
+
+_CODE: dict = {}  # replay source -> its compiled code: one per launch structure, not per shape
+
+
+def _compiled(src: str):
+    code = _CODE.get(src)
+    if code is None:
+        if len(_CODE) >= LIMIT:
+            _CODE.clear()
+        code = _CODE[src] = compile(src, "<nbx_tune replay>", "exec")
+    return code
+
+
 class _Refused(Exception):
     """A record that cannot become a replay (the message says why)."""
 
@@ -233,6 +254,16 @@ class _Record:
                 consts[names[key]] = obj
             return names[key]
 
+        def value(v):
+            """An int, a tuple of them or a label, as a constant of the closure rather than
+            a literal: the source then depends on the launches' structure only, not on the
+            shapes, so a call at a new length reuses compiled code (`_compiled`)."""
+            key = ("value", type(v), v)
+            if key not in names:
+                names[key] = f"n{len(consts)}"
+                consts[names[key]] = v
+            return names[key]
+
         params = [f"i{k}" for k in range(len(self.inputs))]
         body: list[str] = []
         ptr_of_input: dict = {}
@@ -248,7 +279,7 @@ class _Record:
             if a.data_ptr() % 16:
                 raise _Refused("an allocation off 16-byte alignment")
             alloc_storage[a.untyped_storage().data_ptr()] = j
-            body.append(f"a{j} = {self._alloc_expr(a, bind)}")
+            body.append(f"a{j} = {self._alloc_expr(a, bind, value)}")
             body.append(f"q{j} = a{j}.data_ptr()")
 
         def input_ptr(k):
@@ -274,17 +305,17 @@ class _Record:
         def pointer(t):
             kind, n, off = resolve(t)
             if kind == "scratch":
-                return repr(n)
+                return value(n)
             base = input_ptr(n) if kind == "input" else f"q{n}"
-            return base if off == 0 else f"{base} + {off}"
+            return base if off == 0 else f"{base} + {value(off)}"
 
         def literal(v):
             if v is None or isinstance(v, (bool, str)):
                 return repr(v)
             if isinstance(v, int):
-                return repr(int(v))
+                return value(int(v))
             if isinstance(v, float):
-                return repr(v) if math.isfinite(v) else bind(v, "c")
+                return value(v) if math.isfinite(v) else bind(v, "c")
             if _is_constant(v):
                 return bind(v, "c")
             raise _Refused(f"an argument of type {type(v).__name__}")
@@ -318,7 +349,7 @@ class _Record:
                 # launcher on the current stream, while no launch hook (a profiler) is set;
                 # where this Triton's C launch is known, that without its Python wrapper.
                 run, function, meta, hooks, stream, device = (bind(x, "l") for x in lean)
-                head = f"{grid3[0]}, {grid3[1]}, {grid3[2]}, {stream}({device}()), {function}"
+                head = f"{value(grid3[0])}, {value(grid3[1])}, {value(grid3[2])}, {stream}({device}()), {function}"
                 body.append(f"if {_no_hooks_expr(lean[3], hooks, bind)}:")
                 c = _c_launch(compiled)
                 if c is None:
@@ -334,31 +365,32 @@ class _Record:
                 body.append("else:")
                 body.append(f"    {runner}({args_src})")
         for counter, label in self.misses:
-            body.append(f"{bind(counter, 'm')}[{label!r}] += 1")
-        body.append(f"return {self._result_expr(result, Tensor)}")
+            body.append(f"{bind(counter, 'm')}[{value(label)}] += 1")
+        body.append(f"return {self._result_expr(result, Tensor, value)}")
         src = (f"def make({', '.join(consts)}):\n"
                f"    def replay({', '.join(params)}):\n"
                + "".join(f"        {line}\n" for line in body)
                + "    return replay\n")
         scope = {"torch": torch}
-        exec(compile(src, "<nbx_tune replay>", "exec"), scope)
+        exec(_compiled(src), scope)
         fn = scope["make"](**consts)
         fn.source = src
+        fn.values = {k: v for k, v in consts.items() if k[0] == "n"}
         return fn
 
-    def _alloc_expr(self, a, bind) -> str:
+    def _alloc_expr(self, a, bind, value) -> str:
         # torch.empty_like is the cheapest allocation where an input has the same layout
         # (it keeps a dense input's strides); empty_strided otherwise, one signature to parse.
         for k, t in enumerate(self.inputs):
             if (t is not None and t.shape == a.shape and t.stride() == a.stride() and t.dtype == a.dtype
                     and t.device == a.device and t.is_contiguous()):
                 return f"torch.empty_like(i{k})"
-        return (f"torch.empty_strided({tuple(a.shape)!r}, {tuple(a.stride())!r}, "
+        return (f"torch.empty_strided({value(tuple(a.shape))}, {value(tuple(a.stride()))}, "
                 f"dtype={bind(a.dtype, 't')}, device={bind(a.device, 'v')})")
 
-    def _result_expr(self, result, Tensor) -> str:
+    def _result_expr(self, result, Tensor, value) -> str:
         if isinstance(result, tuple):
-            return "(" + "".join(f"{self._result_expr(r, Tensor)}, " for r in result) + ")"
+            return "(" + "".join(f"{self._result_expr(r, Tensor, value)}, " for r in result) + ")"
         if not isinstance(result, Tensor):
             raise _Refused("a result that is not a tensor")
         for j, a in enumerate(self.allocs):
@@ -369,7 +401,7 @@ class _Record:
                 return f"i{k}"
         for j, a in enumerate(self.allocs):
             if result.data_ptr() == a.data_ptr() and result.is_contiguous() and result.numel() == a.numel():
-                return f"a{j}.view({tuple(result.shape)!r})"
+                return f"a{j}.view({value(tuple(result.shape))})"
         raise _Refused("a result that is neither an input nor an allocation")
 
 

@@ -423,7 +423,7 @@ def test_a_tile_with_a_second_accumulator_replays_right(fake, monkeypatch):
         assert rel_err(got, ref) < 1e-5
     assert fake.log == ["triton", "direct", "direct"]
     assert [cfg for cfg, _ in certified.state().memo.values()] == [wide]
-    assert ", 16, 0)" in next(iter(launch.REMEMBERED.values())).source  # EXTRA_N and TMA, the last constexprs
+    assert ", 16, 0)" in launch.listing(next(iter(launch.REMEMBERED.values())))  # EXTRA_N and TMA, the last constexprs
 
 
 def test_a_tma_tile_replays_with_descriptors_of_each_calls_operands(fake, monkeypatch):
@@ -603,3 +603,21 @@ def test_a_padded_pointwise_convolution_is_remembered_and_its_replay_is_bit_iden
     _refill([x], 99)
     third = cv.conv2d(x, w)
     assert rel_err(third, conv_oracle.conv2d(x.double().numpy(), w.double().numpy())) < 1e-5
+
+
+def test_a_call_at_a_new_length_reuses_the_compiled_replay_code(fake):
+    # A growing KV cache makes a new shape every step: its replay differs from the last
+    # one's in values only (sizes, strides, the grid), which are closure constants, so the
+    # source is the same and is compiled once (launch._CODE).
+    launch._CODE.clear()
+    outs = {}
+    for n in (37, 38, 75):
+        x = fresh(n, 16, seed=n)
+        outs[n] = (silu(x), silu(x), x)
+    replays = list(launch.REMEMBERED.values())
+    assert len(replays) == 3 and len({r.source for r in replays}) == 1 and len(launch._CODE) == 1
+    assert {r.values[k] for r in replays for k in r.values} >= {37 * 16, 38 * 16, 75 * 16}
+    for n, (first, second, x) in outs.items():
+        assert torch.equal(first, second) and first.shape == (n, 16)
+        ref = x.double() * torch.sigmoid(x.double())
+        assert rel_err(second, ref.numpy()) < 1e-5
