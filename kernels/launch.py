@@ -258,7 +258,7 @@ class _Record:
             """An int, a tuple of them or a label, as a constant of the closure rather than
             a literal: the source then depends on the launches' structure only, not on the
             shapes, so a call at a new length reuses compiled code (`_compiled`)."""
-            key = ("value", type(v), v)
+            key = ("value", type(v), repr(v) if isinstance(v, float) else v)  # -0.0 is not 0.0
             if key not in names:
                 names[key] = f"n{len(consts)}"
                 consts[names[key]] = v
