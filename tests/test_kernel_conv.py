@@ -555,6 +555,13 @@ def test_pointwise_aligned_flag_follows_pixel_rows(monkeypatch):
     assert seen == ["4", "1"]
 
 
+def _assert_screens(interp, config, problem, dtype):
+    """config passes the screen at problem on the interpreter: against fp64, twice bit for bit."""
+    case = screening.make_case(SPEC, problem, "cpu", 5, True)
+    r = screening.screen(SPEC, config, case, interp.rtol(dtype), "cpu", repeat=True)
+    assert r.ok and r.err <= r.rtol, (str(config), r.reason, r.detail)
+
+
 SPLITS = [c for c in cv.POINTWISE_CONFIGS if c.kwargs.get("SPLIT_K", 1) > 1 and not c.kwargs.get("PAD")]
 
 
@@ -572,9 +579,7 @@ def test_pointwise_split_k_matches_oracle_bit_for_bit_twice(interp, dtype, x, w,
             continue
         why = SPEC.static_refusal(interp, c, p)  # applicable here (the interpreter runs any tile)
         assert why is None or why[0] == "smem_over_budget", why
-        case = screening.make_case(SPEC, p, "cpu", 5, True)
-        r = screening.screen(SPEC, c, case, interp.rtol(dtype), "cpu", repeat=True)
-        assert r.ok and r.err <= r.rtol, (str(c), r.reason, r.detail)
+        _assert_screens(interp, c, p, dtype)
 
 
 def test_pointwise_split_k_only_where_tiles_are_few_and_k_long():
@@ -607,9 +612,7 @@ def test_implicit_gemm_split_k_matches_oracle_bit_for_bit_twice(interp, dtype, x
         if why is not None:
             assert why[0] in ("smem_over_budget", "not_applicable"), why
             continue
-        case = screening.make_case(SPEC, p, "cpu", 5, True)
-        r = screening.screen(SPEC, c, case, interp.rtol(dtype), "cpu", repeat=True)
-        assert r.ok and r.err <= r.rtol, (str(c), r.reason, r.detail)
+        _assert_screens(interp, c, p, dtype)
         ran += 1
     assert ran >= 1
 
@@ -645,9 +648,7 @@ def test_padded_pixel_rows_match_oracle_bit_for_bit_twice(interp, dtype, x, w, s
         if why is not None and why[0] != "smem_over_budget":
             assert why[0] == "not_applicable" and "PAD" not in why[1], why
             continue
-        case = screening.make_case(SPEC, p, "cpu", 5, True)
-        r = screening.screen(SPEC, c, case, interp.rtol(dtype), "cpu", repeat=True)
-        assert r.ok and r.err <= r.rtol, (str(c), r.reason, r.detail)
+        _assert_screens(interp, c, p, dtype)
         ran += 1
     assert ran >= 2
 
