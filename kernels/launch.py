@@ -255,7 +255,7 @@ class _Record:
             return names[key]
 
         def value(v):
-            """An int, a tuple of them or a label, as a constant of the closure rather than
+            """An int, a float, a tuple of ints or a label, as a constant of the closure, not
             a literal: the source then depends on the launches' structure only, not on the
             shapes, so a call at a new length reuses compiled code (`_compiled`)."""
             key = ("value", type(v), repr(v) if isinstance(v, float) else v)  # -0.0 is not 0.0
