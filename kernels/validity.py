@@ -32,6 +32,11 @@ def claims(profile, target) -> bool:
     return isinstance(target, str) and any(target.startswith(p) for p in profile.compute_capability_matches)
 
 
+def profile_hash(profile, spec) -> str:
+    """The profile hash `spec`'s certificates are made under and checked against."""
+    return profile.hash_for(d.ladder for d in spec.key)
+
+
 def stale_reason(prov: Any, spec, profile, triton_version: str | None = None,
                  device_target: str | None = None) -> str | None:
     """Why a certificate with provenance `prov` (a mapping, or a row with those attributes)
@@ -42,7 +47,7 @@ def stale_reason(prov: Any, spec, profile, triton_version: str | None = None,
     get = _getter(prov)
     checks = [("kernel source", get("kernel_source_hash"), spec.source_hash),
               ("config space", get("config_space_hash"), spec.config_space_hash),
-              ("profile", get("profile_hash"), profile.hash)]
+              ("profile", get("profile_hash"), profile_hash(profile, spec))]
     if triton_version is not None:
         checks.append(("Triton", get("triton_version"), triton_version))
     for what, then, now in checks:

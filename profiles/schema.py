@@ -62,6 +62,15 @@ class Profile:
     screen_unsupported: Mapping[str, str]
     source: str
     hash: str = field(compare=False)
+    base_hash: str = field(compare=False, default="")  # the certified part less its ladders
+
+    def hash_for(self, ladders) -> str:
+        """The hash a kernel's certificates hold to: what certification depends on, with only
+        the ladders that bucket that kernel's key, so re-laddering one family leaves the
+        others' certificates valid."""
+        used = {n: [[r.up_to, r.step] for r in self.ladder(n).rows] for n in sorted(set(ladders))}
+        text = json.dumps({"base": self.base_hash, "buckets": used}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def ladder(self, name: str) -> Ladder:
         try:
@@ -251,6 +260,7 @@ def parse_profile(data: Any, source: str, name: str) -> Profile:
     certified_part = {k: data[k] for k in ("architecture", "memory", "pipelining",
                                            "launch_options", "autotune_screen_rtol",
                                            "autotune_screen_max_bytes")}
+    base = hashlib.sha256(json.dumps(certified_part, sort_keys=True).encode()).hexdigest()[:16]
     certified_part["buckets"] = buckets
     digest = hashlib.sha256(json.dumps(certified_part, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -271,6 +281,7 @@ def parse_profile(data: Any, source: str, name: str) -> Profile:
         screen_unsupported=MappingProxyType(dict(unsupported)),
         source=source,
         hash=digest,
+        base_hash=base,
     )
 
 

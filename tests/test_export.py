@@ -236,7 +236,8 @@ def test_the_launch_read_serves_only_this_compile_target(tmp_path, table, monkey
     # The rule itself, on a profile that claims two targets (ampere: cuda:80 and cuda:87).
     ampere = builtin_profiles()["ampere"]
     prov = {"kernel_source_hash": planted.SPEC.source_hash, "config_space_hash": planted.SPEC.config_space_hash,
-            "profile_hash": ampere.hash, "triton_version": "t", "device_target": "cuda:80"}
+            "profile_hash": validity.profile_hash(ampere, planted.SPEC), "triton_version": "t",
+            "device_target": "cuda:80"}
     assert validity.stale_reason(prov, planted.SPEC, ampere, "t", "cuda:80") is None
     assert "compile target cuda:80" in validity.stale_reason(prov, planted.SPEC, ampere, "t", "cuda:87")
     assert validity.stale_reason(prov, planted.SPEC, ampere) is None  # an exporter judges the code only

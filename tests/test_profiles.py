@@ -179,3 +179,21 @@ def test_yaml_is_never_executed(tmp_path):
     with pytest.raises(ProfileError, match="not valid YAML"):
         load_profile_file(p)
     assert not marker.exists()
+
+
+def test_a_kernels_profile_hash_covers_only_the_ladders_its_key_uses(tmp_path):
+    # Re-laddering element counts stales the element-wise certificates, not the GEMMs'.
+    src = Path(builtin_profiles()["turing"].source).read_text()
+    data = yaml.safe_load(src)
+    data["autotune"]["buckets"]["elements"][0] = {"up_to": 4096, "step": 4096}
+    (tmp_path / "e.yml").write_text(yaml.safe_dump(data))
+    data["autotune_screen_rtol"]["float32"] = 2.0e-4
+    (tmp_path / "r.yml").write_text(yaml.safe_dump(data))
+    turing, laddered, strict = (builtin_profiles()["turing"], load_profile_file(tmp_path / "e.yml"),
+                                load_profile_file(tmp_path / "r.yml"))
+    assert laddered.hash_for(["default"]) == turing.hash_for(["default"])
+    assert laddered.hash_for(["elements"]) != turing.hash_for(["elements"])
+    assert strict.hash_for(["default"]) != laddered.hash_for(["default"])  # the rest of the profile counts
+    assert turing.hash_for(["default", "default"]) == turing.hash_for(["default"])
+    with pytest.raises(ProfileError, match="no ladder 'absent'"):
+        turing.hash_for(["absent"])

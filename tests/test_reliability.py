@@ -131,9 +131,9 @@ def _set_profile_hash(m, value):
     from nbx_tune.profiles import builtin_profiles
 
     prof = builtin_profiles()["interpreter"]
-    old = prof.hash
-    object.__setattr__(prof, "hash", value)  # frozen: as if the profile file had changed
-    m.callback = lambda: object.__setattr__(prof, "hash", old)
+    old = prof.base_hash
+    object.__setattr__(prof, "base_hash", value)  # frozen: as if the profile file had changed
+    m.callback = lambda: object.__setattr__(prof, "base_hash", old)
 
 
 @pytest.mark.parametrize("what,patch", [

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nbx_tune.kernels import table_format
+from nbx_tune.kernels import table_format, validity
 from nbx_tune.kernels.registry import all_specs
 from nbx_tune.profiles import get_profile
 
@@ -24,7 +24,7 @@ def test_shipped_table_entries_are_current(path):
         label = f"{e['kernel']}|{e['dtypes']}|{e['flags']}|{e['bucket']}"
         assert prov["kernel_source_hash"] == spec.source_hash, f"{label}: kernel edited since certified"
         assert prov["config_space_hash"] == spec.config_space_hash, f"{label}: config space changed"
-        assert prov["profile_hash"] == profile.hash
+        assert prov["profile_hash"] == validity.profile_hash(profile, spec)
         assert any(prov["device_target"].startswith(p) for p in profile.compute_capability_matches)
         assert all(s["err"] <= s["rtol"] for s in e["screens"]) and e["screens"]
 

@@ -28,7 +28,7 @@ def current(spec: KernelSpec, profile: Profile, device: DeviceInfo) -> dict[str,
         "torch_version": torch.__version__,
         "kernel_source_hash": spec.source_hash,
         "config_space_hash": spec.config_space_hash,
-        "profile_hash": profile.hash,
+        "profile_hash": validity.profile_hash(profile, spec),
     }
 
 
