@@ -45,7 +45,8 @@ def main(argv=None) -> int:
             shipped[seat(e)] = e
             taken += 1
     entries = sorted(shipped.values(), key=seat)
-    Path(args.table).write_text(table_format.dumps(old["profile"], old["architecture"], old["profile_hash"], entries))
+    # The header names the profile the export was made under: this checkout's.
+    Path(args.table).write_text(table_format.dumps(new["profile"], new["architecture"], new["profile_hash"], entries))
     print(f"{args.table}: {taken} entries from {args.export}, {len(entries) - taken} kept as shipped")
     return 0
 

@@ -62,7 +62,7 @@ def current_table(src: Path, dst: Path, profile) -> int:
     """The table with its provenance set to this checkout's code and Triton."""
     import triton
 
-    from nbx_tune.kernels import table_format
+    from nbx_tune.kernels import table_format, validity
     from nbx_tune.kernels.registry import all_specs
 
     doc = table_format.read(src)
@@ -71,7 +71,7 @@ def current_table(src: Path, dst: Path, profile) -> int:
     for e in entries:
         spec = specs[e["kernel"]]
         e["provenance"].update(kernel_source_hash=spec.source_hash, config_space_hash=spec.config_space_hash,
-                               profile_hash=profile.hash, triton_version=triton.__version__)
+                               profile_hash=validity.profile_hash(profile, spec), triton_version=triton.__version__)
     dst.write_text(table_format.dumps(doc["profile"], doc["architecture"], profile.hash, entries))
     return len(entries)
 
