@@ -51,6 +51,7 @@ REFUSED: Counter = Counter()  # why records were not remembered, for tests and l
 _tls = threading.local()
 _signatures: dict = {}
 _scratch: dict = {}  # device -> the shared buffer of `scratch`
+_counters: dict = {}  # device -> the shared buffer of `counters`
 _outgrown: list = []
 _scratch_lock = threading.Lock()
 
@@ -122,17 +123,33 @@ def scratch(shape, dtype, device):
     import torch
 
     nbytes = math.prod(shape) * dtype.itemsize
+    buf = _shared(_scratch, device, nbytes, 512, lambda size: torch.empty(size, dtype=torch.uint8, device=device))
+    return buf[:nbytes].view(dtype).view(shape)
+
+
+def _shared(table: dict, device, n: int, least: int, make):
+    """table[device], made by make(size) with at least n elements (doubling when outgrown),
+    its address marked constant for the call being remembered."""
     with _scratch_lock:
-        buf = _scratch.get(device)
-        if buf is None or buf.numel() < nbytes:
+        buf = table.get(device)
+        if buf is None or buf.numel() < n:
             if buf is not None:
                 _outgrown.append(buf)
-            size = max(nbytes, 512, 0 if buf is None else 2 * buf.numel())
-            buf = _scratch[device] = torch.empty(size, dtype=torch.uint8, device=device)
+            buf = table[device] = make(max(n, least, 0 if buf is None else 2 * buf.numel()))
     rec = getattr(_tls, "rec", None)
     if rec is not None:
         rec.scratch.add(buf.untyped_storage().data_ptr())
-    return buf[:nbytes].view(dtype).view(shape)
+    return buf
+
+
+def counters(n: int, device):
+    """n int32 counters at zero, which the kernels using them leave at zero (the last of a
+    tile's programs resets its count): one buffer per device shared by every call, kept like
+    `scratch`'s, so a replay makes nothing. Launches on one stream run in order; two streams
+    must not run such kernels at once."""
+    import torch
+
+    return _shared(_counters, device, n, 1024, lambda size: torch.zeros(size, dtype=torch.int32, device=device))[:n]
 
 
 def note_miss(counter, label) -> None:

@@ -172,20 +172,24 @@ def _epilogue(acc, rm, rn, M, N, c_at, stride_cm, stride_cn, x_at, stride_xm, st
 
 @triton.jit
 def _matmul_splitk_kernel(
-    a_ptr, b_ptr, w_ptr, a_desc, b_desc,
+    a_ptr, b_ptr, w_ptr, a_desc, b_desc, c_ptr, x_ptr, count_ptr,
     M, N, K, NB,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
     stride_ws, stride_wb,
+    stride_cb, stride_cm, stride_cn, stride_xb, stride_xm, stride_xn, alpha, beta,
     INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, ALIGN_AB: tl.constexpr, TMA: tl.constexpr = 0, B_KMAJOR: tl.constexpr = 0,
+    HAS_BIAS: tl.constexpr = 0, SUM_LAST: tl.constexpr = 0,
 ):
     # Split-K: program (tile, batch, split) sums its share of K, whole BLOCK_K blocks, into
     # an fp32 partial tile of the workspace w (SPLIT_K, B, M, N); `_splitk_reduce_kernel`
     # then adds the SPLIT_K partials in split order. No atomics: every launch sums the same
     # numbers in the same order, so results are bitwise reproducible. For M <= BLOCK_M this
     # is a GEMV-style schedule: B is read once, by N / BLOCK_N x SPLIT_K programs.
+    # SUM_LAST: no second launch; the split that finishes a tile last (a counter per tile)
+    # adds the partials, still in split order, and writes c.
     if ALIGN_AB > 1:
         K = K // ALIGN_AB * ALIGN_AB
         NB = NB // ALIGN_AB * ALIGN_AB
@@ -245,6 +249,18 @@ def _matmul_splitk_kernel(
     w_at = w_ptr + split.to(tl.int64) * stride_ws + batch * stride_wb
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     tl.store(w_at + rm[:, None] * N + rn[None, :], acc, mask=mask)
+    if SUM_LAST:
+        # acq_rel: this split's partial is released with its count, and the last one's
+        # loads (past L1: .cg) see every other split's.
+        count_at = count_ptr + tl.program_id(1) * tl.num_programs(0) + pid
+        if tl.atomic_add(count_at, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+            w_tile = w_ptr + batch * stride_wb + rm[:, None] * N + rn[None, :]
+            total = tl.load(w_tile, mask=mask, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT_K):
+                total += tl.load(w_tile + s * stride_ws, mask=mask, other=0.0, cache_modifier=".cg")
+            _epilogue(total, rm, rn, M, N, c_ptr + batch * stride_cb, stride_cm, stride_cn,
+                      x_ptr + batch * stride_xb, stride_xm, stride_xn, alpha, beta, HAS_BIAS)
+            tl.store(count_at, 0)  # every split has counted: the next launch starts from zero
 
 
 _matmul_splitk_kernel = launch.recorded(_matmul_splitk_kernel)  # its calls are replayed (kernels/launch.py)
@@ -459,6 +475,12 @@ def split_k(config: Config) -> int:
     return config.kwargs.get("SPLIT_K", 1)
 
 
+def sum_last(config: Config) -> int:
+    """The config's SUM_LAST: 1 when the last split of a tile sums the partials in the same
+    launch (no `_splitk_reduce_kernel` launch), else 0."""
+    return config.kwargs.get("SUM_LAST", 0)
+
+
 def launch_splitk(a, b, c, bias, alpha: float, beta: float, config: Config, align_ab: int = 1):
     """c = alpha * (a @ b) [+ beta * bias] by split-K (`_matmul_splitk_kernel`, then
     `_splitk_reduce_kernel`), through an fp32 workspace of SPLIT_K x c's elements. a, b as
@@ -469,19 +491,23 @@ def launch_splitk(a, b, c, bias, alpha: float, beta: float, config: Config, alig
     N, NB = c.shape[-1], b.shape[-1]
     B = a.shape[0] if a.dim() == 3 else 1
     sk = split_k(config)
+    last = sum_last(config)
     block = 512  # the reduction's elements per program: a decode row of 4096 spreads over 8
     w = launch.empty((sk, B, M, N), torch.float32, a.device)
     sa, sb, sc = _strides3(a), _strides3(b), _strides3(c)
+    x = c if bias is None else bias
     sx = _strides3(bias) if bias is not None else sc
     grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]), B, sk)
+    counts = launch.counters(grid[0] * B, a.device) if last else w
     _matmul_splitk_kernel[grid](
-        a, b, w, *descs[:2], M, N, K, NB, *sa, *sb, w.stride(0), w.stride(1),
-        "ieee" if a.dtype == torch.float32 else "tf32",
+        a, b, w, *descs[:2], c, x, counts, M, N, K, NB, *sa, *sb, w.stride(0), w.stride(1), *sc, *sx,
+        alpha, beta, "ieee" if a.dtype == torch.float32 else "tf32",
         config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"], sk, align_ab, tma, kmajor,
-        num_warps=config.num_warps, num_stages=config.num_stages)
-    _splitk_reduce_kernel[(triton.cdiv(M * N, block), B)](
-        w, c, c if bias is None else bias, M, N, w.stride(0), w.stride(1), *sc, *sx, alpha, beta,
-        bias is not None, sk, block, num_warps=4)
+        bias is not None, last, num_warps=config.num_warps, num_stages=config.num_stages)
+    if not last:
+        _splitk_reduce_kernel[(triton.cdiv(M * N, block), B)](
+            w, c, x, M, N, w.stride(0), w.stride(1), *sc, *sx, alpha, beta,
+            bias is not None, sk, block, num_warps=4)
     return grid
 
 
@@ -654,9 +680,9 @@ def launch_matmul(a, b, c, bias, alpha: float, beta: float, config: Config):
     return _matmul_kernel[grid](*args, num_warps=config.num_warps, num_stages=config.num_stages), grid, args
 
 
-def _c(bm, bn, bk, warps, stages, group=8, extra_n=0, tma=0, split=1, sched=0, flatten=0, ws=0):
+def _c(bm, bn, bk, warps, stages, group=8, extra_n=0, tma=0, split=1, sched=0, flatten=0, ws=0, last=0):
     extra = {**({"EXTRA_N": extra_n} if extra_n else {}), **({"TMA": 1} if tma else {}),
-             **({"SPLIT_K": split} if split > 1 else {}), **({"SCHEDULE": sched} if sched else {}),
+             **({"SPLIT_K": split} if split > 1 else {}), **({"SUM_LAST": 1} if last else {}), **({"SCHEDULE": sched} if sched else {}),
              **({"FLATTEN": 1} if flatten else {}), **({"WS": 1} if ws else {})}
     return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, **extra,
                        num_warps=warps, num_stages=stages)
@@ -695,6 +721,14 @@ CONFIGS = (
     # The same skinny tiles unsplit, for decode GEMMs whose N alone gives hundreds of tiles
     # (an LM head: N = 32000 is 250 tiles of 128), where split-K is refused.
     _c(16, 128, 128, 4, 4),
+    # Split-K whose last split sums the partials (SUM_LAST): no second launch, which costs a
+    # decode GEMM of 10-30 us a tenth of its time; in 128-wide tiles for mid-size products
+    # whose 48-100 tiles leave SMs idle (1000 x 1024 x 4096: 64 tiles, 128 programs split in two).
+    _c(16, 64, 128, 4, 4, split=4, last=1), _c(16, 128, 128, 4, 4, split=2, last=1),
+    _c(16, 128, 128, 4, 4, split=4, last=1), _c(64, 128, 64, 4, 4, split=4, last=1),
+    _c(64, 128, 128, 4, 3, tma=1, split=4, last=1), _c(64, 128, 64, 4, 4, tma=1, split=2, last=1),
+    _c(128, 128, 64, 4, 4, tma=1, split=2, last=1), _c(128, 128, 64, 8, 4, tma=1, split=2, last=1),
+    _c(128, 128, 64, 4, 4, tma=1, split=3, last=1), _c(128, 256, 64, 8, 3, tma=1, split=2, last=1),
     # Mid-size GEMMs through TMA in smaller tiles (800 x 1536 x 1536: 84 tiles of 128 x 128,
     # 156 of 64 x 128, 312 of 64 x 64 for 132 SMs), deep pipelines.
     _c(64, 128, 64, 4, 4, tma=1), _c(64, 64, 128, 4, 4, tma=1), _c(64, 256, 64, 4, 4, tma=1),
@@ -820,7 +854,7 @@ class MatmulSpec(KernelSpec):
         return max(config.num_stages, 1) * width * config["BLOCK_K"] * esize
 
     def source_parts(self):
-        return (_matmul_kernel, _epilogue, _matmul_splitk_kernel, _splitk_reduce_kernel, split_k, launch_splitk,
+        return (_matmul_kernel, _epilogue, _matmul_splitk_kernel, _splitk_reduce_kernel, split_k, sum_last, launch_splitk,
                 _tile_at, _tile_dot, _persistent_kernel, _streamk_kernel, _streamk_fixup_kernel, schedule, sm_count,
                 launch_scheduled, schedule_refusal,
                 extra_columns, uses_tma, tma_ready, _tma_copy, b_kmajor, tma_descriptors,

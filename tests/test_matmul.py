@@ -309,11 +309,11 @@ def test_tma_tiles_are_refused_unlaunched_on_a_triton_without_tensor_descriptors
     assert SPEC.static_refusal(get_profile("hopper"), plain, p) is None
 
 
-def _split(split, bm=16, bn=16, bk=16, tma=0):
+def _split(split, bm=16, bn=16, bk=16, tma=0, last=0):
     from nbx_tune.kernels.spec import Config
 
     return Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2, SPLIT_K=split, **({"TMA": 1} if tma else {}),
-                       num_warps=1, num_stages=1)
+                       **({"SUM_LAST": 1} if last else {}), num_warps=1, num_stages=1)
 
 
 @pytest.mark.parametrize("dt", ["float16", "float32"])
@@ -340,6 +340,30 @@ def test_split_k_matches_the_oracle_and_repeats_bit_for_bit(dt, batch, m, n, k, 
     assert np.abs(outs[0].double().numpy() - ref).max() / np.abs(ref).max() < (2e-3 if dt == "float16" else 1e-5)
     assert torch.equal(outs[0].view(torch.int16 if dt == "float16" else torch.int32),
                        outs[1].view(torch.int16 if dt == "float16" else torch.int32))
+
+
+@pytest.mark.parametrize("dt", ["float16", "float32"])
+@pytest.mark.parametrize("batch,m,n,k,split,tma", [(1, 7, 33, 97, 3, 0), (2, 19, 40, 130, 2, 1), (1, 37, 24, 40, 4, 0)])
+def test_split_k_summed_by_the_last_split_matches_the_oracle_bit_for_bit(dt, batch, m, n, k, split, tma):
+    # SUM_LAST: no reduce launch; the last split of each tile adds the partials in split
+    # order, so the result is the two-launch one bit for bit, and every count is back at zero.
+    from nbx_tune.kernels import launch
+
+    tdt = TORCH_DTYPES[dt]
+    g = torch.Generator().manual_seed(m + n * k)
+    a, b, x = (torch.rand(s, generator=g) * 2 - 1 for s in ((batch, m, k), (batch, k, n), (batch, 1, n)))
+    a, b, x = a.to(tdt), b.to(tdt), x.to(tdt)
+    outs = []
+    for last in (1, 1, 0):
+        c = torch.full((batch, m, n), float("nan"), dtype=tdt)
+        _, grid, _ = launch_matmul(a, b, c, x.expand(batch, m, n), -1.5, 0.5, _split(split, tma=tma, last=last))
+        outs.append(c.view(torch.int16 if dt == "float16" else torch.int32))
+    assert grid == (-(-m // 16) * -(-n // 16), batch, split)
+    ref = oracle.baddbmm(x.double().numpy(), a.double().numpy(), b.double().numpy(), -1.5, 0.5)
+    got = outs[0].view(tdt).double().numpy()
+    assert np.abs(got - ref).max() / np.abs(ref).max() < (2e-3 if dt == "float16" else 1e-5)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    assert not launch.counters(grid[0] * batch, a.device).any()
 
 
 def test_split_k_serves_the_public_op_with_unaligned_and_transposed_operands(monkeypatch):
