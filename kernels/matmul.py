@@ -721,14 +721,10 @@ CONFIGS = (
     # The same skinny tiles unsplit, for decode GEMMs whose N alone gives hundreds of tiles
     # (an LM head: N = 32000 is 250 tiles of 128), where split-K is refused.
     _c(16, 128, 128, 4, 4),
-    # Split-K whose last split sums the partials (SUM_LAST): no second launch, which costs a
-    # decode GEMM of 10-30 us a tenth of its time; in 128-wide tiles for mid-size products
-    # whose 48-100 tiles leave SMs idle (1000 x 1024 x 4096: 64 tiles, 128 programs split in two).
-    _c(16, 64, 128, 4, 4, split=4, last=1), _c(16, 128, 128, 4, 4, split=2, last=1),
-    _c(16, 128, 128, 4, 4, split=4, last=1), _c(64, 128, 64, 4, 4, split=4, last=1),
-    _c(64, 128, 128, 4, 3, tma=1, split=4, last=1), _c(64, 128, 64, 4, 4, tma=1, split=2, last=1),
-    _c(128, 128, 64, 4, 4, tma=1, split=2, last=1), _c(128, 128, 64, 8, 4, tma=1, split=2, last=1),
-    _c(128, 128, 64, 4, 4, tma=1, split=3, last=1), _c(128, 256, 64, 8, 3, tma=1, split=2, last=1),
+    # Split-K whose last split sums the partials (SUM_LAST): no second launch. It beats the
+    # two-launch split only on single-row decode GEMMs; at M = 64 and mid-size products the
+    # last split's serial sum costs more than the launch it saves (lab/gemm_sum_last).
+    _c(16, 128, 128, 4, 4, split=4, last=1), _c(16, 128, 128, 4, 4, split=2, last=1),
     # Mid-size GEMMs through TMA in smaller tiles (800 x 1536 x 1536: 84 tiles of 128 x 128,
     # 156 of 64 x 128, 312 of 64 x 64 for 132 SMs), deep pipelines.
     _c(64, 128, 64, 4, 4, tma=1), _c(64, 64, 128, 4, 4, tma=1), _c(64, 256, 64, 4, 4, tma=1),
