@@ -1,6 +1,6 @@
 """Merge a re-certified export into the shipped table, keeping every other entry as shipped.
 
-    python3 bench/merge_table.py EXPORT.json [--table kernels/tables/hopper.json] [--kernels matmul,attention]
+    python3 bench/merge_table.py EXPORT.json [--table kernels/tables/hopper.json] [--kernels matmul,attention] [--drop-stale]
 
 An export made after `import` + census (the gpu_session `refresh` stage) holds the imported
 entries too, without the `sampled_regret` the importing database never measured; only the
@@ -27,6 +27,8 @@ def main(argv=None) -> int:
     ap.add_argument("export")
     ap.add_argument("--table", default=str(ROOT / "kernels/tables/hopper.json"))
     ap.add_argument("--kernels", default="", help="take these kernels' entries from the export (default: changed ones)")
+    ap.add_argument("--drop-stale", action="store_true",
+                    help="leave out shipped entries this checkout judges stale (a re-keyed bucket, an edited kernel)")
     args = ap.parse_args(argv)
     new = table_format.read(args.export)
     old = table_format.read(args.table)
@@ -44,10 +46,22 @@ def main(argv=None) -> int:
         if (e["kernel"] in kernels) if kernels else changed:
             shipped[seat(e)] = e
             taken += 1
+    dropped = 0
+    if args.drop_stale:
+        from nbx_tune.kernels import validity
+        from nbx_tune.kernels.registry import all_specs
+        from nbx_tune.profiles import get_profile
+
+        specs, profile = all_specs(), get_profile(new["profile"])
+        for k, e in list(shipped.items()):
+            if validity.stale_reason(e["provenance"], specs.get(e["kernel"]), profile) is not None:
+                del shipped[k]
+                dropped += 1
     entries = sorted(shipped.values(), key=seat)
     # The header names the profile the export was made under: this checkout's.
     Path(args.table).write_text(table_format.dumps(new["profile"], new["architecture"], new["profile_hash"], entries))
-    print(f"{args.table}: {taken} entries from {args.export}, {len(entries) - taken} kept as shipped")
+    print(f"{args.table}: {taken} entries from {args.export}, {len(entries) - taken} kept as shipped"
+          + (f", {dropped} stale ones dropped" if args.drop_stale else ""))
     return 0
 
 
