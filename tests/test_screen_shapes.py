@@ -201,7 +201,7 @@ def test_an_elementwise_seat_is_screened_at_its_bucket_edges():
     p = Problem("elementwise_unary", ("bfloat16",), seat_flags(fn="silu"), (4 * 1024 * 1024,),
                 (("shape", (1024, 4096)),))
     edges = seat_job(UNARY, hopper, "u", [p], "cpu")[0].confirm_problems
-    assert [(e.dims, e.get("shape")) for e in edges] == [((1048577,), (1048577,)), ((16777216,), (16777216,))]
+    assert [(e.dims, e.get("shape")) for e in edges] == [((2097153,), (2097153,)), ((4194304,), (4194304,))]
 
 
 @pytest.mark.parametrize("kernel", ["softmax", "layer_norm", "rms_norm"])
