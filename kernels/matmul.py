@@ -333,85 +333,8 @@ def _persistent_kernel(
 _persistent_kernel = launch.recorded(_persistent_kernel)  # its calls are replayed (kernels/launch.py)
 
 
-@triton.jit
-def _streamk_kernel(
-    a_desc, b_desc, c_ptr, bias_ptr, w_ptr, M, N, K, stride_cm, stride_cn, stride_xm, stride_xn, alpha, beta,
-    HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    B_KMAJOR: tl.constexpr,
-):
-    # Stream-K (SCHEDULE 2): the K blocks of all tiles, laid end to end, are cut into one
-    # equal run per program, so few tiles still fill every SM. A run's whole tiles are
-    # stored; a tile's pieces go to workspace slots (2 per program: its first and its last
-    # piece) that `_streamk_fixup_kernel` adds in program order: bitwise reproducible.
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    total = num_pid_m * num_pid_n * k_tiles
-    pid = tl.program_id(0).to(tl.int64)
-    progs = tl.num_programs(0)
-    start = pid * total // progs
-    end = (pid + 1) * total // progs
-    rb = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    it = start
-    while it < end:
-        tile = (it // k_tiles).to(tl.int32)
-        k_lo = (it - tile * k_tiles).to(tl.int32)
-        k_hi = tl.minimum(k_tiles, k_lo + (end - it)).to(tl.int32)
-        pid_m, pid_n = _tile_at(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = _tile_dot(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi, acc, INPUT_PRECISION,
-                        BLOCK_K, B_KMAJOR)
-        if (k_lo == 0) & (k_hi == k_tiles):
-            rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            _epilogue(acc, rm, rn, M, N, c_ptr, stride_cm, stride_cn, bias_ptr, stride_xm, stride_xn, alpha,
-                      beta, HAS_BIAS)
-        else:
-            slot = pid * 2 + (it != start).to(tl.int64)
-            tl.store(w_ptr + slot * (BLOCK_M * BLOCK_N) + rb, acc)
-        it += k_hi - k_lo
-
-
-_streamk_kernel = launch.recorded(_streamk_kernel)  # its calls are replayed (kernels/launch.py)
-
-
-@triton.jit
-def _streamk_fixup_kernel(
-    c_ptr, bias_ptr, w_ptr, M, N, K, stride_cm, stride_cn, stride_xm, stride_xn, alpha, beta, progs,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-):
-    # One program per tile: a tile that one run held whole is already stored; else its
-    # pieces are summed in program order. Program p ran K blocks [p * total // progs,
-    # (p + 1) * total // progs); the piece of the first program is its last slot when that
-    # program started in an earlier tile, every other piece a program's first slot.
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    total = num_pid_m * num_pid_n * k_tiles
-    tile = tl.program_id(0)
-    i0 = tile.to(tl.int64) * k_tiles
-    p_lo = ((i0 + 1) * progs + total - 1) // total - 1
-    p_hi = ((i0 + k_tiles) * progs + total - 1) // total - 1
-    if p_lo < p_hi:
-        rb = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for p in range(p_lo, p_hi + 1):
-            slot = p * 2 + ((p == p_lo) & (p * total // progs < i0)).to(tl.int64)
-            acc += tl.load(w_ptr + slot * (BLOCK_M * BLOCK_N) + rb)
-        pid_m, pid_n = _tile_at(tile, num_pid_m, num_pid_n, GROUP_M)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        _epilogue(acc, rm, rn, M, N, c_ptr, stride_cm, stride_cn, bias_ptr, stride_xm, stride_xn, alpha, beta,
-                  HAS_BIAS)
-
-
-_streamk_fixup_kernel = launch.recorded(_streamk_fixup_kernel)  # its calls are replayed (kernels/launch.py)
-
-
 def schedule(config: Config) -> int:
-    """The config's SCHEDULE: 0 one program per tile, 1 persistent, 2 stream-K."""
+    """The config's SCHEDULE: 0 one program per tile, 1 persistent."""
     return config.kwargs.get("SCHEDULE", 0)
 
 
@@ -428,30 +351,19 @@ def sm_count(device) -> int:
 
 
 def launch_scheduled(a, c, bias, alpha: float, beta: float, config: Config, descs: tuple, kmajor: int):
-    """c = alpha * (a @ b) [+ beta * bias] for one product (batch 1) under a persistent or
-    stream-K config, A and B read through `descs` (`tma_descriptors`). Returns the grid."""
+    """c = alpha * (a @ b) [+ beta * bias] for one product (batch 1) under a persistent
+    config, A and B read through `descs` (`tma_descriptors`). Returns the grid."""
     M, K = a.shape[-2:]
     c2 = c[0] if c.dim() == 3 else c
     x2 = c2 if bias is None else (bias[0] if bias.dim() == 3 else bias)
     bm, bn, bk, group = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["GROUP_M"]
     N = c2.shape[1]
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    prec = "ieee" if a.dtype == torch.float32 else "tf32"
-    common = (M, N, K, *c2.stride(), *x2.stride(), alpha, beta)
-    warps, stages = config.num_warps, config.num_stages
-    if schedule(config) == 1:
-        grid = (min(sm_count(a.device), tiles),)
-        _persistent_kernel[grid](*descs[:2], c2, x2, *common, bias is not None, prec, bm, bn, bk, group, kmajor,
-                                 config.kwargs.get("FLATTEN", 0), config.kwargs.get("WS", 0),
-                                 num_warps=warps, num_stages=stages)
-        return grid
-    progs = min(sm_count(a.device), tiles * triton.cdiv(K, bk))
-    w = launch.empty((2 * progs, bm * bn), torch.float32, a.device)
-    _streamk_kernel[(progs,)](*descs[:2], c2, x2, w, *common, bias is not None, prec, bm, bn, bk, group, kmajor,
-                              num_warps=warps, num_stages=stages)
-    _streamk_fixup_kernel[(tiles,)](c2, x2, w, *common, progs, bias is not None, bm, bn, bk, group,
-                                    num_warps=warps)
-    return (progs,)
+    grid = (min(sm_count(a.device), triton.cdiv(M, bm) * triton.cdiv(N, bn)),)
+    _persistent_kernel[grid](*descs[:2], c2, x2, M, N, K, *c2.stride(), *x2.stride(), alpha, beta,
+                             bias is not None, "ieee" if a.dtype == torch.float32 else "tf32", bm, bn, bk, group,
+                             kmajor, config.kwargs.get("FLATTEN", 0), config.kwargs.get("WS", 0),
+                             num_warps=config.num_warps, num_stages=config.num_stages)
+    return grid
 
 
 def split_k(config: Config) -> int:
@@ -706,14 +618,11 @@ CONFIGS = (
     # with no split-K workspace pass.
     _c(64, 32, 128, 4, 4, tma=1),
     # Persistent (SCHEDULE 1: one program per SM walks the tiles; FLATTEN overlaps a tile's
-    # epilogue with the next one's loads, WS specializes warps) and stream-K (SCHEDULE 2: few
-    # tiles with long K, cut into equal runs of K blocks, one per SM). Both read through TMA.
+    # epilogue with the next one's loads, WS specializes warps), through TMA.
     _c(128, 128, 64, 4, 5, tma=1, sched=1, flatten=1), _c(128, 128, 64, 4, 4, tma=1, sched=1, flatten=1, ws=1),
     _c(128, 256, 64, 8, 3, tma=1, sched=1, flatten=1), _c(64, 256, 64, 4, 4, tma=1, sched=1, flatten=1),
     _c(64, 128, 64, 4, 5, tma=1, sched=1), _c(64, 64, 128, 4, 4, tma=1, sched=1, flatten=1),
     _c(128, 128, 64, 8, 4, tma=1, sched=1),
-    _c(128, 128, 64, 4, 4, tma=1, sched=2), _c(128, 128, 64, 8, 4, tma=1, sched=2),
-    _c(128, 256, 64, 8, 3, tma=1, sched=2), _c(64, 128, 64, 4, 4, tma=1, sched=2),
 )
 
 # Served when a seat has no certificate: the first that fits the device.
@@ -769,19 +678,14 @@ def split_refusal(config: Config, problem: Problem) -> tuple[str, str] | None:
 
 
 def schedule_refusal(config: Config, problem: Problem) -> tuple[str, str] | None:
-    """("not_applicable", why) for a persistent or stream-K config at a seat it does not
-    serve: a batch of products, or (stream-K) a seat whose tiles already fill the machine."""
+    """("not_applicable", why) for a persistent config at a seat it does not serve: a batch
+    of products."""
     sched = schedule(config)
     if not sched:
         return None
-    Bn, M, N, K = problem.dims
+    Bn = problem.dims[0]
     if Bn > 1:
         return ("not_applicable", f"SCHEDULE {sched} runs one product per launch, the seat has a batch of {Bn}")
-    tiles = -(-M // config["BLOCK_M"]) * -(-N // config["BLOCK_N"])
-    if sched == 2 and tiles >= SPLIT_MAX_TILES:
-        return ("not_applicable", f"{tiles} output tiles (>= {SPLIT_MAX_TILES}): stream-K has nothing to balance")
-    if sched == 2 and K < SPLIT_MIN_BLOCKS * config["BLOCK_K"]:
-        return ("not_applicable", f"K {K} is fewer than {SPLIT_MIN_BLOCKS} blocks of {config['BLOCK_K']}")
     return None
 
 
@@ -821,7 +725,7 @@ class MatmulSpec(KernelSpec):
 
     def source_parts(self):
         return (_matmul_kernel, _epilogue, _matmul_splitk_kernel, _splitk_reduce_kernel, split_k, launch_splitk,
-                _tile_at, _tile_dot, _persistent_kernel, _streamk_kernel, _streamk_fixup_kernel, schedule, sm_count,
+                _tile_at, _tile_dot, _persistent_kernel, schedule, sm_count,
                 launch_scheduled, schedule_refusal,
                 extra_columns, uses_tma, tma_ready, _tma_copy, b_kmajor, tma_descriptors,
                 matmul_args, vector_elems, rows_aligned, _padded, stage_operands, launch_matmul, alignment,
