@@ -71,13 +71,7 @@ def _matmul_kernel(
     # powers of two, their sum need not be: at some sizes only a 192-wide tile leaves the
     # last wave of programs nearly full.
     TILE_N: tl.constexpr = BLOCK_N + EXTRA_N
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, TILE_N)
-    group = GROUP_M * num_pid_n
-    first_m = (pid // group) * GROUP_M
-    group_m = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % group_m
-    pid_n = (pid % group) // group_m
+    pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, TILE_N), GROUP_M)
 
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * TILE_N + tl.arange(0, BLOCK_N)
@@ -196,13 +190,7 @@ def _matmul_splitk_kernel(
     pid = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_pid_n
-    first_m = (pid // group) * GROUP_M
-    group_m = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % group_m
-    pid_n = (pid % group) // group_m
+    pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
     k_lo = split * per
@@ -279,8 +267,10 @@ _splitk_reduce_kernel = launch.recorded(_splitk_reduce_kernel)  # its calls are 
 
 
 @triton.jit
-def _tile_at(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """(pid_m, pid_n) of output tile `tile` in `_matmul_kernel`'s grouped order."""
+def grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of output tile `tile` in the grouped order: GROUP_M row-blocks at a
+    time, column by column, so neighbouring programs share B tiles in L2 (every tiled
+    GEMM here, convolutions included, walks its tiles in this order)."""
     group = GROUP_M * num_pid_n
     first_m = (tile // group) * GROUP_M
     group_m = min(num_pid_m - first_m, GROUP_M)
@@ -318,12 +308,12 @@ def _persistent_kernel(
     progs = tl.num_programs(0)
     tile_c = tl.program_id(0) - progs  # the epilogue's own count: FLATTEN moves loads across tiles
     for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, progs, flatten=FLATTEN, warp_specialize=WS):
-        pid_m, pid_n = _tile_at(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc = _tile_dot(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, k_tiles, acc, INPUT_PRECISION,
                         BLOCK_K, B_KMAJOR)
         tile_c += progs
-        pm, pn = _tile_at(tile_c, num_pid_m, num_pid_n, GROUP_M)
+        pm, pn = grouped_tile(tile_c, num_pid_m, num_pid_n, GROUP_M)
         rm = pm * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pn * BLOCK_N + tl.arange(0, BLOCK_N)
         _epilogue(acc, rm, rn, M, N, c_ptr, stride_cm, stride_cn, bias_ptr, stride_xm, stride_xn, alpha, beta,
@@ -725,7 +715,7 @@ class MatmulSpec(KernelSpec):
 
     def source_parts(self):
         return (_matmul_kernel, _epilogue, _matmul_splitk_kernel, _splitk_reduce_kernel, split_k, launch_splitk,
-                _tile_at, _tile_dot, _persistent_kernel, schedule, sm_count,
+                grouped_tile, _tile_dot, _persistent_kernel, schedule, sm_count,
                 launch_scheduled, schedule_refusal,
                 extra_columns, uses_tma, tma_ready, _tma_copy, b_kmajor, tma_descriptors,
                 matmul_args, vector_elems, rows_aligned, _padded, stage_operands, launch_matmul, alignment,
