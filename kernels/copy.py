@@ -38,6 +38,29 @@ MAX_RANK = 4  # dims after merging
 
 # ----------------------------------------------------------------------------- device code
 
+
+@triton.jit
+def strided_offsets(offs, NDIM: tl.constexpr, D1, D2, D3, S0, S1, S2, S3):
+    """Offsets of row-major element indices `offs` in a tensor of NDIM merged dims (at most
+    4, `copy_plan`'s): sizes D1..D3 of the innermost dims (D1 innermost), S1..S3 their
+    strides, S0 the outermost's. Two calls on one `offs` share their divisions (CSE)."""
+    rem = offs
+    off = offs * 0
+    if NDIM > 1:
+        i = rem % D1
+        rem = rem // D1
+        off += i * S1
+    if NDIM > 2:
+        i = rem % D2
+        rem = rem // D2
+        off += i * S2
+    if NDIM > 3:
+        i = rem % D3
+        rem = rem // D3
+        off += i * S3
+    return off + rem * S0
+
+
 @triton.jit
 def _copy_kernel(x_ptr, y_ptr, n, D1, D2, D3,
                  SX0, SX1, SX2, SX3, SY0, SY1, SY2, SY3,
@@ -57,26 +80,8 @@ def _copy_kernel(x_ptr, y_ptr, n, D1, D2, D3,
         x_off = offs
         y_off = offs
     else:
-        rem = offs
-        x_off = offs * 0
-        y_off = offs * 0
-        if NDIM > 1:
-            i = rem % D1
-            rem = rem // D1
-            x_off += i * SX1
-            y_off += i * SY1
-        if NDIM > 2:
-            i = rem % D2
-            rem = rem // D2
-            x_off += i * SX2
-            y_off += i * SY2
-        if NDIM > 3:
-            i = rem % D3
-            rem = rem // D3
-            x_off += i * SX3
-            y_off += i * SY3
-        x_off += rem * SX0
-        y_off += rem * SY0
+        x_off = strided_offsets(offs, NDIM, D1, D2, D3, SX0, SX1, SX2, SX3)
+        y_off = strided_offsets(offs, NDIM, D1, D2, D3, SY0, SY1, SY2, SY3)
     x = tl.load(x_ptr + x_off, mask=mask)
     tl.store(y_ptr + y_off, x.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -330,7 +335,7 @@ class CopySpec(KernelSpec):
     default_configs = DEFAULTS
 
     def source_parts(self):
-        return (_copy_kernel, copy_plan, launch_copy_plan, launch_copy, _flat_copy_kernel, _flat_copy_block,
+        return (_copy_kernel, strided_offsets, copy_plan, launch_copy_plan, launch_copy, _flat_copy_kernel, _flat_copy_block,
                 launch_copy_seat, stream_launch, _base)
 
     def static_refusal(self, profile, config, problem):
@@ -508,7 +513,7 @@ class CatSpec(KernelSpec):
     default_configs = DEFAULTS
 
     def source_parts(self):
-        return (_copy_kernel, copy_plan, launch_copy_plan, launch_cat, _legacy_empty, _cat2_kernel, launch_cat2,
+        return (_copy_kernel, strided_offsets, copy_plan, launch_copy_plan, launch_cat, _legacy_empty, _cat2_kernel, launch_cat2,
                 row_stride, _one_launch, _base, cat2_tile)
 
     def problem_from_row(self, row):

@@ -33,7 +33,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
-from nbx_tune.kernels.copy import contiguous_strides, copy_plan, dense, stream_launch
+from nbx_tune.kernels.copy import contiguous_strides, copy_plan, dense, stream_launch, strided_offsets
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import elementwise as oracle
@@ -144,34 +144,13 @@ def _stream_store(ptrs, y, mask, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _strided_offsets(offs, NDIM: tl.constexpr, D1, D2, D3, S0, S1, S2, S3):
-    """Offsets of row-major element indices `offs` in a tensor of NDIM merged dims: sizes
-    D1..D3 of the innermost dims (D1 innermost), S1..S3 their strides, S0 the outermost's."""
-    rem = offs
-    off = offs * 0
-    if NDIM > 1:
-        i = rem % D1
-        rem = rem // D1
-        off += i * S1
-    if NDIM > 2:
-        i = rem % D2
-        rem = rem // D2
-        off += i * S2
-    if NDIM > 3:
-        i = rem % D3
-        rem = rem // D3
-        off += i * S3
-    return off + rem * S0
-
-
-@triton.jit
 def _unary_block(x_ptr, y_ptr, start, n, p0, p1, p2, D1, D2, D3, S0, S1, S2, S3,
                  FN: tl.constexpr, IPOW: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                  NDIM: tl.constexpr, MASKED: tl.constexpr, EVICT: tl.constexpr):
     offs = start + tl.arange(0, BLOCK_SIZE)
     mask = offs < n
     if NDIM > 0:  # a strided input
-        x_off = _strided_offsets(offs, NDIM, D1, D2, D3, S0, S1, S2, S3)
+        x_off = strided_offsets(offs, NDIM, D1, D2, D3, S0, S1, S2, S3)
     else:
         x_off = offs
     x = _stream_load(x_ptr + x_off, mask, 1.0, MASKED, EVICT).to(tl.float32)
@@ -558,7 +537,7 @@ class ElementwiseUnarySpec(KernelSpec):
 
     def source_parts(self):
         return (_tanh_f32, _unary_math, _unary_kernel, pow_params, small_int_pow, launch_unary, unary_plan,
-                _block_start, _stream_load, _stream_store, _strided_offsets, _unary_block, stream_launch)
+                _block_start, _stream_load, _stream_store, strided_offsets, _unary_block, stream_launch)
 
     def problem_from_row(self, row):
         op = row.op.removesuffix(".default")
