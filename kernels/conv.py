@@ -707,7 +707,7 @@ class ConvSpec(KernelSpec):
                 launch_conv_depthwise, launch_conv_pointwise, _launch_padded, _pixel_rows, seat_kind, pixels_flat,
                 pointwise_align,
                 copy.dense, copy.contiguous_strides, copy.copy_plan, copy.launch_copy_plan, copy._copy_kernel,
-                copy.strided_offsets, grouped_tile)
+                copy.block_start, copy.strided_offsets, grouped_tile)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
