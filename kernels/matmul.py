@@ -21,7 +21,7 @@ except ImportError:  # Triton before 3.4: no host-side descriptors, so no TMA ti
     TensorDescriptor = None
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch
+from nbx_tune.kernels import copy, fill, launch
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.copy import STAGING, copy_plan, launch_copy_plan
 from nbx_tune.kernels.fill import DEFAULTS as FILL_DEFAULTS
@@ -499,18 +499,6 @@ def rows_aligned(shape, strides, vec: int) -> bool:
     return True
 
 
-def _padded(t, rows: int, cols: int):
-    """A contiguous copy of t with its last two dims grown to (rows, cols), zeros in the growth."""
-    *batch, r, c = t.shape
-    out = t.new_empty((*batch, rows, cols))
-    out[..., :r, :c].copy_(t)
-    if cols > c:
-        out[..., :r, c:].zero_()
-    if rows > r:
-        out[..., r:, :].zero_()
-    return out
-
-
 def stage_operands(a, b, vec: int):
     """a and b, each replaced by a zero-padded contiguous copy only where its loads would
     not be 16-byte vectors: not row-major, or a row or stride not a multiple of vec.
@@ -520,14 +508,30 @@ def stage_operands(a, b, vec: int):
     costs a pass over its operand, so an operand whose rows are aligned is left as it is.
     When K is not a multiple of vec both are padded in K (to 16), so that the K mask is
     uniform over each vector: the zeros add nothing to the sums. A staged B is N padded to
-    16 wide: the kernel wraps its columns at NB, B's row length, and stores only N."""
+    16 wide: the kernel wraps its columns at NB, B's row length, and stores only N.
+    The copies are made by the copy kernel into one `launch.empty` buffer (each view on a
+    16-byte boundary), zeroed first by the fill kernel where there is padding: a direct
+    launch's replay (kernels/launch.py) makes them again."""
     K, N = a.shape[-1], b.shape[-1]
     Kp = K if K % vec == 0 else -(-K // 16) * 16
+    want = []  # (operand index, tensor, padded shape)
     if Kp != K or not rows_aligned(a.shape, a.stride(), vec):
-        a = _padded(a, a.shape[-2], Kp)
+        want.append((0, a, (*a.shape[:-1], Kp)))
     if Kp != K or not rows_aligned(b.shape, b.stride(), vec):
-        b = _padded(b, Kp, -(-N // 16) * 16)
-    return a, b
+        want.append((1, b, (*b.shape[:-2], Kp, -(-N // 16) * 16)))
+    if not want:
+        return a, b
+    sizes = [-(-math.prod(shape) // vec) * vec for _, _, shape in want]
+    buf = launch.empty((sum(sizes),), a.dtype, a.device)
+    if any(shape != tuple(t.shape) for _, t, shape in want):
+        launch_fill(buf, 0.0, 0, False, FILL_DEFAULTS[0])
+    out, at = [a, b], 0
+    for (i, t, shape), size in zip(want, sizes):
+        view = buf[at:at + math.prod(shape)].view(shape)
+        dst = view[..., :t.shape[-2], :t.shape[-1]]
+        launch_copy_plan(t, dst, copy_plan(tuple(t.shape), t.stride(), dst.stride()), STAGING)
+        out[i], at = view, at + size
+    return out[0], out[1]
 
 
 def launch_matmul(a, b, c, bias, alpha: float, beta: float, config: Config):
@@ -718,8 +722,11 @@ class MatmulSpec(KernelSpec):
                 grouped_tile, _tile_dot, _persistent_kernel, schedule, sm_count,
                 launch_scheduled, schedule_refusal,
                 extra_columns, uses_tma, tma_ready, _tma_copy, b_kmajor, tma_descriptors,
-                matmul_args, vector_elems, rows_aligned, _padded, stage_operands, launch_matmul, alignment,
-                _strides3)
+                matmul_args, vector_elems, rows_aligned, stage_operands, launch_matmul, alignment,
+                _strides3,
+                # stage_operands' copies (aligned=0 seats): the copy and fill kernels and launchers.
+                copy.copy_plan, copy.launch_copy_plan, copy._copy_kernel, copy.block_start, copy.strided_offsets,
+                fill.launch_fill, fill._fill_kernel)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
@@ -885,55 +892,10 @@ def _matmul(a, b, bias, alpha, beta, rank):
     flags = _FLAGS[int(has_bias), aligned]
     config = config_for(SPEC, (name,), flags, dims)
     x = bias.expand(out_shape) if has_bias else None
-    if aligned == 0 and not uses_tma(config):
-        _launch_staged(a, b, c, x, alpha, beta, config)
-    else:
-        # A copy for a TMA descriptor (an operand off 16 bytes, or staged at aligned=0) is not
-        # remembered: a replay rebuilds descriptors around inputs only (kernels/launch.py).
-        launch_matmul(a, b, c, x, alpha, beta, config)
+    # A TMA descriptor of a copy (an operand off 16 bytes, or staged at aligned=0) is not
+    # remembered: a replay rebuilds descriptors around inputs only (kernels/launch.py).
+    launch_matmul(a, b, c, x, alpha, beta, config)
     return c
-
-
-def _launch_staged(a, b, c, bias, alpha: float, beta: float, config: Config) -> None:
-    """`launch_matmul` at an aligned=0 seat under a config without TMA: the same launch on
-    the same values, its staging copies made by kernels into `launch.empty` (`_stage`), which
-    a replay makes again, where `stage_operands` copies with torch ops (never remembered).
-    Kept out of launch_matmul so that its certificates' source hash stays as it is; what
-    follows staging there is repeated here, and tests/test_direct_launch.py checks both
-    launch the same kernel with the same arguments and results, bit for bit."""
-    vec = vector_elems(a.dtype)
-    a, b = _stage(a, b, vec)
-    if split_k(config) > 1:
-        launch_splitk(a, b, c, bias, alpha, beta, config, vec)
-        return
-    align_c = vec if rows_aligned(c.shape, c.stride(), vec) else 1
-    grid, args = matmul_args(a, b, c, c if bias is None else bias, alpha, beta, bias is not None, config,
-                             vec, align_c)
-    _matmul_kernel[grid](*args, num_warps=config.num_warps, num_stages=config.num_stages)
-
-
-def _stage(a, b, vec: int):
-    """`stage_operands(a, b, vec)`: the same choice of operands, copied into the same
-    zero-padded contiguous layouts, by the copy kernel into one `launch.empty` buffer zeroed
-    by the fill kernel where there is padding (one allocation and one fill for both)."""
-    K, N = a.shape[-1], b.shape[-1]
-    Kp = K if K % vec == 0 else -(-K // 16) * 16
-    want = []  # (operand index, tensor, padded shape)
-    if Kp != K or not rows_aligned(a.shape, a.stride(), vec):
-        want.append((0, a, (*a.shape[:-1], Kp)))
-    if Kp != K or not rows_aligned(b.shape, b.stride(), vec):
-        want.append((1, b, (*b.shape[:-2], Kp, -(-N // 16) * 16)))
-    sizes = [-(-math.prod(shape) // vec) * vec for _, _, shape in want]  # each view 16-byte aligned
-    buf = launch.empty((sum(sizes),), a.dtype, a.device)
-    if any(shape != tuple(t.shape) for _, t, shape in want):
-        launch_fill(buf, 0.0, 0, False, FILL_DEFAULTS[0])
-    out, at = [a, b], 0
-    for (i, t, shape), size in zip(want, sizes):
-        view = buf[at:at + math.prod(shape)].view(shape)
-        dst = view[..., :t.shape[-2], :t.shape[-1]]
-        launch_copy_plan(t, dst, copy_plan(tuple(t.shape), t.stride(), dst.stride()), STAGING)
-        out[i], at = view, at + size
-    return out
 
 
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
