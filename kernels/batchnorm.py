@@ -22,7 +22,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
-from nbx_tune.kernels.copy import dense
+from nbx_tune.kernels.copy import block_start, dense
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import batch_norm as oracle
@@ -35,11 +35,7 @@ INDEX_LIMIT = 2**31 - 2**17
 @triton.jit
 def _batch_norm_kernel(x_ptr, y_ptr, mean_ptr, var_ptr, w_ptr, b_ptr, n, C, S, eps,
                        AFFINE: tl.constexpr, INT64: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    pid = tl.program_id(0)
-    if INT64:
-        offs = pid.to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    else:
-        offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    offs = block_start(tl.program_id(0), BLOCK_SIZE, INT64) + tl.arange(0, BLOCK_SIZE)
     mask = offs < n
     c = (offs // S) % C
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -88,7 +84,7 @@ class BatchNormSpec(KernelSpec):
     default_configs = DEFAULTS
 
     def source_parts(self):
-        return (_batch_norm_kernel, launch_batch_norm)
+        return (_batch_norm_kernel, block_start, launch_batch_norm)
 
     def problem_from_row(self, row):
         op = row.op.removesuffix(".default")

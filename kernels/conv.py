@@ -61,6 +61,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import copy, launch
 from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.matmul import grouped_tile
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags,
                                    uniform_inputs)
@@ -90,13 +91,7 @@ def _conv_gemm_kernel(
     # bias); `_pointwise_reduce_kernel` sums them in split order: reproducible.
     pid = tl.program_id(0)
     g = tl.program_id(1)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(COG, BLOCK_N)
-    group = GROUP_M * num_pid_n
-    first_m = (pid // group) * GROUP_M
-    group_m = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % group_m
-    pid_n = (pid % group) // group_m
+    pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(COG, BLOCK_N), GROUP_M)
 
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -227,13 +222,7 @@ def _conv_pointwise_kernel(
         syc = syc // ALIGN * ALIGN
     pid = tl.program_id(0)
     n = tl.program_id(1)
-    num_pid_m = tl.cdiv(CO, BLOCK_M)
-    num_pid_n = tl.cdiv(P, BLOCK_N)
-    group = GROUP_M * num_pid_n
-    first_m = (pid // group) * GROUP_M
-    group_m = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % group_m
-    pid_n = (pid % group) // group_m
+    pid_m, pid_n = grouped_tile(pid, tl.cdiv(CO, BLOCK_M), tl.cdiv(P, BLOCK_N), GROUP_M)
 
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -717,7 +706,8 @@ class ConvSpec(KernelSpec):
                 launch_conv_gemm,
                 launch_conv_depthwise, launch_conv_pointwise, _launch_padded, _pixel_rows, seat_kind, pixels_flat,
                 pointwise_align,
-                copy.dense, copy.contiguous_strides, copy.copy_plan, copy.launch_copy_plan, copy._copy_kernel)
+                copy.dense, copy.contiguous_strides, copy.copy_plan, copy.launch_copy_plan, copy._copy_kernel,
+                copy.block_start, copy.strided_offsets, grouped_tile)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row

@@ -38,6 +38,40 @@ MAX_RANK = 4  # dims after merging
 
 # ----------------------------------------------------------------------------- device code
 
+
+@triton.jit
+def block_start(blk, BLOCK_SIZE: tl.constexpr, INT64: tl.constexpr):
+    """Index of block `blk`'s first element, in int64 where offsets may pass int32 (the
+    launcher's INT64: sizes over INDEX_LIMIT)."""
+    if INT64:
+        start = blk.to(tl.int64) * BLOCK_SIZE
+    else:
+        start = blk * BLOCK_SIZE
+    return start
+
+
+@triton.jit
+def strided_offsets(offs, NDIM: tl.constexpr, D1, D2, D3, S0, S1, S2, S3):
+    """Offsets of row-major element indices `offs` in a tensor of NDIM merged dims (at most
+    4, `copy_plan`'s): sizes D1..D3 of the innermost dims (D1 innermost), S1..S3 their
+    strides, S0 the outermost's. Two calls on one `offs` share their divisions (CSE)."""
+    rem = offs
+    off = offs * 0
+    if NDIM > 1:
+        i = rem % D1
+        rem = rem // D1
+        off += i * S1
+    if NDIM > 2:
+        i = rem % D2
+        rem = rem // D2
+        off += i * S2
+    if NDIM > 3:
+        i = rem % D3
+        rem = rem // D3
+        off += i * S3
+    return off + rem * S0
+
+
 @triton.jit
 def _copy_kernel(x_ptr, y_ptr, n, D1, D2, D3,
                  SX0, SX1, SX2, SX3, SY0, SY1, SY2, SY3,
@@ -46,37 +80,14 @@ def _copy_kernel(x_ptr, y_ptr, n, D1, D2, D3,
     """y[i] = x[i] cast to y's dtype. FLAT: both contiguous alike. Else element i of the
     merged shape is decomposed over D1..D3 (innermost first); SX/SY are the strides, S?0
     the outermost dim's."""
-    pid = tl.program_id(0)
-    if INT64:
-        start = pid.to(tl.int64) * BLOCK_SIZE
-    else:
-        start = pid * BLOCK_SIZE
-    offs = start + tl.arange(0, BLOCK_SIZE)
+    offs = block_start(tl.program_id(0), BLOCK_SIZE, INT64) + tl.arange(0, BLOCK_SIZE)
     mask = offs < n
     if FLAT:
         x_off = offs
         y_off = offs
     else:
-        rem = offs
-        x_off = offs * 0
-        y_off = offs * 0
-        if NDIM > 1:
-            i = rem % D1
-            rem = rem // D1
-            x_off += i * SX1
-            y_off += i * SY1
-        if NDIM > 2:
-            i = rem % D2
-            rem = rem // D2
-            x_off += i * SX2
-            y_off += i * SY2
-        if NDIM > 3:
-            i = rem % D3
-            rem = rem // D3
-            x_off += i * SX3
-            y_off += i * SY3
-        x_off += rem * SX0
-        y_off += rem * SY0
+        x_off = strided_offsets(offs, NDIM, D1, D2, D3, SX0, SX1, SX2, SX3)
+        y_off = strided_offsets(offs, NDIM, D1, D2, D3, SY0, SY1, SY2, SY3)
     x = tl.load(x_ptr + x_off, mask=mask)
     tl.store(y_ptr + y_off, x.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -102,10 +113,7 @@ def _flat_copy_kernel(x_ptr, y_ptr, n, INT64: tl.constexpr, BLOCK_SIZE: tl.const
 @triton.jit
 def _flat_copy_block(x_ptr, y_ptr, blk, n, INT64: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                      MASKED: tl.constexpr, EVICT: tl.constexpr):
-    if INT64:
-        offs = blk.to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    else:
-        offs = blk * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    offs = block_start(blk, BLOCK_SIZE, INT64) + tl.arange(0, BLOCK_SIZE)
     if MASKED:
         mask = offs < n
         if EVICT:
@@ -136,10 +144,7 @@ def _cat2_kernel(x0_ptr, x1_ptr, y_ptr, rows, inner0, inner1, rs0, rs1, col_bloc
     pid = tl.program_id(0)
     pid_r = pid // col_blocks
     c = (pid - pid_r * col_blocks) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
-    if INT64:
-        r = pid_r.to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    else:
-        r = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    r = block_start(pid_r, BLOCK_ROWS, INT64) + tl.arange(0, BLOCK_ROWS)
     width = inner0 + inner1
     in_rows = (r < rows)[:, None]
     first = (c < inner0)[None, :]
@@ -330,7 +335,8 @@ class CopySpec(KernelSpec):
     default_configs = DEFAULTS
 
     def source_parts(self):
-        return (_copy_kernel, copy_plan, launch_copy_plan, launch_copy, _flat_copy_kernel, _flat_copy_block,
+        return (_copy_kernel, block_start, strided_offsets, copy_plan, launch_copy_plan, launch_copy,
+                _flat_copy_kernel, _flat_copy_block,
                 launch_copy_seat, stream_launch, _base)
 
     def static_refusal(self, profile, config, problem):
@@ -508,7 +514,8 @@ class CatSpec(KernelSpec):
     default_configs = DEFAULTS
 
     def source_parts(self):
-        return (_copy_kernel, copy_plan, launch_copy_plan, launch_cat, _legacy_empty, _cat2_kernel, launch_cat2,
+        return (_copy_kernel, block_start, strided_offsets, copy_plan, launch_copy_plan, launch_cat, _legacy_empty,
+                _cat2_kernel, launch_cat2,
                 row_stride, _one_launch, _base, cat2_tile)
 
     def problem_from_row(self, row):

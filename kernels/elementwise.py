@@ -33,7 +33,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
-from nbx_tune.kernels.copy import contiguous_strides, copy_plan, dense, stream_launch
+from nbx_tune.kernels.copy import block_start, contiguous_strides, copy_plan, dense, stream_launch, strided_offsets
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import elementwise as oracle
@@ -110,15 +110,6 @@ def _unary_math(x, p0, p1, p2, FN: tl.constexpr, IPOW: tl.constexpr = 0):
 
 
 @triton.jit
-def _block_start(blk, BLOCK_SIZE: tl.constexpr, INT64: tl.constexpr):
-    if INT64:
-        start = blk.to(tl.int64) * BLOCK_SIZE
-    else:
-        start = blk * BLOCK_SIZE
-    return start
-
-
-@triton.jit
 def _stream_load(ptrs, mask, other, MASKED: tl.constexpr, EVICT: tl.constexpr):
     """A load of a stream read once: unmasked where every block is full (MASKED False);
     EVICT: marked evict-first, so the L2 keeps what the next op reads (the output)."""
@@ -144,34 +135,13 @@ def _stream_store(ptrs, y, mask, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _strided_offsets(offs, NDIM: tl.constexpr, D1, D2, D3, S0, S1, S2, S3):
-    """Offsets of row-major element indices `offs` in a tensor of NDIM merged dims: sizes
-    D1..D3 of the innermost dims (D1 innermost), S1..S3 their strides, S0 the outermost's."""
-    rem = offs
-    off = offs * 0
-    if NDIM > 1:
-        i = rem % D1
-        rem = rem // D1
-        off += i * S1
-    if NDIM > 2:
-        i = rem % D2
-        rem = rem // D2
-        off += i * S2
-    if NDIM > 3:
-        i = rem % D3
-        rem = rem // D3
-        off += i * S3
-    return off + rem * S0
-
-
-@triton.jit
 def _unary_block(x_ptr, y_ptr, start, n, p0, p1, p2, D1, D2, D3, S0, S1, S2, S3,
                  FN: tl.constexpr, IPOW: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                  NDIM: tl.constexpr, MASKED: tl.constexpr, EVICT: tl.constexpr):
     offs = start + tl.arange(0, BLOCK_SIZE)
     mask = offs < n
     if NDIM > 0:  # a strided input
-        x_off = _strided_offsets(offs, NDIM, D1, D2, D3, S0, S1, S2, S3)
+        x_off = strided_offsets(offs, NDIM, D1, D2, D3, S0, S1, S2, S3)
     else:
         x_off = offs
     x = _stream_load(x_ptr + x_off, mask, 1.0, MASKED, EVICT).to(tl.float32)
@@ -190,10 +160,10 @@ def _unary_kernel(x_ptr, y_ptr, n, p0, p1, p2, D1, D2, D3, S0, S1, S2, S3,
     if PERSIST > 0:
         nprog = tl.num_programs(0)
         for it in range(0, tl.cdiv(tl.cdiv(n, BLOCK_SIZE) - pid, nprog)):
-            _unary_block(x_ptr, y_ptr, _block_start(pid + it * nprog, BLOCK_SIZE, INT64), n, p0, p1, p2,
+            _unary_block(x_ptr, y_ptr, block_start(pid + it * nprog, BLOCK_SIZE, INT64), n, p0, p1, p2,
                          D1, D2, D3, S0, S1, S2, S3, FN, IPOW, BLOCK_SIZE, NDIM, MASKED, EVICT)
     else:
-        _unary_block(x_ptr, y_ptr, _block_start(pid, BLOCK_SIZE, INT64), n, p0, p1, p2,
+        _unary_block(x_ptr, y_ptr, block_start(pid, BLOCK_SIZE, INT64), n, p0, p1, p2,
                      D1, D2, D3, S0, S1, S2, S3, FN, IPOW, BLOCK_SIZE, NDIM, MASKED, EVICT)
 
 
@@ -295,11 +265,11 @@ def _binary_kernel(a_ptr, b_ptr, out_ptr, n, b_value, alpha,
     if PERSIST > 0:
         nprog = tl.num_programs(0)
         for it in range(0, tl.cdiv(tl.cdiv(n, BLOCK_SIZE) - pid, nprog)):
-            _binary_block(a_ptr, b_ptr, out_ptr, _block_start(pid + it * nprog, BLOCK_SIZE, INT64), n,
+            _binary_block(a_ptr, b_ptr, out_ptr, block_start(pid + it * nprog, BLOCK_SIZE, INT64), n,
                           b_value, alpha, D1, D2, D3, D4, SA0, SA1, SA2, SA3, SA4, SB0, SB1, SB2, SB3, SB4,
                           FN, A_KIND, B_KIND, NDIM, BLOCK_SIZE, INT, MASKED, EVICT)
     else:
-        _binary_block(a_ptr, b_ptr, out_ptr, _block_start(pid, BLOCK_SIZE, INT64), n,
+        _binary_block(a_ptr, b_ptr, out_ptr, block_start(pid, BLOCK_SIZE, INT64), n,
                       b_value, alpha, D1, D2, D3, D4, SA0, SA1, SA2, SA3, SA4, SB0, SB1, SB2, SB3, SB4,
                       FN, A_KIND, B_KIND, NDIM, BLOCK_SIZE, INT, MASKED, EVICT)
 
@@ -558,7 +528,7 @@ class ElementwiseUnarySpec(KernelSpec):
 
     def source_parts(self):
         return (_tanh_f32, _unary_math, _unary_kernel, pow_params, small_int_pow, launch_unary, unary_plan,
-                _block_start, _stream_load, _stream_store, _strided_offsets, _unary_block, stream_launch)
+                block_start, _stream_load, _stream_store, strided_offsets, _unary_block, stream_launch)
 
     def problem_from_row(self, row):
         op = row.op.removesuffix(".default")
@@ -706,7 +676,7 @@ class ElementwiseBinarySpec(KernelSpec):
 
     def source_parts(self):
         return (_binary_math, _binary_kernel, _contiguous_strides, _expanded_strides, binary_plan,
-                _levels, launch_binary_plan, launch_binary, _block_start, _stream_load, _stream_store,
+                _levels, launch_binary_plan, launch_binary, block_start, _stream_load, _stream_store,
                 _binary_block, stream_launch)
 
     def problem_from_row(self, row):

@@ -21,6 +21,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.copy import block_start
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import movement as oracle
@@ -36,11 +37,7 @@ INDEX_LIMIT = 2**31 - 2**17
 def _fill_kernel(out_ptr, n, start, step, IOTA: tl.constexpr, INT64: tl.constexpr,
                  BLOCK_SIZE: tl.constexpr):
     """out[i] = start + i * step (IOTA, integers) or start (a value already in out's dtype)."""
-    pid = tl.program_id(0)
-    if INT64:
-        offs = pid.to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    else:
-        offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    offs = block_start(tl.program_id(0), BLOCK_SIZE, INT64) + tl.arange(0, BLOCK_SIZE)
     mask = offs < n
     if IOTA:
         v = start + offs.to(tl.int64) * step
@@ -137,7 +134,7 @@ class FillSpec(KernelSpec):
     default_configs = DEFAULTS
 
     def source_parts(self):
-        return (_fill_kernel, value_in, launch_fill)
+        return (_fill_kernel, block_start, value_in, launch_fill)
 
     def problem_from_row(self, row):
         op = row.op.removesuffix(".default")

@@ -24,7 +24,7 @@ address, an allocation made through `empty` (at any offset) or a `scratch` view:
 a buffer made any other way would be a stale address in a replay, so such calls stay on
 the ordinary path every time (a copy made for a TMA descriptor; non-contiguous inputs and
 matmul's padded operands are staged by the copy kernel instead, `copy.dense`,
-`matmul._stage`, which a replay makes again).
+`matmul.stage_operands`, which a replay makes again).
 Nor is it remembered under the interpreter (nothing is compiled), with no launch, with
 inputs at one address, or with an argument of a kind it does not know. TMA descriptors are
 rebuilt around each call's tensor.

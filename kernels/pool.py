@@ -21,7 +21,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
-from nbx_tune.kernels.copy import dense
+from nbx_tune.kernels.copy import block_start, dense
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import pool as oracle
@@ -36,11 +36,7 @@ MAX_WINDOW = 64  # taps unrolled per output
 def _max_pool2d_kernel(x_ptr, out_ptr, idx_ptr, n, H, W, OH, OW, SH, SW, PH, PW, DH, DW,
                        KH: tl.constexpr, KW: tl.constexpr, INT64: tl.constexpr,
                        BLOCK_SIZE: tl.constexpr):
-    pid = tl.program_id(0)
-    if INT64:
-        offs = pid.to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    else:
-        offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    offs = block_start(tl.program_id(0), BLOCK_SIZE, INT64) + tl.arange(0, BLOCK_SIZE)
     mask = offs < n
     ow = offs % OW
     oh = (offs // OW) % OH
@@ -122,7 +118,7 @@ class MaxPool2dSpec(KernelSpec):
     default_configs = DEFAULTS
 
     def source_parts(self):
-        return (_max_pool2d_kernel, launch_max_pool2d)
+        return (_max_pool2d_kernel, block_start, launch_max_pool2d)
 
     def problem_from_row(self, row):
         if row.op.removesuffix(".default") != "aten.max_pool2d_with_indices":

@@ -32,6 +32,7 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.copy import strided_offsets
 from nbx_tune.kernels.rows import format_shape
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import reduce as oracle
@@ -90,17 +91,7 @@ def _reduce_kernel(x_ptr, out_ptr, O, R, r_chunk, out_stride, scale,
     else:
         r_begin = pid_s * r_chunk
     o_mask = o < O
-    rem = o
-    k_off = o * 0
-    if K_NDIM > 1:
-        i = rem % KD1
-        rem = rem // KD1
-        k_off += i * KS1
-    if K_NDIM > 2:
-        i = rem % KD2
-        rem = rem // KD2
-        k_off += i * KS2
-    k_off += rem * KS0
+    k_off = strided_offsets(o, K_NDIM, KD1, KD2, 1, KS0, KS1, KS2, 0)
     r_end = tl.minimum(r_begin + r_chunk, R)
 
     if IS_INT:
@@ -121,17 +112,7 @@ def _reduce_kernel(x_ptr, out_ptr, O, R, r_chunk, out_stride, scale,
     for r0 in range(r_begin, r_end, BLOCK_R):
         r = r0 + tl.arange(0, BLOCK_R)
         r_mask = r < r_end
-        rrem = r
-        r_off = r * 0
-        if R_NDIM > 1:
-            j = rrem % RD1
-            rrem = rrem // RD1
-            r_off += j * RS1
-        if R_NDIM > 2:
-            j = rrem % RD2
-            rrem = rrem // RD2
-            r_off += j * RS2
-        r_off += rrem * RS0
+        r_off = strided_offsets(r, R_NDIM, RD1, RD2, 1, RS0, RS1, RS2, 0)
         m = o_mask[:, None] & r_mask[None, :]
         x = tl.load(x_ptr + (k_off[:, None] + r_off[None, :]), mask=m, other=0)
         if IS_INT:
@@ -391,7 +372,7 @@ class ReduceSpec(KernelSpec):
         return config["BLOCK_O"] * (config.num_warps + 1) * acc
 
     def source_parts(self):
-        return (_max_nan, _min_nan, _max_int, _min_int, _reduce_kernel, _groups, reduce_plan,
+        return (_max_nan, _min_nan, _max_int, _min_int, _reduce_kernel, strided_offsets, _groups, reduce_plan,
                 _levels3, _split_of, _launch_pass, launch_reduce_plan, launch_reduce)
 
     def problem_from_row(self, row):

@@ -1,7 +1,8 @@
 """Every config of matmul's space at the GEMM shapes still below torch, timed side by side
 under CUDA graphs with torch: the best of each schedule (one program per tile, split-K,
 persistent, stream-K). Usage (GPU): python3 lab/gemm_persistent/space.py; writes
-$OUT/gemm_space.json."""
+$OUT/gemm_space.json. Stream-K left matmul's space on 2026-12-04 (README.md): run today,
+the script has no stream-K column."""
 
 from __future__ import annotations
 
