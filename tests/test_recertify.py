@@ -122,6 +122,42 @@ def test_ranking_holds_only_the_contenders_are_screened_and_timed():
     assert {s.problem for s in res.winner.screens} == set(PROBLEMS)
 
 
+class Rounds(Replay):
+    """Replay whose n-th timing of a config reads `series[key][n]` (else its replayed time),
+    recording each timing's mode."""
+
+    def __init__(self, times, series=None):
+        super().__init__(times)
+        self.series, self.modes = series or {}, []
+
+    def time(self, config, mode="full"):
+        self.modes.append((config.key(), mode))
+        out = super().time(config, mode)
+        n = sum(1 for k, _ in self.modes if k == config.key()) - 1
+        ms = self.series.get(config.key(), [out.timing.median_ms] * 9)[n]
+        return Outcome(timing=Timing(ms, ms, ms, "replay"))
+
+
+def test_contenders_are_timed_in_rounds_that_stop_once_two_agree():
+    # No quick estimates; two rounds each when both put the same contender first.
+    old = base_times()
+    seed = seed_of(old, [key(256), key(128)], gap=0.2)
+    ex = Rounds(base_times())
+    res = tune_seat(SPEC, PROFILE, "s", PROBLEMS, ex, get_strategy("pruned"), "cpu",
+                    search=Recertify(seed, SPEC.config_space_hash))
+    assert res.note.search == "recertified" and "in 2 round(s)" in res.note.detail
+    assert sorted(ex.modes) == sorted([(k, f"round:{recertify.ROUNDS}") for k in (key(256), key(128))] * 2)
+    assert res.winner.timing.method.endswith("x2 rounds")
+    # Rounds that disagree on the first go on to ROUNDS, and the medians decide.
+    seed = seed_of(old, [key(256), key(256, 1)], gap=0.2)  # 1.0 and 1.02 then
+    ex = Rounds(base_times(), {key(256): [1.0, 1.04, 1.0, 1.04], key(256, 1): [1.01] * 4})
+    res = tune_seat(SPEC, PROFILE, "s", PROBLEMS, ex, get_strategy("pruned"), "cpu",
+                    search=Recertify(seed, SPEC.config_space_hash))
+    assert len(ex.modes) == 2 * recertify.ROUNDS and "in 4 round(s)" in res.note.detail
+    assert res.note.search == "recertified"
+    assert res.winner.config.key() == key(256, 1)  # the faster median: 1.01 against 1.02
+
+
 def test_ranking_broken_falls_back_to_every_candidate():
     old = base_times()
     seed = seed_of(old, [key(256), key(256, 1), key(128)], gap=0.2)

@@ -322,7 +322,7 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
         first = search.compile_first(keep)
         executor.start_seat(spec, job, first)
         cands.compiling.update(first)
-        note = search.run(keep, lambda configs: cands.evaluate(configs, strategy))
+        note = search.run(keep, lambda configs, timing=None: cands.evaluate(configs, timing or strategy))
         if note.detail:
             reporter.notice(f"{label}: {note.detail}")
         tc = time.perf_counter()
