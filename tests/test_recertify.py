@@ -158,6 +158,41 @@ def test_contenders_are_timed_in_rounds_that_stop_once_two_agree():
     assert res.winner.config.key() == key(256, 1)  # the faster median: 1.01 against 1.02
 
 
+def test_a_recertifications_contenders_are_compiled_ahead_at_the_confirm_shapes_too():
+    # The worker would otherwise compile the winner and runner-up at the seat's other shapes
+    # (other specializations: a bucket's odd bottom edge) itself, one after the other.
+    from nbx_tune.tuner.isolation import Isolated
+    from nbx_tune.tuner.strategies.search import Full
+    from nbx_tune.tuner.tune import first_compiles
+
+    class Pool:
+        def __init__(self):
+            self.jobs = []
+
+        def submit(self, kernel, problems, configs, device):
+            self.jobs += [(tuple(problems), c.key()) for c in configs]
+
+    seen = [problem(1000), problem(950), problem(900)]
+    seed = seed_of(base_times(), [key(256), key(128)], gap=0.2)
+    job, first = first_compiles(SPEC, PROFILE, "s", seen, "cpu", Recertify(seed, SPEC.config_space_hash))
+    assert job.compile_confirm and problem(950) in job.confirm_problems
+    iso = Isolated.__new__(Isolated)
+    iso.precompiler, iso.spec, iso.job = Pool(), SPEC, job
+    iso.prefetch(SPEC, job, first)
+    assert {k for _, k in iso.precompiler.jobs} == {key(256), key(128)}
+    assert all(set(job.confirm_problems) <= set(ps) for ps, _ in iso.precompiler.jobs)
+    # A search widening to the whole space (a fallback) compiles the rest at the screen shapes only,
+    iso.precompiler.jobs.clear()
+    iso.precompile([c for c in CONFIGS if c.key() not in (key(256), key(128))])
+    assert len(iso.precompiler.jobs) == len(CONFIGS) - 2
+    assert not any(problem(950) in ps for ps, _ in iso.precompiler.jobs)
+    # and so does every other search.
+    job, first = first_compiles(SPEC, PROFILE, "s", seen, "cpu", Full())
+    iso.precompiler.jobs.clear()
+    iso.prefetch(SPEC, job, first)
+    assert not job.compile_confirm and not any(problem(950) in ps for ps, _ in iso.precompiler.jobs)
+
+
 def test_ranking_broken_falls_back_to_every_candidate():
     old = base_times()
     seed = seed_of(old, [key(256), key(256, 1), key(128)], gap=0.2)
