@@ -193,6 +193,44 @@ def test_a_recertifications_contenders_are_compiled_ahead_at_the_confirm_shapes_
     assert not job.compile_confirm and not any(problem(950) in ps for ps, _ in iso.precompiler.jobs)
 
 
+def test_each_shapes_fp64_oracle_is_computed_once_a_seat_whatever_the_contenders():
+    # Launched for real (the interpreter): the oracle is made once per screen shape, when
+    # the seat's cases are, and every contender and both screens (base, confirm) reuse it.
+    from nbx_tune.tuner.executor import InProcess
+
+    def same_time(fn, mode="full"):
+        fn()
+        return Timing(1.0, 1.0, 1.0, "fixed")
+
+    class Counted(planted.DoubleSpec):
+        calls = []
+
+        def oracle(self, problem, inputs):
+            self.calls.append(problem)
+            return super().oracle(problem, inputs)
+
+    spec = Counted(configs=(planted.cfg(32), planted.cfg(64), planted.cfg(128), planted.cfg(256)))
+    seen = [Problem("test_double", ("float32",), seat_flags(), (n,)) for n in (300, 290, 280)]
+    keys = [c.key() for c in spec.configs()[:3]]
+    seed = Seed(None, "t", {k: 1.0 + 0.01 * i for i, k in enumerate(keys)}, tuple(keys), 0.5,
+                None, spec.config_space_hash)
+    res = tune_seat(spec, PROFILE, "double", seen, InProcess(same_time), get_strategy("pruned"), "cpu",
+                    search=Recertify(seed, spec.config_space_hash))
+    job, _ = recertify_job(spec, seen)
+    shapes = (*job.screen_problems, *job.confirm_problems)
+    assert res.note.search == "recertified" and len(set(shapes)) == len(shapes) == 3
+    assert sorted(Counted.calls, key=Problem.order) == sorted(shapes, key=Problem.order)
+    # ... though three contenders were screened, and two confirmed at every other shape.
+    assert sum(1 for r in res.records if r.screens) == 3
+    assert {s.problem for s in res.winner.screens} == set(shapes)
+
+
+def recertify_job(spec, seen):
+    from nbx_tune.tuner.tune import seat_job
+
+    return seat_job(spec, PROFILE, "double", seen, "cpu")
+
+
 def test_ranking_broken_falls_back_to_every_candidate():
     old = base_times()
     seed = seed_of(old, [key(256), key(256, 1), key(128)], gap=0.2)
