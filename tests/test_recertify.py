@@ -156,6 +156,14 @@ def test_contenders_are_timed_in_rounds_that_stop_once_two_agree():
     assert len(ex.modes) == 2 * recertify.ROUNDS and "in 4 round(s)" in res.note.detail
     assert res.note.search == "recertified"
     assert res.winner.config.key() == key(256, 1)  # the faster median: 1.01 against 1.02
+    # A contender far behind after the first round (over SLACK) is timed no more.
+    seed = seed_of(old, [key(256), key(256, 1), key(64)], gap=0.2)  # BLOCK=64: 50 % behind
+    ex = Rounds(base_times())
+    res = tune_seat(SPEC, PROFILE, "s", PROBLEMS, ex, get_strategy("pruned"), "cpu",
+                    search=Recertify(seed, SPEC.config_space_hash))
+    assert [k for k, _ in ex.modes].count(key(64)) == 1 and [k for k, _ in ex.modes].count(key(256)) == 2
+    far = next(r for r in res.records if r.config.key() == key(64))
+    assert not far.final and far.timing.median_ms == pytest.approx(1.5) and res.note.search == "recertified"
 
 
 def test_a_recertifications_contenders_are_compiled_ahead_at_the_confirm_shapes_too():

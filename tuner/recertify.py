@@ -46,7 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nbx_tune.tuner.strategies import Measured
-from nbx_tune.tuner.strategies.pruned import ROUNDS
+from nbx_tune.tuner.strategies.pruned import MIN_K, ROUNDS, SLACK, TOP_K
 from nbx_tune.tuner.strategies.search import SearchNote
 from nbx_tune.tuner.timing import combine, noise as timing_noise
 
@@ -242,8 +242,10 @@ class Recertify:
     def time_contenders(self, candidates, measure, rounds: int = ROUNDS, min_rounds: int = MIN_ROUNDS):
         """A timing strategy (tuner/strategies/): each contender timed for a 1/rounds share of
         a full timing per round, the order turned by one each round (strategies/pruned.py's
-        rounds, without its quick estimates), until MIN_ROUNDS rounds agree on the first."""
-        alive, firsts = list(candidates), []
+        rounds, without its quick estimates), until MIN_ROUNDS rounds agree on the first.
+        As there, after the first round only the TOP_K within SLACK of the best go on; the
+        others stay on record with that round's time."""
+        alive, firsts, behind = list(candidates), [], []
         got: dict = {c: [] for c in alive}
         for r in range(rounds):
             k = r % len(alive) if alive else 0
@@ -259,9 +261,14 @@ class Recertify:
             self.rounds = r + 1
             if this:
                 firsts.append(min(this, key=this.get))
+            if r == 0 and len(alive) > MIN_K:
+                order = sorted(alive, key=this.get)
+                keep = [c for i, c in enumerate(order) if i < MIN_K or this[c] <= this[order[0]] * (1 + SLACK)][:TOP_K]
+                behind += [Measured(c, got.pop(c)[0], False) for c in alive if c not in keep]
+                alive = [c for c in alive if c in keep]
             if r + 1 >= min_rounds and len(set(firsts)) <= 1:
                 break
-        return [Measured(c, combine(ts), True) for c, ts in got.items() if ts]
+        return behind + [Measured(c, combine(ts), True) for c, ts in got.items() if ts]
 
     def plan(self, candidates):
         """(contenders to evaluate first, why the whole space is needed instead or None)."""
