@@ -316,7 +316,10 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
         (recert_s, _), (fresh_s, _) = run_all(sides)
     else:
         recert_s, _ = run(*sides[0])
-        print(f"re-certification after a source change: {recert_s:.1f} s (cold Triton cache)", flush=True)
+        # Said at once, in case the fresh census runs past the call's limit.
+        print(f"re-certification after a source change: {recert_s:.1f} s (cold Triton cache); in seats "
+              + "; ".join(f"{s_} {n} seats {t:.1f} s (screening {sc:.1f}, timing {b_:.1f})"
+                          for s_, n, t, sc, b_ in breakdown(recert_db)), flush=True)
         fresh_s, _ = run(*sides[1])
     print(f"re-certification after a source change: {recert_s:.1f} s, fresh census: {fresh_s:.1f} s "
           f"(cold Triton caches{', side by side on two GPUs' if parallel else ''})", flush=True)

@@ -156,6 +156,13 @@ def test_contenders_are_timed_in_rounds_that_stop_once_two_agree():
     assert len(ex.modes) == 2 * recertify.ROUNDS and "in 4 round(s)" in res.note.detail
     assert res.note.search == "recertified"
     assert res.winner.config.key() == key(256, 1)  # the faster median: 1.01 against 1.02
+    # Rounds that agree on a verdict that does not hold go on to ROUNDS before the fallback.
+    ex = Rounds(base_times(), {key(256): [1.2] * 9, key(256, 1): [1.0] * 9})
+    res = tune_seat(SPEC, PROFILE, "s", PROBLEMS, ex, get_strategy("pruned"), "cpu",
+                    search=Recertify(seed, SPEC.config_space_hash))
+    assert res.note.search == "fallback" and "faster than the old winner" in res.note.detail
+    assert [m for _, m in ex.modes[:2 * recertify.ROUNDS]] == [f"round:{recertify.ROUNDS}"] * 2 * recertify.ROUNDS
+    assert ex.modes[2 * recertify.ROUNDS][1] == "quick"  # then the census's own strategy, over every candidate
     # A contender far behind after the first round (over SLACK) is timed no more.
     seed = seed_of(old, [key(256), key(256, 1), key(64)], gap=0.2)  # BLOCK=64: 50 % behind
     ex = Rounds(base_times())

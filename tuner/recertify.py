@@ -15,7 +15,8 @@ measured:
     2. they are screened at every screen shape of the seat and timed, like any candidate,
        though in turned rounds with no quick estimates first (they are few and all near
        the top), stopping after MIN_ROUNDS once every round so far put the same contender
-       first (`time_contenders`);
+       first and the old ranking holds on what they measured (a fallback is worth the
+       rounds that confirm it: `time_contenders`);
     3. the old ranking holds unless the new measurements say otherwise (`judge`), read
        against what this run's timings cannot tell apart: each config's noise (half its
        launches' p20..p80 band, half the range of its rounds, at least the timer's
@@ -242,7 +243,8 @@ class Recertify:
     def time_contenders(self, candidates, measure, rounds: int = ROUNDS, min_rounds: int = MIN_ROUNDS):
         """A timing strategy (tuner/strategies/): each contender timed for a 1/rounds share of
         a full timing per round, the order turned by one each round (strategies/pruned.py's
-        rounds, without its quick estimates), until MIN_ROUNDS rounds agree on the first.
+        rounds, without its quick estimates), until MIN_ROUNDS rounds agree on the first
+        and the old ranking holds on them (`judge`).
         As there, after the first round only the TOP_K within SLACK of the best go on; the
         others stay on record with that round's time."""
         alive, firsts, behind = list(candidates), [], []
@@ -266,9 +268,10 @@ class Recertify:
                 keep = [c for i, c in enumerate(order) if i < MIN_K or this[c] <= this[order[0]] * (1 + SLACK)][:TOP_K]
                 behind += [Measured(c, got.pop(c)[0], False) for c in alive if c not in keep]
                 alive = [c for c in alive if c in keep]
-            if r + 1 >= min_rounds and len(set(firsts)) <= 1:
+            so_far = behind + [Measured(c, combine(ts), True) for c, ts in got.items() if ts]
+            if r + 1 >= min_rounds and len(set(firsts)) <= 1 and judge(self.seed, so_far).holds:
                 break
-        return behind + [Measured(c, combine(ts), True) for c, ts in got.items() if ts]
+        return so_far
 
     def plan(self, candidates):
         """(contenders to evaluate first, why the whole space is needed instead or None)."""
