@@ -246,6 +246,35 @@ def recertify_job(spec, seen):
     return seat_job(spec, PROFILE, "double", seen, "cpu")
 
 
+def test_the_compile_pool_loads_what_it_compiles(monkeypatch):
+    # Loading builds Triton's per-signature launcher where it has one: in the pool, so the
+    # worker's first launch of a contender finds it cached.
+    from triton.runtime.jit import JITFunction
+
+    from nbx_tune.tuner import precompile
+
+    loaded = []
+
+    class Compiled:
+        def _init_handles(self):
+            loaded.append(self)
+
+    warmups = []
+
+    def run(self, *args, grid, warmup, **kwargs):
+        warmups.append(warmup)
+        return Compiled()
+
+    def kernel(x):
+        pass
+
+    monkeypatch.setattr(JITFunction, "__getitem__", JITFunction.__getitem__)  # restored after the test
+    monkeypatch.setattr(JITFunction, "run", run)
+    precompile._compile_only()
+    got = JITFunction(kernel)[(4,)](1)
+    assert warmups == [True] and isinstance(got, Compiled) and loaded == [got]
+
+
 def test_ranking_broken_falls_back_to_every_candidate():
     old = base_times()
     seed = seed_of(old, [key(256), key(256, 1), key(128)], gap=0.2)
