@@ -62,9 +62,10 @@ def run(cmd, env) -> tuple[float, str]:
 
 def run_all(jobs) -> list[tuple[float, str]]:
     """[(wall seconds, stdout)] of commands started together, each timed to its own exit."""
+    # Into files, not pipes: a census's JSON report fills a pipe nobody reads while it runs.
+    files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in jobs]
     t0 = time.perf_counter()
-    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for cmd, env in jobs]
+    procs = [subprocess.Popen(cmd, env=env, stdout=o, stderr=e, text=True) for (cmd, env), (o, e) in zip(jobs, files)]
     walls: list = [None] * len(procs)
     while None in walls:
         for i, p in enumerate(procs):
@@ -72,8 +73,10 @@ def run_all(jobs) -> list[tuple[float, str]]:
                 walls[i] = time.perf_counter() - t0
         time.sleep(0.05)
     out = []
-    for (cmd, _), p, wall in zip(jobs, procs, walls):
-        stdout, stderr = p.communicate()
+    for (cmd, _), p, wall, (o, e) in zip(jobs, procs, walls, files):
+        o.seek(0), e.seek(0)
+        stdout, stderr = o.read(), e.read()
+        o.close(), e.close()
         if p.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed:\n{stderr[-3000:]}")
         out.append((wall, stdout))
