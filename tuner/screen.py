@@ -159,10 +159,14 @@ class Sampler:
         self.blocks += len(starts)
         return out.reshape(size)
 
-    def standard_normal(self, size=None, dtype=np.float64):
+    def standard_normal(self, size=None, dtype=np.float64, out=None):
+        if out is not None:
+            return self._rng.standard_normal(size, dtype, out)
         return self._draw("standard_normal", size, dtype=dtype)
 
-    def random(self, size=None, dtype=np.float64):
+    def random(self, size=None, dtype=np.float64, out=None):
+        if out is not None:
+            return self._rng.random(size, dtype, out)
         return self._draw("random", size, dtype=dtype)
 
     def uniform(self, low=0.0, high=1.0, size=None):
