@@ -22,7 +22,7 @@
 # Llama-3-8B, Llama-2-7B and GPT-2 prefill shapes: bench/attention_prefill.py),
 # recert (the shipped hopper table made stale by a source change, then a seeded sample of 48 of its
 # seats, every kernel in it, re-certified against a fresh census of them, cold caches, about 5 min;
-# RECERT_ARGS="--seats all" for all 148, about 10 min),
+# RECERT_ARGS="--seats all --parallel" for all 148 on a two-GPU host, the sides side by side),
 # serve (transformers' Llama at 7B's dims, 2 layers: the timed prefill and decode traced, their
 # census into the session database (SERVE_ARGS="--census-budget-s N", default 180; --no-census
 # skips it), then torch against serve(), eager and CUDA graphs; needs transformers' wheels in .whl), pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package

@@ -10,17 +10,24 @@ timed side by side, three times, and the loss is the median.
 
     python bench/recertify_cost.py                 a seeded sample of SEATS shipped seats,
                                                    every kernel in it (about 5 minutes)
-    python bench/recertify_cost.py --seats all     every shipped seat (the fresh census
-                                                   alone took 526 s: two 600 s calls' worth)
+    python bench/recertify_cost.py --seats all --parallel
+                                                   every shipped seat, the two sides at once
+                                                   on two GPUs of one host (CUDA devices 0
+                                                   and 1, the compile pool's cores halved
+                                                   for each): one call's worth where the
+                                                   fresh census alone took 526 s
     python bench/recertify_cost.py --seats 30 --seed 1
     python bench/recertify_cost.py --traces A.tsv B.tsv   the seats of these traces
     python bench/recertify_cost.py --smoke         the interpreter, tiny shapes: the table
                                                    is made by a census first
 
-Besides the table it prints where each side's time went (per search: seats, seconds in
-seats, of which screening and timing; the rest of the wall time is process start, CUDA
-initialisation and planning) and why each fallback fell back (the certificates'
-`search_detail`).
+Besides the table it prints where each side's time went: per search, the seconds in seats,
+of which screening (compiles the worker waited for included), timing, and the rest (making
+the seat's inputs and fp64 oracles); outside seats, process start, CUDA initialisation,
+planning each seat's search, database writes and shut-down; the kernels each side compiled (Triton cache
+entries); how many rounds the re-certified contenders were timed in; and why each fallback
+fell back (the certificates' `search_detail`). With --parallel the re-certification runs
+beside the fresh census's load on the host, which can only slow it.
 
 If the table was made under other code or Triton than this checkout's, its provenance is
 rewritten to this checkout's before the import (the bench stales it next anyway).
@@ -50,12 +57,49 @@ SMOKE_TRACE = ("# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
 
 
 def run(cmd, env) -> tuple[float, str]:
+    return run_all([(cmd, env)])[0]
+
+
+def run_all(jobs) -> list[tuple[float, str]]:
+    """[(wall seconds, stdout)] of commands started together, each timed to its own exit."""
+    # Into files, not pipes: a census's JSON report fills a pipe nobody reads while it runs.
+    files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in jobs]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
-    return wall, r.stdout
+    procs = [subprocess.Popen(cmd, env=env, stdout=o, stderr=e, text=True) for (cmd, env), (o, e) in zip(jobs, files)]
+    walls: list = [None] * len(procs)
+    while None in walls:
+        for i, p in enumerate(procs):
+            if walls[i] is None and p.poll() is not None:
+                walls[i] = time.perf_counter() - t0
+        time.sleep(0.05)
+    out = []
+    for (cmd, _), p, wall, (o, e) in zip(jobs, procs, walls, files):
+        o.seek(0), e.seek(0)
+        stdout, stderr = o.read(), e.read()
+        o.close(), e.close()
+        if p.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{stderr[-3000:]}")
+        out.append((wall, stdout))
+    return out
+
+
+def compiled(cache: Path) -> dict:
+    """What a side compiled: Triton cache entries holding a kernel binary, and built launchers."""
+    return {"kernels": sum(1 for _ in cache.rglob("*.cubin")) + sum(1 for _ in cache.rglob("*.hsaco")),
+            "launchers": sum(1 for _ in cache.rglob("*.so"))}
+
+
+def rounds(db: str) -> dict:
+    """How many rounds the re-certified seats' contenders were timed in (their search_detail)."""
+    import re
+
+    out: dict = {}
+    for (detail,) in query(db, "SELECT c.search_detail FROM certificates c JOIN tunings t ON t.id = c.tuning_id "
+                               "WHERE t.search = 'recertified' AND t.kind = 'tune'"):
+        m = re.search(r"in (\d+) round", detail or "")
+        k = m.group(1) if m else "?"
+        out[k] = out.get(k, 0) + 1
+    return out
 
 
 def current_table(src: Path, dst: Path, profile) -> int:
@@ -210,7 +254,7 @@ def pick_losses(fresh: dict, recert: dict, problems: dict, smoke: bool) -> list:
     return out
 
 
-def main(traces, smoke: bool, seats: int | None, seed: int) -> None:
+def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = False) -> None:
     work = Path(tempfile.mkdtemp(prefix="nbx-rc-"))
     base = {**os.environ}
     if smoke:
@@ -263,14 +307,26 @@ def main(traces, smoke: bool, seats: int | None, seed: int) -> None:
     recert_db = f"sqlite:///{work / 'recert.db'}"
     run([*cli, "import", str(work / "table.json"), "--db", recert_db], base)
     stale_everything(recert_db)
-    recert_s, _ = run(census(trace), {**base, "NBX_TUNE_DB": recert_db, "NBX_TUNE_SEARCH": "auto",
-                                      "TRITON_CACHE_DIR": str(work / "cache_recert")})
-    print(f"re-certification after a source change: {recert_s:.1f} s (cold Triton cache)", flush=True)
-
     fresh_db = f"sqlite:///{work / 'fresh.db'}"
-    fresh_s, _ = run(census(trace), {**base, "NBX_TUNE_DB": fresh_db, "NBX_TUNE_SEARCH": "ranked",
-                                     "TRITON_CACHE_DIR": str(work / "cache_fresh")})
-    print(f"fresh census: {fresh_s:.1f} s (cold Triton cache)", flush=True)
+    sides = [(census(trace), {**base, "NBX_TUNE_DB": recert_db, "NBX_TUNE_SEARCH": "auto",
+                              "TRITON_CACHE_DIR": str(work / "cache_recert")}),
+             (census(trace), {**base, "NBX_TUNE_DB": fresh_db, "NBX_TUNE_SEARCH": "ranked",
+                              "TRITON_CACHE_DIR": str(work / "cache_fresh")})]
+    if parallel:  # one GPU and half the host's cores each
+        procs = str(max(1, (os.cpu_count() or 2) // 2 - 1))
+        for (_, env), gpu in zip(sides, ("0", "1")):
+            env.update(CUDA_VISIBLE_DEVICES=gpu, NBX_TUNE_COMPILE_PROCS=procs)
+        (recert_s, _), (fresh_s, _) = run_all(sides)
+    else:
+        recert_s, _ = run(*sides[0])
+        # Said at once, in case the fresh census runs past the call's limit.
+        print(f"re-certification after a source change: {recert_s:.1f} s (cold Triton cache); in seats "
+              + "; ".join(f"{s_} {n} seats {t:.1f} s (screening {sc:.1f}, timing {b_:.1f})"
+                          for s_, n, t, sc, b_ in breakdown(recert_db)), flush=True)
+        fresh_s, _ = run(*sides[1])
+    print(f"re-certification after a source change: {recert_s:.1f} s, fresh census: {fresh_s:.1f} s "
+          f"(cold Triton caches{', side by side on two GPUs' if parallel else ''})", flush=True)
+    built = {"recert": compiled(work / "cache_recert"), "fresh": compiled(work / "cache_fresh")}
 
     fresh = {r[:4]: r[4] for r in query(fresh_db, CURRENT)}
     # Only the chosen seats: the rest of the imported table stays stale and untouched.
@@ -290,6 +346,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int) -> None:
     worst = max(ls) if ls else float("nan")
     spent = {"recert": breakdown(recert_db), "fresh": breakdown(fresh_db)}
     reasons = fallback_reasons(recert_db)
+    timed_rounds = rounds(recert_db)
     slow = {"recert": slowest(recert_db), "fresh": slowest(fresh_db)}
     env = environment()
     result = {"env": env, "smoke": smoke, "traces": [str(t) for t in traces], "table_entries": entries,
@@ -298,7 +355,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int) -> None:
               "recert_s": recert_s, "speedup": fresh_s / recert_s, "recert_searches": searches,
               "fresh_searches": fresh_searches, "fresh_audit_losses": regret,
               "loss_median": med, "loss_max": worst, "spent": spent, "fallback_reasons": reasons,
-              "slowest": slow,
+              "slowest": slow, "parallel": parallel, "compiled": built, "recert_rounds": timed_rounds,
               "losses": [{"seat": "|".join(k), "fresh": fresh[k], "recert": recert[k], "loss": x}
                          for k, x in losses]}
     save("recertify_cost-smoke.json" if smoke else "recertify_cost.json", result)
@@ -308,11 +365,16 @@ def main(traces, smoke: bool, seats: int | None, seed: int) -> None:
                   f"{100 * med:.2f} %", f"{100 * worst:.2f} %"]],
                 ["seats", "fresh census s", "re-certification s", "faster by", "re-certified as",
                  "median loss", "max loss"]))
-    print(table([[side, search, n, f"{tot:.1f}", f"{scr:.1f}", f"{bch:.1f}"]
+    print(table([[side, search, n, f"{tot:.1f}", f"{scr:.1f}", f"{bch:.1f}", f"{tot - scr - bch:.1f}"]
                  for side, rows_ in spent.items() for search, n, tot, scr, bch in rows_]
-                + [[side, "(outside seats)", "", f"{wall - sum(r[2] for r in spent[side]):.1f}", "", ""]
+                + [[side, "(outside seats)", "", f"{wall - sum(r[2] for r in spent[side]):.1f}", "", "", ""]
                    for side, wall in (("recert", recert_s), ("fresh", fresh_s))],
-                ["side", "search", "seats", "s in seats", "screening s", "timing s"]))
+                ["side", "search", "seats", "s in seats", "screening s", "timing s",
+                 "inputs and oracles s"]))
+    print("kernels compiled (Triton cache entries): " + "; ".join(
+        f"{side} {b['kernels']} kernels, {b['launchers']} launchers" for side, b in built.items())
+          + "; re-certified contenders timed in " + (", ".join(
+              f"{n} round(s): {k} seats" for n, k in sorted(timed_rounds.items())) or "no rounds"))
     print(table([[side, label[:70], search, f"{tot:.1f}", f"{scr:.1f}", f"{bch:.1f}"]
                  for side, rows_ in slow.items() for label, search, tot, scr, bch in rows_],
                 ["side", "slowest seats", "search", "s", "screening s", "timing s"]))
@@ -338,4 +400,4 @@ if __name__ == "__main__":
         rest = args[args.index("--traces") + 1:]
         traces = tuple(rest[:next((i for i, a in enumerate(rest) if a.startswith("--")), len(rest))])
     n = opt("--seats", "all" if ("--traces" in args or smoke) else str(SEATS))
-    main(traces, smoke, None if n == "all" else int(n), int(opt("--seed", "0")))
+    main(traces, smoke, None if n == "all" else int(n), int(opt("--seed", "0")), "--parallel" in args)

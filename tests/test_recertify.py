@@ -122,6 +122,159 @@ def test_ranking_holds_only_the_contenders_are_screened_and_timed():
     assert {s.problem for s in res.winner.screens} == set(PROBLEMS)
 
 
+class Rounds(Replay):
+    """Replay whose n-th timing of a config reads `series[key][n]` (else its replayed time),
+    recording each timing's mode."""
+
+    def __init__(self, times, series=None):
+        super().__init__(times)
+        self.series, self.modes = series or {}, []
+
+    def time(self, config, mode="full"):
+        self.modes.append((config.key(), mode))
+        out = super().time(config, mode)
+        n = sum(1 for k, _ in self.modes if k == config.key()) - 1
+        ms = self.series.get(config.key(), [out.timing.median_ms] * 9)[n]
+        return Outcome(timing=Timing(ms, ms, ms, "replay"))
+
+
+def test_contenders_are_timed_in_rounds_that_stop_once_two_agree():
+    # No quick estimates; two rounds each when both put the same contender first.
+    old = base_times()
+    seed = seed_of(old, [key(256), key(128)], gap=0.2)
+    ex = Rounds(base_times())
+    res = tune_seat(SPEC, PROFILE, "s", PROBLEMS, ex, get_strategy("pruned"), "cpu",
+                    search=Recertify(seed, SPEC.config_space_hash))
+    assert res.note.search == "recertified" and "in 2 round(s)" in res.note.detail
+    assert sorted(ex.modes) == sorted([(k, f"round:{recertify.ROUNDS}") for k in (key(256), key(128))] * 2)
+    assert res.winner.timing.method.endswith("x2 rounds")
+    # Rounds that disagree on the first go on to ROUNDS, and the medians decide.
+    seed = seed_of(old, [key(256), key(256, 1)], gap=0.2)  # 1.0 and 1.02 then
+    ex = Rounds(base_times(), {key(256): [1.0, 1.04, 1.0, 1.04], key(256, 1): [1.01] * 4})
+    res = tune_seat(SPEC, PROFILE, "s", PROBLEMS, ex, get_strategy("pruned"), "cpu",
+                    search=Recertify(seed, SPEC.config_space_hash))
+    assert len(ex.modes) == 2 * recertify.ROUNDS and "in 4 round(s)" in res.note.detail
+    assert res.note.search == "recertified"
+    assert res.winner.config.key() == key(256, 1)  # the faster median: 1.01 against 1.02
+    # Rounds that agree on a verdict that does not hold go on to ROUNDS before the fallback.
+    ex = Rounds(base_times(), {key(256): [1.2] * 9, key(256, 1): [1.0] * 9})
+    res = tune_seat(SPEC, PROFILE, "s", PROBLEMS, ex, get_strategy("pruned"), "cpu",
+                    search=Recertify(seed, SPEC.config_space_hash))
+    assert res.note.search == "fallback" and "faster than the old winner" in res.note.detail
+    assert [m for _, m in ex.modes[:2 * recertify.ROUNDS]] == [f"round:{recertify.ROUNDS}"] * 2 * recertify.ROUNDS
+    assert ex.modes[2 * recertify.ROUNDS][1] == "quick"  # then the census's own strategy, over every candidate
+    # A contender far behind after the first round (over SLACK) is timed no more.
+    seed = seed_of(old, [key(256), key(256, 1), key(64)], gap=0.2)  # BLOCK=64: 50 % behind
+    ex = Rounds(base_times())
+    res = tune_seat(SPEC, PROFILE, "s", PROBLEMS, ex, get_strategy("pruned"), "cpu",
+                    search=Recertify(seed, SPEC.config_space_hash))
+    assert [k for k, _ in ex.modes].count(key(64)) == 1 and [k for k, _ in ex.modes].count(key(256)) == 2
+    far = next(r for r in res.records if r.config.key() == key(64))
+    assert not far.final and far.timing.median_ms == pytest.approx(1.5) and res.note.search == "recertified"
+
+
+def test_a_recertifications_contenders_are_compiled_ahead_at_the_confirm_shapes_too():
+    # The worker would otherwise compile the winner and runner-up at the seat's other shapes
+    # (other specializations: a bucket's odd bottom edge) itself, one after the other.
+    from nbx_tune.tuner.isolation import Isolated
+    from nbx_tune.tuner.strategies.search import Full
+    from nbx_tune.tuner.tune import first_compiles
+
+    class Pool:
+        def __init__(self):
+            self.jobs = []
+
+        def submit(self, kernel, problems, configs, device):
+            self.jobs += [(tuple(problems), c.key()) for c in configs]
+
+    seen = [problem(1000), problem(950), problem(900)]
+    seed = seed_of(base_times(), [key(256), key(128)], gap=0.2)
+    job, first = first_compiles(SPEC, PROFILE, "s", seen, "cpu", Recertify(seed, SPEC.config_space_hash))
+    assert job.compile_confirm and problem(950) in job.confirm_problems
+    iso = Isolated.__new__(Isolated)
+    iso.precompiler, iso.spec, iso.job = Pool(), SPEC, job
+    iso.prefetch(SPEC, job, first)
+    assert {k for _, k in iso.precompiler.jobs} == {key(256), key(128)}
+    assert all(set(job.confirm_problems) <= set(ps) for ps, _ in iso.precompiler.jobs)
+    # A search widening to the whole space (a fallback) compiles the rest at the screen shapes only,
+    iso.precompiler.jobs.clear()
+    iso.precompile([c for c in CONFIGS if c.key() not in (key(256), key(128))])
+    assert len(iso.precompiler.jobs) == len(CONFIGS) - 2
+    assert not any(problem(950) in ps for ps, _ in iso.precompiler.jobs)
+    # and so does every other search.
+    job, first = first_compiles(SPEC, PROFILE, "s", seen, "cpu", Full())
+    iso.precompiler.jobs.clear()
+    iso.prefetch(SPEC, job, first)
+    assert not job.compile_confirm and not any(problem(950) in ps for ps, _ in iso.precompiler.jobs)
+
+
+def test_each_shapes_fp64_oracle_is_computed_once_a_seat_whatever_the_contenders():
+    # Launched for real (the interpreter): the oracle is made once per screen shape, when
+    # the seat's cases are, and every contender and both screens (base, confirm) reuse it.
+    from nbx_tune.tuner.executor import InProcess
+
+    def same_time(fn, mode="full"):
+        fn()
+        return Timing(1.0, 1.0, 1.0, "fixed")
+
+    class Counted(planted.DoubleSpec):
+        calls = []
+
+        def oracle(self, problem, inputs):
+            self.calls.append(problem)
+            return super().oracle(problem, inputs)
+
+    spec = Counted(configs=(planted.cfg(32), planted.cfg(64), planted.cfg(128), planted.cfg(256)))
+    seen = [Problem("test_double", ("float32",), seat_flags(), (n,)) for n in (300, 290, 280)]
+    keys = [c.key() for c in spec.configs()[:3]]
+    seed = Seed(None, "t", {k: 1.0 + 0.01 * i for i, k in enumerate(keys)}, tuple(keys), 0.5,
+                None, spec.config_space_hash)
+    res = tune_seat(spec, PROFILE, "double", seen, InProcess(same_time), get_strategy("pruned"), "cpu",
+                    search=Recertify(seed, spec.config_space_hash))
+    job, _ = recertify_job(spec, seen)
+    shapes = (*job.screen_problems, *job.confirm_problems)
+    assert res.note.search == "recertified" and len(set(shapes)) == len(shapes) == 3
+    assert sorted(Counted.calls, key=Problem.order) == sorted(shapes, key=Problem.order)
+    # ... though three contenders were screened, and two confirmed at every other shape.
+    assert sum(1 for r in res.records if r.screens) == 3
+    assert {s.problem for s in res.winner.screens} == set(shapes)
+
+
+def recertify_job(spec, seen):
+    from nbx_tune.tuner.tune import seat_job
+
+    return seat_job(spec, PROFILE, "double", seen, "cpu")
+
+
+def test_the_compile_pool_loads_what_it_compiles(monkeypatch):
+    # Loading builds Triton's per-signature launcher where it has one: in the pool, so the
+    # worker's first launch of a contender finds it cached.
+    from triton.runtime.jit import JITFunction
+
+    from nbx_tune.tuner import precompile
+
+    loaded = []
+
+    class Compiled:
+        def _init_handles(self):
+            loaded.append(self)
+
+    warmups = []
+
+    def run(self, *args, grid, warmup, **kwargs):
+        warmups.append(warmup)
+        return Compiled()
+
+    def kernel(x):
+        pass
+
+    monkeypatch.setattr(JITFunction, "__getitem__", JITFunction.__getitem__)  # restored after the test
+    monkeypatch.setattr(JITFunction, "run", run)
+    precompile._compile_only()
+    got = JITFunction(kernel)[(4,)](1)
+    assert warmups == [True] and isinstance(got, Compiled) and loaded == [got]
+
+
 def test_ranking_broken_falls_back_to_every_candidate():
     old = base_times()
     seed = seed_of(old, [key(256), key(256, 1), key(128)], gap=0.2)

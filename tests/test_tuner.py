@@ -111,6 +111,34 @@ def test_oracle_sees_the_rounded_inputs():
     assert np.count_nonzero(case.ref["y"]) > 290  # random, never zeros
 
 
+def test_large_draws_are_sampled_in_blocks_alike_on_any_number_of_threads(monkeypatch):
+    # A seat's largest inputs are drawn in parallel blocks (tuner/screen.py): the values
+    # must not depend on the threads, must keep each method's distribution, and small
+    # draws stay the seeded generator's own.
+    monkeypatch.setattr(screening, "PARALLEL_MIN", 4000)
+    monkeypatch.setattr(screening, "BLOCK", 1000)
+
+    def draws(threads):
+        s = screening.Sampler(11, threads)
+        out = (s.standard_normal((3, 2001)), s.random(5000, dtype=np.float32), s.uniform(0.5, 2.0, (4, 1500)),
+               s.integers(-7, 8, 4500), s.choice([-1.0, 1.0], 4100), s.standard_normal(10))
+        return out, s.blocks
+
+    (a, b, c, d, e, small), blocks = draws(1)
+    again, blocks4 = draws(4)
+    assert all(np.array_equal(x, y) for x, y in zip((a, b, c, d, e, small), again))
+    assert blocks == blocks4 == 7 + 5 + 6 + 5 + 5  # every large draw went by blocks
+    assert a.shape == (3, 2001) and a.dtype == np.float64 and abs(a.mean()) < 0.1 and 0.9 < a.std() < 1.1
+    assert b.dtype == np.float32 and 0 <= b.min() and b.max() < 1
+    assert 0.5 <= c.min() and c.max() < 2.0 and d.min() == -7 and d.max() == 7 and set(np.unique(e)) == {-1.0, 1.0}
+    assert len(np.unique(a)) == a.size  # no block repeats another
+    np.testing.assert_array_equal(small, np.random.default_rng(11).standard_normal(10))
+    # The case a screen is made of: the same inputs and oracle from the same seed.
+    p = problem(5000)
+    one, two = (screening.make_case(planted.SPEC, p, "cpu", 3, True) for _ in range(2))
+    assert torch.equal(one.inputs["x"], two.inputs["x"]) and np.array_equal(one.ref["y"], two.ref["y"])
+
+
 def test_bf16_seat_is_refused_on_the_interpreter_without_launching():
     planted.LAUNCHES.clear()
     p = Problem("test_double", ("bfloat16",), seat_flags(), (100,))

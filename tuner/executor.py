@@ -30,6 +30,9 @@ class SeatJob:
     # contenders for the certificate are screened here too, once timed (tuner/tune.py).
     confirm_problems: tuple[Problem, ...] = ()
     variation_allowed: bool = False  # the kernel declares run-to-run variation (float atomics)
+    # The compile pool starts the first configs at the confirm shapes too (a search whose few
+    # configs all reach them: tuner/recertify.py), so the worker does not compile them there.
+    compile_confirm: bool = False
 
 
 @dataclass

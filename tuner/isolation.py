@@ -241,15 +241,16 @@ class Isolated:
             raise SeatPrepareError(f"making the seat's inputs and oracle failed: {failure[1]}")
 
     # -- the executor interface
-    def _precompile(self, spec, job: SeatJob, configs) -> None:
+    def _precompile(self, spec, job: SeatJob, configs, confirm: bool = False) -> None:
         if self.precompiler is not None and configs:
-            problems = tuple(dict.fromkeys((*job.screen_problems, job.time_problem)))
+            more = job.confirm_problems if confirm else ()
+            problems = tuple(dict.fromkeys((*job.screen_problems, job.time_problem, *more)))
             self.precompiler.submit(spec.name, problems, configs, job.device)
 
     def prefetch(self, spec, job: SeatJob, configs) -> None:
         """Queue a seat's first configs before its turn (tuner/runner.py): compiled while
         the seats before it are screened and timed."""
-        self._precompile(spec, job, configs)
+        self._precompile(spec, job, configs, job.compile_confirm)
 
     def precompile(self, configs) -> None:
         """Queue more of this seat's configs (a search that widens: tuner/recertify.py)."""
@@ -258,7 +259,7 @@ class Isolated:
 
     def start_seat(self, spec, job: SeatJob, configs=()) -> None:
         self.spec, self.job, self.broken = spec, job, None
-        self._precompile(spec, job, configs)
+        self._precompile(spec, job, configs, job.compile_confirm)
         # The next seat's inputs and oracles are not made while this one is timed: on a
         # thread of the worker or in the pool's niced processes, that work held up the
         # launches being timed and mis-ranked candidates. The timer's lead covers the

@@ -25,11 +25,20 @@ from nbx_tune.errors import NbxError
 
 
 def _compile_only():
-    """Make every `kernel[grid](...)` in this process compile without launching."""
+    """Make every `kernel[grid](...)` in this process compile without launching, and load
+    what it compiled: where Triton builds a launcher per signature on a kernel's first
+    load (a C compile), that is built and cached here too, not in the worker."""
     from triton.runtime.jit import JITFunction
 
     def getitem(self, grid):
-        return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=True, **kwargs)
+        def compile_(*args, **kwargs):
+            kernel = self.run(*args, grid=grid, warmup=True, **kwargs)
+            load = getattr(kernel, "_init_handles", None)
+            if load is not None:
+                load()
+            return kernel
+
+        return compile_
 
     JITFunction.__getitem__ = getitem
 

@@ -12,7 +12,11 @@ measured:
        EXPLORE configs that won most at near seats (`explore`): a shortlist that missed
        the space's best would otherwise be re-certified for ever (decode attention kept a
        pick at half torch's speed that way, split-KV never timed);
-    2. they are screened at every screen shape of the seat and timed, like any candidate;
+    2. they are screened at every screen shape of the seat and timed, like any candidate,
+       though in turned rounds with no quick estimates first (they are few and all near
+       the top), stopping after MIN_ROUNDS once every round so far put the same contender
+       first and the old ranking holds on what they measured (a fallback is worth the
+       rounds that confirm it: `time_contenders`);
     3. the old ranking holds unless the new measurements say otherwise (`judge`), read
        against what this run's timings cannot tell apart: each config's noise (half its
        launches' p20..p80 band, half the range of its rounds, at least the timer's
@@ -42,8 +46,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nbx_tune.tuner.strategies import Measured
+from nbx_tune.tuner.strategies.pruned import MIN_K, ROUNDS, SLACK, TOP_K
 from nbx_tune.tuner.strategies.search import SearchNote
-from nbx_tune.tuner.timing import noise as timing_noise
+from nbx_tune.tuner.timing import combine, noise as timing_noise
 
 NEAR = 0.10
 MAX_CONTENDERS = 6
@@ -56,6 +62,9 @@ EXPLORE_CLEAR = 1
 # The loss the shortcut may risk: the re-certification goal's maximum loss against a
 # fresh census (3 %), which is also about what re-timing one config moves on a GPU.
 TOLERANCE = 0.03
+# Rounds every contender gets before its timing may stop: more rounds refine medians that
+# already agree on which contender is first; rounds that disagree go on to ROUNDS.
+MIN_ROUNDS = 2
 # Tunings whose measurements rank the whole space (the others timed a subset).
 WHOLE_SPACE = ("full", "fallback", "audit")
 
@@ -224,10 +233,45 @@ class Recertify:
     new measurements say the old ranking no longer holds."""
 
     name = "recertified"
+    compile_confirm = True  # its few contenders are all expected to be confirmed (tuner/tune.py)
 
     def __init__(self, seed: Seed, config_space_hash: str, explore=()):
         self.seed, self.space = seed, config_space_hash
         self.explore = tuple(explore)  # config keys timed beside the contenders (module docstring)
+        self.rounds = 0  # how many rounds `time_contenders` ran
+
+    def time_contenders(self, candidates, measure, rounds: int = ROUNDS, min_rounds: int = MIN_ROUNDS):
+        """A timing strategy (tuner/strategies/): each contender timed for a 1/rounds share of
+        a full timing per round, the order turned by one each round (strategies/pruned.py's
+        rounds, without its quick estimates), until MIN_ROUNDS rounds agree on the first
+        and the old ranking holds on them (`judge`).
+        As there, after the first round only the TOP_K within SLACK of the best go on; the
+        others stay on record with that round's time."""
+        alive, firsts, behind = list(candidates), [], []
+        got: dict = {c: [] for c in alive}
+        for r in range(rounds):
+            k = r % len(alive) if alive else 0
+            this = {}
+            for c in alive[k:] + alive[:k]:
+                t = measure(c, f"round:{rounds}")
+                if t is None:
+                    got.pop(c)  # failed: the tuner has recorded why
+                else:
+                    got[c].append(t)
+                    this[c] = t.median_ms
+            alive = [c for c in alive if c in got]
+            self.rounds = r + 1
+            if this:
+                firsts.append(min(this, key=this.get))
+            if r == 0 and len(alive) > MIN_K:
+                order = sorted(alive, key=this.get)
+                keep = [c for i, c in enumerate(order) if i < MIN_K or this[c] <= this[order[0]] * (1 + SLACK)][:TOP_K]
+                behind += [Measured(c, got.pop(c)[0], False) for c in alive if c not in keep]
+                alive = [c for c in alive if c in keep]
+            so_far = behind + [Measured(c, combine(ts), True) for c, ts in got.items() if ts]
+            if r + 1 >= min_rounds and len(set(firsts)) <= 1 and judge(self.seed, so_far).holds:
+                break
+        return so_far
 
     def plan(self, candidates):
         """(contenders to evaluate first, why the whole space is needed instead or None)."""
@@ -254,11 +298,11 @@ class Recertify:
         seed = self.seed
         first, why = self.plan(candidates)
         if why is None:
-            verdict = judge(seed, evaluate(first))
+            verdict = judge(seed, evaluate(first, self.time_contenders))
             if verdict.holds:
                 return SearchNote("recertified", seed.tuning_id, seed.source, None,
-                                  f"re-certified from {seed.source}: {len(first)} contender(s) timed, "
-                                  f"{verdict.why}")
+                                  f"re-certified from {seed.source}: {len(first)} contender(s) timed in "
+                                  f"{self.rounds} round(s), {verdict.why}")
             why = verdict.why
         evaluate(list(candidates))
         return SearchNote("fallback", seed.tuning_id, seed.source, None,

@@ -20,6 +20,8 @@ either side, so the error is the same number.
 from __future__ import annotations
 
 import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -107,8 +109,84 @@ def seed_for(label: str, problem: Problem) -> int:
     return int.from_bytes(hashlib.sha256(f"{label}|{problem.to_json()}".encode()).digest()[:8], "little")
 
 
+# Draws of at least PARALLEL_MIN values are made in blocks of BLOCK, each from a generator
+# seeded by (seed, draw, block), on threads: sampling the inputs of a seat's largest shapes
+# one value at a time (an embedding table of 233M values, a decode attention's KV cache)
+# took most of a re-certification's time. Fixed blocks make the values the same on any
+# number of threads; smaller draws are the seeded generator's own.
+PARALLEL_MIN = 1 << 22
+BLOCK = 1 << 20
+
+
+def _cores() -> int:
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; macOS has only cpu_count
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
+
+
+class Sampler:
+    """What `KernelSpec.make_inputs` is handed: a seeded numpy Generator whose large
+    draws of i.i.d. values (standard_normal, random, uniform, integers, choice with scalar
+    parameters) are made in parallel blocks; every other call is the generator's own."""
+
+    def __init__(self, seed: int, threads: int | None = None):
+        self._seed, self._rng, self._draws = seed, np.random.default_rng(seed), 0
+        self.threads = threads or max(1, min(16, _cores()))
+        self.blocks = 0  # blocks drawn so far (the tests read it)
+
+    def __getattr__(self, name):
+        return getattr(self._rng, name)
+
+    def _draw(self, method: str, size, *args, **kw):
+        n = int(np.prod(size)) if size is not None else 0
+        if n < PARALLEL_MIN:
+            return getattr(self._rng, method)(*args, size=size, **kw)
+        self._draws += 1
+        draw, starts = self._draws, range(0, n, BLOCK)
+
+        def block(i):
+            gen = np.random.default_rng([self._seed, draw, i])
+            return getattr(gen, method)(*args, size=min(BLOCK, n - starts[i]), **kw)
+
+        first = block(0)
+        out = np.empty(n, dtype=first.dtype)
+        out[:BLOCK] = first
+
+        def fill(i):
+            out[starts[i]:starts[i] + BLOCK] = block(i)
+
+        with ThreadPoolExecutor(self.threads) as pool:  # numpy draws without the GIL
+            list(pool.map(fill, range(1, len(starts))))
+        self.blocks += len(starts)
+        return out.reshape(size)
+
+    def standard_normal(self, size=None, dtype=np.float64, out=None):
+        if out is not None:
+            return self._rng.standard_normal(size, dtype, out)
+        return self._draw("standard_normal", size, dtype=dtype)
+
+    def random(self, size=None, dtype=np.float64, out=None):
+        if out is not None:
+            return self._rng.random(size, dtype, out)
+        return self._draw("random", size, dtype=dtype)
+
+    def uniform(self, low=0.0, high=1.0, size=None):
+        if np.ndim(low) or np.ndim(high):
+            return self._rng.uniform(low, high, size)
+        return self._draw("uniform", size, low, high)
+
+    def integers(self, low, high=None, size=None, dtype=np.int64, endpoint=False):
+        if np.ndim(low) or np.ndim(high):
+            return self._rng.integers(low, high, size, dtype, endpoint)
+        return self._draw("integers", size, low, high, dtype=dtype, endpoint=endpoint)
+
+    def choice(self, a, size=None, replace=True, p=None, axis=0, shuffle=True):
+        if not replace or p is not None or np.ndim(a) > 1:
+            return self._rng.choice(a, size, replace, p, axis, shuffle)
+        return self._draw("choice", size, a)
+
+
 def make_case(spec: KernelSpec, problem: Problem, device: str, seed: int, with_oracle: bool) -> Case:
-    rng = np.random.default_rng(seed)
+    rng = Sampler(seed)
     inputs, rounded = {}, {}
     for name, (values, dt) in spec.make_inputs(problem, rng).items():
         t = torch.from_numpy(np.ascontiguousarray(values)).to(TORCH_DTYPES[dt])

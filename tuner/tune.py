@@ -136,13 +136,14 @@ def imprecise_limit(best: float, rtol: float, unit: float) -> float:
     return max(IMPRECISE_FACTOR * best, IMPRECISE_FLOOR * rtol, IMPRECISE_ULPS * unit)
 
 
-def seat_job(spec: KernelSpec, profile, label: str, problems: list[Problem], device: str):
+def seat_job(spec: KernelSpec, profile, label: str, problems: list[Problem], device: str, search=None):
     """(the job a seat's candidates run, the seen shapes whose screen is skipped with their
     bytes): timed at the largest shape."""
     shapes = screen_shapes(spec, profile, problems)
     job = SeatJob(spec.name, profile.name, label, shapes.base, shapes.largest,
                   screening.output_rtols(spec, shapes.largest, profile), device,
-                  confirm_problems=shapes.confirm, variation_allowed=spec.run_to_run_variation)
+                  confirm_problems=shapes.confirm, variation_allowed=spec.run_to_run_variation,
+                  compile_confirm=getattr(search, "compile_confirm", False))
     return job, list(shapes.skipped)
 
 
@@ -291,7 +292,7 @@ def first_compiles(spec: KernelSpec, profile, label: str, problems: list[Problem
     what a census queues ahead for the seats coming next (tuner/runner.py)."""
     if unscreenable(spec, profile, problems):
         return None, []
-    job, _ = seat_job(spec, profile, label, problems, device)
+    job, _ = seat_job(spec, profile, label, problems, device, search)
     keep, _ = static_prune(spec, profile, job.time_problem)
     return job, (search or Full()).compile_first(keep)
 
@@ -310,7 +311,7 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
         return SeatResult("refused", [], seat_refusal=("dtype_unscreenable", bad[1]),
                           total_s=time.perf_counter() - t0)
 
-    job, skipped_at = seat_job(spec, profile, label, problems, device)
+    job, skipped_at = seat_job(spec, profile, label, problems, device, search)
     skipped = [_announce_skip(spec, profile, label, p, nbytes, reporter) for p, nbytes in skipped_at]
     keep, pruned = static_prune(spec, profile, job.time_problem)
     for r in pruned:
@@ -322,7 +323,7 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
         first = search.compile_first(keep)
         executor.start_seat(spec, job, first)
         cands.compiling.update(first)
-        note = search.run(keep, lambda configs: cands.evaluate(configs, strategy))
+        note = search.run(keep, lambda configs, timing=None: cands.evaluate(configs, timing or strategy))
         if note.detail:
             reporter.notice(f"{label}: {note.detail}")
         tc = time.perf_counter()

@@ -7,7 +7,8 @@ what to hand it. Every search has the same two calls:
     search.run(candidates, evaluate) -> SearchNote
 
 where `evaluate(configs)` screens those not yet screened (every screen shape of the seat),
-times the survivors among `configs` with the strategy and returns their `Measured`. The
+times the survivors among `configs` with the strategy (or the search's own, passed as
+`evaluate(configs, timing)`) and returns their `Measured`. The
 tuner certifies the fastest full timing of whatever was evaluated last, so a search can
 only choose among screened configs: nothing unscreened is ever certified.
 
