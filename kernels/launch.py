@@ -51,7 +51,7 @@ REFUSED: Counter = Counter()  # why records were not remembered, for tests and l
 _tls = threading.local()
 _signatures: dict = {}
 _scratch: dict = {}  # device -> the shared buffer of `scratch`
-_counters: dict = {}  # device -> the shared buffer of `counters`
+_counters: dict = {}  # (device, stream) -> the shared buffer of `counters`
 _outgrown: list = []
 _scratch_lock = threading.Lock()
 
@@ -124,32 +124,57 @@ def scratch(shape, dtype, device):
 
     nbytes = math.prod(shape) * dtype.itemsize
     buf = _shared(_scratch, device, nbytes, 512, lambda size: torch.empty(size, dtype=torch.uint8, device=device))
-    return buf[:nbytes].view(dtype).view(shape)
-
-
-def _shared(table: dict, device, n: int, least: int, make):
-    """table[device], made by make(size) with at least n elements (doubling when outgrown),
-    its address marked constant for the call being remembered."""
-    with _scratch_lock:
-        buf = table.get(device)
-        if buf is None or buf.numel() < n:
-            if buf is not None:
-                _outgrown.append(buf)
-            buf = table[device] = make(max(n, least, 0 if buf is None else 2 * buf.numel()))
     rec = getattr(_tls, "rec", None)
     if rec is not None:
         rec.scratch.add(buf.untyped_storage().data_ptr())
+    return buf[:nbytes].view(dtype).view(shape)
+
+
+def _shared(table: dict, key, n: int, least: int, make):
+    """table[key], made by make(size) with at least n elements (doubling when outgrown)."""
+    buf = table.get(key)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    with _scratch_lock:
+        buf = table.get(key)
+        if buf is None or buf.numel() < n:
+            if buf is not None:
+                _outgrown.append(buf)
+            buf = table[key] = make(max(n, least, 0 if buf is None else 2 * buf.numel()))
     return buf
+
+
+def _stream_of(device) -> int:
+    """The device's current stream, as the raw handle Triton launches on (0 off CUDA)."""
+    if getattr(device, "type", None) != "cuda":
+        return 0
+    import torch
+
+    return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _counters_buffer(n: int, device):
+    import torch
+
+    return _shared(_counters, (device, _stream_of(device)), n, 1024,
+                   lambda size: torch.zeros(size, dtype=torch.int32, device=device))
 
 
 def counters(n: int, device):
     """n int32 counters at zero, which the kernels using them leave at zero (the last of a
-    tile's programs resets its count): one buffer per device shared by every call, kept like
-    `scratch`'s, so a replay makes nothing. Launches on one stream run in order; two streams
-    must not run such kernels at once."""
-    import torch
+    tile's programs resets its count): one buffer per device and stream, shared by every
+    call on that stream, whose launches run in order (two streams never share one). A replay
+    looks up its stream's buffer on every call (`_counters_at`); it makes nothing."""
+    buf = _counters_buffer(n, device)
+    rec = getattr(_tls, "rec", None)
+    if rec is not None:
+        rec.counters[buf.untyped_storage().data_ptr()] = (n, device)
+    return buf[:n]
 
-    return _shared(_counters, device, n, 1024, lambda size: torch.zeros(size, dtype=torch.int32, device=device))[:n]
+
+def _counters_at(n: int, device) -> int:
+    """The address of `counters(n, device)` on the current stream."""
+    return _counters_buffer(n, device).data_ptr()
 
 
 def note_miss(counter, label) -> None:
@@ -247,6 +272,7 @@ class _Record:
         self.launches: list = []
         self.misses: list = []
         self.scratch: set = set()  # storages of `scratch` buffers: addresses that never change
+        self.counters: dict = {}  # storages of `counters` buffers -> (n, device): one per stream
 
     def replay(self, result):
         """(replay, None) or (None, why)."""
@@ -306,13 +332,16 @@ class _Record:
             return ptr_of_input[k]
 
         def resolve(t):
-            """('alloc', j, byte offset), ('input', k, 0) or ('scratch', address, 0)."""
+            """('alloc', j, byte offset), ('input', k, 0), ('scratch', address, 0) or
+            ('counters', (n, device), 0)."""
             storage = t.untyped_storage().data_ptr()
             j = alloc_storage.get(storage)
             if j is not None:
                 return "alloc", j, t.data_ptr() - self.allocs[j].data_ptr()
             if storage in self.scratch:
                 return "scratch", t.data_ptr(), 0
+            if storage in self.counters:
+                return "counters", self.counters[storage], 0
             ks = by_ptr.get(t.data_ptr(), ())
             if len(ks) != 1:
                 raise _Refused("a tensor argument at no input's address" if not ks
@@ -323,6 +352,8 @@ class _Record:
             kind, n, off = resolve(t)
             if kind == "scratch":
                 return value(n)
+            if kind == "counters":  # the current stream's buffer, looked up per call
+                return f"{bind(_counters_at, 'f')}({value(n[0])}, {bind(n[1], 'v')})"
             base = input_ptr(n) if kind == "input" else f"q{n}"
             return base if off == 0 else f"{base} + {value(off)}"
 

@@ -470,6 +470,35 @@ def test_two_kernels_through_a_workspace_replay_right(fake, monkeypatch):
     assert [cfg for cfg, _ in certified.state().memo.values()] == [split, decode]
 
 
+def test_a_split_summed_by_its_last_split_replays_with_its_streams_counters(fake, monkeypatch):
+    # SUM_LAST: per-tile counters (launch.counters) instead of a second launch. A replay
+    # looks up the current stream's counters on every call, so two streams never share them.
+    from nbx_tune.kernels.spec import Config
+
+    last = Config.make(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, SPLIT_K=2, SUM_LAST=1, num_warps=1, num_stages=1)
+    monkeypatch.setattr(matmul_module.SPEC, "default_configs", (last,))
+    certified.reload()
+    a, b = buf(5, 64), buf(64, 48)
+    for seed in range(3):
+        fill((a, b), 90 + seed)
+        got = mm(a, b)
+        launch.forget()
+        assert torch.equal(got, mm(a, b))  # through Triton
+    assert fake.log == ["triton"] * 2 + (["direct"] + ["triton"]) * 2  # one launch a call
+    seen = []
+    real = launch._counters_at
+    monkeypatch.setattr(launch, "_counters_at", lambda n, device: seen.append(real(n, device)) or seen[-1])
+    assert not seen
+    launch.forget()
+    mm(a, b)  # recorded through Triton, then replayed:
+    mm(a, b)
+    assert len(seen) == 1
+    monkeypatch.setattr(launch, "_stream_of", lambda device: 12345)  # another stream
+    mm(a, b)
+    assert len(seen) == 2 and seen[1] != seen[0]
+    assert not launch.counters(6, a.device).any()
+
+
 # ----------------------------------------------------------------------------- matmul staging
 # At aligned=0 matmul copies operands into zero-padded buffers (kernels/matmul.py's
 # stage_operands) with the copy and fill kernels into `launch.empty`, so the call is
