@@ -6,14 +6,11 @@ $OUT/gemm_midsize.json."""
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gemm_persistent"))  # space.py: the timing
 
 SHAPES = [(1000, 1024, 4096), (800, 1536, 1536), (800, 1536, 8960), (800, 8960, 1536), (1024, 768, 3072),
           (1024, 2304, 768), (64, 4096, 4096)]
@@ -31,7 +28,7 @@ def candidates():
 
 
 def main() -> int:
-    from torch_compare import graph_times
+    from space import save, time_shape
 
     from nbx_tune.kernels import matmul as MM
     from nbx_tune.profiles import get_profile
@@ -39,44 +36,22 @@ def main() -> int:
 
     hopper = get_profile("hopper")
     new = candidates()
+    names = {str(c) for c in new}
     out = []
     for m, n, k in SHAPES:
         p = MM.SPEC.problem_from_row(make_row("aten.mm", ["bfloat16"] * 2, [(m, k), (k, n)]))
-        cfgs = [c for c in (*MM.CONFIGS, *new) if MM.SPEC.static_refusal(hopper, c, p) is None]
-        sets = max(1, min(4, (96 << 20) // ((m * k + k * n + m * n) * 2)))
-        A = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
-        B = [torch.randn(k, n, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
-        C = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
-        ref = A[0].double() @ B[0].double()
-        fns = {"torch": lambda i: torch.mm(A[i % sets], B[i % sets], out=C[i % sets])}
-        bad = []
-        for c in cfgs:
-            f = (lambda i, c=c: MM.launch_matmul(A[i % sets], B[i % sets], C[i % sets], None, 1.0, 0.0, c))
-            try:
-                C[0].fill_(float("nan"))
-                f(0)
-                err = (C[0].double() - ref).abs().max().item() / ref.abs().max().item()
-                if not err < 4e-2:
-                    bad.append(f"{c}: err {err:.2e}")
-                    continue
-                fns[str(c)] = f
-            except Exception as e:  # noqa: BLE001 - a study: record and go on
-                bad.append(f"{c}: {type(e).__name__} {str(e)[:80]}")
-        t = graph_times(fns, 8, calls=20)
-        space = min((s for s in t if s != "torch" and s not in {str(c) for c in new}), key=t.get)
-        ranked = sorted((s for s in t if s in {str(c) for c in new}), key=t.get)
-        row = {"shape": [m, n, k], "torch_us": t["torch"] * 1e3, "space_best": [space, t[space] * 1e3],
-               "new": [[s, t[s] * 1e3] for s in ranked], "bad": bad}
-        out.append(row)
+        t, bad = time_shape(m, n, k, [c for c in (*MM.CONFIGS, *new) if MM.SPEC.static_refusal(hopper, c, p) is None])
+        space = min((s for s in t if s != "torch" and s not in names), key=t.get)
+        ranked = sorted((s for s in t if s in names), key=t.get)
+        out.append({"shape": [m, n, k], "torch_us": t["torch"] * 1e3, "space_best": [space, t[space] * 1e3],
+                    "new": [[s, t[s] * 1e3] for s in ranked], "bad": bad})
         print(f"{m}x{n}x{k}: torch {t['torch']*1e3:.1f} us, space best {t[space]*1e3:.1f} us "
               f"({t['torch']/t[space]:.3f}) {space}", flush=True)
         for s in ranked[:4]:
             print(f"    new {t[s]*1e3:6.1f} us ({t['torch']/t[s]:.3f}) {s}")
         for b in bad[:4]:
             print("    bad:", b)
-    od = Path(os.environ.get("OUT", "bench_out"))
-    od.mkdir(parents=True, exist_ok=True)
-    (od / "gemm_midsize.json").write_text(json.dumps(out, indent=1))
+    save(out, "gemm_midsize.json")
     return 0
 
 
