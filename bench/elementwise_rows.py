@@ -2,14 +2,14 @@
 every config of the kernel's space (the stream levers included) against torch's op under
 CUDA graphs, both sides timed in alternating rounds.
 
-    python bench/elementwise_rows.py [--budget-s 150] [--rows pow,neg] [--smoke]
+    python bench/elementwise_rows.py [--budget-s 150] [--rows pow,neg] [--rotate-mb 96] [--smoke]
         --smoke   tiny shapes, 3 configs a row, on the CPU interpreter (TRITON_INTERPRET=1):
                   the script's own check, its numbers mean nothing
 
 Per row: torch's op, each config of the space (`staged`/`two copies`: the path before the
 strided unary input and the one-launch cat of halves, for neg and cat), timed under graph
 replay (bench/torch_compare.py's capture and rounds). Inputs rotate through up to 4 sets
-(about 96 MB) on every side. Outputs: every side allocates its output per call (the caching
+(about 96 MB, `--rotate-mb`; 0 keeps one set, warm in the L2) on every side. Outputs: every side allocates its output per call (the caching
 allocator then hands back the same block, as in a model), so both sides write alike;
 `rot-out` also times the best config writing into one output per input set, as
 bench/torch_compare.py's spec path once did (torch's side allocates per call:
@@ -231,6 +231,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default="", help="only rows whose name contains one of these (comma-separated)")
     ap.add_argument("--rep-ms", type=float, default=0.0, help="time per side per measure (default 16, smoke 1)")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--rotate-mb", type=float, default=ROTATE_BYTES / 2**20,
+                    help="operand sets rotate through about this much (0: one set, read from the L2 call after "
+                         "call, as in a model whose ops read what the op before wrote)")
     args = ap.parse_args(argv)
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
@@ -271,7 +274,7 @@ def run(args) -> int:
             configs = configs[:1] + configs[-2:]  # a plain config and two stream levers
         cert = certified.config_for(spec, problem.dtypes, problem.flags, problem.dims)
         shipped = shipped_config(spec, problem)
-        k = 1 if device == "cpu" else max(1, min(MAX_SETS, -(-ROTATE_BYTES // max(nbytes, 1))))
+        k = 1 if device == "cpu" else max(1, min(MAX_SETS, -(-int(args.rotate_mb * 2**20) // max(nbytes, 1))))
         sets = [make_set() for _ in range(k)]
         want = torch_fn(sets[0])
         sides = {"torch": lambda i: torch_fn(sets[i % k])}
