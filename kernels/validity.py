@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from nbx_tune.kernels.spec import Config
+from nbx_tune.errors import ProfileError
 
 
 def _getter(prov: Any):
@@ -37,6 +38,14 @@ def profile_hash(profile, spec) -> str:
     return profile.hash_for(d.ladder for d in spec.key)
 
 
+def _held_profile_hash(profile, spec) -> str:
+    # A key naming a ladder this profile lacks (a plugin's) holds no certificate: stale, not a crash.
+    try:
+        return profile_hash(profile, spec)
+    except ProfileError as e:
+        return f"none: {e}"
+
+
 def stale_reason(prov: Any, spec, profile, triton_version: str | None = None,
                  device_target: str | None = None) -> str | None:
     """Why a certificate with provenance `prov` (a mapping, or a row with those attributes)
@@ -47,7 +56,7 @@ def stale_reason(prov: Any, spec, profile, triton_version: str | None = None,
     get = _getter(prov)
     checks = [("kernel source", get("kernel_source_hash"), spec.source_hash),
               ("config space", get("config_space_hash"), spec.config_space_hash),
-              ("profile", get("profile_hash"), profile_hash(profile, spec))]
+              ("profile", get("profile_hash"), _held_profile_hash(profile, spec))]
     if triton_version is not None:
         checks.append(("Triton", get("triton_version"), triton_version))
     for what, then, now in checks:

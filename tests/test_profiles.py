@@ -197,3 +197,21 @@ def test_a_kernels_profile_hash_covers_only_the_ladders_its_key_uses(tmp_path):
     assert turing.hash_for(["default", "default"]) == turing.hash_for(["default"])
     with pytest.raises(ProfileError, match="no ladder 'absent'"):
         turing.hash_for(["absent"])
+
+
+def test_a_key_on_a_ladder_the_profile_lacks_makes_its_certificates_stale_not_a_crash():
+    # A plugin's key may name a ladder the running profile does not define.
+    import copy
+
+    import planted
+
+    from nbx_tune.kernels import validity
+    from nbx_tune.kernels.spec import KeyDim
+
+    turing, spec = builtin_profiles()["turing"], planted.SPEC
+    prov = {"kernel_source_hash": spec.source_hash, "config_space_hash": spec.config_space_hash,
+            "profile_hash": validity.profile_hash(turing, spec), "device_target": "cuda:75"}
+    assert validity.stale_reason(prov, spec, turing) is None
+    odd = copy.copy(spec)
+    odd.key = (KeyDim("N", "absent"),)
+    assert "profile changed" in validity.stale_reason(prov, odd, turing)
