@@ -390,6 +390,10 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    known = {"--smoke", "--traces", "--seats", "--seed", "--parallel"}
+    if "-h" in args or "--help" in args or any(a.startswith("-") and a not in known for a in args):
+        print(__doc__)
+        sys.exit(0 if ("-h" in args or "--help" in args) else 2)
 
     def opt(name, default):
         return args[args.index(name) + 1] if name in args else default
