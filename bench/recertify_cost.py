@@ -390,10 +390,12 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    known = {"--smoke", "--traces", "--seats", "--seed", "--parallel"}
-    if "-h" in args or "--help" in args or any(a.startswith("-") and a not in known for a in args):
+    if "-h" in args or "--help" in args:
         print(__doc__)
-        sys.exit(0 if ("-h" in args or "--help" in args) else 2)
+        sys.exit(0)
+    unknown = [a for a in args if a.startswith("-") and a not in {"--smoke", "--traces", "--seats", "--seed", "--parallel"}]
+    if unknown:
+        sys.exit(f"bench/recertify_cost.py: unknown option {unknown[0]} (--help lists them)")
 
     def opt(name, default):
         return args[args.index(name) + 1] if name in args else default
