@@ -47,7 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nbx_tune.tuner.strategies import Measured
-from nbx_tune.tuner.strategies.pruned import MIN_K, ROUNDS, SLACK, TOP_K
+from nbx_tune.tuner.strategies.pruned import MIN_K, ROUNDS, turned_rounds, within
 from nbx_tune.tuner.strategies.search import SearchNote
 from nbx_tune.tuner.timing import combine, noise as timing_noise
 
@@ -241,36 +241,24 @@ class Recertify:
         self.rounds = 0  # how many rounds `time_contenders` ran
 
     def time_contenders(self, candidates, measure, rounds: int = ROUNDS, min_rounds: int = MIN_ROUNDS):
-        """A timing strategy (tuner/strategies/): each contender timed for a 1/rounds share of
-        a full timing per round, the order turned by one each round (strategies/pruned.py's
-        rounds, without its quick estimates), until MIN_ROUNDS rounds agree on the first
-        and the old ranking holds on them (`judge`).
-        As there, after the first round only the TOP_K within SLACK of the best go on; the
-        others stay on record with that round's time."""
-        alive, firsts, behind = list(candidates), [], []
-        got: dict = {c: [] for c in alive}
-        for r in range(rounds):
-            k = r % len(alive) if alive else 0
-            this = {}
-            for c in alive[k:] + alive[:k]:
-                t = measure(c, f"round:{rounds}")
-                if t is None:
-                    got.pop(c)  # failed: the tuner has recorded why
-                else:
-                    got[c].append(t)
-                    this[c] = t.median_ms
-            alive = [c for c in alive if c in got]
+        """A timing strategy (tuner/strategies/): strategies/pruned.py's turned rounds without
+        its quick estimates, until MIN_ROUNDS rounds agree on the first and the old ranking
+        holds on them (`judge`). As there, after the first round only the contenders `within`
+        reach of the best go on; the others stay on record with that round's time."""
+        firsts, behind, so_far = [], [], []
+
+        def after(r, this, alive, got):
             self.rounds = r + 1
             if this:
                 firsts.append(min(this, key=this.get))
             if r == 0 and len(alive) > MIN_K:
-                order = sorted(alive, key=this.get)
-                keep = [c for i, c in enumerate(order) if i < MIN_K or this[c] <= this[order[0]] * (1 + SLACK)][:TOP_K]
-                behind += [Measured(c, got.pop(c)[0], False) for c in alive if c not in keep]
+                keep = within(this)
+                behind.extend(Measured(c, got.pop(c)[0], False) for c in alive if c not in keep)
                 alive = [c for c in alive if c in keep]
-            so_far = behind + [Measured(c, combine(ts), True) for c, ts in got.items() if ts]
-            if r + 1 >= min_rounds and len(set(firsts)) <= 1 and judge(self.seed, so_far).holds:
-                break
+            so_far[:] = behind + [Measured(c, combine(ts), True) for c, ts in got.items() if ts]
+            return alive, r + 1 >= min_rounds and len(set(firsts)) <= 1 and judge(self.seed, so_far).holds
+
+        turned_rounds(list(candidates), measure, rounds, after)
         return so_far
 
     def plan(self, candidates):

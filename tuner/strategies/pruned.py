@@ -25,29 +25,47 @@ MIN_K = 2
 ROUNDS = 4
 
 
-def run(candidates, measure, slack: float = SLACK, top_k: int = TOP_K, rounds: int = ROUNDS):
-    quick = []
-    for c in candidates:
-        t = measure(c, "quick")
-        if t is not None:
-            quick.append(Measured(c, t, False))
-    if not quick:
-        return []
-    quick.sort(key=lambda m: m.timing.median_ms)
-    best = quick[0].timing.median_ms
-    contenders = [m for i, m in enumerate(quick)
-                  if i < MIN_K or m.timing.median_ms <= best * (1 + slack)][:top_k]
-    out = [m for m in quick if m not in contenders]
-    alive = [m.config for m in contenders]
+def within(times: dict, slack: float = SLACK, top_k: int = TOP_K) -> list:
+    """The configs of `times` (config -> ms) worth a full timing: the MIN_K fastest and any
+    within `slack` of the fastest, at most `top_k`, fastest first."""
+    order = sorted(times, key=times.get)
+    return [c for i, c in enumerate(order) if i < MIN_K or times[c] <= times[order[0]] * (1 + slack)][:top_k]
+
+
+def turned_rounds(alive: list, measure, rounds: int = ROUNDS, after=None) -> dict:
+    """config -> its timings, one per round: each round times every config still alive for
+    a 1/rounds share of a full timing, the order turned by one each round; a config whose
+    timing fails leaves (the tuner has recorded why). `after(r, this_round, alive, got)`
+    -> (alive, stop), when given, may narrow the configs or stop after each round."""
     got: dict = {c: [] for c in alive}
     for r in range(rounds):
         k = r % len(alive) if alive else 0
+        this = {}
         for c in alive[k:] + alive[:k]:
             t = measure(c, f"round:{rounds}")
             if t is None:
-                got.pop(c)  # failed: the tuner has recorded why; it leaves the next rounds
+                got.pop(c)
             else:
                 got[c].append(t)
+                this[c] = t.median_ms
         alive = [c for c in alive if c in got]
+        if after is not None:
+            alive, stop = after(r, this, alive, got)
+            if stop:
+                break
+    return got
+
+
+def run(candidates, measure, slack: float = SLACK, top_k: int = TOP_K, rounds: int = ROUNDS):
+    quick = {}
+    for c in candidates:
+        t = measure(c, "quick")
+        if t is not None:
+            quick[c] = t
+    if not quick:
+        return []
+    alive = within({c: t.median_ms for c, t in quick.items()}, slack, top_k)
+    out = [Measured(c, t, False) for c, t in sorted(quick.items(), key=lambda ct: ct[1].median_ms) if c not in alive]
+    got = turned_rounds(alive, measure, rounds)
     out += [Measured(c, combine(ts), True) for c, ts in got.items()]
     return out
