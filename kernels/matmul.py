@@ -576,7 +576,7 @@ def launch_matmul(a, b, c, bias, alpha: float, beta: float, config: Config):
         a, b = stage_operands(a, b, vec)
         align_ab = vec
         align_c = vec if rows_aligned(c.shape, c.stride(), vec) else 1
-    if split_k(config) > 1:  # two kernels and a workspace (`launch.empty`): replayed like the rest
+    if split_k(config) > 1:  # a workspace (`launch.empty`) and, unless SUM_LAST, a second kernel: replayed too
         return None, launch_splitk(a, b, c, bias, alpha, beta, config, align_ab), None
     a, b, descs, tma, kmajor = tma_descriptors(a, b, config)
     if schedule(config):
