@@ -12,7 +12,8 @@ serve_models_trace.tsv, and `nbx-tune census` of that trace runs in a child proc
 database of NBX_TUNE_DB (--smoke: a fresh temporary one), stopped with Ctrl-C's effect after
 --census-budget-s (what it certified by then is kept). Then the timing.
 
-Prints one row per variant: wall time per call (ms, the host's launch path included, which
+Variants: torch, torch with serve()'s fusions alone (kernels/fusions.py: transformers' RMS
+norm as torch's F.rms_norm), and serve(). Prints one row per variant: wall time per call (ms, the host's launch path included, which
 is what eager serving costs), torch's time over it (>= 1: serve is as fast), and each
 variant's logits against an fp32 torch run of the same weights (max|out - ref| / max|ref|),
 beside torch's own bf16 error, so serve's error reads against what bf16 costs anyway. Then
@@ -164,12 +165,9 @@ def rel_err(out, ref) -> float:
     return ((out - ref).abs().max() / ref.abs().max()).item()
 
 
-def graphed(fn, serve_on: bool):
-    """fn captured in a CUDA graph (warmed up first on a side stream, as torch advises):
-    a callable replaying it and returning its output tensor."""
-    import nbx_tune
-
-    ctx = nbx_tune.serve if serve_on else _nothing
+def graphed(fn, ctx):
+    """fn captured in a CUDA graph under the context `ctx()` (warmed up first on a side
+    stream, as torch advises): a callable replaying it and returning its output tensor."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s), ctx():
@@ -191,6 +189,23 @@ class _nothing:
         return self
 
     def __exit__(self, *exc):
+        return False
+
+
+class _fused:
+    """torch with serve()'s fusions alone (transformers' RMS norm as torch's F.rms_norm): how
+    much of serve()'s lead is the fusion, which a torch user could also make."""
+
+    def __enter__(self):
+        from nbx_tune.kernels import fusions
+
+        fusions.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        from nbx_tune.kernels import fusions
+
+        fusions.release()
         return False
 
 
@@ -245,7 +260,7 @@ def main():
 
         run = Runner(cfg, model, ids, seq)
         run.fill()
-        from nbx_tune.kernels import certified
+        from nbx_tune.kernels import certified, fusions
         from nbx_tune.tuner.recorder import Recorder
         from nbx_tune.tuner.trace import write_trace
 
@@ -272,24 +287,26 @@ def main():
         with nbx_tune.serve():
             run.prefill()
             run.decode()
-            serving.reset_stats()
-            run.prefill()
-            result["stats"]["prefill"] = serving.stats()
-            serving.reset_stats()
-            run.decode()
-            result["stats"]["decode"] = serving.stats()
+            for phase in ("prefill", "decode"):
+                serving.reset_stats()
+                getattr(run, phase)()
+                result["stats"][phase] = serving.stats()
+                result.setdefault("fused", {})[phase] = fusions.stats()
 
         fns["serve eager"] = {"prefill": run.prefill, "decode": run.decode}
+        fns["torch+fusions eager"] = dict(fns["torch eager"])
         # serve() is entered around a whole timing loop, never around one call: entering
         # installs its overrides (about 1 ms), a cost of a program's start, not of a launch.
-        ctxs = {name: nbx_tune.serve if name == "serve eager" else _nothing for name in
-                ("torch eager", "serve eager", "torch graph", "serve graph")}
+        ctxs = {}
+        for mode in ("eager", "graph"):
+            ctxs.update({f"torch {mode}": _nothing, f"torch+fusions {mode}": _fused,
+                         f"serve {mode}": nbx_tune.serve})
         if device == "cuda":
-            for name, on in (("torch graph", False), ("serve graph", True)):
+            for name in ("torch graph", "torch+fusions graph", "serve graph"):
                 fns[name] = {}
                 for phase in ("prefill", "decode"):
                     try:
-                        fns[name][phase] = graphed(getattr(run, phase), on)
+                        fns[name][phase] = graphed(getattr(run, phase), ctxs[name])
                     except Exception as e:  # a capture that fails is a result, not a crash
                         result["variants"].setdefault(name, {})[f"{phase}_error"] = \
                             f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -315,7 +332,7 @@ def main():
 
     v = result["variants"]
     rows = []
-    for name, d in v.items():
+    for name, d in v.items():  # against plain torch: what the user runs without nbx-tune
         base = "torch graph" if "graph" in name else "torch eager"
         row = [name]
         for phase in ("prefill", "decode"):
@@ -340,7 +357,7 @@ def main():
               f"{sum(uncovered.values())} of ops no kernel covers: "
               + (", ".join(f"{op} {n}" for op, n in sorted(uncovered.items(), key=lambda kv: -kv[1]))
                  or "none"))
-        print(serving.format_stats(st))
+        print(serving.format_stats(st, result["fused"][phase]))
     result["default_launches"] = sum(t["default"] for t in result["totals"].values())
     # The seats those launches missed (a seat the trace planned otherwise: its layout or
     # alignment, which a trace's shapes do not carry, differs at serve time).

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import certified
+from nbx_tune.kernels import certified, fusions
 
 log = logging.getLogger("nbx_tune")
 
@@ -211,7 +211,12 @@ def _uninstall() -> None:
 
 class serve(contextlib.ContextDecorator):
     """Run the body's aten ops on the certified kernels (a context manager and a decorator).
-    Nested and repeated uses share one set of overrides; the last to leave removes them."""
+    Nested and repeated uses share one set of overrides; the last to leave removes them.
+    With `fuse` (default: on unless NBX_TUNE_FUSE=0) model code that is a known pattern of
+    several ops runs as the one op a kernel serves (`fusions.py`: transformers' RMS norm)."""
+
+    def __init__(self, fuse: bool | None = None):
+        self.fuse = fusions.enabled_by_default() if fuse is None else fuse
 
     def __enter__(self):
         global _active
@@ -219,10 +224,14 @@ class serve(contextlib.ContextDecorator):
             if _active == 0:
                 _install()
             _active += 1
+        if self.fuse:
+            fusions.acquire()
         return self
 
     def __exit__(self, *exc):
         global _active
+        if self.fuse:
+            fusions.release()
         with _lock:
             _active -= 1
             if _active == 0:
@@ -246,15 +255,18 @@ def stats() -> dict:
 
 
 def reset_stats() -> None:
-    """Zero the counts (in place: installed kernels keep their OpStats)."""
+    """Zero the counts (in place: installed kernels keep their OpStats), fusions' too."""
     for s in _stats.values():
         s.certified = s.default = 0
         s.torch.clear()
+    fusions.reset_stats()
 
 
-def format_stats(data: dict | None = None) -> str:
-    """The stats as a short text table (what `nbx-tune run` prints at exit)."""
-    data = stats() if data is None else data
+def format_stats(data: dict | None = None, fused: dict | None = None) -> str:
+    """The stats as a short text table (what `nbx-tune run` prints at exit); with `data` (a
+    `stats()` taken earlier), `fused` is the `fusions.stats()` taken with it."""
+    if data is None:
+        data, fused = stats(), fusions.stats()
     if not data:
         return "nbx-tune serve: no launch of a served op"
     width = max(len(op) for op in data)
@@ -265,4 +277,6 @@ def format_stats(data: dict | None = None) -> str:
         lines.append(f"{op:<{width}}  {s['certified']:>9}  {s['default']:>7}  {s['torch']:>5}  {why}")
         tot.update(certified=s["certified"], default=s["default"], torch=s["torch"])
     lines.append(f"{'total':<{width}}  {tot['certified']:>9}  {tot['default']:>7}  {tot['torch']:>5}")
+    if fused:
+        lines.append("fused: " + ", ".join(f"{name} ({n} calls)" for name, n in fused.items()))
     return "\n".join(lines)

@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, autograd_would_have_
 from torch.utils._pytree import tree_leaves
 
 from nbx_tune.errors import TraceError
+from nbx_tune.kernels import fusions
 from nbx_tune.tuner.trace import Params, TraceRow, read_trace, write_trace
 
 # Ops that compute nothing and move no data, beyond what `OpOverload.is_view` and the
@@ -168,12 +169,17 @@ class Recorder:
     `with Recorder() as rec: model(x)`, then `rec.rows`, or `rec.write(path)`.
     """
 
-    def __init__(self):
+    def __init__(self, fuse: bool | None = None):
         self._counts: dict[_Key, int] = {}  # insertion order: first launch first
         self._paused = 0
         self._modes = contextlib.ExitStack()
+        # The fusions serve() makes (kernels/fusions.py), so the trace holds the ops it serves.
+        self.fuse = fusions.enabled_by_default() if fuse is None else fuse
 
     def __enter__(self) -> "Recorder":
+        if self.fuse:
+            fusions.acquire()
+            self._modes.callback(fusions.release)
         self._modes.enter_context(_WholeOps(self))
         self._modes.enter_context(_Dispatches(self))
         return self
@@ -247,10 +253,12 @@ def _entry_points(op: torch._ops.OpOverloadPacket, *functions) -> dict:
 
 # Composite ops that pick a device backend inside (SDPA: flash or efficient attention on
 # CUDA, flash_for_cpu on the CPU, the math decomposition on meta; batch_norm: cudnn for
-# float32 on CUDA), by every function that enters them.
+# float32 on CUDA; rms_norm: _fused_rms_norm on CUDA, its decomposition elsewhere), by
+# every function that enters them.
 _WHOLE = {
     **_entry_points(torch.ops.aten.scaled_dot_product_attention, F.scaled_dot_product_attention),
     **_entry_points(torch.ops.aten.batch_norm, F.batch_norm),
+    **_entry_points(torch.ops.aten.rms_norm, F.rms_norm, torch.rms_norm),
 }
 
 
@@ -326,10 +334,11 @@ def check_writable(path: str | Path) -> None:
 
 
 @contextlib.contextmanager
-def record(path: str | Path, comments: Iterable[str] = ()) -> Iterator[Recorder]:
-    """Record the body's ops; write `path` when the body exits cleanly, nothing if it raises."""
+def record(path: str | Path, comments: Iterable[str] = (), fuse: bool | None = None) -> Iterator[Recorder]:
+    """Record the body's ops; write `path` when the body exits cleanly, nothing if it raises.
+    `fuse` as serve()'s: the trace holds the ops serve() will run."""
     check_writable(path)
-    with Recorder() as rec:
+    with Recorder(fuse) as rec:
         yield rec
     rec.write(path, comments)
 

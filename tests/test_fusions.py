@@ -1,0 +1,198 @@
+"""Fusions (kernels/fusions.py): model code that is exactly a known pattern runs as one op
+while serve() or the recorder is active, and only then; a variant is never swapped."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+
+import pytest
+import torch
+from torch import nn
+
+import nbx_tune
+from nbx_tune.kernels import fusions
+from nbx_tune.kernels import serve as serving
+from nbx_tune.tuner.recorder import Recorder
+
+
+class PatternNorm(nn.Module):
+    """transformers' LlamaRMSNorm, written as a model library writes it."""
+
+    def __init__(self, hidden_size, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        "A docstring and annotations the pattern does not have."
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)  # a comment
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+PATTERN_FORWARD = PatternNorm.forward  # as defined, before any fusion context
+
+
+class OnePlusWeightNorm(PatternNorm):
+    """Gemma's variant: scales by (1 + weight). Same names, other arithmetic."""
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return (1.0 + self.weight) * hidden_states.to(input_dtype)
+
+
+class EpsOutsideNorm(PatternNorm):
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance) + self.variance_epsilon
+        return self.weight * hidden_states.to(input_dtype)
+
+
+@pytest.fixture
+def fused():
+    fusions.reset_stats()
+    fusions.acquire()
+    try:
+        yield
+    finally:
+        fusions.release()
+
+
+def _norm(cls=PatternNorm, n=24, dtype=torch.float32):
+    torch.manual_seed(0)
+    m = cls(n).to(dtype)
+    with torch.no_grad():
+        m.weight.copy_(torch.randn(n))
+    return m
+
+
+def test_the_pattern_is_swapped_inside_and_restored_after(fused):
+    m = _norm()
+    x = torch.randn(3, 5, 24)
+    assert type(m).forward.__wrapped__ is PATTERN_FORWARD
+    y = m(x)
+    assert fusions.stats() == {"rms_norm": 1}
+    assert f"{__name__}.PatternNorm.forward" in fusions.swapped()
+    fusions.release()
+    try:
+        assert type(m).forward is PATTERN_FORWARD
+        ref = m(x)
+    finally:
+        fusions.acquire()  # the fixture releases once more
+    torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-6)
+    assert fusions.stats() == {"rms_norm": 1}
+
+
+@pytest.mark.parametrize("cls", [OnePlusWeightNorm, EpsOutsideNorm])
+def test_a_variant_is_never_swapped(fused, cls):
+    assert "__wrapped__" not in vars(cls.forward)
+    assert not any(name.endswith(f".{cls.__qualname__}.forward") for name in fusions.swapped())
+    m = _norm(cls)
+    m(torch.randn(2, 24))
+    assert fusions.stats() == {}
+
+
+def test_torch_bound_to_something_else_is_not_the_pattern(tmp_path, monkeypatch):
+    assert fusions.matches(PATTERN_FORWARD, fusions.RMS_NORM)
+    (tmp_path / "other_torch.py").write_text("import torch.nn as torch\n" + fusions.RMS_NORM.source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import other_torch
+
+    assert not fusions.matches(other_torch.forward, fusions.RMS_NORM)
+    namespace = {"torch": torch}  # the very pattern, but no source to read: never swapped
+    exec(compile(fusions.RMS_NORM.source, "<no file>", "exec"), namespace)
+    assert not fusions.matches(namespace["forward"], fusions.RMS_NORM)
+
+
+def test_a_class_defined_while_active_is_swapped_and_the_hook_leaves_after():
+    assert "__init_subclass__" not in vars(nn.Module)
+    fusions.acquire()
+    try:
+        assert "__init_subclass__" in vars(nn.Module)
+
+        class LateNorm(nn.Module):
+            forward = PATTERN_FORWARD
+
+        class LateOther(nn.Module):
+            def forward(self, x):
+                return x
+
+        assert vars(LateNorm)["forward"].__wrapped__ is PATTERN_FORWARD
+        assert not hasattr(vars(LateOther)["forward"], "__wrapped__")
+    finally:
+        fusions.release()
+    assert "__init_subclass__" not in vars(nn.Module)
+    assert vars(LateNorm)["forward"] is PATTERN_FORWARD
+
+
+def test_a_weight_in_another_dtype_keeps_the_patterns_promotion(fused):
+    m = _norm()  # float32 weight
+    x = torch.randn(4, 24).to(torch.float16)
+    y = m(x)
+    assert y.dtype == torch.float32  # weight (fp32) * normalized (fp16): the pattern's dtype
+    assert fusions.stats() == {}
+
+
+def test_serve_and_the_recorder_fuse_by_default_and_not_when_turned_off(monkeypatch):
+    m = _norm()
+    x = torch.randn(3, 24)
+
+    def recorded(**kw):
+        with torch.inference_mode(), Recorder(**kw) as rec:
+            m(x)
+        return Counter(r.op for r in rec.rows for _ in range(r.count))
+
+    assert recorded() == {"aten.rms_norm": 1}
+    unfused = recorded(fuse=False)
+    assert unfused["aten.rms_norm"] == 0 and unfused["aten.rsqrt"] == 1 and sum(unfused.values()) >= 6
+    monkeypatch.setenv(fusions.ENV_FUSE, "0")
+    assert recorded() == unfused
+    assert serving.serve().fuse is False and serving.serve(fuse=True).fuse is True
+
+
+def test_the_recorder_writes_the_one_op_on_the_meta_device():
+    with torch.device("meta"):
+        m = PatternNorm(4096).to(torch.bfloat16)
+        x = torch.empty(1, 7, 4096, dtype=torch.bfloat16)
+    with torch.inference_mode(), Recorder() as rec:
+        m(x)
+    (row,) = rec.rows
+    assert (row.op, row.dtypes, row.shapes) == ("aten.rms_norm", ("bfloat16", "bfloat16"), ((1, 7, 4096), (4096,)))
+    assert dict(row.params)["eps"] == "1e-06"
+
+
+def test_under_serve_the_norm_is_one_served_launch():
+    m = _norm(n=40)
+    x = torch.randn(3, 7, 40)
+    with torch.inference_mode():
+        ref = m(x)
+        serving.reset_stats()
+        with nbx_tune.serve():
+            y = m(x)
+        st = serving.stats()
+    assert set(st) == {"aten.rms_norm"}, st
+    assert st["aten.rms_norm"]["certified"] + st["aten.rms_norm"]["default"] == 1
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    assert "fused: rms_norm (1 calls)" in serving.format_stats()
+
+
+def test_transformers_norms_copied_from_llama_are_swapped_and_gemmas_is_not(fused, monkeypatch):
+    pytest.importorskip("transformers")
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[1])
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", root)])
+    import importlib
+
+    wanted = {"llama": "LlamaRMSNorm", "qwen2": "Qwen2RMSNorm", "mistral": "MistralRMSNorm",
+              "gemma": "GemmaRMSNorm"}
+    for model, cls in wanted.items():
+        module = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
+        swapped = hasattr(vars(getattr(module, cls))["forward"], "__wrapped__")
+        assert swapped == (model != "gemma"), cls
