@@ -196,3 +196,23 @@ def test_transformers_norms_copied_from_llama_are_swapped_and_gemmas_is_not(fuse
         module = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
         swapped = hasattr(vars(getattr(module, cls))["forward"], "__wrapped__")
         assert swapped == (model != "gemma"), cls
+
+
+def test_nbx_tune_run_fuses_a_class_the_program_defines(tmp_path):
+    """`nbx-tune run` enters serve() before the program imports its model code: the class is
+    checked when created, and its norm is one served aten.rms_norm."""
+    import inspect
+    import json
+
+    from nbx_tune.tuner.serve_main import run_command
+
+    script = tmp_path / "prog.py"
+    script.write_text("import torch\nfrom torch import nn\n\n\n"
+                      + inspect.getsource(PatternNorm)
+                      + "\n\nwith torch.inference_mode():\n"
+                        "    PatternNorm(40)(torch.randn(3, 40))\n")
+    stats = tmp_path / "stats.json"
+    assert run_command([sys.executable, str(script)], stats) == 0
+    data = json.loads(stats.read_text())
+    assert set(data) == {"aten.ones", "aten.rms_norm"}, data  # the weight's init, the norm
+    assert data["aten.rms_norm"]["certified"] + data["aten.rms_norm"]["default"] == 1
