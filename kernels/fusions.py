@@ -118,8 +118,8 @@ def matches(fn, fusion: Fusion) -> bool:
         return False  # cheap first: most forwards differ here
     try:
         source = inspect.getsource(fn)
-    except (OSError, TypeError):
-        return False  # no source to read: never swapped unseen
+    except Exception:  # no source to read (OSError, TypeError, a stale line cache): never swapped unseen
+        return False
     return shape_of(source) == fusion.shape
 
 
@@ -147,7 +147,7 @@ def _consider(cls: type) -> None:
 def _subclasses(root: type):
     seen, stack = set(), [root]
     while stack:
-        for sub in stack.pop().__subclasses__():
+        for sub in type.__subclasses__(stack.pop()):
             if sub not in seen:
                 seen.add(sub)
                 stack.append(sub)
