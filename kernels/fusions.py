@@ -3,16 +3,19 @@
 transformers' Llama computes an RMS norm in eight launches (a cast, pow, mean, add,
 rsqrt, mul, a cast back, mul by the weight); `F.rms_norm` is one, which serve() runs on the
 RMS-norm kernel. While a fusion context is active (serve() and the trace recorder enter
-one), a module class whose `forward` is, in compiled code, exactly a known pattern gets a
-forward that calls the one op instead; leaving restores the original.
+one), code that is exactly a known pattern is swapped for code that calls the one op: a
+module class's `forward`, or a function a model module calls by its global name. Leaving
+restores the original.
 
-The match is on the syntax tree of the forward's source against the pattern's (decorators,
-annotations, docstrings and layout aside), and on `torch` meaning torch, so a variant is
-never swapped: Gemma's RMS norm scales by (1 + weight) and does not match.
-Classes defined while a context is active (a program importing transformers under
-`nbx-tune run` or `trace`) are checked as they are created (`nn.Module.__init_subclass__`).
-The swapped forward falls back to the original wherever the one op would not give the
-pattern's result dtype. `NBX_TUNE_FUSE=0` turns fusions off for serve() and the recorder.
+The match is on the syntax tree of the source against the pattern's (decorators,
+annotations, docstrings and layout aside), on what the global names it uses are bound to
+(`torch` is torch), and on the helpers it calls being their patterns too, so a variant is
+never swapped: Gemma's RMS norm scales by (1 + weight) and does not match. Classes (and the
+functions of their module) defined while a context is active, as a program importing
+transformers under `nbx-tune run` or `trace` defines them, are checked as the classes are
+created (`nn.Module.__init_subclass__`). A swapped forward falls back to the original
+wherever the one op would not give the pattern's result (another dtype, another layout).
+`NBX_TUNE_FUSE=0` turns fusions off for serve() and the recorder.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ from __future__ import annotations
 import ast
 import inspect
 import os
+import sys
 import textwrap
 import threading
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
-from types import CodeType, FunctionType
+from types import CodeType, FunctionType, ModuleType
 from typing import Callable
 
 import torch
@@ -33,57 +37,13 @@ import torch.nn.functional as F
 
 ENV_FUSE = "NBX_TUNE_FUSE"
 
+# What a pattern's global names must be bound to in the model's module.
+_GLOBALS = {"torch": torch, "nn": torch.nn, "F": F}
+
 
 def enabled_by_default() -> bool:
     """Fusions are on unless NBX_TUNE_FUSE is 0, false, no or off."""
     return os.environ.get(ENV_FUSE, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-@dataclass(frozen=True)
-class Fusion:
-    name: str       # how the stats name it
-    op: str         # the op the pattern becomes
-    source: str     # the pattern: a `forward` as the model library writes it
-    make: Callable[[Callable], Callable]  # the original forward -> the fused one
-
-    @cached_property
-    def code(self) -> CodeType:
-        """The pattern compiled, for a cheap first test of names."""
-        namespace: dict = {"torch": torch}
-        exec(compile(self.source, f"<nbx_tune fusion {self.name}>", "exec", dont_inherit=True), namespace)
-        return namespace["forward"].__code__
-
-    @cached_property
-    def shape(self) -> str | None:
-        return shape_of(self.source)
-
-
-_calls: Counter = Counter()  # fusion name -> calls that ran the one op
-
-
-def _rms_norm(original: Callable) -> Callable:
-    def forward(self, hidden_states):
-        weight = self.weight
-        if hidden_states.dtype != weight.dtype or weight.dim() != 1:
-            return original(self, hidden_states)  # the pattern promotes to the weight's dtype
-        _calls["rms_norm"] += 1
-        return F.rms_norm(hidden_states, weight.shape, weight, self.variance_epsilon)
-
-    return forward
-
-
-# transformers' LlamaRMSNorm.forward, shared by the models whose norm is "copied from" it
-# (Qwen2, Mistral, ...): the norm in float32, cast back, then scaled in the input's dtype.
-RMS_NORM = Fusion("rms_norm", "aten.rms_norm", '''
-def forward(self, hidden_states):
-    input_dtype = hidden_states.dtype
-    hidden_states = hidden_states.to(torch.float32)
-    variance = hidden_states.pow(2).mean(-1, keepdim=True)
-    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-    return self.weight * hidden_states.to(input_dtype)
-''', _rms_norm)
-
-FUSIONS: tuple[Fusion, ...] = (RMS_NORM,)
 
 
 def shape_of(source: str) -> str | None:
@@ -107,41 +67,135 @@ def shape_of(source: str) -> str | None:
     return ast.dump(node)
 
 
-def matches(fn, fusion: Fusion) -> bool:
-    """`fn` is the fusion's pattern: the same syntax, `torch` meaning torch. Compiled code
-    would be a cheaper test, but the compiler's choices differ between builds of one Python."""
-    if not isinstance(fn, FunctionType) or fn.__globals__.get("torch") is not torch:
-        return False
-    ref = fusion.code
-    code = fn.__code__
-    if (code.co_names, code.co_varnames, code.co_argcount) != (ref.co_names, ref.co_varnames, ref.co_argcount):
-        return False  # cheap first: most forwards differ here
-    try:
-        source = inspect.getsource(fn)
-    except Exception:  # no source to read (OSError, TypeError, a stale line cache): never swapped unseen
-        return False
-    return shape_of(source) == fusion.shape
+@dataclass(frozen=True)
+class Pattern:
+    """A function as the model library writes it; `helpers` are the module-level functions
+    it calls, which must be their own patterns in the model's module."""
+
+    source: str
+    helpers: tuple[tuple[str, "Pattern"], ...] = ()
+
+    @cached_property
+    def code(self) -> CodeType:
+        """The pattern compiled, for a cheap first test of names."""
+        namespace = dict(_GLOBALS)
+        exec(compile(self.source, "<nbx_tune pattern>", "exec", dont_inherit=True), namespace)
+        return next(v for k, v in namespace.items() if k not in _GLOBALS and k != "__builtins__").__code__
+
+    @cached_property
+    def shape(self) -> str | None:
+        return shape_of(self.source)
+
+    def matches(self, fn) -> bool:
+        """`fn` is this pattern. Compiled code would be a cheaper test, but the compiler's
+        choices differ between builds of one Python: the source decides."""
+        if not isinstance(fn, FunctionType):
+            return False
+        ref, code = self.code, fn.__code__
+        if (code.co_names, code.co_varnames, code.co_argcount) != (ref.co_names, ref.co_varnames, ref.co_argcount):
+            return False  # cheap first: most functions differ here
+        if any(fn.__globals__.get(n, _GLOBALS[n]) is not _GLOBALS[n] for n in code.co_names if n in _GLOBALS):
+            return False
+        try:
+            source = inspect.getsource(fn)
+        except Exception:  # no source to read (OSError, TypeError, a stale line cache): never swapped unseen
+            return False
+        if shape_of(source) != self.shape:
+            return False
+        return all(helper.matches(fn.__globals__.get(name)) for name, helper in self.helpers)
+
+
+@dataclass(frozen=True)
+class Fusion:
+    name: str       # how the stats name it
+    op: str         # the op the pattern becomes
+    pattern: Pattern
+    make: Callable[[Callable], Callable]  # the original -> the fused code
+    function: str | None = None  # a module-level function's name; None: a class's forward
+
+
+_calls: Counter = Counter()  # fusion name -> calls that ran the one op
+
+
+def _rms_norm(original: Callable) -> Callable:
+    def forward(self, hidden_states):
+        weight = self.weight
+        if hidden_states.dtype != weight.dtype or weight.dim() != 1:
+            return original(self, hidden_states)  # the pattern promotes to the weight's dtype
+        _calls["rms_norm"] += 1
+        return F.rms_norm(hidden_states, weight.shape, weight, self.variance_epsilon)
+
+    return forward
+
+
+# transformers' LlamaRMSNorm.forward, shared by the models whose norm is "copied from" it
+# (Qwen2, Mistral, ...): the norm in float32, cast back, then scaled in the input's dtype.
+RMS_NORM = Fusion("rms_norm", "aten.rms_norm", Pattern('''
+def forward(self, hidden_states):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return self.weight * hidden_states.to(input_dtype)
+'''), _rms_norm)
+
+FUSIONS: tuple[Fusion, ...] = (RMS_NORM,)
+
+
+def underlying(obj, name: str):
+    """The function behind a module-level name: itself, or the one a wrapper module calls
+    (transformers wraps functions such as apply_rotary_pos_emb in an nn.Module that a
+    kernel hub may replace; its forward calls the function it closes over)."""
+    if isinstance(obj, FunctionType):
+        return obj
+    if isinstance(obj, torch.nn.Module):
+        forward = type(obj).__dict__.get("forward")
+        for cell in getattr(forward, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if isinstance(value, FunctionType) and value.__name__ == name:
+                return value
+    return None
 
 
 _lock = threading.RLock()
 _active = 0
-_swapped: dict[type, tuple[Callable, Callable, Fusion]] = {}  # class -> (original, fused, fusion)
+# (class or module, attribute) -> (original, fused, fusion)
+_swapped: dict[tuple[object, str], tuple[object, Callable, Fusion]] = {}
 _hook_saved = None
 
 
-def _consider(cls: type) -> None:
+def _swap(owner, attr: str, original, fused: Callable, fusion: Fusion, where: str) -> None:
+    fused.__qualname__ = where
+    fused.__doc__ = f"{where} fused into {fusion.op} by nbx-tune."
+    fused.__wrapped__ = original
+    setattr(owner, attr, fused)
+    _swapped[(owner, attr)] = (original, fused, fusion)
+
+
+def _consider_class(cls: type) -> None:
     fn = cls.__dict__.get("forward")
-    if fn is None or cls in _swapped:
+    if fn is None or (cls, "forward") in _swapped:
         return
     for fusion in FUSIONS:
-        if matches(fn, fusion):
-            fused = fusion.make(fn)
-            fused.__qualname__ = f"{cls.__qualname__}.forward"
-            fused.__doc__ = f"{cls.__qualname__}.forward fused into {fusion.op} by nbx-tune."
-            fused.__wrapped__ = fn
-            setattr(cls, "forward", fused)
-            _swapped[cls] = (fn, fused, fusion)
+        if fusion.function is None and fusion.pattern.matches(fn):
+            _swap(cls, "forward", fn, fusion.make(fn), fusion, f"{cls.__qualname__}.forward")
             return
+
+
+def _consider_module(module) -> None:
+    namespace = getattr(module, "__dict__", None)
+    if not isinstance(module, ModuleType) or not isinstance(namespace, dict):
+        return
+    for fusion in FUSIONS:
+        name = fusion.function
+        if name is None or (module, name) in _swapped or name not in namespace:
+            continue
+        original = namespace[name]
+        if fusion.pattern.matches(underlying(original, name)):
+            _swap(module, name, original, fusion.make(original), fusion, name)
 
 
 def _subclasses(root: type):
@@ -158,11 +212,12 @@ def _init_subclass(cls, **kwargs):
     super(torch.nn.Module, cls).__init_subclass__(**kwargs)
     with _lock:
         if _active:
-            _consider(cls)
+            _consider_class(cls)
+            _consider_module(sys.modules.get(cls.__module__))  # its module's functions so far
 
 
 def acquire() -> None:
-    """Swap every matching module class loaded now, and those defined until `release`."""
+    """Swap every matching class and function loaded now, and those defined until `release`."""
     global _active, _hook_saved
     with _lock:
         _active += 1
@@ -171,11 +226,14 @@ def acquire() -> None:
         _hook_saved = torch.nn.Module.__dict__.get("__init_subclass__")
         torch.nn.Module.__init_subclass__ = classmethod(_init_subclass)
         for cls in list(_subclasses(torch.nn.Module)):
-            _consider(cls)
+            _consider_class(cls)
+        if any(f.function for f in FUSIONS):
+            for module in list(sys.modules.values()):
+                _consider_module(module)
 
 
 def release() -> None:
-    """The last release gives every swapped class its own forward back."""
+    """The last release gives every swapped class and module its own code back."""
     global _active, _hook_saved
     with _lock:
         _active -= 1
@@ -186,17 +244,20 @@ def release() -> None:
         else:
             torch.nn.Module.__init_subclass__ = _hook_saved
         _hook_saved = None
-        for cls, (original, fused, _) in _swapped.items():
-            if cls.__dict__.get("forward") is fused:  # unless someone replaced it since
-                setattr(cls, "forward", original)
+        for (owner, attr), (original, fused, _) in _swapped.items():
+            if getattr(owner, "__dict__", {}).get(attr) is fused:  # unless someone replaced it since
+                setattr(owner, attr, original)
         _swapped.clear()
 
 
 def swapped() -> dict[str, str]:
-    """`module.Class.forward` -> the op it now calls, for the classes swapped now."""
+    """`module.Class.forward` or `module.function` -> the op it now calls, swapped now."""
     with _lock:
-        return {f"{cls.__module__}.{cls.__qualname__}.forward": fusion.op
-                for cls, (_, _, fusion) in _swapped.items()}
+        out = {}
+        for (owner, attr), (_, _, fusion) in _swapped.items():
+            where = f"{owner.__module__}.{owner.__qualname__}" if isinstance(owner, type) else owner.__name__
+            out[f"{where}.{attr}"] = fusion.op
+        return out
 
 
 def stats() -> dict[str, int]:

@@ -101,15 +101,15 @@ def test_a_variant_is_never_swapped(fused, cls):
 
 
 def test_torch_bound_to_something_else_is_not_the_pattern(tmp_path, monkeypatch):
-    assert fusions.matches(PATTERN_FORWARD, fusions.RMS_NORM)
-    (tmp_path / "other_torch.py").write_text("import torch.nn as torch\n" + fusions.RMS_NORM.source)
+    assert fusions.RMS_NORM.pattern.matches(PATTERN_FORWARD)
+    (tmp_path / "other_torch.py").write_text("import torch.nn as torch\n" + fusions.RMS_NORM.pattern.source)
     monkeypatch.syspath_prepend(str(tmp_path))
     import other_torch
 
-    assert not fusions.matches(other_torch.forward, fusions.RMS_NORM)
+    assert not fusions.RMS_NORM.pattern.matches(other_torch.forward)
     namespace = {"torch": torch}  # the very pattern, but no source to read: never swapped
-    exec(compile(fusions.RMS_NORM.source, "<no file>", "exec"), namespace)
-    assert not fusions.matches(namespace["forward"], fusions.RMS_NORM)
+    exec(compile(fusions.RMS_NORM.pattern.source, "<no file>", "exec"), namespace)
+    assert not fusions.RMS_NORM.pattern.matches(namespace["forward"])
 
 
 def test_a_class_defined_while_active_is_swapped_and_the_hook_leaves_after():
@@ -216,3 +216,107 @@ def test_nbx_tune_run_fuses_a_class_the_program_defines(tmp_path):
     data = json.loads(stats.read_text())
     assert set(data) == {"aten.ones", "aten.rms_norm"}, data  # the weight's init, the norm
     assert data["aten.rms_norm"]["certified"] + data["aten.rms_norm"]["default"] == 1
+
+
+# A function target, as transformers' apply_rotary_pos_emb is: a module-level function
+# that calls a module-level helper, and which a kernel hub may wrap in an nn.Module.
+_HALF = fusions.Pattern('''
+def halve(x):
+    return x * 0.5
+''')
+_TWICE_HALF = fusions.Pattern('''
+def twice_half(a, b):
+    return halve(a), halve(b)
+''', helpers=(("halve", _HALF),))
+
+MODEL_MODULE = '''
+import torch
+from torch import nn
+
+
+def halve(x):
+    return x * 0.5
+
+
+def twice_half(a, b):
+    """Both halved."""
+    return halve(a), halve(b)
+
+
+class Layer(nn.Module):  # a class: its creation, while a context is active, checks the module
+    pass
+
+
+def wrap(func):  # a kernel hub's wrapper: a module whose forward calls the function
+    class Func(nn.Module):
+        def forward(self, *args):
+            return func(*args)
+    return Func()
+
+
+wrapped_twice_half = wrap(twice_half)
+'''
+
+
+@pytest.fixture
+def function_fusion(monkeypatch):
+    def make(original):
+        def fused(a, b):
+            fusions._calls["twice_half"] += 1
+            return original(a, b)
+        return fused
+
+    fusion = fusions.Fusion("twice_half", "aten.mul.Tensor", _TWICE_HALF, make, function="twice_half")
+    monkeypatch.setattr(fusions, "FUSIONS", (*fusions.FUSIONS, fusion))
+    fusions.reset_stats()
+    return fusion
+
+
+def _model_module(tmp_path, monkeypatch, name, source=MODEL_MODULE):
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    return importlib.import_module(name)
+
+
+def test_a_module_function_is_swapped_and_restored(tmp_path, monkeypatch, function_fusion):
+    mod = _model_module(tmp_path, monkeypatch, "model_fn_a")
+    original = mod.twice_half
+    fusions.acquire()
+    try:
+        assert mod.twice_half is not original and mod.twice_half.__wrapped__ is original
+        assert fusions.swapped()["model_fn_a.twice_half"] == "aten.mul.Tensor"
+        mod.twice_half(torch.ones(2), torch.ones(3))
+        assert fusions.stats() == {"twice_half": 1}
+    finally:
+        fusions.release()
+    assert mod.twice_half is original
+
+
+def test_a_function_whose_helper_differs_is_not_swapped(tmp_path, monkeypatch, function_fusion):
+    mod = _model_module(tmp_path, monkeypatch, "model_fn_b",
+                        MODEL_MODULE.replace("return x * 0.5", "return x * 0.25"))
+    fusions.acquire()
+    try:
+        assert "__wrapped__" not in vars(mod.twice_half)
+    finally:
+        fusions.release()
+
+
+def test_a_hub_wrapped_function_is_judged_by_the_function_it_wraps(tmp_path, monkeypatch):
+    mod = _model_module(tmp_path, monkeypatch, "model_fn_d")
+    assert fusions.underlying(mod.twice_half, "twice_half") is mod.twice_half
+    assert fusions.underlying(mod.wrapped_twice_half, "twice_half") is mod.twice_half
+    assert fusions.underlying(mod.wrapped_twice_half, "halve") is None
+    assert _TWICE_HALF.matches(fusions.underlying(mod.wrapped_twice_half, "twice_half"))
+
+
+def test_a_module_imported_while_active_gets_its_functions_swapped(tmp_path, monkeypatch, function_fusion):
+    fusions.acquire()
+    try:
+        mod = _model_module(tmp_path, monkeypatch, "model_fn_c")  # its Layer class triggers the check
+        assert mod.twice_half.__wrapped__.__name__ == "twice_half"
+    finally:
+        fusions.release()
+    assert "__wrapped__" not in vars(mod.twice_half)
