@@ -167,7 +167,12 @@ _swapped: dict[tuple[object, str], tuple[object, Callable, Fusion]] = {}
 _hook_saved = None
 
 
-def _swap(owner, attr: str, original, fused: Callable, fusion: Fusion, where: str) -> None:
+def _swap(owner, attr: str, original, one_op: Callable, fusion: Fusion, where: str) -> None:
+    def fused(*args, **kwargs):
+        # A reference taken while swapped (`from m import f` in a module imported then)
+        # outlives the context: outside one it is the original again.
+        return (one_op if _active else original)(*args, **kwargs)
+
     fused.__qualname__ = where
     fused.__doc__ = f"{where} fused into {fusion.op} by nbx-tune."
     fused.__wrapped__ = original

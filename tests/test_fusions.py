@@ -317,6 +317,11 @@ def test_a_module_imported_while_active_gets_its_functions_swapped(tmp_path, mon
     try:
         mod = _model_module(tmp_path, monkeypatch, "model_fn_c")  # its Layer class triggers the check
         assert mod.twice_half.__wrapped__.__name__ == "twice_half"
+        kept = mod.twice_half  # as a module importing it by name keeps it
+        assert mod.wrapped_twice_half(torch.ones(1), torch.ones(1)) and fusions.stats() == {"twice_half": 1}
     finally:
         fusions.release()
     assert "__wrapped__" not in vars(mod.twice_half)
+    kept(torch.ones(1), torch.ones(1))  # outside the context: the original runs
+    mod.wrapped_twice_half(torch.ones(1), torch.ones(1))
+    assert fusions.stats() == {"twice_half": 1}
