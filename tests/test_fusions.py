@@ -325,3 +325,17 @@ def test_a_module_imported_while_active_gets_its_functions_swapped(tmp_path, mon
     kept(torch.ones(1), torch.ones(1))  # outside the context: the original runs
     mod.wrapped_twice_half(torch.ones(1), torch.ones(1))
     assert fusions.stats() == {"twice_half": 1}
+
+
+def test_a_trace_says_which_fusions_it_was_recorded_with(tmp_path):
+    from nbx_tune.tuner.recorder import record
+
+    m = _norm()
+    for fuse, note in ((True, "# fusions: rms_norm x2 (kernels/fusions.py)"),
+                       (False, "# fusions: off (the model's own ops, as torch runs them)")):
+        path = tmp_path / f"{fuse}.tsv"
+        with torch.inference_mode(), record(path, ["a comment"], fuse=fuse):
+            m(torch.randn(2, 24))
+            m(torch.randn(3, 24))
+        lines = path.read_text().splitlines()
+        assert lines[1:3] == ["# a comment", note], lines[:4]

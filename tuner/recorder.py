@@ -175,17 +175,33 @@ class Recorder:
         self._modes = contextlib.ExitStack()
         # The fusions serve() makes (kernels/fusions.py), so the trace holds the ops it serves.
         self.fuse = fusions.enabled_by_default() if fuse is None else fuse
+        self.fused: dict[str, int] = {}  # fusion -> calls swapped in while recording
 
     def __enter__(self) -> "Recorder":
         if self.fuse:
             fusions.acquire()
             self._modes.callback(fusions.release)
+            before = fusions.stats()
+            self._modes.callback(lambda: self._fused_since(before))
         self._modes.enter_context(_WholeOps(self))
         self._modes.enter_context(_Dispatches(self))
         return self
 
     def __exit__(self, *exc) -> None:
         self._modes.close()
+
+    def _fused_since(self, before: dict) -> None:
+        self.fused = {k: n - before.get(k, 0) for k, n in fusions.stats().items() if n > before.get(k, 0)}
+
+    @property
+    def fusion_note(self) -> str:
+        """The trace's comment on fusions: a trace recorded with them holds the ops serve()
+        runs with them, one without holds torch's."""
+        if not self.fuse:
+            return "fusions: off (the model's own ops, as torch runs them)"
+        if not self.fused:
+            return "fusions: on, none applied"
+        return "fusions: " + ", ".join(f"{k} x{n}" for k, n in self.fused.items()) + " (kernels/fusions.py)"
 
     def count(self, key: _Key) -> None:
         self._counts[key] = self._counts.get(key, 0) + 1
@@ -212,7 +228,7 @@ class Recorder:
         return sum(self._counts.values())
 
     def write(self, path: str | Path, comments: Iterable[str] = ()) -> None:
-        write_trace(path, self.rows, comments)
+        write_trace(path, self.rows, [*comments, self.fusion_note])
 
 
 class _Dispatches(TorchDispatchMode):
