@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import math
 import os
 import sys
 import textwrap
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 ENV_FUSE = "NBX_TUNE_FUSE"
 
 # What a pattern's global names must be bound to in the model's module.
-_GLOBALS = {"torch": torch, "nn": torch.nn, "F": F}
+_GLOBALS = {"torch": torch, "nn": torch.nn, "F": F, "math": math}
 
 
 def enabled_by_default() -> bool:
@@ -139,7 +140,24 @@ def forward(self, hidden_states):
     return self.weight * hidden_states.to(input_dtype)
 '''), _rms_norm)
 
-FUSIONS: tuple[Fusion, ...] = (RMS_NORM,)
+
+
+def _gelu_tanh(original: Callable) -> Callable:
+    def forward(self, input):
+        _calls["gelu_tanh"] += 1
+        return F.gelu(input, approximate="tanh")
+
+    return forward
+
+
+# transformers' NewGELUActivation (GPT-2's "gelu_new"): gelu's tanh form in eight launches
+# (three scalar muls, pow, add, tanh, a scalar add, mul), each rounding to the input's dtype.
+GELU_TANH = Fusion("gelu_tanh", "aten.gelu", Pattern('''
+def forward(self, input):
+    return 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 * torch.pow(input, 3.0))))
+'''), _gelu_tanh)
+
+FUSIONS: tuple[Fusion, ...] = (RMS_NORM, GELU_TANH)
 
 
 def underlying(obj, name: str):

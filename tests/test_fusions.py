@@ -3,6 +3,7 @@ while serve() or the recorder is active, and only then; a variant is never swapp
 
 from __future__ import annotations
 
+import math
 import sys
 from collections import Counter
 
@@ -34,6 +35,18 @@ class PatternNorm(nn.Module):
 
 
 PATTERN_FORWARD = PatternNorm.forward  # as defined, before any fusion context
+
+
+class NewGelu(nn.Module):
+    """transformers' NewGELUActivation (GPT-2's gelu_new)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 * torch.pow(input, 3.0))))
+
+
+class NewGeluOtherConstant(nn.Module):
+    def forward(self, input):
+        return 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.0447 * torch.pow(input, 3.0))))
 
 
 class OnePlusWeightNorm(PatternNorm):
@@ -133,6 +146,18 @@ def test_a_class_defined_while_active_is_swapped_and_the_hook_leaves_after():
     assert vars(LateNorm)["forward"] is PATTERN_FORWARD
 
 
+def test_gpt2s_gelu_is_one_tanh_gelu_and_a_changed_constant_is_not(fused):
+    x = torch.randn(5, 33, dtype=torch.float64)
+    y = NewGelu()(x)
+    assert fusions.stats() == {"gelu_tanh": 1}
+    z = NewGeluOtherConstant()(x)
+    assert fusions.stats() == {"gelu_tanh": 1}
+    torch.testing.assert_close(y, torch.nn.functional.gelu(x, approximate="tanh"), rtol=0, atol=0)
+    ref = 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)  # the same function
+    assert not torch.equal(z, ref)
+
+
 def test_a_weight_in_another_dtype_keeps_the_patterns_promotion(fused):
     m = _norm()  # float32 weight
     x = torch.randn(4, 24).to(torch.float16)
@@ -184,18 +209,22 @@ def test_under_serve_the_norm_is_one_served_launch():
     assert "fused: rms_norm (1 calls)" in serving.format_stats()
 
 
-def test_transformers_norms_copied_from_llama_are_swapped_and_gemmas_is_not(fused, monkeypatch):
+def test_transformers_patterns_are_swapped_and_their_variants_are_not(fused, monkeypatch):
     pytest.importorskip("transformers")
     root = str(__import__("pathlib").Path(__file__).resolve().parents[1])
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", root)])
     import importlib
 
-    wanted = {"llama": "LlamaRMSNorm", "qwen2": "Qwen2RMSNorm", "mistral": "MistralRMSNorm",
-              "gemma": "GemmaRMSNorm"}
-    for model, cls in wanted.items():
-        module = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
-        swapped = hasattr(vars(getattr(module, cls))["forward"], "__wrapped__")
-        assert swapped == (model != "gemma"), cls
+    wanted = {"models.llama.modeling_llama.LlamaRMSNorm": True,
+              "models.qwen2.modeling_qwen2.Qwen2RMSNorm": True,
+              "models.mistral.modeling_mistral.MistralRMSNorm": True,
+              "models.gemma.modeling_gemma.GemmaRMSNorm": False,  # (1 + weight)
+              "activations.NewGELUActivation": True,  # GPT-2's gelu_new
+              "activations.GELUActivation": False}  # erf's gelu, already one op
+    for path, swap in wanted.items():
+        module, cls = path.rsplit(".", 1)
+        cls = getattr(importlib.import_module(f"transformers.{module}"), cls)
+        assert hasattr(vars(cls)["forward"], "__wrapped__") == swap, path
 
 
 def test_nbx_tune_run_fuses_a_class_the_program_defines(tmp_path):
