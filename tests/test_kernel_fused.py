@@ -250,3 +250,23 @@ def test_census_certifies_the_seats_and_serve_runs_the_torch_ops_on_them(tmp_pat
     serving.reset_stats()
     torch.ops.nbx_tune.rotary(x, cos, sin)  # outside serve(): torch's, not counted
     assert serving.stats() == {}
+
+
+def test_grad_flows_through_the_served_ops():
+    """serve() replaces the forward only: the op's backward still runs, on the kernel's output."""
+    x, cos, sin = rotary_inputs(torch.float32, cos_batch=1)
+    gate, up = torch.randn(3, 8), torch.randn(3, 8)
+    grads = []
+    for served in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (x, gate, up)]
+        serving.reset_stats()
+        with nbx_tune.serve() if served else torch.enable_grad():
+            y = torch.ops.nbx_tune.rotary(leaves[0], cos, sin).sum() + torch.ops.nbx_tune.silu_mul(
+                leaves[1], leaves[2]).sum()
+        y.backward()
+        grads.append([t.grad for t in leaves])
+        if served:
+            st = serving.stats()
+            assert st["nbx_tune.rotary"]["default"] == 1 and st["nbx_tune.silu_mul"]["default"] == 1
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
