@@ -1,6 +1,6 @@
 """The fused ops against the patterns they replace, side by side in one run, at Llama-7B's
 shapes (a decode step's and a 512-token prefill's, bf16): `rotary` (q of 32 heads of 128,
-against transformers' apply_rotary_pos_emb for one tensor: 8 torch launches) and `silu_mul`
+against transformers' apply_rotary_pos_emb for one tensor: 5 torch launches) and `silu_mul`
 (the MLP's 11008 columns, against silu(gate) * up: 2 launches). Per case: device time
 (every launch queued ahead of the GPU), eager wall time per call (the host's launch cost
 included: what a decode step pays), each one's error against fp64, and the ratios.

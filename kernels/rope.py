@@ -1,6 +1,6 @@
 """Rotary position embedding in one launch (`nbx_tune.rotary`): out = x * cos + rotate_half(x)
 * sin, transformers' apply_rotary_pos_emb for one tensor (unsqueeze_dim=1), in fp16, bf16
-and fp32. torch runs it as 8 launches (two slices' negation and cat, three products, a sum).
+and fp32. torch runs it as 5 launches (neg and cat for rotate_half, two products, a sum).
 
 x is (B, H, S, D) with any strides over B, H and S (the model's q and k are a transposed
 view of the projection's output: read in place), the last dim contiguous; cos and sin are
