@@ -16,6 +16,7 @@ ladder (the block holds half a row).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -132,10 +133,12 @@ class RotarySpec(KernelSpec):
             return NotServable("an empty tensor: nothing to launch")
         return Problem(self.name, (dt,), _FLAGS, (n, x[3]), (("cos_shape", c), ("x_shape", x)))
 
+    # x and out are laid out as a model lays out q and k, (B, S, H, D) in memory viewed as
+    # (B, H, S, D): the screen and the timing read the rows a model's call reads.
     def input_shapes(self, problem):
         dt = problem.dtypes[0]
         c = (tuple(problem.get("cos_shape")), dt)
-        return {"x": (tuple(problem.get("x_shape")), dt), "cos": c, "sin": c}
+        return {"x": (_model_layout(problem.get("x_shape")), dt), "cos": c, "sin": c}
 
     def make_inputs(self, problem, rng):
         shapes = self.input_shapes(problem)
@@ -145,20 +148,21 @@ class RotarySpec(KernelSpec):
                 "sin": (rng.uniform(-1.0, 1.0, c_shape), dt)}
 
     def oracle(self, problem, inputs):
-        x_shape, c_shape = tuple(problem.get("x_shape")), tuple(problem.get("cos_shape"))
-        return {"out": oracle.rotary(inputs["x"].reshape(x_shape), inputs["cos"].reshape(c_shape),
-                                     inputs["sin"].reshape(c_shape))}
+        c_shape = tuple(problem.get("cos_shape"))
+        x = inputs["x"].reshape(_model_layout(problem.get("x_shape"))).transpose(0, 2, 1, 3)
+        y = oracle.rotary(x, inputs["cos"].reshape(c_shape), inputs["sin"].reshape(c_shape))
+        return {"out": np.ascontiguousarray(y.transpose(0, 2, 1, 3))}
 
     def output_specs(self, problem):
-        return {"out": (tuple(problem.get("x_shape")), problem.dtypes[0])}
+        return {"out": (_model_layout(problem.get("x_shape")), problem.dtypes[0])}
 
     def serve_ops(self):
         return {OP: rotary}
 
     def launch(self, config, problem, inputs, outputs):
-        x_shape, c_shape = tuple(problem.get("x_shape")), tuple(problem.get("cos_shape"))
-        launch_rotary(inputs["x"].reshape(x_shape), inputs["cos"].reshape(c_shape), inputs["sin"].reshape(c_shape),
-                      outputs["out"].view(x_shape), config)
+        layout, c_shape = _model_layout(problem.get("x_shape")), tuple(problem.get("cos_shape"))
+        launch_rotary(inputs["x"].reshape(layout).transpose(1, 2), inputs["cos"].reshape(c_shape),
+                      inputs["sin"].reshape(c_shape), outputs["out"].view(layout).transpose(1, 2), config)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
@@ -175,6 +179,12 @@ class RotarySpec(KernelSpec):
 
 SPEC = RotarySpec()
 SPECS = (SPEC,)
+
+
+def _model_layout(x_shape) -> tuple[int, ...]:
+    """(B, S, H, D): the memory order of a model's (B, H, S, D) q or k."""
+    B, H, S, D = x_shape
+    return (B, S, H, D)
 
 
 def _refusal(x, c, s) -> str | None:

@@ -115,6 +115,26 @@ def test_rotary_planted_swap_of_the_halves_is_caught():
     assert rel_err(wrong, want) > 0.1
 
 
+def test_the_screen_runs_rotary_on_a_models_layout_and_catches_a_kernel_that_ignores_it():
+    """The screen lays x out as a model's q ((B, S, H, D) memory viewed as (B, H, S, D)): the
+    kernel's launch passes it, a launch that reads x as if contiguous fails it."""
+    from nbx_tune.tuner import screen as screening
+
+    problem = rope.SPEC.problem_from_row(make_row("nbx_tune.rotary", ["float32"] * 3,
+                                                  [(2, 3, 7, 10), (1, 7, 10), (1, 7, 10)]))
+    case = screening.make_case(rope.SPEC, problem, "cpu", 7, True)
+    rtol = screening.output_rtols(rope.SPEC, problem, PROFILE)["out"]
+    config = rope.SPEC.default_config(PROFILE, problem)
+    right = torch.empty(2, 7, 3, 10)
+    rope.SPEC.launch(config, problem, case.inputs, {"out": right})
+    assert screening.compare("out", right, case.reference("out", right), rtol, problem).ok
+    wrong = torch.empty(2, 7, 3, 10)
+    x, c, s = (case.inputs[k] for k in ("x", "cos", "sin"))
+    rope.launch_rotary(x.reshape(2, 3, 7, 10), c.reshape(1, 7, 10), s.reshape(1, 7, 10),
+                       wrong.view(2, 3, 7, 10), config)
+    assert screening.compare("out", wrong, case.reference("out", wrong), rtol, problem).reason == "wrong_answer"
+
+
 @pytest.mark.parametrize("dt", sorted(DTYPES))
 def test_silu_mul_matches_the_oracle(dt):
     g = torch.Generator().manual_seed(1)
