@@ -290,3 +290,33 @@ def test_grad_flows_through_the_served_ops():
             assert st["nbx_tune.rotary"]["default"] == 1 and st["nbx_tune.silu_mul"]["default"] == 1
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_a_llama_with_its_patterns_swapped_for_the_ops_is_transformers_and_served_whole(transformers_llama,
+                                                                                      monkeypatch):
+    """transformers' Llama with apply_rotary_pos_emb and LlamaMLP's activation written as the
+    ops (by hand here): torch's logits bit for bit outside serve(), and under serve() every
+    fused launch on its kernel (q and k with a batch of 1 of cos and sin: the broadcast path)."""
+    m = transformers_llama
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=88, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model, ids = LlamaForCausalLM(cfg).eval(), torch.randint(0, 97, (2, 9))
+    with torch.inference_mode():
+        ref = model(ids).logits
+    monkeypatch.setattr(m, "apply_rotary_pos_emb", lambda q, k, cos, sin, unsqueeze_dim=1: (
+        torch.ops.nbx_tune.rotary(q, cos, sin), torch.ops.nbx_tune.rotary(k, cos, sin)))
+    monkeypatch.setattr(m.LlamaMLP, "forward", lambda self, x: self.down_proj(
+        torch.ops.nbx_tune.silu_mul(self.gate_proj(x), self.up_proj(x))))
+    serving.reset_stats()
+    with torch.inference_mode():
+        swapped = model(ids).logits
+        with nbx_tune.serve():
+            served = model(ids).logits
+    assert torch.equal(swapped, ref)
+    assert ((served - ref).abs().max() / ref.abs().max()).item() <= PROFILE.screen_rtol["float32"]
+    st = serving.stats()
+    assert st["nbx_tune.rotary"]["default"] == 2 * 2 and st["nbx_tune.silu_mul"]["default"] == 2
+    assert not any(s["torch"] for s in st.values()), st
