@@ -75,6 +75,7 @@ def family_cases(torch, buf):
     import torch.nn.functional as F
 
     from nbx_tune import kernels as K
+    from nbx_tune.kernels import custom_ops
     from nbx_tune.kernels.softmax import softmax
 
     def t4(*shape):  # the last two dims' strides swapped
@@ -119,6 +120,15 @@ def family_cases(torch, buf):
          lambda x, m, v, w, b, eps: F.batch_norm(x, m, v, w, b, False, 0.1, eps)),
         ("max_pool2d 2x3x11x13 3x3/2 pad 1", lambda x, **kw: K.max_pool2d_with_indices(x, **kw)[0],
          (buf(2, 3, 11, 13),), {"kernel_size": 3, "stride": 2, "padding": 1}, lambda x, **kw: F.max_pool2d(x, **kw)),
+        # q as a model makes it, a (B, S, H, D) projection viewed as (B, H, S, D); cos of a batch of 1
+        ("rotary 2x4x7x64 transposed", K.rotary, (buf(2, 7, 4, 64).transpose(1, 2), buf(1, 7, 64), buf(1, 7, 64)),
+         {}, custom_ops.rotary),
+        ("rotary x off 16B", K.rotary, (buf(2, 7, 4, 64, offset=1).transpose(1, 2), buf(1, 7, 64), buf(1, 7, 64)),
+         {}, custom_ops.rotary),
+        ("rotary contiguous 1x3x5x10", K.rotary, (buf(1, 3, 5, 10), buf(1, 5, 10), buf(1, 5, 10)), {},
+         custom_ops.rotary),
+        ("silu_mul 37x45", K.silu_mul, (buf(37, 45), buf(37, 45)), {}, custom_ops.silu_mul),
+        ("silu_mul up off 16B", K.silu_mul, (buf(37, 45), buf(37, 45, offset=3)), {}, custom_ops.silu_mul),
     ]
 
 

@@ -39,6 +39,7 @@ def cases(torch, dev, dt):
     import torch.nn.functional as F
 
     from nbx_tune import kernels as K
+    from nbx_tune.kernels import custom_ops
     from nbx_tune.kernels.softmax import softmax
 
     def r(*shape):
@@ -56,6 +57,10 @@ def cases(torch, dev, dt):
         ("reduce", "sum 8x4096 dim -1", K.sum, torch.sum, (r(8, 4096), -1), {}),
         ("conv", "conv2d 1x16x16x16 3x3", K.conv2d, F.conv2d, (r(1, 16, 16, 16), r(16, 16, 3, 3)), {"padding": 1}),
         ("matmul", "mm 64x64x64", K.mm, torch.mm, (r(64, 64), r(64, 64)), {}),
+        # torch's side is the pattern as a model writes it (5 launches for rotary, 2 for silu_mul)
+        ("rotary", "rotary decode 1x32x1x128", K.rotary, custom_ops.rotary,
+         (r(1, 1, 32, 128).transpose(1, 2), r(1, 1, 128), r(1, 1, 128)), {}),
+        ("silu_mul", "silu_mul 1x11008", K.silu_mul, custom_ops.silu_mul, (x, y), {}),
     ]
 
 

@@ -27,6 +27,8 @@ BUILTIN_MODULES = (
     "nbx_tune.kernels.fill",
     "nbx_tune.kernels.batchnorm",
     "nbx_tune.kernels.pool",
+    "nbx_tune.kernels.rope",
+    "nbx_tune.kernels.swiglu",
 )
 ENTRY_POINT_GROUP = "nbx_tune.kernels"
 

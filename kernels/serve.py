@@ -69,11 +69,15 @@ def dispatch_key() -> str:
 
 
 def _overload(op: str):
-    """`aten.add.Tensor` -> torch.ops.aten.add.Tensor, `aten.mm` -> torch.ops.aten.mm.default."""
+    """`aten.add.Tensor` -> torch.ops.aten.add.Tensor, `aten.mm` -> torch.ops.aten.mm.default;
+    any namespace alike (`nbx_tune.rotary`, the library's own ops: kernels/custom_ops.py)."""
     parts = op.split(".")
-    if len(parts) not in (2, 3) or parts[0] != "aten":
+    if len(parts) not in (2, 3):
         return None
-    packet = getattr(torch.ops.aten, parts[1], None)
+    try:
+        packet = getattr(getattr(torch.ops, parts[0]), parts[1], None)
+    except AttributeError:  # torch.ops.<ns> exists for any name; a missing op raises
+        return None
     if packet is None:
         return None
     return getattr(packet, parts[2] if len(parts) == 3 else "default", None)
@@ -184,11 +188,13 @@ def _install() -> None:
         raise KernelError(f"serve() needs torch >= 2.9 (torch.library.get_kernel); this is {torch.__version__}")
     key = dispatch_key()
     keyset = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
-    lib = torch.library.Library("aten", "IMPL")
+    libs = {}  # namespace -> its IMPL library
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "Overriding a previously registered kernel": meant
             for op, (overload, fn, _) in routes().items():
+                lib = libs.get(overload.namespace) or libs.setdefault(
+                    overload.namespace, torch.library.Library(overload.namespace, "IMPL"))
                 name = overload._schema.name.split("::", 1)[1]
                 if overload._overloadname not in ("", "default"):
                     name += "." + overload._overloadname
@@ -197,15 +203,17 @@ def _install() -> None:
                     overload.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
                 lib.impl(name, _make_kernel(op, fn, original, _tensor_slots(overload), composite, keyset), key)
     except BaseException:
-        lib._destroy()
+        for lib in libs.values():
+            lib._destroy()
         raise
-    _library = lib
+    _library = list(libs.values())
 
 
 def _uninstall() -> None:
     global _library
     if _library is not None:
-        _library._destroy()
+        for lib in _library:
+            lib._destroy()
         _library = None
 
 

@@ -77,6 +77,11 @@ def silu(x):
     return _f64(x) * sigmoid(x)
 
 
+def silu_mul(gate, up):
+    """silu(gate) * up (a SwiGLU's activation)."""
+    return silu(gate) * _f64(up)
+
+
 def tanh(x):
     """(e^x - e^-x) / (e^x + e^-x)."""
     return np.tanh(_f64(x))

@@ -1,0 +1,117 @@
+"""The fused ops against the patterns they replace, side by side in one run, at Llama-7B's
+shapes (a decode step's and a 512-token prefill's, bf16): `rotary` (q of 32 heads of 128,
+against transformers' apply_rotary_pos_emb for one tensor: 5 torch launches) and `silu_mul`
+(the MLP's 11008 columns, against silu(gate) * up: 2 launches). Per case: device time
+(every launch queued ahead of the GPU), eager wall time per call (the host's launch cost
+included: what a decode step pays), each one's error against fp64, and the ratios.
+
+    python bench/fused_ops.py              # on the GPU, after a census of the fused ops' seats
+    python bench/fused_ops.py --no-census  # the declared defaults
+    python bench/fused_ops.py --smoke      # the CPU interpreter, tiny shapes: checks the script runs
+
+Writes fused_ops.json under $OUT (or bench_out/).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SMOKE = "--smoke" in sys.argv
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import environment, save, side_by_side, table, wall_ms  # noqa: E402
+
+
+def cases(torch, dev, dt):
+    """(name, fused op, torch's pattern, args)."""
+    from nbx_tune import kernels as K
+    from nbx_tune.kernels import custom_ops
+
+    def r(*shape):
+        return torch.randn(*shape, device=dev, dtype=dt)
+
+    def rope(s, h, d):  # q as the model makes it: a (B, S, H, D) projection viewed as (B, H, S, D)
+        return (r(1, s, h, d).transpose(1, 2), r(1, s, d).clamp(-1, 1), r(1, s, d).clamp(-1, 1))
+
+    (s_dec, s_pre, h, d, f) = (1, 9, 3, 16, 37) if SMOKE else (1, 512, 32, 128, 11008)
+    return [(f"rotary decode 1x{h}x{s_dec}x{d}", K.rotary, custom_ops.rotary, rope(s_dec, h, d)),
+            (f"rotary prefill 1x{h}x{s_pre}x{d}", K.rotary, custom_ops.rotary, rope(s_pre, h, d)),
+            (f"silu_mul decode 1x{s_dec}x{f}", K.silu_mul, custom_ops.silu_mul, (r(1, s_dec, f), r(1, s_dec, f))),
+            (f"silu_mul prefill 1x{s_pre}x{f}", K.silu_mul, custom_ops.silu_mul, (r(1, s_pre, f), r(1, s_pre, f)))]
+
+
+def certify(all_cases) -> None:
+    """A census of the fused ops' seats, recorded from the torch ops, into a fresh database."""
+    from nbx_tune import record
+    from nbx_tune.kernels import certified
+    from nbx_tune.tuner import api
+
+    work = Path(tempfile.mkdtemp(prefix="nbx-fused-"))
+    with record(work / "t.tsv"):
+        for _, _, pattern, args in all_cases:
+            pattern(*args)
+    db = f"sqlite:///{work / 'fused.db'}"
+    rep = api.census(str(work / "t.tsv"), db, profile="interpreter" if SMOKE else None, isolate=not SMOKE)
+    print(f"census: {rep.counts()['certified']['seats']} of {len(rep.seats)} seats certified")
+    os.environ["NBX_TUNE_DB"] = db
+    certified.reload()
+
+
+def eager_us(fn, sync, calls: int) -> float:
+    """Wall time per call of `calls` back-to-back eager calls, synchronized at the ends."""
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def rel_err(out, ref) -> float:
+    out, ref = out.double(), ref.double()
+    return ((out - ref).abs().max() / ref.abs().max()).item()
+
+
+def main() -> None:
+    import torch
+
+    from nbx_tune.kernels import certified
+
+    dev = "cpu" if SMOKE else "cuda"
+    dt = torch.float32 if SMOKE else torch.bfloat16
+    sync = (lambda: None) if SMOKE else torch.cuda.synchronize
+    all_cases = cases(torch, dev, dt)
+    if "--no-census" not in sys.argv:
+        certify(all_cases)
+    rows, raw = [], {}
+    for name, fused, pattern, args in all_cases:
+        ref = pattern(*[a.double() for a in args])  # the fp64 answer of the same inputs
+        err_f, err_t = rel_err(fused(*args), ref), rel_err(pattern(*args), ref)
+        dev_ms = side_by_side({"torch": lambda: pattern(*args), "fused": lambda: fused(*args)}, 1 if SMOKE else 200,
+                              timer=(lambda fn, rep: wall_ms(fn, rep)) if SMOKE else None)
+        calls = 3 if SMOKE else 2000
+        wall = {"torch": eager_us(lambda: pattern(*args), sync, calls),
+                "fused": eager_us(lambda: fused(*args), sync, calls)}
+        raw[name] = {"device_ms": dev_ms, "eager_us": wall, "err": {"torch": err_t, "fused": err_f}}
+        rows.append([name, f"{dev_ms['torch'] * 1e3:.1f}", f"{dev_ms['fused'] * 1e3:.1f}",
+                     f"{dev_ms['torch'] / dev_ms['fused']:.2f}", f"{wall['torch']:.1f}", f"{wall['fused']:.1f}",
+                     f"{wall['torch'] / wall['fused']:.2f}", f"{err_t:.1e}", f"{err_f:.1e}"])
+    env = environment()
+    misses = certified.launch_stats()["misses"]
+    save("fused_ops.json", {"env": env, "dtype": str(dt), "cases": raw, "misses": misses})
+    print(f"{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}")
+    print(table(rows, [f"case ({str(dt).removeprefix('torch.')})", "torch dev us", "fused dev us", "dev x",
+                       "torch eager us", "fused eager us", "eager x", "torch err", "fused err"]))
+    if misses and not SMOKE:
+        print(f"seats served uncertified: {misses}")
+
+
+if __name__ == "__main__":
+    main()

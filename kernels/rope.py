@@ -1,0 +1,258 @@
+"""Rotary position embedding in one launch (`nbx_tune.rotary`): out = x * cos + rotate_half(x)
+* sin, transformers' apply_rotary_pos_emb for one tensor (unsqueeze_dim=1), in fp16, bf16
+and fp32. torch runs it as 5 launches (neg and cat for rotate_half, two products, a sum).
+
+x is (B, H, S, D) with any strides over B, H and S (the model's q and k are a transposed
+view of the projection's output: read in place), the last dim contiguous; cos and sin are
+(B, S, D) or (1, S, D), broadcast over the heads (and the batch). A program takes ROWS rows
+of D elements and each row as its two halves: out1 = x1 c1 - x2 s1, out2 = x2 c2 + x1 s2,
+computed in fp32 and rounded once (torch rounds each of the three steps to the dtype).
+The output has x's layout where x is dense (as torch's element-wise result does), else is
+contiguous. D must be even (rotate_half's halves).
+
+Launch key: the element count N on the `elements` ladder and the row length D on the `row`
+ladder (the block holds half a row).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from nbx_tune.errors import KernelError
+from nbx_tune.kernels import custom_ops, launch
+from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.copy import dense
+from nbx_tune.kernels.elementwise import INDEX_LIMIT, TORCH_DTYPES
+from nbx_tune.kernels.rows import format_shape, numel
+from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags
+from nbx_tune.oracles import rope as oracle
+
+OP = "nbx_tune.rotary"
+_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+_FLAGS = seat_flags()
+
+
+@triton.jit
+def _rotary_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, R, H, S, HALF,
+                   sxb, sxh, sxs, scb, scs, ssb, sss, sob, soh, sos,
+                   ROWS: tl.constexpr, BLOCK_D: tl.constexpr, INT64: tl.constexpr):
+    """Rows r = (b, h, s) of x, ROWS per program, each as its halves of HALF elements (a
+    block of BLOCK_D, the next power of two). s?b, s?h, s?s: the strides of x, cos, sin and
+    out over B, H and S (0 where cos and sin broadcast); the last dim's stride is 1."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    if INT64:
+        r = r.to(tl.int64)
+    rmask = r < R
+    s = r % S
+    t = r // S
+    h = t % H
+    b = t // H
+    d = tl.arange(0, BLOCK_D)
+    m = rmask[:, None] & (d < HALF)[None, :]
+    xo = (b * sxb + h * sxh + s * sxs)[:, None] + d[None, :]
+    co = (b * scb + s * scs)[:, None] + d[None, :]
+    so = (b * ssb + s * sss)[:, None] + d[None, :]
+    oo = (b * sob + h * soh + s * sos)[:, None] + d[None, :]
+    x1 = tl.load(x_ptr + xo, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + xo + HALF, mask=m, other=0.0).to(tl.float32)
+    c1 = tl.load(cos_ptr + co, mask=m, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + co + HALF, mask=m, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + so, mask=m, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + so + HALF, mask=m, other=0.0).to(tl.float32)
+    ty = out_ptr.dtype.element_ty
+    tl.store(out_ptr + oo, (x1 * c1 - x2 * s1).to(ty), mask=m)
+    tl.store(out_ptr + oo + HALF, (x2 * c2 + x1 * s2).to(ty), mask=m)
+
+
+_rotary_kernel = launch.recorded(_rotary_kernel)  # its calls are replayed (kernels/launch.py)
+
+
+def _bs_strides(t, B: int) -> tuple[int, int]:
+    """cos's or sin's strides over (B, S): 0 over a batch of 1 broadcast to B."""
+    return (0 if t.shape[0] == 1 and B != 1 else t.stride(0)), t.stride(1)
+
+
+def launch_rotary(x, cos, sin, out, config: Config) -> None:
+    """out = rotary(x, cos, sin): x and out (B, H, S, D), cos and sin (B or 1, S, D), every
+    last dim contiguous, D even."""
+    B, H, S, D = x.shape
+    half = D // 2
+    R = B * H * S
+    sx, so = x.stride(), out.stride()
+    sc, ss = _bs_strides(cos, B), _bs_strides(sin, B)
+    extent = max(sum((k - 1) * abs(st) for k, st in zip(t.shape, t.stride())) for t in (x, cos, sin, out))
+    grid = (triton.cdiv(R, config["ROWS"]),)
+    _rotary_kernel[grid](x, cos, sin, out, R, H, S, half, sx[0], sx[1], sx[2], *sc, *ss, so[0], so[1], so[2],
+                         BLOCK_D=triton.next_power_of_2(half), INT64=max(extent + D, R) > INDEX_LIMIT,
+                         **config.kwargs)
+
+
+def _c(rows, warps):
+    return Config.make(ROWS=rows, num_warps=warps, num_stages=1)
+
+
+# Rows per program is what a config changes: one for a decode step's few rows (a program
+# each), more for a prefill's thousands; warps over a block of ROWS x D / 2 per half.
+CONFIGS = (_c(1, 1), _c(1, 2), _c(2, 2), _c(4, 2), _c(4, 4), _c(8, 4), _c(16, 4), _c(16, 8), _c(32, 8),
+           _c(64, 8))
+DEFAULTS = (_c(4, 4),)
+
+
+class RotarySpec(KernelSpec):
+    name = "rotary"
+    ops = (OP,)
+    key = (KeyDim("N", "elements"), KeyDim("D", "row"))
+    dtypes = tuple(TORCH_DTYPES)
+    description = "rotary position embedding of q or k in one launch (x * cos + rotate_half(x) * sin)"
+
+    config_space = CONFIGS
+    default_configs = DEFAULTS
+
+    def source_parts(self):
+        return (_rotary_kernel, _bs_strides, launch_rotary)
+
+    def problem_from_row(self, row):
+        if row.op.removesuffix(".default") != OP:
+            return NotServable(f"{row.op}: overload not served")
+        if len(row.shapes) != 3:
+            return NotServable(f"{OP} takes three tensors, the row has {len(row.shapes)}")
+        if row.params:
+            return NotServable(f"{OP}: unsupported params {', '.join(sorted(row.params))}")
+        dt = one_dtype(row, self.dtypes)
+        if isinstance(dt, NotServable):
+            return dt
+        x, c, s = (tuple(sh) for sh in row.shapes)
+        why = _refusal(x, c, s)
+        if why:
+            return NotServable(why)
+        n = numel(x)
+        if n == 0:
+            return NotServable("an empty tensor: nothing to launch")
+        return Problem(self.name, (dt,), _FLAGS, (n, x[3]), (("cos_shape", c), ("x_shape", x)))
+
+    # x and out are laid out as a model lays out q and k, (B, S, H, D) in memory viewed as
+    # (B, H, S, D): the screen and the timing read the rows a model's call reads.
+    def input_shapes(self, problem):
+        dt = problem.dtypes[0]
+        c = (tuple(problem.get("cos_shape")), dt)
+        return {"x": (_model_layout(problem.get("x_shape")), dt), "cos": c, "sin": c}
+
+    def make_inputs(self, problem, rng):
+        shapes = self.input_shapes(problem)
+        x_shape, dt = shapes["x"]
+        c_shape = shapes["cos"][0]
+        return {"x": (2.0 * rng.standard_normal(x_shape), dt), "cos": (rng.uniform(-1.0, 1.0, c_shape), dt),
+                "sin": (rng.uniform(-1.0, 1.0, c_shape), dt)}
+
+    def oracle(self, problem, inputs):
+        c_shape = tuple(problem.get("cos_shape"))
+        x = inputs["x"].reshape(_model_layout(problem.get("x_shape"))).transpose(0, 2, 1, 3)
+        y = oracle.rotary(x, inputs["cos"].reshape(c_shape), inputs["sin"].reshape(c_shape))
+        return {"out": np.ascontiguousarray(y.transpose(0, 2, 1, 3))}
+
+    def output_specs(self, problem):
+        return {"out": (_model_layout(problem.get("x_shape")), problem.dtypes[0])}
+
+    def serve_ops(self):
+        return {OP: rotary}
+
+    def launch(self, config, problem, inputs, outputs):
+        layout, c_shape = _model_layout(problem.get("x_shape")), tuple(problem.get("cos_shape"))
+        launch_rotary(inputs["x"].reshape(layout).transpose(1, 2), inputs["cos"].reshape(c_shape),
+                      inputs["sin"].reshape(c_shape), outputs["out"].view(layout).transpose(1, 2), config)
+
+    def example_rows(self, scale):
+        from nbx_tune.kernels.rows import make_row
+
+        if scale == "small":
+            dts = ("float16", "float32")
+            cases = (((2, 3, 7, 10), (2, 7, 10)), ((3, 2, 5, 64), (1, 5, 64)), ((1, 5, 1, 6), (1, 1, 6)))
+        else:  # Llama-7B's q (32 heads of 128) in a prefill and a decode step, and an odd batch
+            dts = tuple(TORCH_DTYPES)
+            cases = (((1, 32, 512, 128), (1, 512, 128)), ((1, 32, 1, 128), (1, 1, 128)),
+                     ((3, 8, 257, 64), (1, 257, 64)), ((2, 5, 33, 96), (2, 33, 96)))
+        return [make_row(OP, [dt] * 3, [x, c, c]) for dt in dts for x, c in cases]
+
+
+SPEC = RotarySpec()
+SPECS = (SPEC,)
+
+
+def _model_layout(x_shape) -> tuple[int, ...]:
+    """(B, S, H, D): the memory order of a model's (B, H, S, D) q or k."""
+    B, H, S, D = x_shape
+    return (B, S, H, D)
+
+
+def _refusal(x, c, s) -> str | None:
+    """Why shapes x, cos, sin are not served, or None."""
+    if len(x) != 4:
+        return f"x {format_shape(x)}: (B, H, S, D) expected"
+    B, H, S, D = x
+    if D % 2:
+        return f"an odd head dim {D}: rotate_half's halves differ in length"
+    if tuple(c) != tuple(s):
+        return f"cos {format_shape(c)} and sin {format_shape(s)} differ"
+    if len(c) != 3 or c[1:] != (S, D) or c[0] not in (1, B):
+        return f"cos {format_shape(c)} with x {format_shape(x)}: (B or 1, S, D) expected"
+    return None
+
+
+# ----------------------------------------------------------------------------- public op
+
+REMEMBERED = launch.REMEMBERED
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1): x (B, H, S, D), any strides;
+    cos and sin (B or 1, S, D); one dtype (fp16, bf16, fp32); D even."""
+    try:  # the direct launch (kernels/launch.py)
+        key = (SPEC, *launch.tensor_key(x), *launch.tensor_key(cos), *launch.tensor_key(sin))
+    except AttributeError:
+        raise KernelError("rotary: x, cos and sin must be tensors") from None
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(x, cos, sin)
+    return launch.remember(key, (x, cos, sin), _rotary_call, x, cos, sin)
+
+
+def _out_strides(x: torch.Tensor):
+    """x's strides where x is dense with its last dim innermost (the layout torch's
+    element-wise result takes), else None (contiguous)."""
+    if x.stride(-1) != 1:
+        return None
+    dims = sorted((st, k) for st, k in zip(x.stride(), x.shape) if k != 1)
+    expect = 1
+    for st, k in dims:
+        if st != expect:
+            return None
+        expect *= k
+    return x.stride()
+
+
+def _rotary_call(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    dt = _NAMES.get(x.dtype)
+    if dt is None or cos.dtype != x.dtype or sin.dtype != x.dtype:
+        raise KernelError(f"rotary: dtypes {x.dtype}, {cos.dtype}, {sin.dtype}: one of float16, bfloat16, "
+                          "float32 expected")
+    why = _refusal(tuple(x.shape), tuple(cos.shape), tuple(sin.shape))
+    if why:
+        raise KernelError(f"rotary: {why}")
+    if not (x.device == cos.device == sin.device):
+        raise KernelError(f"rotary: x on {x.device}, cos on {cos.device}, sin on {sin.device}")
+    if x.stride(-1) != 1:
+        x = dense(x)
+    cos = cos if cos.stride(-1) == 1 else dense(cos)
+    sin = sin if sin.stride(-1) == 1 else dense(sin)
+    out = launch.empty(x.shape, x.dtype, x.device, _out_strides(x))
+    n = out.numel()
+    if n == 0:
+        return out
+    launch_rotary(x, cos, sin, out, config_for(SPEC, (dt,), _FLAGS, (n, x.shape[3])))
+    return out
+
+
+TORCH_OP = custom_ops.rotary  # the dispatcher's op that serve() routes here

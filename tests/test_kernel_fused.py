@@ -1,0 +1,322 @@
+"""The library's fused ops on the interpreter: `nbx_tune.rotary` (rotary position embedding of
+one tensor) and `nbx_tune.silu_mul` (silu(gate) * up). Their kernels against the fp64
+oracles at odd shapes and strides; their torch ops (kernels/custom_ops.py) against
+transformers' own code, bit for bit, and their backward; recorded rows (CPU and meta) to
+seats; a census of those seats; and serve() running the torch ops on the certified kernels."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import nbx_tune
+from nbx_tune.errors import KernelError
+from nbx_tune.kernels import certified, custom_ops, rope, swiglu
+from nbx_tune.kernels import serve as serving
+from nbx_tune.kernels.registry import spec_for_op
+from nbx_tune.kernels.spec import NotServable
+from nbx_tune.oracles import elementwise as ew_oracle
+from nbx_tune.oracles import rope as rope_oracle
+from nbx_tune.profiles import get_profile
+from nbx_tune.tuner.selfcheck import check_kernel
+from nbx_tune.tuner.trace import make_row
+
+PROFILE = get_profile("interpreter")
+SPECS = (rope.SPEC, swiglu.SPEC)
+ROOT = Path(__file__).resolve().parents[1]
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+@pytest.fixture
+def transformers_llama(monkeypatch):
+    """transformers' Llama module, imported with this repository's root off sys.path (its
+    `kernels/` folder would pass for transformers' optional `kernels` package)."""
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != ROOT])
+    stray = sys.modules.get("kernels")
+    if stray is not None and Path(getattr(stray, "__file__", "") or "").resolve().is_relative_to(ROOT):
+        monkeypatch.delitem(sys.modules, "kernels")
+    pytest.importorskip("transformers")
+    from transformers.models.llama import modeling_llama
+
+    return modeling_llama
+
+
+def rel_err(got: torch.Tensor, want: np.ndarray) -> float:
+    return float(np.abs(got.double().numpy() - want).max() / np.abs(want).max())
+
+
+def rotary_inputs(dt, B=2, H=3, S=7, D=10, cos_batch=None, seed=0):
+    """x as transformers makes q: a (B, S, H, D) projection viewed as (B, H, S, D)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, S, H, D, generator=g).to(dt).transpose(1, 2)
+    cb = B if cos_batch is None else cos_batch
+    cos = (torch.rand(cb, S, D, generator=g) * 2 - 1).to(dt)
+    sin = (torch.rand(cb, S, D, generator=g) * 2 - 1).to(dt)
+    return x, cos, sin
+
+
+# ----------------------------------------------------------------------------- the screen
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_selfcheck_small_rows_pass_the_screen(spec):
+    checks = check_kernel(spec, PROFILE, "cpu", "small", configs_per_row=3)
+    bad = [(c.op, c.shapes, c.dtype, str(c.config), c.reason, c.detail) for c in checks if not c.ok]
+    assert not bad
+    assert {c.dtype for c in checks} == {"float16", "float32"}
+    assert len({c.config for c in checks}) >= 2
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_gpu_rows_are_servable_and_claim_every_dtype(spec):
+    problems = [spec.problem_from_row(r) for r in spec.example_rows("gpu")]
+    assert not [p for p in problems if isinstance(p, NotServable)]
+    assert {p.dtypes[0] for p in problems} == {"float16", "bfloat16", "float32"}
+    assert spec.default_config(PROFILE, problems[0]) in spec.configs()
+
+
+# ----------------------------------------------------------------------------- the kernels
+
+
+@pytest.mark.parametrize("dt", sorted(DTYPES))
+@pytest.mark.parametrize("cos_batch", [None, 1])
+def test_rotary_matches_the_oracle_on_a_transposed_view(dt, cos_batch):
+    x, cos, sin = rotary_inputs(DTYPES[dt], cos_batch=cos_batch)
+    assert not x.is_contiguous()
+    got = rope.rotary(x, cos, sin)
+    want = rope_oracle.rotary(x.double().numpy(), cos.double().numpy(), sin.double().numpy())
+    assert got.shape == x.shape and got.dtype == x.dtype
+    assert rel_err(got, want) <= PROFILE.screen_rtol[dt]
+    torch_way = custom_ops.rotary(x, cos, sin)  # three roundings in fp16, one here
+    assert rel_err(got, want) <= rel_err(torch_way, want)
+    assert got.stride() == torch_way.stride()  # the layout torch's result has
+
+
+def test_rotary_reads_strided_halves_and_cos_of_any_layout():
+    # x's last dim not innermost: staged; cos a transposed view: staged; a contiguous x too.
+    x, cos, sin = rotary_inputs(torch.float32, B=1, H=5, S=3, D=6)
+    xs = x.transpose(2, 3).contiguous().transpose(2, 3)
+    ct = cos.transpose(1, 2).contiguous().transpose(1, 2)
+    want = rope_oracle.rotary(x.double().numpy(), cos.double().numpy(), sin.double().numpy())
+    for args in ((xs, cos, sin), (x.contiguous(), ct, sin), (x, cos, sin)):
+        assert rel_err(rope.rotary(*args), want) <= 1e-6
+
+
+def test_rotary_planted_swap_of_the_halves_is_caught():
+    """The oracle is not the kernel's mirror: rotating the other way differs from it."""
+    x, cos, sin = rotary_inputs(torch.float32)
+    want = rope_oracle.rotary(x.double().numpy(), cos.double().numpy(), sin.double().numpy())
+    h = x.shape[-1] // 2
+    wrong = x * cos.unsqueeze(1) + torch.cat((x[..., h:], -x[..., :h]), -1) * sin.unsqueeze(1)
+    assert rel_err(wrong, want) > 0.1
+
+
+def test_the_screen_runs_rotary_on_a_models_layout_and_catches_a_kernel_that_ignores_it():
+    """The screen lays x out as a model's q ((B, S, H, D) memory viewed as (B, H, S, D)): the
+    kernel's launch passes it, a launch that reads x as if contiguous fails it."""
+    from nbx_tune.tuner import screen as screening
+
+    problem = rope.SPEC.problem_from_row(make_row("nbx_tune.rotary", ["float32"] * 3,
+                                                  [(2, 3, 7, 10), (1, 7, 10), (1, 7, 10)]))
+    case = screening.make_case(rope.SPEC, problem, "cpu", 7, True)
+    rtol = screening.output_rtols(rope.SPEC, problem, PROFILE)["out"]
+    config = rope.SPEC.default_config(PROFILE, problem)
+    right = torch.empty(2, 7, 3, 10)
+    rope.SPEC.launch(config, problem, case.inputs, {"out": right})
+    assert screening.compare("out", right, case.reference("out", right), rtol, problem).ok
+    wrong = torch.empty(2, 7, 3, 10)
+    x, c, s = (case.inputs[k] for k in ("x", "cos", "sin"))
+    rope.launch_rotary(x.reshape(2, 3, 7, 10), c.reshape(1, 7, 10), s.reshape(1, 7, 10),
+                       wrong.view(2, 3, 7, 10), config)
+    assert screening.compare("out", wrong, case.reference("out", wrong), rtol, problem).reason == "wrong_answer"
+
+
+@pytest.mark.parametrize("dt", sorted(DTYPES))
+def test_silu_mul_matches_the_oracle(dt):
+    g = torch.Generator().manual_seed(1)
+    both = (2 * torch.randn(3, 37, 10, generator=g)).to(DTYPES[dt])
+    gate, up = both.chunk(2, -1)  # a fused gate/up projection's halves: strided views
+    assert not gate.is_contiguous()
+    got = swiglu.silu_mul(gate, up)
+    want = ew_oracle.silu_mul(gate.double().numpy(), up.double().numpy())
+    assert got.shape == gate.shape and got.dtype == gate.dtype
+    assert rel_err(got, want) <= PROFILE.screen_rtol[dt]
+    assert rel_err(got, want) <= rel_err(custom_ops.silu_mul(gate, up), want)
+
+
+def test_bad_calls_raise_a_kernel_error():
+    x, cos, sin = rotary_inputs(torch.float32)
+    with pytest.raises(KernelError, match="odd head dim"):
+        rope.rotary(x[..., :9], cos[..., :9], sin[..., :9])
+    with pytest.raises(KernelError, match="dtypes"):
+        rope.rotary(x, cos.half(), sin)
+    with pytest.raises(KernelError, match=r"\(B or 1, S, D\)"):
+        rope.rotary(x, cos[:, :3], sin[:, :3])
+    with pytest.raises(KernelError, match="one shape"):
+        swiglu.silu_mul(torch.randn(3, 4), torch.randn(4))
+
+
+# ----------------------------------------------------------------------------- the torch ops
+
+
+def test_torch_ops_are_transformers_code_bit_for_bit(transformers_llama):
+    m = transformers_llama
+    from transformers.activations import ACT2FN
+
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        q, cos, sin = rotary_inputs(dt, seed=2)
+        k, _, _ = rotary_inputs(dt, seed=3)
+        q_want, k_want = m.apply_rotary_pos_emb(q, k, cos, sin)
+        for got, want in ((torch.ops.nbx_tune.rotary(q, cos, sin), q_want),
+                          (torch.ops.nbx_tune.rotary(k, cos[:1], sin[:1]), m.apply_rotary_pos_emb(
+                              q, k, cos[:1], sin[:1])[1])):
+            assert torch.equal(got, want) and got.stride() == want.stride()
+        gate, up = torch.randn(2, 5, 11).to(dt), torch.randn(2, 5, 11).to(dt)
+        assert torch.equal(torch.ops.nbx_tune.silu_mul(gate, up), ACT2FN["silu"](gate) * up)
+
+
+def test_torch_ops_have_a_backward():
+    x, cos, sin = (t.double().requires_grad_() for t in rotary_inputs(torch.float32, B=2, H=2, S=3, D=6,
+                                                                       cos_batch=1))
+    assert torch.autograd.gradcheck(custom_ops.rotary, (x, cos, sin))
+    g, u = torch.randn(3, 4, dtype=torch.float64, requires_grad=True), torch.randn(3, 4, dtype=torch.float64,
+                                                                                   requires_grad=True)
+    assert torch.autograd.gradcheck(custom_ops.silu_mul, (g, u))
+
+
+def test_meta_tensors_get_the_shape_dtype_and_layout_of_a_real_call():
+    x, cos, sin = rotary_inputs(torch.float16, cos_batch=1)
+    real = torch.ops.nbx_tune.rotary(x, cos, sin)
+    meta = torch.ops.nbx_tune.rotary(x.to("meta"), cos.to("meta"), sin.to("meta"))
+    assert (meta.shape, meta.dtype, meta.stride()) == (real.shape, real.dtype, real.stride())
+    g = torch.randn(4, 6, device="meta", dtype=torch.bfloat16)
+    assert torch.ops.nbx_tune.silu_mul(g, g).shape == (4, 6)
+
+
+# ----------------------------------------------------------------------------- trace rows
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_recorded_rows_map_to_the_seats(device):
+    from nbx_tune.profiles import current_profile
+    from nbx_tune.tuner.census import plan
+    from nbx_tune.tuner.recorder import Recorder
+    from nbx_tune.tuner.trace import Trace
+
+    x, cos, sin = (t.to(device) for t in rotary_inputs(torch.float16, cos_batch=1))
+    gate = torch.randn(3, 37, 5, dtype=torch.float16, device=device)
+    with Recorder() as rec:
+        torch.ops.nbx_tune.rotary(x, cos, sin)
+        torch.ops.nbx_tune.rotary(x, cos, sin)
+        torch.ops.nbx_tune.silu_mul(gate, gate)
+    rows = {r.op: r for r in rec.rows}
+    assert set(rows) == {"nbx_tune.rotary", "nbx_tune.silu_mul"}
+    assert rows["nbx_tune.rotary"].shapes == ((2, 3, 7, 10), (1, 7, 10), (1, 7, 10))
+    assert rows["nbx_tune.rotary"].count == 2 and not rows["nbx_tune.rotary"].params
+    p = plan(Trace("recorded", rec.rows), "sha", current_profile())
+    assert not p.not_servable and not p.uncovered
+    seats = {key[0]: sp for key, sp in p.seats.items()}
+    assert set(seats) == {"rotary", "silu_mul"}
+    assert seats["rotary"].launches == 2 and seats["silu_mul"].launches == 1
+    assert spec_for_op("nbx_tune.rotary") is rope.SPEC and spec_for_op("nbx_tune.silu_mul") is swiglu.SPEC
+    assert rope.SPEC.problem_from_row(rows["nbx_tune.rotary"]).dims == (2 * 3 * 7 * 10, 10)
+
+
+@pytest.mark.parametrize("row,why", [
+    (make_row("nbx_tune.rotary", ["float16"] * 3, [(1, 2, 3, 9), (1, 3, 9), (1, 3, 9)]), "odd head dim"),
+    (make_row("nbx_tune.rotary", ["float16", "float32", "float32"], [(1, 2, 3, 8), (1, 3, 8), (1, 3, 8)]),
+     "mixed dtypes"),
+    (make_row("nbx_tune.rotary", ["float32"] * 3, [(2, 2, 3, 8), (3, 3, 8), (3, 3, 8)]), "(B or 1, S, D)"),
+    (make_row("nbx_tune.rotary", ["float32"] * 3, [(2, 3, 8), (3, 8), (3, 8)]), "(B, H, S, D)"),
+    (make_row("nbx_tune.silu_mul", ["float32"] * 2, [(3, 4), (4,)]), "one shape"),
+    (make_row("nbx_tune.silu_mul", ["float64"] * 2, [(3, 4), (3, 4)]), "not served"),
+])
+def test_rows_not_served_say_why(row, why):
+    p = spec_for_op(row.op).problem_from_row(row)
+    assert isinstance(p, NotServable) and why in p.reason
+
+
+# ----------------------------------------------------------------------------- census and serve()
+
+
+def test_census_certifies_the_seats_and_serve_runs_the_torch_ops_on_them(tmp_path, db_url):
+    from nbx_tune.tuner import api
+    from nbx_tune.tuner.recorder import record
+
+    x, cos, sin = rotary_inputs(torch.float32, cos_batch=1)
+    gate, up = torch.randn(3, 37, 5), torch.randn(3, 37, 5)
+    trace = tmp_path / "t.tsv"
+    with record(trace):
+        torch.ops.nbx_tune.rotary(x, cos, sin)
+        torch.ops.nbx_tune.silu_mul(gate, up)
+    rep = api.census(str(trace), db_url, profile="interpreter", isolate=False)
+    assert {s.kernel for s in rep.seats} == {"rotary", "silu_mul"}
+    assert rep.counts()["certified"]["launches"] == rep.launches == 2
+    certified.reload()
+    serving.reset_stats()
+    with nbx_tune.serve():
+        y = torch.ops.nbx_tune.rotary(x, cos, sin)
+        z = torch.ops.nbx_tune.silu_mul(gate, up)
+        odd = torch.ops.nbx_tune.rotary(x[..., :9], cos[..., :9], sin[..., :9])  # torch's, counted
+    st = serving.stats()
+    assert st["nbx_tune.rotary"]["certified"] == 1 and st["nbx_tune.silu_mul"]["certified"] == 1
+    assert st["nbx_tune.rotary"]["torch"] == 1 and "odd head dim" in next(iter(st["nbx_tune.rotary"]["reasons"]))
+    assert torch.equal(y, rope.rotary(x, cos, sin)) and torch.equal(z, swiglu.silu_mul(gate, up))
+    assert torch.equal(odd, custom_ops.rotary(x[..., :9], cos[..., :9], sin[..., :9]))
+    serving.reset_stats()
+    torch.ops.nbx_tune.rotary(x, cos, sin)  # outside serve(): torch's, not counted
+    assert serving.stats() == {}
+
+
+def test_grad_flows_through_the_served_ops():
+    """serve() replaces the forward only: the op's backward still runs, on the kernel's output."""
+    x, cos, sin = rotary_inputs(torch.float32, cos_batch=1)
+    gate, up = torch.randn(3, 8), torch.randn(3, 8)
+    grads = []
+    for served in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (x, gate, up)]
+        serving.reset_stats()
+        with nbx_tune.serve() if served else torch.enable_grad():
+            y = torch.ops.nbx_tune.rotary(leaves[0], cos, sin).sum() + torch.ops.nbx_tune.silu_mul(
+                leaves[1], leaves[2]).sum()
+        y.backward()
+        grads.append([t.grad for t in leaves])
+        if served:
+            st = serving.stats()
+            assert st["nbx_tune.rotary"]["default"] == 1 and st["nbx_tune.silu_mul"]["default"] == 1
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_a_llama_with_its_patterns_swapped_for_the_ops_is_transformers_and_served_whole(transformers_llama,
+                                                                                      monkeypatch):
+    """transformers' Llama with apply_rotary_pos_emb and LlamaMLP's activation written as the
+    ops (by hand here): torch's logits bit for bit outside serve(), and under serve() every
+    fused launch on its kernel (q and k with a batch of 1 of cos and sin: the broadcast path)."""
+    m = transformers_llama
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=88, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model, ids = LlamaForCausalLM(cfg).eval(), torch.randint(0, 97, (2, 9))
+    with torch.inference_mode():
+        ref = model(ids).logits
+    monkeypatch.setattr(m, "apply_rotary_pos_emb", lambda q, k, cos, sin, unsqueeze_dim=1: (
+        torch.ops.nbx_tune.rotary(q, cos, sin), torch.ops.nbx_tune.rotary(k, cos, sin)))
+    monkeypatch.setattr(m.LlamaMLP, "forward", lambda self, x: self.down_proj(
+        torch.ops.nbx_tune.silu_mul(self.gate_proj(x), self.up_proj(x))))
+    serving.reset_stats()
+    with torch.inference_mode():
+        swapped = model(ids).logits
+        with nbx_tune.serve():
+            served = model(ids).logits
+    assert torch.equal(swapped, ref)
+    assert ((served - ref).abs().max() / ref.abs().max()).item() <= PROFILE.screen_rtol["float32"]
+    st = serving.stats()
+    assert st["nbx_tune.rotary"]["default"] == 2 * 2 and st["nbx_tune.silu_mul"]["default"] == 2
+    assert not any(s["torch"] for s in st.values()), st
