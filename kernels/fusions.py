@@ -1,21 +1,24 @@
 """Fusions: model code whose few torch ops are one op the kernel library serves.
 
-transformers' Llama computes an RMS norm in eight launches (a cast, pow, mean, add,
-rsqrt, mul, a cast back, mul by the weight); `F.rms_norm` is one, which serve() runs on the
-RMS-norm kernel. While a fusion context is active (serve() and the trace recorder enter
-one), code that is exactly a known pattern is swapped for code that calls the one op: a
-module class's `forward`, or a function a model module calls by its global name. Leaving
-restores the original.
+transformers' Llama computes an RMS norm in eight launches (a cast, pow, mean, add, rsqrt,
+mul, a cast back, mul by the weight), its rotary embedding in five per tensor, and SwiGLU's
+activation in two; GPT-2's gelu_new takes eight. Each is one op here (`F.rms_norm`,
+`torch.ops.nbx_tune.rotary`, `.silu_mul`, `F.gelu(approximate="tanh")`), which serve() runs
+on a kernel. While a fusion context is active (serve() and the trace recorder enter one),
+code that is exactly a known pattern is swapped for code that calls the one op: a module
+class's `forward`, or a function a model module calls by its global name. Leaving restores
+the original.
 
 The match is on the syntax tree of the source against the pattern's (decorators,
 annotations, docstrings and layout aside), on what the global names it uses are bound to
 (`torch` is torch), and on the helpers it calls being their patterns too, so a variant is
 never swapped: Gemma's RMS norm scales by (1 + weight) and does not match. Classes (and the
 functions of their module) defined while a context is active, as a program importing
-transformers under `nbx-tune run` or `trace` defines them, are checked as the classes are
-created (`nn.Module.__init_subclass__`). A swapped forward falls back to the original
-wherever the one op would not give the pattern's result (another dtype, another layout).
-`NBX_TUNE_FUSE=0` turns fusions off for serve() and the recorder.
+transformers under `nbx-tune run` or `trace` defines them, are noted as the classes are
+created (`nn.Module.__init_subclass__`) and checked once their module is imported
+(`settle`). A swapped forward falls back to the original wherever the one op would not give
+the pattern's result (another dtype, another layout). `NBX_TUNE_FUSE=0` turns fusions off
+for serve() and the recorder.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from nbx_tune.kernels import custom_ops
 
 ENV_FUSE = "NBX_TUNE_FUSE"
 
@@ -157,7 +162,68 @@ def forward(self, input):
     return 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 * torch.pow(input, 3.0))))
 '''), _gelu_tanh)
 
-FUSIONS: tuple[Fusion, ...] = (RMS_NORM, GELU_TANH)
+def _rotary(original: Callable) -> Callable:
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        if unsqueeze_dim != 1 or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 \
+                or not q.dtype == k.dtype == cos.dtype == sin.dtype:
+            return original(q, k, cos, sin, unsqueeze_dim)  # another layout, or promotion
+        _calls["rotary"] += 1
+        return custom_ops.rotary(q, cos, sin), custom_ops.rotary(k, cos, sin)
+
+    return apply_rotary_pos_emb
+
+
+# transformers' rotate_half and apply_rotary_pos_emb (Llama, and the models that copy it):
+# ten launches for q and k (mul, neg, cat, mul, add each), two as torch.ops.nbx_tune.rotary.
+ROTATE_HALF = Pattern('''
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+''')
+ROTARY = Fusion("rotary", "nbx_tune.rotary", Pattern('''
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+''', helpers=(("rotate_half", ROTATE_HALF),)), _rotary, function="apply_rotary_pos_emb")
+
+# transformers' SiLU activation module (ACT2FN["silu"]); torch's nn.SiLU is one too.
+SILU_ACTIVATION = Pattern('''
+def forward(self, input):
+    return nn.functional.silu(input)
+''')
+_silu_types: dict[type, bool] = {}
+
+
+def is_silu(module) -> bool:
+    kind = type(module)
+    if kind not in _silu_types:
+        _silu_types[kind] = issubclass(kind, torch.nn.SiLU) or SILU_ACTIVATION.matches(kind.__dict__.get("forward"))
+    return _silu_types[kind]
+
+
+def _silu_mul(original: Callable) -> Callable:
+    def forward(self, x):
+        if not is_silu(self.act_fn):
+            return original(self, x)  # another activation: the pattern as written
+        _calls["silu_mul"] += 1
+        return self.down_proj(custom_ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
+
+    return forward
+
+
+# transformers' LlamaMLP.forward (and its copies): silu(gate) * up in two launches, one as
+# torch.ops.nbx_tune.silu_mul; the three projections stay the model's own modules.
+SILU_MUL = Fusion("silu_mul", "nbx_tune.silu_mul", Pattern('''
+def forward(self, x):
+    down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+    return down_proj
+'''), _silu_mul)
+
+FUSIONS: tuple[Fusion, ...] = (RMS_NORM, GELU_TANH, ROTARY, SILU_MUL)
 
 
 def underlying(obj, name: str):
@@ -231,12 +297,43 @@ def _subclasses(root: type):
                 yield sub
 
 
+def _importing(module) -> bool:
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+# Classes created while their module was being imported, judged once it has been (`settle`):
+# until then a class decorator may still change a forward, and a module function may be
+# handed to one (transformers' use_kernelized_func checks what it is given).
+pending: list[type] = []
+
+
 def _init_subclass(cls, **kwargs):
     super(torch.nn.Module, cls).__init_subclass__(**kwargs)
     with _lock:
-        if _active:
+        if not _active:
+            return
+        module = sys.modules.get(cls.__module__)
+        if _importing(module):
+            pending.append(cls)
+        else:
             _consider_class(cls)
-            _consider_module(sys.modules.get(cls.__module__))  # its module's functions so far
+            _consider_module(module)
+
+
+def settle() -> None:
+    """Judge the pending classes whose module has been imported since, and that module's
+    functions. serve()'s overrides and the recorder call it on an op while `pending` is not
+    empty: the first op of a model imported under a context settles it."""
+    with _lock:
+        waiting = []
+        for cls in pending:
+            module = sys.modules.get(cls.__module__)
+            if _active and _importing(module):
+                waiting.append(cls)
+            elif _active:
+                _consider_class(cls)
+                _consider_module(module)
+        pending[:] = waiting
 
 
 def acquire() -> None:
@@ -252,7 +349,8 @@ def acquire() -> None:
             _consider_class(cls)
         if any(f.function for f in FUSIONS):
             for module in list(sys.modules.values()):
-                _consider_module(module)
+                if not _importing(module):  # one being imported: its classes' creation will tell
+                    _consider_module(module)
 
 
 def release() -> None:
@@ -267,6 +365,7 @@ def release() -> None:
         else:
             torch.nn.Module.__init_subclass__ = _hook_saved
         _hook_saved = None
+        pending.clear()
         for (owner, attr), (original, fused, _) in _swapped.items():
             if getattr(owner, "__dict__", {}).get(attr) is fused:  # unless someone replaced it since
                 setattr(owner, attr, original)

@@ -160,6 +160,8 @@ def _make_kernel(op: str, fn, original, slots, composite: bool, keyset):
                 isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             stats.torch[_NEEDS_GRAD] += 1
             return original.call_boxed(keyset, *_torch_args(slots, args), **kwargs)
+        if fusions.pending:  # model code imported under the context: swap it before it runs on
+            fusions.settle()
         misses = (certified._state or certified.state()).misses
         before = misses.total
         tls.busy = True

@@ -158,6 +158,34 @@ def test_gpt2s_gelu_is_one_tanh_gelu_and_a_changed_constant_is_not(fused):
     assert not torch.equal(z, ref)
 
 
+class PatternMLP(nn.Module):
+    """transformers' LlamaMLP."""
+
+    def __init__(self, act):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(12, 20, bias=False), nn.Linear(12, 20, bias=False)
+        self.down_proj = nn.Linear(20, 12, bias=False)
+        self.act_fn = act
+
+    def forward(self, x):
+        down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return down_proj
+
+
+MLP_FORWARD = PatternMLP.forward
+
+
+def test_the_mlps_silu_times_up_is_one_op_and_another_activation_is_kept(fused):
+    torch.manual_seed(0)
+    x = torch.randn(3, 12)
+    for act, calls in ((nn.SiLU(), 1), (nn.GELU(), 0)):
+        m = PatternMLP(act)
+        y = m(x)
+        assert fusions.stats().get("silu_mul", 0) == calls
+        torch.testing.assert_close(y, MLP_FORWARD(m, x), rtol=0, atol=0)  # outside serve: torch's own math
+        fusions.reset_stats()
+
+
 def test_a_weight_in_another_dtype_keeps_the_patterns_promotion(fused):
     m = _norm()  # float32 weight
     x = torch.randn(4, 24).to(torch.float16)
@@ -219,12 +247,27 @@ def test_transformers_patterns_are_swapped_and_their_variants_are_not(fused, mon
               "models.qwen2.modeling_qwen2.Qwen2RMSNorm": True,
               "models.mistral.modeling_mistral.MistralRMSNorm": True,
               "models.gemma.modeling_gemma.GemmaRMSNorm": False,  # (1 + weight)
+              "models.llama.modeling_llama.LlamaMLP": True,
+              "models.gpt2.modeling_gpt2.GPT2MLP": False,
               "activations.NewGELUActivation": True,  # GPT-2's gelu_new
               "activations.GELUActivation": False}  # erf's gelu, already one op
+    for path in wanted:
+        importlib.import_module(f"transformers.{path.rsplit('.', 1)[0]}")
+    fusions.settle()  # imported while active (unless an earlier test did): judged once imported
     for path, swap in wanted.items():
         module, cls = path.rsplit(".", 1)
         cls = getattr(importlib.import_module(f"transformers.{module}"), cls)
         assert hasattr(vars(cls)["forward"], "__wrapped__") == swap, path
+    # a function, behind the kernel hub's wrapper module where transformers has one
+    llama = importlib.import_module("transformers.models.llama.modeling_llama")
+    assert fusions.swapped()["transformers.models.llama.modeling_llama.apply_rotary_pos_emb"] == "nbx_tune.rotary"
+    q, k = torch.randn(2, 7, 3, 8).transpose(1, 2), torch.randn(2, 7, 1, 8).transpose(1, 2)
+    cos, sin = torch.randn(2, 7, 8), torch.randn(2, 7, 8)
+    fusions.reset_stats()
+    got = llama.apply_rotary_pos_emb(q, k, cos, sin)
+    assert fusions.stats() == {"rotary": 1}
+    want = llama.apply_rotary_pos_emb.__wrapped__(q, k, cos, sin)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))  # outside serve: the pattern's own ops
 
 
 def test_nbx_tune_run_fuses_a_class_the_program_defines(tmp_path):
@@ -344,15 +387,16 @@ def test_a_hub_wrapped_function_is_judged_by_the_function_it_wraps(tmp_path, mon
 def test_a_module_imported_while_active_gets_its_functions_swapped(tmp_path, monkeypatch, function_fusion):
     fusions.acquire()
     try:
-        mod = _model_module(tmp_path, monkeypatch, "model_fn_c")  # its Layer class triggers the check
+        mod = _model_module(tmp_path, monkeypatch, "model_fn_c")  # its Layer class notes the module
+        fusions.settle()
         assert mod.twice_half.__wrapped__.__name__ == "twice_half"
-        kept = mod.twice_half  # as a module importing it by name keeps it
-        assert mod.wrapped_twice_half(torch.ones(1), torch.ones(1)) and fusions.stats() == {"twice_half": 1}
+        kept = mod.twice_half  # as a module importing it by name now keeps it
+        kept(torch.ones(1), torch.ones(1))
+        assert fusions.stats() == {"twice_half": 1}
     finally:
         fusions.release()
     assert "__wrapped__" not in vars(mod.twice_half)
     kept(torch.ones(1), torch.ones(1))  # outside the context: the original runs
-    mod.wrapped_twice_half(torch.ones(1), torch.ones(1))
     assert fusions.stats() == {"twice_half": 1}
 
 
@@ -368,3 +412,60 @@ def test_a_trace_says_which_fusions_it_was_recorded_with(tmp_path):
             m(torch.randn(3, 24))
         lines = path.read_text().splitlines()
         assert lines[1:3] == ["# a comment", note], lines[:4]
+
+
+def test_a_module_imported_while_active_is_swapped_once_imported_not_before(tmp_path, monkeypatch, function_fusion):
+    """transformers hands apply_rotary_pos_emb to a class decorator that checks what it is
+    given, later in the same module: nothing of a module is swapped while it is imported."""
+    source = MODEL_MODULE + '''
+
+twice_half.marker = True
+
+
+def needs_marker(fn):
+    assert hasattr(fn, "marker"), "swapped while the module was still being imported"
+    return lambda cls: cls
+
+
+@needs_marker(twice_half)
+class Attention(nn.Module):
+    pass
+'''
+    fusions.acquire()
+    try:
+        mod = _model_module(tmp_path, monkeypatch, "model_fn_e", source)
+        assert "__wrapped__" not in vars(mod.twice_half) and fusions.pending
+        with torch.inference_mode(), Recorder():
+            torch.ones(2) + 1  # an op settles what was imported
+        assert mod.twice_half.__wrapped__.__name__ == "twice_half" and not fusions.pending
+    finally:
+        fusions.release()
+
+
+@pytest.mark.slow
+def test_nbx_tune_run_fuses_a_transformers_llama_the_program_imports(tmp_path):
+    """The whole path of a program: transformers imported under serve() (its modules judged
+    once imported, its decorators untouched), then every pattern runs as its one op."""
+    pytest.importorskip("transformers")
+    import json
+
+    from nbx_tune.tuner.serve_main import run_command
+
+    script = tmp_path / "llama_prog.py"
+    script.write_text(
+        "import torch, transformers\n"
+        "cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48,\n"
+        "    num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)\n"
+        "torch.manual_seed(0)\n"
+        "model = transformers.LlamaForCausalLM(cfg).eval()\n"
+        "with torch.inference_mode():\n"
+        "    model(torch.randint(0, 64, (1, 5)))\n")
+    stats = tmp_path / "stats.json"
+    assert run_command([sys.executable, str(script)], stats) == 0
+    data = json.loads(stats.read_text())
+    launches = {op: s["certified"] + s["default"] for op, s in data.items()}
+    assert launches["aten.rms_norm"] == 3 and launches["nbx_tune.rotary"] == 2
+    assert launches["nbx_tune.silu_mul"] == 1
+    assert not {"aten.rsqrt", "aten.neg", "aten.silu", "aten.pow.Tensor_Scalar"} & set(launches), launches
+    fused_ops = ("aten.rms_norm", "nbx_tune.rotary", "nbx_tune.silu_mul")
+    assert all(data[op]["torch"] == 0 for op in fused_ops), data

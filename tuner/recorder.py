@@ -246,6 +246,8 @@ class _Dispatches(TorchDispatchMode):
     def _dispatch(self, func, args, kwargs):
         if self.recorder.is_paused:
             return func(*args, **kwargs)
+        if fusions.pending:  # as serve() does: model code imported while recording
+            fusions.settle()
         # Under inference_mode the autograd key, where composite ops decompose, is skipped:
         # run the C++ decomposition here (with this mode active again) to record what eager
         # autograd runs. Not `func.decompose`: it prefers Python decompositions written for
