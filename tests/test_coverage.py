@@ -29,8 +29,11 @@ def test_every_launch_of_the_example_traces_is_served(name):
         assert ints and {"cat", "fill"} <= kernels  # positions (arange, int64 adds); the KV cache
     if name.startswith("gpt2"):
         assert "layer_norm" in kernels
-    if name.startswith("llama"):
+    if name.startswith("llama") and not name.endswith("_fused"):
         assert {"reduce", "copy"} <= kernels  # the RMS norm's mean, its float32 casts
+    if name.endswith("_fused") and not name.startswith("gpt2"):
+        assert {"rms_norm", "rotary", "silu_mul"} <= kernels  # kernels/fusions.py
+        assert "reduce" not in kernels
     if name.startswith(("convnet", "resnet")):
         assert {"conv", "batch_norm", "max_pool2d"} <= kernels
 
