@@ -359,8 +359,8 @@ def main():
                  or "none"))
         print(serving.format_stats(st, result["fused"][phase]))
     result["default_launches"] = sum(t["default"] for t in result["totals"].values())
-    # The seats those launches missed (a seat the trace planned otherwise: its layout or
-    # alignment, which a trace's shapes do not carry, differs at serve time).
+    # The seats those launches missed (a seat the census did not reach, or one the trace
+    # planned otherwise than the launch found it).
     result["missed_seats"] = sorted(certified.launch_stats()["misses"])
     census = result.get("census")
     print(f"\ndefault-config launches: {result['default_launches']} "

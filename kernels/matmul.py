@@ -817,8 +817,15 @@ class MatmulSpec(KernelSpec):
             if not _broadcastable(bias_shape, target):
                 return NotServable(f"input {'x'.join(map(str, bias_shape)) or '()'} does not broadcast to {'x'.join(map(str, target))}")
             extra += [("beta", beta), ("bias_shape", tuple(bias_shape))]
-        # A trace's operands are contiguous: their strides follow from the shapes.
-        aligned = alignment((M * K, K, 1), (K * N, N, 1), N, K, vector_elems(TORCH_DTYPES[dtype]))
+        # The operands' strides follow from the shapes and the row's `layout` (the recorder
+        # writes `t` for an operand stored transposed, a linear layer's W.t(); no param: both
+        # row-major), so the seat's alignment flag is the one the launch computes.
+        layout = row.params.str("layout", "nn")
+        if layout not in LAYOUTS:
+            return NotServable(f"layout={layout!r}: one of {', '.join(LAYOUTS)}")
+        if layout != "nn":
+            extra.append(("layout", layout))
+        aligned = alignment(*_strides(Bn, M, N, K, layout), N, K, vector_elems(TORCH_DTYPES[dtype]))
         return Problem(self.name, (dtype,), seat_flags(bias=int(has_bias), aligned=aligned), (Bn, M, N, K),
                        tuple(sorted(extra)))
 
@@ -829,15 +836,19 @@ class MatmulSpec(KernelSpec):
         if dict(problem.flags)["bias"] != "0" or max(Bn * M * K, Bn * K * N, Bn * M * N) > INT32_MAX:
             return None
         vec = vector_elems(TORCH_DTYPES[problem.dtypes[0]])
-        if str(alignment((M * K, K, 1), (K * N, N, 1), N, K, vec)) != dict(problem.flags)["aligned"]:
+        strides = _strides(Bn, M, N, K, problem.get("layout", "nn"))
+        if str(alignment(*strides, N, K, vec)) != dict(problem.flags)["aligned"]:
             return None
         return dataclasses.replace(problem, dims=tuple(dims))
 
     # -- inputs, oracle, outputs, launch
     def input_shapes(self, problem):
+        """a and b as stored: an operand of layout `t` is held transposed and read as its
+        transpose, as a model's weight is (`_operands`)."""
         Bn, M, N, K = problem.dims
         dt = problem.dtypes[0]
-        shapes = {"a": ((Bn, M, K), dt), "b": ((Bn, K, N), dt)}
+        ta, tb = (side == "t" for side in problem.get("layout", "nn"))
+        shapes = {"a": ((Bn, K, M) if ta else (Bn, M, K), dt), "b": ((Bn, N, K) if tb else (Bn, K, N), dt)}
         if dict(problem.flags)["bias"] == "1":
             shapes["bias"] = (tuple(problem.get("bias_shape")), dt)
         return shapes
@@ -848,11 +859,10 @@ class MatmulSpec(KernelSpec):
 
     def oracle(self, problem, inputs):
         alpha = problem.get("alpha", 1.0)
+        a, b = _operands(problem, inputs, lambda x: x.transpose(0, 2, 1))
         if "bias" in inputs:
-            Bn, M, N, _ = problem.dims
-            return {"c": oracle.baddbmm(inputs["bias"], inputs["a"], inputs["b"], alpha,
-                                        problem.get("beta", 1.0))}
-        return {"c": alpha * oracle.bmm(inputs["a"], inputs["b"])}
+            return {"c": oracle.baddbmm(inputs["bias"], a, b, alpha, problem.get("beta", 1.0))}
+        return {"c": alpha * oracle.bmm(a, b)}
 
     def output_specs(self, problem):
         Bn, M, N, _ = problem.dims
@@ -866,8 +876,25 @@ class MatmulSpec(KernelSpec):
         bias = inputs.get("bias")
         if bias is not None:
             bias = bias.expand(Bn, M, N)
-        launch_matmul(inputs["a"], inputs["b"], outputs["c"], bias,
-                      problem.get("alpha", 1.0), problem.get("beta", 1.0), config)
+        a, b = _operands(problem, inputs, lambda x: x.transpose(1, 2))
+        launch_matmul(a, b, outputs["c"], bias, problem.get("alpha", 1.0), problem.get("beta", 1.0), config)
+
+
+LAYOUTS = ("nn", "nt", "tn", "tt")  # a's and b's: n row-major, t stored transposed
+
+
+def _strides(Bn: int, M: int, N: int, K: int, layout: str):
+    """a's and b's strides, (batch, row, column), as a row's layout stores them."""
+    sa = (M * K, 1, M) if layout[0] == "t" else (M * K, K, 1)
+    sb = (K * N, 1, K) if layout[1] == "t" else (K * N, N, 1)
+    return sa, sb
+
+
+def _operands(problem, inputs, transpose):
+    """a and b as the product reads them, from the stored inputs (`input_shapes`)."""
+    layout = problem.get("layout", "nn")
+    a, b = inputs["a"], inputs["b"]
+    return (transpose(a) if layout[0] == "t" else a), (transpose(b) if layout[1] == "t" else b)
 
 
 SPEC = MatmulSpec()

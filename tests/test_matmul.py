@@ -511,3 +511,35 @@ def test_persistent_configs_are_refused_where_they_do_not_serve():
         assert SPEC.static_refusal(hopper, c, problem(1, 800, 1536, 8960)) is None
     assert all(SPEC.static_refusal(get_profile("ampere"), c, problem(1, 800, 1536, 8960))[0] == "no_tma"
                for c in scheds)
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
+def test_a_rows_layout_gives_the_seat_its_launch_reads(layout):
+    """A linear layer multiplies by W.t(): at an N off 16 its alignment flag (the seat) is not
+    a row-major operand's. The row's `layout` gives the planner the launch's strides, and
+    the screen's inputs are stored so."""
+    from nbx_tune.kernels.matmul import alignment, vector_elems
+
+    M, K, N = 24, 64, 172
+    a = torch.randn(K, M).t() if layout[0] == "t" else torch.randn(M, K)
+    b = torch.randn(N, K).t() if layout[1] == "t" else torch.randn(K, N)
+    params = {} if layout == "nn" else {"layout": layout}
+    p = SPEC.problem_from_row(make_row("aten.mm", ["float32"] * 2, [(M, K), (K, N)], params))
+    at_launch = alignment(a.stride(), b.stride(), N, K, vector_elems(torch.float32))
+    assert dict(p.flags)["aligned"] == str(at_launch)
+    stored = {name: shape for name, (shape, _) in SPEC.input_shapes(p).items()}
+    assert stored == {"a": (1, *a.t().shape) if layout[0] == "t" else (1, M, K),
+                      "b": (1, *b.t().shape) if layout[1] == "t" else (1, K, N)}
+    rng = np.random.default_rng(0)
+    inputs = {k: v for k, (v, _) in SPEC.make_inputs(p, rng).items()}
+    ref = SPEC.oracle(p, inputs)["c"]
+    from nbx_tune.kernels.matmul import _operands
+
+    la, lb = _operands(p, inputs, lambda x: x.transpose(0, 2, 1))
+    np.testing.assert_allclose(ref, la.astype(np.float64) @ lb.astype(np.float64))
+    assert (la.shape, lb.shape) == ((1, M, K), (1, K, N))
+
+
+def test_an_unknown_layout_is_not_served():
+    row = make_row("aten.mm", ["float32"] * 2, [(4, 5), (5, 6)], {"layout": "tx"})
+    assert isinstance(SPEC.problem_from_row(row), NotServable)

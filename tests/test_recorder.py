@@ -78,10 +78,21 @@ def test_linear_layers_give_the_matmul_shapes_they_compute():
         lin(x2)
         lin_nobias(x3)
     assert row_map(rec.rows) == {
-        ("aten.addmm", ("float32",) * 3, ((24,), (3, 16), (16, 24)), ""): 1,
+        # The weight is read as W.t(): stored transposed, which decides matmul's seat.
+        ("aten.addmm", ("float32",) * 3, ((24,), (3, 16), (16, 24)), "layout=nt"): 1,
         # A 3-D input is flattened to (10, 16) by a view, which is not recorded.
-        ("aten.mm", ("float32",) * 2, ((10, 16), (16, 40)), ""): 1,
+        ("aten.mm", ("float32",) * 2, ((10, 16), (16, 40)), "layout=nt"): 1,
     }
+
+
+def test_a_product_of_row_major_matrices_writes_no_layout_and_a_transposed_one_does():
+    a, b = torch.randn(6, 5), torch.randn(5, 7)
+    with torch.no_grad(), Recorder() as rec:
+        a @ b
+        a.t().contiguous().t() @ b
+        torch.bmm(a[None], b.t().contiguous().t()[None])
+    products = [r for r in rec.rows if r.op in ("aten.mm", "aten.bmm")]  # the copies aside
+    assert [dict(r.params).get("layout") for r in products] == [None, "tn", "nt"]
 
 
 def test_identical_launches_merge_and_repeats_multiply_counts():
@@ -103,13 +114,13 @@ def test_decoder_layer_rows():
     f32 = "float32"
     assert rows[("aten.native_layer_norm", (f32,) * 3, ((2, 10, 32), (32,), (32,)),
                  "normalized_shape=32,eps=1e-05")] == 2
-    assert rows[("aten.addmm", (f32,) * 3, ((96,), (20, 32), (32, 96)), "")] == 1
+    assert rows[("aten.addmm", (f32,) * 3, ((96,), (20, 32), (32, 96)), "layout=nt")] == 1
     assert rows[("aten.scaled_dot_product_attention", (f32,) * 3, ((2, 4, 10, 8),) * 3,
                  "attn_mask=None,is_causal=True")] == 1
-    assert rows[("aten.mm", (f32,) * 2, ((20, 32), (32, 32)), "")] == 1
-    assert rows[("aten.addmm", (f32,) * 3, ((72,), (20, 32), (32, 72)), "")] == 1
+    assert rows[("aten.mm", (f32,) * 2, ((20, 32), (32, 32)), "layout=nt")] == 1
+    assert rows[("aten.addmm", (f32,) * 3, ((72,), (20, 32), (32, 72)), "layout=nt")] == 1
     assert rows[("aten.gelu", (f32,), ((2, 10, 72),), "")] == 1
-    assert rows[("aten.addmm", (f32,) * 3, ((32,), (20, 72), (72, 32)), "")] == 1
+    assert rows[("aten.addmm", (f32,) * 3, ((32,), (20, 72), (72, 32)), "layout=nt")] == 1
     assert rows[("aten.add.Tensor", (f32,) * 2, ((2, 10, 32),) * 2, "")] == 2
     # SDPA's output in (batch, seq, heads, dim) order: the reshape after it copies nothing.
     assert not any(op == "aten.clone" for op, *_ in rows)
@@ -270,7 +281,7 @@ def test_trace_command_records_the_program(tmp_path, monkeypatch):
     """)
     summary = trace_command(tmp_path / "t.tsv", [PYTHON, "-u", "model.py", "5"])
     trace = read_trace(tmp_path / "t.tsv")
-    assert row_map(trace.rows)[("aten.addmm", ("float32",) * 3, ((5,), (2, 8), (8, 5)), "")] == 3
+    assert row_map(trace.rows)[("aten.addmm", ("float32",) * 3, ((5,), (2, 8), (8, 5)), "layout=nt")] == 3
     assert (summary.rows, summary.launches) == (len(trace.rows), trace.launches)
     assert f"# command: {PYTHON} -u model.py 5" in (tmp_path / "t.tsv").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.py", "t.tsv"]

@@ -294,15 +294,16 @@ def test_census_reads_both_scalar_encodings_as_one_seat():
 
 
 @pytest.mark.slow
-def test_trace_census_serve_every_launch_certified(tmp_path, db_url, no_repo_root_on_path):
-    """The main path end to end: record GPT-2 small, certify its seats, then run it under
-    serve(): every launch lands on a certified config (none on a default) and the logits
-    are torch's."""
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_trace_census_serve_every_launch_certified(tmp_path, db_url, no_repo_root_on_path, name):
+    """The main path end to end: record a small GPT-2 or Llama (with serve()'s fusions, as
+    `nbx-tune trace` records), certify its seats, then run it under serve(): every launch
+    lands on a certified config (none on a default) and the logits are torch's."""
     from nbx_tune.tuner import api
     from nbx_tune.tuner.recorder import record
 
-    model, inputs = _example("gpt2")
-    trace = tmp_path / "gpt2.tsv"
+    model, inputs = _example(name)
+    trace = tmp_path / f"{name}.tsv"
     with torch.inference_mode():
         with record(trace) as rec:
             ref = model(**inputs).logits
@@ -316,3 +317,4 @@ def test_trace_census_serve_every_launch_certified(tmp_path, db_url, no_repo_roo
     st = serving.stats()
     assert sum(s["default"] + s["torch"] for s in st.values()) == 0, st
     assert sum(s["certified"] for s in st.values()) == rec.launches
+    assert rec.fused == {"gpt2": {"gelu_tanh": 2}, "llama": {"rms_norm": 5, "rotary": 2, "silu_mul": 2}}[name]
