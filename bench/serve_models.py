@@ -12,9 +12,10 @@ serve_models_trace.tsv, and `nbx-tune census` of that trace runs in a child proc
 database of NBX_TUNE_DB (--smoke: a fresh temporary one), stopped with Ctrl-C's effect after
 --census-budget-s (what it certified by then is kept). Then the timing.
 
-Variants: torch, torch with serve()'s fusions alone (kernels/fusions.py: transformers' RMS
-norm as torch's F.rms_norm), and serve(). Prints one row per variant: wall time per call (ms, the host's launch path included, which
-is what eager serving costs), torch's time over it (>= 1: serve is as fast), and each
+Variants: torch, torch with serve()'s fusions alone (kernels/fusions.py: the RMS norm as
+torch's one-launch F.rms_norm; rotary and SwiGLU as the library's ops, which outside serve()
+run torch's own pattern), and serve(). Prints one row per variant: wall time per call (ms,
+the host's launch path included, which is what eager serving costs), torch's time over it (>= 1: serve is as fast), and each
 variant's logits against an fp32 torch run of the same weights (max|out - ref| / max|ref|),
 beside torch's own bf16 error, so serve's error reads against what bf16 costs anyway. Then
 what serve ran: per op, launches on certified configs, on defaults, and on torch, with why.
@@ -193,8 +194,8 @@ class _nothing:
 
 
 class _fused:
-    """torch with serve()'s fusions alone (transformers' RMS norm as torch's F.rms_norm): how
-    much of serve()'s lead is the fusion, which a torch user could also make."""
+    """torch with serve()'s fusions alone: the part of serve()'s lead a torch user could get
+    by calling F.rms_norm (rotary and SwiGLU have no torch op: they run their pattern)."""
 
     def __enter__(self):
         from nbx_tune.kernels import fusions
