@@ -294,6 +294,9 @@ _WHOLE = {
     **_entry_points(torch.ops.aten.scaled_dot_product_attention, F.scaled_dot_product_attention),
     **_entry_points(torch.ops.aten.batch_norm, F.batch_norm),
     **_entry_points(torch.ops.aten.rms_norm, F.rms_norm, torch.rms_norm),
+    # the library's own composites (kernels/custom_ops.py): one row each, as serve() runs them
+    **_entry_points(torch.ops.nbx_tune.rotary),
+    **_entry_points(torch.ops.nbx_tune.silu_mul),
 }
 
 
