@@ -16,8 +16,9 @@ never swapped: Gemma's RMS norm scales by (1 + weight) and does not match. Class
 functions of their module) defined while a context is active, as a program importing
 transformers under `nbx-tune run` or `trace` defines them, are noted as the classes are
 created (`nn.Module.__init_subclass__`) and checked once their module is imported
-(`settle`). A swapped forward falls back to the original wherever the one op would not give
-the pattern's result (another dtype, another layout). `NBX_TUNE_FUSE=0` turns fusions off
+(`settle`). A swapped forward runs the original with grad enabled (fusions serve inference,
+under no_grad or inference_mode) and wherever the one op would not give the pattern's result
+(another dtype, another layout). `NBX_TUNE_FUSE=0` turns fusions off
 for serve() and the recorder.
 """
 
@@ -254,8 +255,9 @@ _hook_saved = None
 def _swap(owner, attr: str, original, one_op: Callable, fusion: Fusion, where: str) -> None:
     def fused(*args, **kwargs):
         # A reference taken while swapped (`from m import f` in a module imported then)
-        # outlives the context: outside one it is the original again.
-        return (one_op if _active else original)(*args, **kwargs)
+        # outlives the context: outside one it is the original again. With grad wanted the
+        # original runs too: serve()'s kernels are forward only, the model's ops have a backward.
+        return (one_op if _active and not torch.is_grad_enabled() else original)(*args, **kwargs)
 
     fused.__qualname__ = where
     fused.__doc__ = f"{where} fused into {fusion.op} by nbx-tune."

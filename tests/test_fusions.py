@@ -69,6 +69,13 @@ class EpsOutsideNorm(PatternNorm):
         return self.weight * hidden_states.to(input_dtype)
 
 
+@pytest.fixture(autouse=True)
+def no_grad():
+    """Fusions serve inference: these tests run without grad, as a served model does."""
+    with torch.no_grad():
+        yield
+
+
 @pytest.fixture
 def fused():
     fusions.reset_stats()
@@ -184,6 +191,14 @@ def test_the_mlps_silu_times_up_is_one_op_and_another_activation_is_kept(fused):
         assert fusions.stats().get("silu_mul", 0) == calls
         torch.testing.assert_close(y, MLP_FORWARD(m, x), rtol=0, atol=0)  # outside serve: torch's own math
         fusions.reset_stats()
+
+
+def test_with_grad_wanted_the_models_own_code_runs(fused):
+    m = _norm()
+    x = torch.randn(3, 24, requires_grad=True)
+    with torch.enable_grad():
+        m(x).sum().backward()
+    assert fusions.stats() == {} and x.grad is not None and m.weight.grad is not None
 
 
 def test_a_weight_in_another_dtype_keeps_the_patterns_promotion(fused):
