@@ -31,6 +31,7 @@ import os
 import sys
 import textwrap
 import threading
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
@@ -74,6 +75,9 @@ def shape_of(source: str) -> str | None:
     return ast.dump(node)
 
 
+_verdicts: dict[int, weakref.WeakKeyDictionary] = {}  # id(pattern) -> {function: same syntax}
+
+
 @dataclass(frozen=True)
 class Pattern:
     """A function as the model library writes it; `helpers` are the module-level functions
@@ -103,13 +107,14 @@ class Pattern:
             return False  # cheap first: most functions differ here
         if any(fn.__globals__.get(n, _GLOBALS[n]) is not _GLOBALS[n] for n in code.co_names if n in _GLOBALS):
             return False
-        try:
-            source = inspect.getsource(fn)
-        except Exception:  # no source to read (OSError, TypeError, a stale line cache): never swapped unseen
-            return False
-        if shape_of(source) != self.shape:
-            return False
-        return all(helper.matches(fn.__globals__.get(name)) for name, helper in self.helpers)
+        known = _verdicts.setdefault(id(self), weakref.WeakKeyDictionary())
+        if fn not in known:  # reading the source is the cost of a context's entry: once a function
+            try:
+                source = inspect.getsource(fn)
+            except Exception:  # no source to read (OSError, TypeError, a stale line cache): never swapped unseen
+                source = None
+            known[fn] = source is not None and shape_of(source) == self.shape
+        return known[fn] and all(helper.matches(fn.__globals__.get(name)) for name, helper in self.helpers)
 
 
 @dataclass(frozen=True)
@@ -349,10 +354,12 @@ def acquire() -> None:
         torch.nn.Module.__init_subclass__ = classmethod(_init_subclass)
         for cls in list(_subclasses(torch.nn.Module)):
             _consider_class(cls)
-        if any(f.function for f in FUSIONS):
-            for module in list(sys.modules.values()):
-                if not _importing(module):  # one being imported: its classes' creation will tell
-                    _consider_module(module)
+        names = [f.function for f in FUSIONS if f.function]
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if isinstance(namespace, dict) and any(n in namespace for n in names) \
+                    and not _importing(module):  # one being imported: its classes' creation will tell
+                _consider_module(module)
 
 
 def release() -> None:
