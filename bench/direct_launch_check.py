@@ -127,6 +127,10 @@ def family_cases(torch, buf):
          {}, custom_ops.rotary),
         ("rotary contiguous 1x3x5x10", K.rotary, (buf(1, 3, 5, 10), buf(1, 5, 10), buf(1, 5, 10)), {},
          custom_ops.rotary),
+        # q and k in one launch (k: 2 heads, its own region of the grid); the check reads k's output
+        ("rotary_qk k of 2x2x7x64", lambda *a: K.rotary_qk(*a)[1],
+         (buf(2, 7, 4, 64).transpose(1, 2), buf(2, 7, 2, 64).transpose(1, 2), buf(1, 7, 64), buf(1, 7, 64)),
+         {}, lambda *a: custom_ops.rotary_qk(*a)[1]),
         ("silu_mul 37x45", K.silu_mul, (buf(37, 45), buf(37, 45)), {}, custom_ops.silu_mul),
         ("silu_mul up off 16B", K.silu_mul, (buf(37, 45), buf(37, 45, offset=3)), {}, custom_ops.silu_mul),
     ]

@@ -1,6 +1,7 @@
 """The fused ops against the patterns they replace, side by side in one run, at Llama-7B's
 shapes (a decode step's and a 512-token prefill's, bf16): `rotary` (q of 32 heads of 128,
-against transformers' apply_rotary_pos_emb for one tensor: 5 torch launches) and `silu_mul`
+against transformers' apply_rotary_pos_emb for one tensor: 5 torch launches), `rotary_qk`
+(q and k of 8 heads in one launch: 10) and `silu_mul`
 (the MLP's 11008 columns, against silu(gate) * up: 2 launches). Per case: device time
 (every launch queued ahead of the GPU), eager wall time per call (the host's launch cost
 included: what a decode step pays), each one's error against fp64, and the ratios.
@@ -39,9 +40,15 @@ def cases(torch, dev, dt):
     def rope(s, h, d):  # q as the model makes it: a (B, S, H, D) projection viewed as (B, H, S, D)
         return (r(1, s, h, d).transpose(1, 2), r(1, s, d).clamp(-1, 1), r(1, s, d).clamp(-1, 1))
 
-    (s_dec, s_pre, h, d, f) = (1, 9, 3, 16, 37) if SMOKE else (1, 512, 32, 128, 11008)
+    def rope_qk(s, h, hk, d):  # q and k (grouped-query: hk heads) against one cos and sin
+        q, cos, sin = rope(s, h, d)
+        return (q, r(1, s, hk, d).transpose(1, 2), cos, sin)
+
+    (s_dec, s_pre, h, hk, d, f) = (1, 9, 3, 1, 16, 37) if SMOKE else (1, 512, 32, 8, 128, 11008)
     return [(f"rotary decode 1x{h}x{s_dec}x{d}", K.rotary, custom_ops.rotary, rope(s_dec, h, d)),
             (f"rotary prefill 1x{h}x{s_pre}x{d}", K.rotary, custom_ops.rotary, rope(s_pre, h, d)),
+            (f"rotary_qk decode q {h}, k {hk} heads", K.rotary_qk, custom_ops.rotary_qk, rope_qk(s_dec, h, hk, d)),
+            (f"rotary_qk prefill {s_pre}", K.rotary_qk, custom_ops.rotary_qk, rope_qk(s_pre, h, hk, d)),
             (f"silu_mul decode 1x{s_dec}x{f}", K.silu_mul, custom_ops.silu_mul, (r(1, s_dec, f), r(1, s_dec, f))),
             (f"silu_mul prefill 1x{s_pre}x{f}", K.silu_mul, custom_ops.silu_mul, (r(1, s_pre, f), r(1, s_pre, f)))]
 
@@ -75,6 +82,8 @@ def eager_us(fn, sync, calls: int) -> float:
 
 
 def rel_err(out, ref) -> float:
+    if isinstance(out, tuple):  # rotary_qk's q and k: the worse
+        return max(rel_err(o, r) for o, r in zip(out, ref))
     out, ref = out.double(), ref.double()
     return ((out - ref).abs().max() / ref.abs().max()).item()
 

@@ -65,6 +65,7 @@ _OPS = {
     "_native_batch_norm_legit_no_training": "nbx_tune.kernels.batchnorm",
     "max_pool2d_with_indices": "nbx_tune.kernels.pool",
     "rotary": "nbx_tune.kernels.rope",
+    "rotary_qk": "nbx_tune.kernels.rope",
     "silu_mul": "nbx_tune.kernels.swiglu",
 }
 

@@ -2,6 +2,7 @@
 as several small aten ops, so that serve() runs it as one launch.
 
     torch.ops.nbx_tune.rotary(x, cos, sin)    # transformers' apply_rotary_pos_emb, one tensor
+    torch.ops.nbx_tune.rotary_qk(q, k, cos, sin)  # the same for q and k, in one launch
     torch.ops.nbx_tune.silu_mul(gate, up)     # silu(gate) * up, LlamaMLP's activation
 
 Each op's torch implementation is the pattern itself, written as the model writes it, and is
@@ -39,6 +40,10 @@ def _rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x * cos) + (rotate_half(x) * sin)
 
 
+def _rotary_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    return _rotary(q, cos, sin), _rotary(k, cos, sin)
+
+
 def _silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     return F.silu(gate) * up
 
@@ -46,8 +51,11 @@ def _silu_mul(gate: Tensor, up: Tensor) -> Tensor:
 _LIB = torch.library.Library("nbx_tune", "DEF")  # kept for the process: the ops live as long as it
 _LIB.define("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor")
 _LIB.impl("rotary", _rotary, "CompositeImplicitAutograd")
+_LIB.define("rotary_qk(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)")
+_LIB.impl("rotary_qk", _rotary_qk, "CompositeImplicitAutograd")
 _LIB.define("silu_mul(Tensor gate, Tensor up) -> Tensor")
 _LIB.impl("silu_mul", _silu_mul, "CompositeImplicitAutograd")
 
 rotary = torch.ops.nbx_tune.rotary.default  # (x (B, H, S, D), cos and sin (B, S, D)) -> x's shape
+rotary_qk = torch.ops.nbx_tune.rotary_qk.default  # (q, k, cos, sin) -> (q's, k's): apply_rotary_pos_emb
 silu_mul = torch.ops.nbx_tune.silu_mul.default  # (gate, up) -> their shape

@@ -3,7 +3,7 @@
 transformers' Llama computes an RMS norm in eight launches (a cast, pow, mean, add, rsqrt,
 mul, a cast back, mul by the weight), its rotary embedding in five per tensor, and SwiGLU's
 activation in two; GPT-2's gelu_new takes eight. Each is one op here (`F.rms_norm`,
-`torch.ops.nbx_tune.rotary`, `.silu_mul`, `F.gelu(approximate="tanh")`), which serve() runs
+`torch.ops.nbx_tune.rotary_qk`, `.silu_mul`, `F.gelu(approximate="tanh")`), which serve() runs
 on a kernel. While a fusion context is active (serve() and the trace recorder enter one),
 code that is exactly a known pattern is swapped for code that calls the one op: a module
 class's `forward`, or a function a model module calls by its global name. Leaving restores
@@ -174,20 +174,20 @@ def _rotary(original: Callable) -> Callable:
                 or not q.dtype == k.dtype == cos.dtype == sin.dtype:
             return original(q, k, cos, sin, unsqueeze_dim)  # another layout, or promotion
         _calls["rotary"] += 1
-        return custom_ops.rotary(q, cos, sin), custom_ops.rotary(k, cos, sin)
+        return custom_ops.rotary_qk(q, k, cos, sin)
 
     return apply_rotary_pos_emb
 
 
 # transformers' rotate_half and apply_rotary_pos_emb (Llama, and the models that copy it):
-# ten launches for q and k (mul, neg, cat, mul, add each), two as torch.ops.nbx_tune.rotary.
+# ten launches for q and k (mul, neg, cat, mul, add each), one as torch.ops.nbx_tune.rotary_qk.
 ROTATE_HALF = Pattern('''
 def rotate_half(x):
     x1 = x[..., : x.shape[-1] // 2]
     x2 = x[..., x.shape[-1] // 2 :]
     return torch.cat((-x2, x1), dim=-1)
 ''')
-ROTARY = Fusion("rotary", "nbx_tune.rotary", Pattern('''
+ROTARY = Fusion("rotary", "nbx_tune.rotary_qk", Pattern('''
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)

@@ -31,18 +31,19 @@ from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Probl
 from nbx_tune.oracles import rope as oracle
 
 OP = "nbx_tune.rotary"
+OP_QK = "nbx_tune.rotary_qk"  # q and k in one launch: what apply_rotary_pos_emb computes
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 _FLAGS = seat_flags()
 
 
 @triton.jit
-def _rotary_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, R, H, S, HALF,
-                   sxb, sxh, sxs, scb, scs, ssb, sss, sob, soh, sos,
-                   ROWS: tl.constexpr, BLOCK_D: tl.constexpr, INT64: tl.constexpr):
-    """Rows r = (b, h, s) of x, ROWS per program, each as its halves of HALF elements (a
-    block of BLOCK_D, the next power of two). s?b, s?h, s?s: the strides of x, cos, sin and
-    out over B, H and S (0 where cos and sin broadcast); the last dim's stride is 1."""
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+def _rotary_rows(x_ptr, cos_ptr, sin_ptr, out_ptr, p, R, H, S, HALF,
+                 sxb, sxh, sxs, scb, scs, ssb, sss, sob, soh, sos,
+                 ROWS: tl.constexpr, BLOCK_D: tl.constexpr, INT64: tl.constexpr):
+    """Rows r = (b, h, s) of x, the p-th ROWS of them, each as its halves of HALF elements
+    (a block of BLOCK_D, the next power of two). s?b, s?h, s?s: the strides of x, cos, sin
+    and out over B, H and S (0 where cos and sin broadcast); the last dim's stride is 1."""
+    r = p * ROWS + tl.arange(0, ROWS)
     if INT64:
         r = r.to(tl.int64)
     rmask = r < R
@@ -67,6 +68,22 @@ def _rotary_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, R, H, S, HALF,
     tl.store(out_ptr + oo + HALF, (x2 * c2 + x1 * s2).to(ty), mask=m)
 
 
+@triton.jit
+def _rotary_kernel(x_ptr, out_ptr, R, H, sxb, sxh, sxs, sob, soh, sos,
+                   y_ptr, yout_ptr, RY, HY, syb, syh, sys, syob, syoh, syos, X_PROGRAMS,
+                   cos_ptr, sin_ptr, S, HALF, scb, scs, ssb, sss,
+                   ROWS: tl.constexpr, BLOCK_D: tl.constexpr, INT64: tl.constexpr):
+    """x's rows in the first X_PROGRAMS programs, then y's (a model's q and k, in one
+    launch; y is absent, RY = 0, for one tensor), both against the same cos and sin."""
+    pid = tl.program_id(0)
+    if pid < X_PROGRAMS:
+        _rotary_rows(x_ptr, cos_ptr, sin_ptr, out_ptr, pid, R, H, S, HALF, sxb, sxh, sxs,
+                     scb, scs, ssb, sss, sob, soh, sos, ROWS, BLOCK_D, INT64)
+    else:
+        _rotary_rows(y_ptr, cos_ptr, sin_ptr, yout_ptr, pid - X_PROGRAMS, RY, HY, S, HALF, syb, syh, sys,
+                     scb, scs, ssb, sss, syob, syoh, syos, ROWS, BLOCK_D, INT64)
+
+
 _rotary_kernel = launch.recorded(_rotary_kernel)  # its calls are replayed (kernels/launch.py)
 
 
@@ -75,18 +92,27 @@ def _bs_strides(t, B: int) -> tuple[int, int]:
     return (0 if t.shape[0] == 1 and B != 1 else t.stride(0)), t.stride(1)
 
 
-def launch_rotary(x, cos, sin, out, config: Config) -> None:
-    """out = rotary(x, cos, sin): x and out (B, H, S, D), cos and sin (B or 1, S, D), every
-    last dim contiguous, D even."""
+def launch_rotary(x, cos, sin, out, config: Config, y=None, yout=None) -> None:
+    """out = rotary(x, cos, sin), and yout = rotary(y, cos, sin) in the same launch where y is
+    given: x, y and the outputs (B, H, S, D) (y's H its own), cos and sin (B or 1, S, D),
+    every last dim contiguous, D even."""
     B, H, S, D = x.shape
-    half = D // 2
+    rows = config["ROWS"]
     R = B * H * S
     sx, so = x.stride(), out.stride()
     sc, ss = _bs_strides(cos, B), _bs_strides(sin, B)
-    extent = max(sum((k - 1) * abs(st) for k, st in zip(t.shape, t.stride())) for t in (x, cos, sin, out))
-    grid = (triton.cdiv(R, config["ROWS"]),)
-    _rotary_kernel[grid](x, cos, sin, out, R, H, S, half, sx[0], sx[1], sx[2], *sc, *ss, so[0], so[1], so[2],
-                         BLOCK_D=triton.next_power_of_2(half), INT64=max(extent + D, R) > INDEX_LIMIT,
+    tensors = (x, cos, sin, out) if y is None else (x, cos, sin, out, y, yout)
+    extent = max(sum((k - 1) * abs(st) for k, st in zip(t.shape, t.stride())) for t in tensors)
+    if y is None:
+        y, yout, RY, HY, sy, syo = x, out, 0, 1, sx, so
+    else:
+        RY, HY, sy, syo = B * y.shape[1] * S, y.shape[1], y.stride(), yout.stride()
+    programs = triton.cdiv(R, rows)
+    grid = (programs + triton.cdiv(RY, rows),)
+    _rotary_kernel[grid](x, out, R, H, sx[0], sx[1], sx[2], so[0], so[1], so[2],
+                         y, yout, RY, HY, sy[0], sy[1], sy[2], syo[0], syo[1], syo[2], programs,
+                         cos, sin, S, D // 2, *sc, *ss,
+                         BLOCK_D=triton.next_power_of_2(D // 2), INT64=max(extent + D, R, RY) > INDEX_LIMIT,
                          **config.kwargs)
 
 
@@ -112,7 +138,7 @@ class RotarySpec(KernelSpec):
     default_configs = DEFAULTS
 
     def source_parts(self):
-        return (_rotary_kernel, _bs_strides, launch_rotary)
+        return (_rotary_rows, _rotary_kernel, _bs_strides, launch_rotary)
 
     def problem_from_row(self, row):
         if row.op.removesuffix(".default") != OP:
@@ -177,8 +203,85 @@ class RotarySpec(KernelSpec):
         return [make_row(OP, [dt] * 3, [x, c, c]) for dt in dts for x, c in cases]
 
 
+class RotaryQKSpec(RotarySpec):
+    """q and k rotated in one launch (`nbx_tune.rotary_qk`): the same kernel, k's rows in the
+    programs after q's; its own seats (the element count is q's and k's together)."""
+
+    name = "rotary_qk"
+    ops = (OP_QK,)
+    description = "rotary position embedding of q and k in one launch"
+
+    def problem_from_row(self, row):
+        if row.op.removesuffix(".default") != OP_QK:
+            return NotServable(f"{row.op}: overload not served")
+        if len(row.shapes) != 4:
+            return NotServable(f"{OP_QK} takes four tensors, the row has {len(row.shapes)}")
+        if row.params:
+            return NotServable(f"{OP_QK}: unsupported params {', '.join(sorted(row.params))}")
+        dt = one_dtype(row, self.dtypes)
+        if isinstance(dt, NotServable):
+            return dt
+        q, k, c, s = (tuple(sh) for sh in row.shapes)
+        why = _refusal(q, c, s) or _refusal(k, c, s) or _pair_refusal(q, k)
+        if why:
+            return NotServable(why)
+        n = numel(q) + numel(k)
+        return Problem(self.name, (dt,), _FLAGS, (n, q[3]), (("cos_shape", c), ("k_shape", k), ("q_shape", q)))
+
+    def input_shapes(self, problem):
+        dt = problem.dtypes[0]
+        c = (tuple(problem.get("cos_shape")), dt)
+        return {"q": (_model_layout(problem.get("q_shape")), dt), "k": (_model_layout(problem.get("k_shape")), dt),
+                "cos": c, "sin": c}
+
+    def make_inputs(self, problem, rng):
+        shapes = self.input_shapes(problem)
+        c_shape = shapes["cos"][0]
+        return {"q": (2.0 * rng.standard_normal(shapes["q"][0]), problem.dtypes[0]),
+                "k": (2.0 * rng.standard_normal(shapes["k"][0]), problem.dtypes[0]),
+                "cos": (rng.uniform(-1.0, 1.0, c_shape), problem.dtypes[0]),
+                "sin": (rng.uniform(-1.0, 1.0, c_shape), problem.dtypes[0])}
+
+    def oracle(self, problem, inputs):
+        c_shape = tuple(problem.get("cos_shape"))
+        cos, sin = inputs["cos"].reshape(c_shape), inputs["sin"].reshape(c_shape)
+        out = {}
+        for name in ("q", "k"):
+            x = inputs[name].reshape(_model_layout(problem.get(f"{name}_shape"))).transpose(0, 2, 1, 3)
+            out[f"{name}_out"] = np.ascontiguousarray(oracle.rotary(x, cos, sin).transpose(0, 2, 1, 3))
+        return out
+
+    def output_specs(self, problem):
+        dt = problem.dtypes[0]
+        return {"q_out": (_model_layout(problem.get("q_shape")), dt),
+                "k_out": (_model_layout(problem.get("k_shape")), dt)}
+
+    def serve_ops(self):
+        return {OP_QK: rotary_qk}
+
+    def launch(self, config, problem, inputs, outputs):
+        c_shape = tuple(problem.get("cos_shape"))
+        q_layout, k_layout = _model_layout(problem.get("q_shape")), _model_layout(problem.get("k_shape"))
+        launch_rotary(inputs["q"].reshape(q_layout).transpose(1, 2), inputs["cos"].reshape(c_shape),
+                      inputs["sin"].reshape(c_shape), outputs["q_out"].view(q_layout).transpose(1, 2), config,
+                      inputs["k"].reshape(k_layout).transpose(1, 2), outputs["k_out"].view(k_layout).transpose(1, 2))
+
+    def example_rows(self, scale):
+        from nbx_tune.kernels.rows import make_row
+
+        if scale == "small":
+            dts = ("float16", "float32")
+            cases = (((2, 3, 7, 10), (2, 1, 7, 10), (2, 7, 10)), ((3, 4, 5, 64), (3, 2, 5, 64), (1, 5, 64)))
+        else:  # Llama-3-8B's q and k (32 and 8 heads of 128) in a prefill and a decode step
+            dts = tuple(TORCH_DTYPES)
+            cases = (((1, 32, 512, 128), (1, 8, 512, 128), (1, 512, 128)),
+                     ((4, 32, 1, 128), (4, 8, 1, 128), (4, 1, 128)), ((3, 6, 33, 96), (3, 2, 33, 96), (3, 33, 96)))
+        return [make_row(OP_QK, [dt] * 4, [q, k, c, c]) for dt in dts for q, k, c in cases]
+
+
 SPEC = RotarySpec()
-SPECS = (SPEC,)
+QK_SPEC = RotaryQKSpec()
+SPECS = (SPEC, QK_SPEC)
 
 
 def _model_layout(x_shape) -> tuple[int, ...]:
@@ -198,6 +301,12 @@ def _refusal(x, c, s) -> str | None:
         return f"cos {format_shape(c)} and sin {format_shape(s)} differ"
     if len(c) != 3 or c[1:] != (S, D) or c[0] not in (1, B):
         return f"cos {format_shape(c)} with x {format_shape(x)}: (B or 1, S, D) expected"
+    return None
+
+
+def _pair_refusal(q, k) -> str | None:
+    if q[0] != k[0] or q[2:] != k[2:]:
+        return f"q {format_shape(q)} and k {format_shape(k)}: one batch, sequence and head dim expected"
     return None
 
 
@@ -233,20 +342,27 @@ def _out_strides(x: torch.Tensor):
     return x.stride()
 
 
-def _rotary_call(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _checked(what: str, x, cos, sin):
+    """x, cos, sin as the kernel reads them (last dims contiguous), and the dtype's name;
+    KernelError where they are not served."""
     dt = _NAMES.get(x.dtype)
     if dt is None or cos.dtype != x.dtype or sin.dtype != x.dtype:
-        raise KernelError(f"rotary: dtypes {x.dtype}, {cos.dtype}, {sin.dtype}: one of float16, bfloat16, "
+        raise KernelError(f"{what}: dtypes {x.dtype}, {cos.dtype}, {sin.dtype}: one of float16, bfloat16, "
                           "float32 expected")
     why = _refusal(tuple(x.shape), tuple(cos.shape), tuple(sin.shape))
     if why:
-        raise KernelError(f"rotary: {why}")
+        raise KernelError(f"{what}: {why}")
     if not (x.device == cos.device == sin.device):
-        raise KernelError(f"rotary: x on {x.device}, cos on {cos.device}, sin on {sin.device}")
+        raise KernelError(f"{what}: x on {x.device}, cos on {cos.device}, sin on {sin.device}")
     if x.stride(-1) != 1:
         x = dense(x)
     cos = cos if cos.stride(-1) == 1 else dense(cos)
     sin = sin if sin.stride(-1) == 1 else dense(sin)
+    return x, cos, sin, dt
+
+
+def _rotary_call(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x, cos, sin, dt = _checked("rotary", x, cos, sin)
     out = launch.empty(x.shape, x.dtype, x.device, _out_strides(x))
     n = out.numel()
     if n == 0:
@@ -255,4 +371,35 @@ def _rotary_call(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return out
 
 
-TORCH_OP = custom_ops.rotary  # the dispatcher's op that serve() routes here
+def rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """(rotary(q, cos, sin), rotary(k, cos, sin)) in one launch: q (B, Hq, S, D) and k
+    (B, Hk, S, D), any strides; cos and sin (B or 1, S, D); one dtype; D even."""
+    try:  # the direct launch (kernels/launch.py)
+        key = (QK_SPEC, *launch.tensor_key(q), *launch.tensor_key(k), *launch.tensor_key(cos),
+               *launch.tensor_key(sin))
+    except AttributeError:
+        raise KernelError("rotary_qk: q, k, cos and sin must be tensors") from None
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(q, k, cos, sin)
+    return launch.remember(key, (q, k, cos, sin), _rotary_qk_call, q, k, cos, sin)
+
+
+def _rotary_qk_call(q, k, cos, sin):
+    if k.dtype != q.dtype:
+        raise KernelError(f"rotary_qk: q is {q.dtype}, k {k.dtype}")
+    why = _pair_refusal(tuple(q.shape), tuple(k.shape)) if q.dim() == k.dim() == 4 else "q and k: (B, H, S, D) expected"
+    if why:
+        raise KernelError(f"rotary_qk: {why}")
+    q, cos, sin, dt = _checked("rotary_qk", q, cos, sin)
+    k = _checked("rotary_qk", k, cos, sin)[0]
+    q_out = launch.empty(q.shape, q.dtype, q.device, _out_strides(q))
+    k_out = launch.empty(k.shape, k.dtype, k.device, _out_strides(k))
+    n = q_out.numel() + k_out.numel()
+    if n:
+        launch_rotary(q, cos, sin, q_out, config_for(QK_SPEC, (dt,), _FLAGS, (n, q.shape[3])), k, k_out)
+    return q_out, k_out
+
+
+TORCH_OP = custom_ops.rotary  # the dispatcher's ops that serve() routes here
+TORCH_OP_QK = custom_ops.rotary_qk

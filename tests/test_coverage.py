@@ -32,7 +32,7 @@ def test_every_launch_of_the_example_traces_is_served(name):
     if name.startswith("llama") and not name.endswith("_fused"):
         assert {"reduce", "copy"} <= kernels  # the RMS norm's mean, its float32 casts
     if name.endswith("_fused") and not name.startswith("gpt2"):
-        assert {"rms_norm", "rotary", "silu_mul"} <= kernels  # kernels/fusions.py
+        assert {"rms_norm", "rotary_qk", "silu_mul"} <= kernels  # kernels/fusions.py
         assert "reduce" not in kernels
     if name.startswith(("convnet", "resnet")):
         assert {"conv", "batch_norm", "max_pool2d"} <= kernels

@@ -26,7 +26,7 @@ from nbx_tune.tuner.selfcheck import check_kernel
 from nbx_tune.tuner.trace import make_row
 
 PROFILE = get_profile("interpreter")
-SPECS = (rope.SPEC, swiglu.SPEC)
+SPECS = (rope.SPEC, rope.QK_SPEC, swiglu.SPEC)
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
@@ -94,6 +94,29 @@ def test_rotary_matches_the_oracle_on_a_transposed_view(dt, cos_batch):
     torch_way = custom_ops.rotary(x, cos, sin)  # three roundings in fp16, one here
     assert rel_err(got, want) <= rel_err(torch_way, want)
     assert got.stride() == torch_way.stride()  # the layout torch's result has
+
+
+@pytest.mark.parametrize("dt", sorted(DTYPES))
+@pytest.mark.parametrize("cos_batch", [None, 1])
+def test_rotary_qk_rotates_q_and_k_of_their_own_heads_in_one_launch(dt, cos_batch):
+    """Grouped-query: q of 3 heads, k of 1, both transposed views, one launch for both."""
+    q, cos, sin = rotary_inputs(DTYPES[dt], cos_batch=cos_batch, seed=4)
+    k = rotary_inputs(DTYPES[dt], H=1, seed=5)[0]
+    rope.REMEMBERED.clear()
+    launches = []
+    real = rope.launch_rotary
+    rope.launch_rotary = lambda *a, **kw: (launches.append(1), real(*a, **kw))[1]
+    try:
+        got_q, got_k = rope.rotary_qk(q, k, cos, sin)
+    finally:
+        rope.launch_rotary = real
+    assert launches == [1]
+    tol = 1e-6 if dt == "float32" else 2e-3
+    for got, x in ((got_q, q), (got_k, k)):
+        want = rope_oracle.rotary(x.double().numpy(), cos.double().numpy(), sin.double().numpy())
+        assert got.shape == x.shape and rel_err(got, want) <= tol
+    with pytest.raises(KernelError, match="one batch, sequence and head dim"):
+        rope.rotary_qk(q, k[..., :4, :], cos, sin)
 
 
 def test_rotary_reads_strided_halves_and_cos_of_any_layout():

@@ -296,6 +296,7 @@ _WHOLE = {
     **_entry_points(torch.ops.aten.rms_norm, F.rms_norm, torch.rms_norm),
     # the library's own composites (kernels/custom_ops.py): one row each, as serve() runs them
     **_entry_points(torch.ops.nbx_tune.rotary),
+    **_entry_points(torch.ops.nbx_tune.rotary_qk),
     **_entry_points(torch.ops.nbx_tune.silu_mul),
 }
 
