@@ -27,7 +27,7 @@ from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.copy import dense
 from nbx_tune.kernels.elementwise import INDEX_LIMIT, TORCH_DTYPES
 from nbx_tune.kernels.rows import format_shape, numel
-from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags
+from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, plain_row, seat_flags
 from nbx_tune.oracles import rope as oracle
 
 OP = "nbx_tune.rotary"
@@ -141,13 +141,7 @@ class RotarySpec(KernelSpec):
         return (_rotary_rows, _rotary_kernel, _bs_strides, launch_rotary)
 
     def problem_from_row(self, row):
-        if row.op.removesuffix(".default") != OP:
-            return NotServable(f"{row.op}: overload not served")
-        if len(row.shapes) != 3:
-            return NotServable(f"{OP} takes three tensors, the row has {len(row.shapes)}")
-        if row.params:
-            return NotServable(f"{OP}: unsupported params {', '.join(sorted(row.params))}")
-        dt = one_dtype(row, self.dtypes)
+        dt = plain_row(row, OP, 3, self.dtypes)
         if isinstance(dt, NotServable):
             return dt
         x, c, s = (tuple(sh) for sh in row.shapes)
@@ -212,13 +206,7 @@ class RotaryQKSpec(RotarySpec):
     description = "rotary position embedding of q and k in one launch"
 
     def problem_from_row(self, row):
-        if row.op.removesuffix(".default") != OP_QK:
-            return NotServable(f"{row.op}: overload not served")
-        if len(row.shapes) != 4:
-            return NotServable(f"{OP_QK} takes four tensors, the row has {len(row.shapes)}")
-        if row.params:
-            return NotServable(f"{OP_QK}: unsupported params {', '.join(sorted(row.params))}")
-        dt = one_dtype(row, self.dtypes)
+        dt = plain_row(row, OP_QK, 4, self.dtypes)
         if isinstance(dt, NotServable):
             return dt
         q, k, c, s = (tuple(sh) for sh in row.shapes)

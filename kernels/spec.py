@@ -142,6 +142,18 @@ def one_dtype(row, served: Sequence[str]) -> str | NotServable:
     return row.dtypes[0]
 
 
+def plain_row(row, op: str, tensors: int, served: Sequence[str]) -> str | NotServable:
+    """The one dtype of a row of `op` that has `tensors` tensors and no params (the
+    library's own ops, kernels/custom_ops.py), if the kernel serves it."""
+    if row.op.removesuffix(".default") != op:
+        return NotServable(f"{row.op}: overload not served")
+    if len(row.shapes) != tensors:
+        return NotServable(f"{op} takes {tensors} tensors, the row has {len(row.shapes)}")
+    if row.params:
+        return NotServable(f"{op}: unsupported params {', '.join(sorted(row.params))}")
+    return one_dtype(row, served)
+
+
 # ----------------------------------------------------------------------------- the spec
 
 class KernelSpec:

@@ -24,7 +24,7 @@ from nbx_tune.kernels.copy import block_start, dense, stream_launch
 from nbx_tune.kernels.elementwise import (CONFIGS, DEFAULTS, INDEX_LIMIT, TORCH_DTYPES, _stream_load, _stream_store,
                                           _tanh_f32, _unary_math)
 from nbx_tune.kernels.rows import format_shape, numel
-from nbx_tune.kernels.spec import KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags
+from nbx_tune.kernels.spec import KernelSpec, KeyDim, NotServable, Problem, plain_row, seat_flags
 from nbx_tune.oracles import elementwise as oracle
 
 OP = "nbx_tune.silu_mul"
@@ -83,18 +83,12 @@ class SiluMulSpec(KernelSpec):
                 _stream_store, block_start, stream_launch)
 
     def problem_from_row(self, row):
-        if row.op.removesuffix(".default") != OP:
-            return NotServable(f"{row.op}: overload not served")
-        if len(row.shapes) != 2:
-            return NotServable(f"{OP} takes two tensors, the row has {len(row.shapes)}")
-        if row.params:
-            return NotServable(f"{OP}: unsupported params {', '.join(sorted(row.params))}")
+        dt = plain_row(row, OP, 2, self.dtypes)
+        if isinstance(dt, NotServable):
+            return dt
         if tuple(row.shapes[0]) != tuple(row.shapes[1]):
             return NotServable(f"gate {format_shape(row.shapes[0])} and up {format_shape(row.shapes[1])}: "
                                "one shape expected")
-        dt = one_dtype(row, self.dtypes)
-        if isinstance(dt, NotServable):
-            return dt
         n = numel(row.shapes[0])
         if n == 0:
             return NotServable("an empty tensor: nothing to launch")
