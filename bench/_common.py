@@ -79,6 +79,19 @@ def wall_ms(fn, rep_ms: float) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def per_call_ms(fn, reps: int, sync) -> float:
+    """Wall time of one call (ms) over `reps` back-to-back eager calls, synchronized at the
+    ends: the host's launch path included, as eager serving pays it."""
+    import time
+
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / reps * 1e3
+
+
 def epoch(value) -> float:
     """A DateTime column as read back by SQLite (text, UTC) or another database, in epoch seconds."""
     if isinstance(value, str):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 SMOKE = "--smoke" in sys.argv
@@ -26,7 +25,7 @@ if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, side_by_side, table, wall_ms  # noqa: E402
+from _common import environment, per_call_ms, save, side_by_side, table, wall_ms  # noqa: E402
 
 
 def cases(torch, dev, dt):
@@ -71,14 +70,9 @@ def certify(all_cases) -> None:
 
 
 def eager_us(fn, sync, calls: int) -> float:
-    """Wall time per call of `calls` back-to-back eager calls, synchronized at the ends."""
+    """Wall time per call of `calls` back-to-back eager calls, after one to warm up."""
     fn()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) / calls * 1e6
+    return per_call_ms(fn, calls, sync) * 1e3
 
 
 def rel_err(out, ref) -> float:

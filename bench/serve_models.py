@@ -42,7 +42,7 @@ if SMOKE:
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import environment, out_dir, save, table  # noqa: E402
+from _common import environment, out_dir, per_call_ms, save, table  # noqa: E402
 
 # serve() leaves a copy between the host and a device to torch (kernels/copy.py says "a copy
 # to D from S is not served"): torch by design, not a miss. cuda from cuda:0 would be one.
@@ -210,15 +210,6 @@ class _fused:
         return False
 
 
-def wall_ms(fn, reps: int, sync) -> float:
-    sync()
-    t = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    sync()
-    return (time.perf_counter() - t) / reps * 1e3
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=2)
@@ -327,7 +318,7 @@ def main():
                 k = rnd % len(names)
                 for n in names[k:] + names[:k]:
                     with ctxs[n]():
-                        times[n].append(wall_ms(fns[n][phase], reps, sync))
+                        times[n].append(per_call_ms(fns[n][phase], reps, sync))
             for n, v in times.items():
                 result["variants"][n][f"{phase}_ms"] = sorted(v)[len(v) // 2]
 

@@ -75,9 +75,6 @@ def shape_of(source: str) -> str | None:
     return ast.dump(node)
 
 
-_verdicts: dict[int, weakref.WeakKeyDictionary] = {}  # id(pattern) -> {function: same syntax}
-
-
 @dataclass(frozen=True)
 class Pattern:
     """A function as the model library writes it; `helpers` are the module-level functions
@@ -97,6 +94,11 @@ class Pattern:
     def shape(self) -> str | None:
         return shape_of(self.source)
 
+    @cached_property
+    def verdicts(self) -> weakref.WeakKeyDictionary:
+        """function -> whether its source has this pattern's syntax: read once a function."""
+        return weakref.WeakKeyDictionary()
+
     def matches(self, fn) -> bool:
         """`fn` is this pattern. Compiled code would be a cheaper test, but the compiler's
         choices differ between builds of one Python: the source decides."""
@@ -107,7 +109,7 @@ class Pattern:
             return False  # cheap first: most functions differ here
         if any(fn.__globals__.get(n, _GLOBALS[n]) is not _GLOBALS[n] for n in code.co_names if n in _GLOBALS):
             return False
-        known = _verdicts.setdefault(id(self), weakref.WeakKeyDictionary())
+        known = self.verdicts
         if fn not in known:  # reading the source is the cost of a context's entry: once a function
             try:
                 source = inspect.getsource(fn)

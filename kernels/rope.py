@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import custom_ops, launch
+from nbx_tune.kernels import custom_ops  # noqa: F401  (defines the torch op serve_ops names)
+from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.copy import dense
 from nbx_tune.kernels.elementwise import INDEX_LIMIT, TORCH_DTYPES
@@ -388,6 +389,3 @@ def _rotary_qk_call(q, k, cos, sin):
         launch_rotary(q, cos, sin, q_out, config_for(QK_SPEC, (dt,), _FLAGS, (n, q.shape[3])), k, k_out)
     return q_out, k_out
 
-
-TORCH_OP = custom_ops.rotary  # the dispatcher's ops that serve() routes here
-TORCH_OP_QK = custom_ops.rotary_qk

@@ -150,6 +150,7 @@ def _make_kernel(op: str, fn, original, slots, composite: bool, keyset):
     (tests/test_serve_host.py checks it does)."""
     stats = _stats.setdefault(op, OpStats())
     tls = _tls
+    pending = fusions.pending  # the list itself (settle changes it in place): a local read per call
 
     def kernel(*args, **kwargs):
         if tls.busy:  # a kernel's own torch call: straight to torch
@@ -160,7 +161,7 @@ def _make_kernel(op: str, fn, original, slots, composite: bool, keyset):
                 isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             stats.torch[_NEEDS_GRAD] += 1
             return original.call_boxed(keyset, *_torch_args(slots, args), **kwargs)
-        if fusions.pending:  # model code imported under the context: swap it before it runs on
+        if pending:  # model code imported under the context: swap it before it runs on
             fusions.settle()
         misses = (certified._state or certified.state()).misses
         before = misses.total
