@@ -133,6 +133,11 @@ def family_cases(torch, buf):
          {}, lambda *a: custom_ops.rotary_qk(*a)[1]),
         ("silu_mul 37x45", K.silu_mul, (buf(37, 45), buf(37, 45)), {}, custom_ops.silu_mul),
         ("silu_mul up off 16B", K.silu_mul, (buf(37, 45), buf(37, 45, offset=3)), {}, custom_ops.silu_mul),
+        # the normed output, then the sum (the launch's second store); a row past one block
+        ("add_rms_norm 5x4097", lambda *a: K.add_rms_norm(*a)[0], (buf(5, 4097), buf(5, 4097), buf(4097), 1e-6), {},
+         lambda *a: custom_ops.add_rms_norm(*a)[0]),
+        ("add_layer_norm sum 7x20000", lambda *a: K.add_layer_norm(*a)[1],
+         (buf(7, 20000), buf(7, 20000), buf(20000), buf(20000), 1e-5), {}, lambda *a: custom_ops.add_layer_norm(*a)[1]),
     ]
 
 

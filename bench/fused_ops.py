@@ -1,8 +1,10 @@
 """The fused ops against the patterns they replace, side by side in one run, at Llama-7B's
 shapes (a decode step's and a 512-token prefill's, bf16): `rotary` (q of 32 heads of 128,
 against transformers' apply_rotary_pos_emb for one tensor: 5 torch launches), `rotary_qk`
-(q and k of 8 heads in one launch: 10) and `silu_mul`
-(the MLP's 11008 columns, against silu(gate) * up: 2 launches). Per case: device time
+(q and k of 8 heads in one launch: 10), `silu_mul`
+(the MLP's 11008 columns, against silu(gate) * up: 2 launches), and `add_rms_norm` /
+`add_layer_norm` (a residual add and the norm of the sum, against the add and the norm: 2
+launches; GPT-2's 768 columns for the layer norm). Per case: device time
 (every launch queued ahead of the GPU), eager wall time per call (the host's launch cost
 included: what a decode step pays), each one's error against fp64, and the ratios.
 
@@ -43,13 +45,20 @@ def cases(torch, dev, dt):
         q, cos, sin = rope(s, h, d)
         return (q, r(1, s, hk, d).transpose(1, 2), cos, sin)
 
-    (s_dec, s_pre, h, hk, d, f) = (1, 9, 3, 1, 16, 37) if SMOKE else (1, 512, 32, 8, 128, 11008)
+    (s_dec, s_pre, h, hk, d, f, n, n_gpt2) = (1, 9, 3, 1, 16, 37, 40, 24) if SMOKE else (1, 512, 32, 8, 128, 11008,
+                                                                                          4096, 768)
     return [(f"rotary decode 1x{h}x{s_dec}x{d}", K.rotary, custom_ops.rotary, rope(s_dec, h, d)),
             (f"rotary prefill 1x{h}x{s_pre}x{d}", K.rotary, custom_ops.rotary, rope(s_pre, h, d)),
             (f"rotary_qk decode q {h}, k {hk} heads", K.rotary_qk, custom_ops.rotary_qk, rope_qk(s_dec, h, hk, d)),
             (f"rotary_qk prefill {s_pre}", K.rotary_qk, custom_ops.rotary_qk, rope_qk(s_pre, h, hk, d)),
             (f"silu_mul decode 1x{s_dec}x{f}", K.silu_mul, custom_ops.silu_mul, (r(1, s_dec, f), r(1, s_dec, f))),
-            (f"silu_mul prefill 1x{s_pre}x{f}", K.silu_mul, custom_ops.silu_mul, (r(1, s_pre, f), r(1, s_pre, f)))]
+            (f"silu_mul prefill 1x{s_pre}x{f}", K.silu_mul, custom_ops.silu_mul, (r(1, s_pre, f), r(1, s_pre, f))),
+            (f"add_rms_norm decode 8x1x{n}", K.add_rms_norm, custom_ops.add_rms_norm,
+             (r(8, 1, n), r(8, 1, n), r(n), 1e-6)),
+            (f"add_rms_norm prefill 1x{s_pre}x{n}", K.add_rms_norm, custom_ops.add_rms_norm,
+             (r(1, s_pre, n), r(1, s_pre, n), r(n), 1e-6)),
+            (f"add_layer_norm prefill 4x{s_pre}x{n_gpt2}", K.add_layer_norm, custom_ops.add_layer_norm,
+             (r(4, s_pre, n_gpt2), r(4, s_pre, n_gpt2), r(n_gpt2), r(n_gpt2), 1e-5))]
 
 
 def certify(all_cases) -> None:
@@ -95,7 +104,7 @@ def main() -> None:
         certify(all_cases)
     rows, raw = [], {}
     for name, fused, pattern, args in all_cases:
-        ref = pattern(*[a.double() for a in args])  # the fp64 answer of the same inputs
+        ref = pattern(*[a.double() if hasattr(a, "double") else a for a in args])  # fp64, the same inputs
         err_f, err_t = rel_err(fused(*args), ref), rel_err(pattern(*args), ref)
         dev_ms = side_by_side({"torch": lambda: pattern(*args), "fused": lambda: fused(*args)}, 1 if SMOKE else 200,
                               timer=(lambda fn, rep: wall_ms(fn, rep)) if SMOKE else None)

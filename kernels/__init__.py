@@ -67,6 +67,8 @@ _OPS = {
     "rotary": "nbx_tune.kernels.rope",
     "rotary_qk": "nbx_tune.kernels.rope",
     "silu_mul": "nbx_tune.kernels.swiglu",
+    "add_rms_norm": "nbx_tune.kernels.residual_norm",
+    "add_layer_norm": "nbx_tune.kernels.residual_norm",
 }
 
 

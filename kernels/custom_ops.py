@@ -4,13 +4,15 @@ as several small aten ops, so that serve() runs it as one launch.
     torch.ops.nbx_tune.rotary(x, cos, sin)    # transformers' apply_rotary_pos_emb, one tensor
     torch.ops.nbx_tune.rotary_qk(q, k, cos, sin)  # the same for q and k, in one launch
     torch.ops.nbx_tune.silu_mul(gate, up)     # silu(gate) * up, LlamaMLP's activation
+    torch.ops.nbx_tune.add_rms_norm(x, residual, weight, eps)  # (rms_norm(residual + x), the sum)
+    torch.ops.nbx_tune.add_layer_norm(x, residual, weight, bias, eps)  # the same with a layer norm
 
 Each op's torch implementation is the pattern itself, written as the model writes it, and is
 registered as a composite (CompositeImplicitAutograd): outside serve() it runs the pattern's
 own ops, so the result is what the model's code gives, bit for bit, on any device (meta
 included), and autograd differentiates through those ops. serve() registers a CUDA (or,
 under the interpreter, CPU) kernel for each, as it does for SDPA: then the op is one
-Triton launch (kernels/rope.py, kernels/swiglu.py) and, with grad wanted, torch's pattern.
+Triton launch (kernels/rope.py, kernels/swiglu.py, kernels/residual_norm.py) and, with grad wanted, torch's pattern.
 The trace recorder writes each as one row (`nbx_tune.rotary`, `nbx_tune.silu_mul`).
 
 Defined through `torch.library.Library`, not `custom_op`, whose Python autograd layer costs
@@ -48,6 +50,16 @@ def _silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     return F.silu(gate) * up
 
 
+def _add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    total = residual + x
+    return F.rms_norm(total, (total.shape[-1],), weight, eps), total
+
+
+def _add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    total = x + residual
+    return F.layer_norm(total, (total.shape[-1],), weight, bias, eps), total
+
+
 _LIB = torch.library.Library("nbx_tune", "DEF")  # kept for the process: the ops live as long as it
 _LIB.define("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor")
 _LIB.impl("rotary", _rotary, "CompositeImplicitAutograd")
@@ -55,7 +67,13 @@ _LIB.define("rotary_qk(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, T
 _LIB.impl("rotary_qk", _rotary_qk, "CompositeImplicitAutograd")
 _LIB.define("silu_mul(Tensor gate, Tensor up) -> Tensor")
 _LIB.impl("silu_mul", _silu_mul, "CompositeImplicitAutograd")
+_LIB.define("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)")
+_LIB.impl("add_rms_norm", _add_rms_norm, "CompositeImplicitAutograd")
+_LIB.define("add_layer_norm(Tensor x, Tensor residual, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor)")
+_LIB.impl("add_layer_norm", _add_layer_norm, "CompositeImplicitAutograd")
 
 rotary = torch.ops.nbx_tune.rotary.default  # (x (B, H, S, D), cos and sin (B, S, D)) -> x's shape
 rotary_qk = torch.ops.nbx_tune.rotary_qk.default  # (q, k, cos, sin) -> (q's, k's): apply_rotary_pos_emb
 silu_mul = torch.ops.nbx_tune.silu_mul.default  # (gate, up) -> their shape
+add_rms_norm = torch.ops.nbx_tune.add_rms_norm.default  # (x, residual, weight, eps) -> (normed, sum)
+add_layer_norm = torch.ops.nbx_tune.add_layer_norm.default  # (x, residual, weight, bias, eps) -> (normed, sum)

@@ -4,10 +4,12 @@ transformers' Llama computes an RMS norm in eight launches (a cast, pow, mean, a
 mul, a cast back, mul by the weight), its rotary embedding in five per tensor, and SwiGLU's
 activation in two; GPT-2's gelu_new takes eight. Each is one op here (`F.rms_norm`,
 `torch.ops.nbx_tune.rotary_qk`, `.silu_mul`, `F.gelu(approximate="tanh")`), which serve() runs
-on a kernel. While a fusion context is active (serve() and the trace recorder enter one),
-code that is exactly a known pattern is swapped for code that calls the one op: a module
-class's `forward`, or a function a model module calls by its global name. Leaving restores
-the original.
+on a kernel; a decoder layer's residual add and the norm after attention are one more
+(`.add_rms_norm`, GPT-2's `.add_layer_norm`). While a fusion context is active (serve() and
+the trace recorder enter one), code that is exactly a known pattern is swapped for code that
+calls the one op: a module class's `forward` (or, behind decorators that wrap it, the function
+in the innermost wrapper's closure, the decorators kept), or a function a model module calls
+by its global name. Leaving restores the original.
 
 The match is on the syntax tree of the source against the pattern's (decorators,
 annotations, docstrings and layout aside), on what the global names it uses are bound to
@@ -231,7 +233,171 @@ def forward(self, x):
     return down_proj
 '''), _silu_mul)
 
-FUSIONS: tuple[Fusion, ...] = (RMS_NORM, GELU_TANH, ROTARY, SILU_MUL)
+
+def _class_forward(kind: type):
+    """The forward a module class runs, as written: a swapped one's original."""
+    for k in kind.__mro__:
+        fn = k.__dict__.get("forward")
+        if fn is not None:
+            return _originals.get(fn, fn)
+    return None
+
+
+def _called_plainly(module) -> bool:
+    """Calling `module` runs its class's forward and nothing else: no hooks, no forward of the
+    instance's own (accelerate's offloading sets one), so a fusion may skip the call."""
+    hooks = torch.nn.modules.module
+    return not (module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__
+                or hooks._global_forward_hooks or hooks._global_forward_pre_hooks)
+
+
+_norm_types: dict[type, bool] = {}
+
+
+def is_rms_norm(module) -> bool:
+    """`module` is an RMS norm of the RMS_NORM pattern (a weight of one dim), called plainly."""
+    kind = type(module)
+    if kind not in _norm_types:
+        _norm_types[kind] = RMS_NORM.pattern.matches(_class_forward(kind))
+    return _norm_types[kind] and _called_plainly(module)
+
+
+def is_layer_norm(module) -> bool:
+    """`module` is torch's LayerNorm over one dim with a weight and a bias, called plainly."""
+    return (isinstance(module, torch.nn.LayerNorm) and _class_forward(type(module)) is torch.nn.LayerNorm.forward
+            and len(module.normalized_shape) == 1 and module.weight is not None and module.bias is not None
+            and _called_plainly(module))
+
+
+def _fusable(x, residual, *affine) -> bool:
+    """The one op gives the pattern's result: one shape and dtype, a 1-d affine of that dtype."""
+    return x.shape == residual.shape and residual.dtype == x.dtype and all(
+        t.dtype == x.dtype and t.dim() == 1 for t in affine)
+
+
+def _add_rms_norm_layer(original: Callable) -> Callable:
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
+                position_embeddings=None, **kwargs):
+        norm = self.post_attention_layernorm
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
+                                          position_ids=position_ids, cache=cache, use_cache=use_cache,
+                                          position_embeddings=position_embeddings, **kwargs)
+        if is_rms_norm(norm) and _fusable(hidden_states, residual, norm.weight):
+            _calls["add_rms_norm"] += 1
+            hidden_states, residual = custom_ops.add_rms_norm(hidden_states, residual, norm.weight,
+                                                              norm.variance_epsilon)
+        else:  # the pattern as written
+            hidden_states = residual + hidden_states
+            residual = hidden_states
+            hidden_states = norm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        return residual + hidden_states
+
+    return forward
+
+
+# transformers' LlamaDecoderLayer.forward (and its copies: Qwen2, Mistral, ...): the residual
+# add after attention and the post-attention RMS norm, two launches, as
+# torch.ops.nbx_tune.add_rms_norm. The forward sits behind a kwarg-renaming decorator.
+ADD_RMS_NORM = Fusion("add_rms_norm", "nbx_tune.add_rms_norm", Pattern('''
+def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
+            position_embeddings=None, **kwargs):
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    # Self Attention
+    hidden_states, _ = self.self_attn(
+        hidden_states=hidden_states,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        cache=cache,
+        use_cache=use_cache,
+        position_embeddings=position_embeddings,
+        **kwargs,
+    )
+    hidden_states = residual + hidden_states
+
+    # Fully Connected
+    residual = hidden_states
+    hidden_states = self.post_attention_layernorm(hidden_states)
+    hidden_states = self.mlp(hidden_states)
+    hidden_states = residual + hidden_states
+    return hidden_states
+'''), _add_rms_norm_layer)
+
+
+def _add_layer_norm_block(original: Callable) -> Callable:
+    def forward(self, hidden_states, cache=None, attention_mask=None, encoder_hidden_states=None,
+                encoder_attention_mask=None, use_cache=False, **kwargs):
+        ln = self.ln_2
+        if encoder_hidden_states is not None:  # cross-attention between the add and ln_2
+            return original(self, hidden_states, cache=cache, attention_mask=attention_mask,
+                            encoder_hidden_states=encoder_hidden_states,
+                            encoder_attention_mask=encoder_attention_mask, use_cache=use_cache, **kwargs)
+        residual = hidden_states
+        hidden_states = self.ln_1(hidden_states)
+        attn_output, _ = self.attn(hidden_states, cache=cache, attention_mask=attention_mask, use_cache=use_cache,
+                                   **kwargs)
+        if is_layer_norm(ln) and _fusable(attn_output, residual, ln.weight, ln.bias):
+            _calls["add_layer_norm"] += 1
+            hidden_states, residual = custom_ops.add_layer_norm(attn_output, residual, ln.weight, ln.bias, ln.eps)
+        else:  # the pattern as written
+            hidden_states = attn_output + residual
+            residual = hidden_states
+            hidden_states = ln(hidden_states)
+        feed_forward_hidden_states = self.mlp(hidden_states)
+        return residual + feed_forward_hidden_states
+
+    return forward
+
+
+# transformers' GPT2Block.forward: the residual add after attention and ln_2, two launches,
+# as torch.ops.nbx_tune.add_layer_norm (without cross-attention, which runs between them).
+ADD_LAYER_NORM = Fusion("add_layer_norm", "nbx_tune.add_layer_norm", Pattern('''
+def forward(self, hidden_states, cache=None, attention_mask=None, encoder_hidden_states=None,
+            encoder_attention_mask=None, use_cache=False, **kwargs):
+    residual = hidden_states
+    hidden_states = self.ln_1(hidden_states)
+    attn_output, _ = self.attn(
+        hidden_states,
+        cache=cache,
+        attention_mask=attention_mask,
+        use_cache=use_cache,
+        **kwargs,
+    )
+    # residual connection
+    hidden_states = attn_output + residual
+
+    if encoder_hidden_states is not None:
+        # add one self-attention block for cross-attention
+        if not hasattr(self, "crossattention"):
+            raise ValueError(
+                f"If `encoder_hidden_states` are passed, {self} has to be instantiated with "
+                "cross-attention layers by setting `config.add_cross_attention=True`"
+            )
+        residual = hidden_states
+        hidden_states = self.ln_cross_attn(hidden_states)
+        cross_attn_output, _ = self.crossattention(
+            hidden_states,
+            cache=cache,
+            attention_mask=attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
+        )
+        # residual connection
+        hidden_states = residual + cross_attn_output
+
+    residual = hidden_states
+    hidden_states = self.ln_2(hidden_states)
+    feed_forward_hidden_states = self.mlp(hidden_states)
+    # residual connection
+    hidden_states = residual + feed_forward_hidden_states
+
+    return hidden_states
+'''), _add_layer_norm_block)
+
+FUSIONS: tuple[Fusion, ...] = (RMS_NORM, GELU_TANH, ROTARY, SILU_MUL, ADD_RMS_NORM, ADD_LAYER_NORM)
 
 
 def underlying(obj, name: str):
@@ -252,10 +418,33 @@ def underlying(obj, name: str):
     return None
 
 
+def _decorated(fn):
+    """(the function decorators' wrappers call in the end, the closure cell of the innermost
+    wrapper that holds it), or (None, None): transformers wraps decoder layers' forward in
+    kwarg-renaming decorators, which are kept; the function in the cell is swapped."""
+    cell = None
+    while True:
+        inner = getattr(fn, "__wrapped__", None)
+        if not isinstance(fn, FunctionType) or not isinstance(inner, FunctionType):
+            return (fn, cell) if cell is not None else (None, None)
+        for c in fn.__closure__ or ():
+            try:
+                if c.cell_contents is inner:
+                    cell = c
+                    break
+            except ValueError:  # an empty cell
+                continue
+        else:
+            return None, None  # a wrapper that does not call what it names: left alone
+        fn = inner
+
+
 _lock = threading.RLock()
 _active = 0
-# (class or module, attribute) -> (original, fused, fusion)
-_swapped: dict[tuple[object, str], tuple[object, Callable, Fusion]] = {}
+# (id of a class, module or closure cell, attribute) -> (that owner, original, fused, fusion,
+# where); by id, as cells cannot be hashed (the owner, held here, keeps its id)
+_swapped: dict[tuple[int, str], tuple[object, object, Callable, Fusion, str]] = {}
+_originals: dict[Callable, object] = {}  # fused -> original, while swapped
 _hook_saved = None
 
 
@@ -266,20 +455,28 @@ def _swap(owner, attr: str, original, one_op: Callable, fusion: Fusion, where: s
         # original runs too: serve()'s kernels are forward only, the model's ops have a backward.
         return (one_op if _active and not torch.is_grad_enabled() else original)(*args, **kwargs)
 
-    fused.__qualname__ = where
+    fused.__qualname__ = getattr(original, "__qualname__", attr)
     fused.__doc__ = f"{where} fused into {fusion.op} by nbx-tune."
     fused.__wrapped__ = original
     setattr(owner, attr, fused)
-    _swapped[(owner, attr)] = (original, fused, fusion)
+    _swapped[(id(owner), attr)] = (owner, original, fused, fusion, where)
+    _originals[fused] = original
 
 
 def _consider_class(cls: type) -> None:
     fn = cls.__dict__.get("forward")
-    if fn is None or (cls, "forward") in _swapped:
+    if fn is None or (id(cls), "forward") in _swapped:
         return
+    where = f"{cls.__module__}.{cls.__qualname__}.forward"
+    inner, cell = _decorated(fn)
     for fusion in FUSIONS:
-        if fusion.function is None and fusion.pattern.matches(fn):
-            _swap(cls, "forward", fn, fusion.make(fn), fusion, f"{cls.__qualname__}.forward")
+        if fusion.function is not None:
+            continue
+        if fusion.pattern.matches(fn):
+            _swap(cls, "forward", fn, fusion.make(fn), fusion, where)
+            return
+        if cell is not None and fusion.pattern.matches(inner):
+            _swap(cell, "cell_contents", inner, fusion.make(inner), fusion, where)
             return
 
 
@@ -289,11 +486,11 @@ def _consider_module(module) -> None:
         return
     for fusion in FUSIONS:
         name = fusion.function
-        if name is None or (module, name) in _swapped or name not in namespace:
+        if name is None or (id(module), name) in _swapped or name not in namespace:
             continue
         original = namespace[name]
         if fusion.pattern.matches(underlying(original, name)):
-            _swap(module, name, original, fusion.make(original), fusion, name)
+            _swap(module, name, original, fusion.make(original), fusion, f"{module.__name__}.{name}")
 
 
 def _subclasses(root: type):
@@ -377,20 +574,18 @@ def release() -> None:
             torch.nn.Module.__init_subclass__ = _hook_saved
         _hook_saved = None
         pending.clear()
-        for (owner, attr), (original, fused, _) in _swapped.items():
-            if getattr(owner, "__dict__", {}).get(attr) is fused:  # unless someone replaced it since
+        for (_, attr), (owner, original, fused, _, _) in _swapped.items():
+            current = owner.cell_contents if attr == "cell_contents" else getattr(owner, "__dict__", {}).get(attr)
+            if current is fused:  # unless someone replaced it since
                 setattr(owner, attr, original)
         _swapped.clear()
+        _originals.clear()
 
 
 def swapped() -> dict[str, str]:
     """`module.Class.forward` or `module.function` -> the op it now calls, swapped now."""
     with _lock:
-        out = {}
-        for (owner, attr), (_, _, fusion) in _swapped.items():
-            where = f"{owner.__module__}.{owner.__qualname__}" if isinstance(owner, type) else owner.__name__
-            out[f"{where}.{attr}"] = fusion.op
-        return out
+        return {where: fusion.op for _, _, _, fusion, where in _swapped.values()}
 
 
 def stats() -> dict[str, int]:

@@ -234,7 +234,7 @@ def _rows_of(config: Config) -> int:
     return dict(config.meta).get("ROWS", 1)
 
 
-def _norm_smem(config: Config, problem: Problem, reductions: int) -> int:
+def norm_smem(config: Config, problem: Problem, reductions: int) -> int:
     # Cross-warp steps of the row reductions: at most one fp32 per row, warp and reduced
     # value. Nothing else is staged in shared memory (the compiled kernels' shared memory
     # stays under this estimate for every config).
@@ -351,7 +351,7 @@ class LayerNormSpec(_RowNormSpec):
     input_mean = 1.5
 
     def smem_bytes(self, config, problem):
-        return _norm_smem(config, problem, 3)
+        return norm_smem(config, problem, 3)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
@@ -405,7 +405,7 @@ class RMSNormSpec(_RowNormSpec):
     input_mean = 0.3
 
     def smem_bytes(self, config, problem):
-        return _norm_smem(config, problem, 1)
+        return norm_smem(config, problem, 1)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
@@ -460,7 +460,7 @@ class GroupNormSpec(KernelSpec):
     default_holds_row = True
 
     def smem_bytes(self, config, problem):
-        return _norm_smem(config, problem, 3)
+        return norm_smem(config, problem, 3)
 
     def source_parts(self):
         return (_group_norm_kernel, launch_group_norm)

@@ -29,6 +29,7 @@ BUILTIN_MODULES = (
     "nbx_tune.kernels.pool",
     "nbx_tune.kernels.rope",
     "nbx_tune.kernels.swiglu",
+    "nbx_tune.kernels.residual_norm",
 )
 ENTRY_POINT_GROUP = "nbx_tune.kernels"
 

@@ -193,6 +193,123 @@ def test_the_mlps_silu_times_up_is_one_op_and_another_activation_is_kept(fused):
         fusions.reset_stats()
 
 
+def rename_kwarg(old, new):
+    """A kwarg-renaming decorator, as transformers' deprecate_kwarg is (it wraps decoder layers)."""
+    import functools
+
+    def decorate(func):
+        @functools.wraps(func)
+        def wrapped(*args, **kwargs):
+            if old in kwargs:
+                kwargs[new] = kwargs.pop(old)
+            return func(*args, **kwargs)
+        return wrapped
+    return decorate
+
+
+class ToyAttention(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.o_proj = nn.Linear(n, n, bias=False)
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
+                position_embeddings=None, **kwargs):
+        return self.o_proj(hidden_states), None
+
+
+class PatternDecoderLayer(nn.Module):
+    """transformers' LlamaDecoderLayer (5.25), its forward behind two decorators."""
+
+    def __init__(self, n=24):
+        super().__init__()
+        self.self_attn = ToyAttention(n)
+        self.mlp = nn.Linear(n, n, bias=False)
+        self.input_layernorm, self.post_attention_layernorm = _norm(n=n), _norm(n=n)
+
+    @rename_kwarg("past_key_values", "cache")
+    @rename_kwarg("layer_past", "cache")
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache=None,
+        use_cache: bool | None = False,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        # Self Attention
+        hidden_states, _ = self.self_attn(
+            hidden_states=hidden_states,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=use_cache,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        hidden_states = residual + hidden_states
+
+        # Fully Connected
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        hidden_states = residual + hidden_states
+        return hidden_states
+
+
+DECORATED_FORWARD = vars(PatternDecoderLayer)["forward"]
+
+
+def _layer_cell():
+    """The cell of the innermost decorator that holds the layer's own forward."""
+    inner = DECORATED_FORWARD.__wrapped__
+    return next(c for c in inner.__closure__ if c.cell_contents is inner.__wrapped__
+                or getattr(c.cell_contents, "__wrapped__", None) is inner.__wrapped__)
+
+
+def test_a_decoder_layer_behind_decorators_has_its_add_and_norm_fused_in_the_decorators_cell():
+    torch.manual_seed(0)
+    layer, x = PatternDecoderLayer(), torch.randn(2, 5, 24)
+    own = DECORATED_FORWARD.__wrapped__.__wrapped__
+    ref = layer(x)  # no context: the model's code
+    fusions.reset_stats()
+    fusions.acquire()
+    try:
+        assert vars(PatternDecoderLayer)["forward"] is DECORATED_FORWARD  # the decorators stay
+        assert _layer_cell().cell_contents.__wrapped__ is own
+        assert fusions.swapped()[f"{__name__}.PatternDecoderLayer.forward"] == "nbx_tune.add_rms_norm"
+        y = layer(x, past_key_values=None)  # through the renaming
+        assert fusions.stats() == {"add_rms_norm": 1, "rms_norm": 1}
+        layer.post_attention_layernorm.register_forward_hook(lambda *a: None)  # a hook must run: not fused
+        z = layer(x)
+        assert fusions.stats() == {"add_rms_norm": 1, "rms_norm": 3}
+    finally:
+        fusions.release()
+    assert _layer_cell().cell_contents is own
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)  # F.rms_norm's rounding, not the pattern's
+    assert torch.equal(y, z)  # the one op's composite is the add and the norm the layer makes
+
+
+def test_a_layer_whose_post_norm_is_a_variant_keeps_its_add(fused):
+    layer = PatternDecoderLayer()
+    layer.post_attention_layernorm = _norm(OnePlusWeightNorm)
+    y = layer(torch.randn(2, 3, 24))
+    assert fusions.stats() == {"rms_norm": 1} and y.shape == (2, 3, 24)
+
+
+def test_the_recorder_writes_the_layers_add_and_norm_as_one_row():
+    layer = PatternDecoderLayer().to(torch.float16)
+    with torch.inference_mode(), Recorder() as rec:
+        layer(torch.randn(3, 7, 24).to(torch.float16))
+    rows = {r.op: r for r in rec.rows}
+    row = rows["nbx_tune.add_rms_norm"]
+    assert row.shapes == ((3, 7, 24), (3, 7, 24), (24,)) and dict(row.params) == {"eps": "1e-06"}
+    assert rows["aten.rms_norm"].count == 1 and rows["aten.add.Tensor"].count == 1
+
+
 def test_with_grad_wanted_the_models_own_code_runs(fused):
     m = _norm()
     x = torch.randn(3, 24, requires_grad=True)
@@ -273,6 +390,13 @@ def test_transformers_patterns_are_swapped_and_their_variants_are_not(fused, mon
         module, cls = path.rsplit(".", 1)
         cls = getattr(importlib.import_module(f"transformers.{module}"), cls)
         assert hasattr(vars(cls)["forward"], "__wrapped__") == swap, path
+    # decoder layers behind their kwarg decorators: the residual add and the norm after attention
+    swapped = fusions.swapped()
+    for path, op in (("llama.modeling_llama.LlamaDecoderLayer", "add_rms_norm"),
+                     ("qwen2.modeling_qwen2.Qwen2DecoderLayer", "add_rms_norm"),
+                     ("mistral.modeling_mistral.MistralDecoderLayer", "add_rms_norm"),
+                     ("gpt2.modeling_gpt2.GPT2Block", "add_layer_norm")):
+        assert swapped[f"transformers.models.{path}.forward"] == f"nbx_tune.{op}", path
     # a function, behind the kernel hub's wrapper module where transformers has one
     llama = importlib.import_module("transformers.models.llama.modeling_llama")
     assert fusions.swapped()["transformers.models.llama.modeling_llama.apply_rotary_pos_emb"] == "nbx_tune.rotary_qk"
@@ -479,8 +603,9 @@ def test_nbx_tune_run_fuses_a_transformers_llama_the_program_imports(tmp_path):
     assert run_command([sys.executable, str(script)], stats) == 0
     data = json.loads(stats.read_text())
     launches = {op: s["certified"] + s["default"] for op, s in data.items()}
-    assert launches["aten.rms_norm"] == 3 and launches["nbx_tune.rotary_qk"] == 1  # q and k: one launch
+    assert launches["aten.rms_norm"] == 2 and launches["nbx_tune.rotary_qk"] == 1  # q and k: one launch
     assert launches["nbx_tune.silu_mul"] == 1
+    assert launches["nbx_tune.add_rms_norm"] == 1  # the layer behind its decorators
     assert not {"aten.rsqrt", "aten.neg", "aten.silu", "aten.pow.Tensor_Scalar"} & set(launches), launches
-    fused_ops = ("aten.rms_norm", "nbx_tune.rotary_qk", "nbx_tune.silu_mul")
+    fused_ops = ("aten.rms_norm", "nbx_tune.rotary_qk", "nbx_tune.silu_mul", "nbx_tune.add_rms_norm")
     assert all(data[op]["torch"] == 0 for op in fused_ops), data

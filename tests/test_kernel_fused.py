@@ -1,5 +1,6 @@
 """The library's fused ops on the interpreter: `nbx_tune.rotary` (rotary position embedding of
-one tensor) and `nbx_tune.silu_mul` (silu(gate) * up). Their kernels against the fp64
+one tensor), `nbx_tune.silu_mul` (silu(gate) * up) and `nbx_tune.add_rms_norm` /
+`add_layer_norm` (a residual add and the norm of the sum). Their kernels against the fp64
 oracles at odd shapes and strides; their torch ops (kernels/custom_ops.py) against
 transformers' own code, bit for bit, and their backward; recorded rows (CPU and meta) to
 seats; a census of those seats; and serve() running the torch ops on the certified kernels."""
@@ -15,18 +16,19 @@ import torch
 
 import nbx_tune
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import certified, custom_ops, rope, swiglu
+from nbx_tune.kernels import certified, custom_ops, residual_norm, rope, swiglu
 from nbx_tune.kernels import serve as serving
 from nbx_tune.kernels.registry import spec_for_op
 from nbx_tune.kernels.spec import NotServable
 from nbx_tune.oracles import elementwise as ew_oracle
+from nbx_tune.oracles import norms as norm_oracle
 from nbx_tune.oracles import rope as rope_oracle
 from nbx_tune.profiles import get_profile
 from nbx_tune.tuner.selfcheck import check_kernel
 from nbx_tune.tuner.trace import make_row
 
 PROFILE = get_profile("interpreter")
-SPECS = (rope.SPEC, rope.QK_SPEC, swiglu.SPEC)
+SPECS = (rope.SPEC, rope.QK_SPEC, swiglu.SPEC, residual_norm.RMS_SPEC, residual_norm.LAYER_SPEC)
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
@@ -171,6 +173,28 @@ def test_silu_mul_matches_the_oracle(dt):
     assert rel_err(got, want) <= rel_err(custom_ops.silu_mul(gate, up), want)
 
 
+def _add_norm_inputs(dt, shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x, r = (torch.randn(*shape, generator=g) * 2).to(dt), (torch.randn(*shape, generator=g) * 2 + 0.5).to(dt)
+    w, b = (1 + 0.5 * torch.randn(shape[-1], generator=g)).to(dt), (0.5 * torch.randn(shape[-1], generator=g)).to(dt)
+    return x, r, w, b
+
+
+@pytest.mark.parametrize("dt", sorted(DTYPES))
+@pytest.mark.parametrize("shape", [(3, 7, 37), (2, 20000)], ids=["rows", "looped"])  # 20000: past any block
+def test_add_norms_match_the_oracle_and_return_torchs_sum(dt, shape):
+    x, r, w, b = _add_norm_inputs(DTYPES[dt], shape)
+    total = x.double().numpy() + r.double().numpy()
+    for got, want in ((residual_norm.add_rms_norm(x, r, w, 1e-5),
+                       norm_oracle.rms_norm(total, 1, w.double().numpy(), 1e-5)[0]),
+                      (residual_norm.add_layer_norm(x, r, w, b, 1e-5),
+                       norm_oracle.layer_norm(total, 1, w.double().numpy(), b.double().numpy(), 1e-5)[0])):
+        out, s = got
+        assert out.shape == s.shape == x.shape and out.dtype == s.dtype == x.dtype
+        assert rel_err(out, want) <= PROFILE.screen_rtol[dt]
+        assert torch.equal(s, r + x)  # the sum torch's add rounds, which the layer keeps as its residual
+
+
 def test_bad_calls_raise_a_kernel_error():
     x, cos, sin = rotary_inputs(torch.float32)
     with pytest.raises(KernelError, match="odd head dim"):
@@ -181,6 +205,13 @@ def test_bad_calls_raise_a_kernel_error():
         rope.rotary(x, cos[:, :3], sin[:, :3])
     with pytest.raises(KernelError, match="one shape"):
         swiglu.silu_mul(torch.randn(3, 4), torch.randn(4))
+    x, r, w, b = _add_norm_inputs(torch.float32, (3, 8))
+    with pytest.raises(KernelError, match="one shape"):
+        residual_norm.add_rms_norm(x, r[:2], w, 1e-5)
+    with pytest.raises(KernelError, match="8 values"):
+        residual_norm.add_layer_norm(x, r, w, b[:4], 1e-5)
+    with pytest.raises(KernelError, match="dtypes"):
+        residual_norm.add_rms_norm(x, r.half(), w, 1e-5)
 
 
 # ----------------------------------------------------------------------------- the torch ops
@@ -293,6 +324,46 @@ def test_census_certifies_the_seats_and_serve_runs_the_torch_ops_on_them(tmp_pat
     serving.reset_stats()
     torch.ops.nbx_tune.rotary(x, cos, sin)  # outside serve(): torch's, not counted
     assert serving.stats() == {}
+
+
+def test_the_add_norms_are_recorded_certified_and_served_as_one_launch(tmp_path, db_url):
+    from nbx_tune.tuner import api
+    from nbx_tune.tuner.recorder import record
+
+    x, r, w, b = _add_norm_inputs(torch.float32, (2, 5, 37))
+    trace = tmp_path / "t.tsv"
+    with torch.inference_mode(), record(trace) as rec:
+        torch.ops.nbx_tune.add_rms_norm(x, r, w, 1e-6)
+        torch.ops.nbx_tune.add_layer_norm(x, r, w, b, 1e-5)
+    rows = {row.op: row for row in rec.rows}
+    assert set(rows) == {"nbx_tune.add_rms_norm", "nbx_tune.add_layer_norm"}  # one row each, not add + norm
+    assert rows["nbx_tune.add_layer_norm"].shapes == ((2, 5, 37), (2, 5, 37), (37,), (37,))
+    assert dict(rows["nbx_tune.add_rms_norm"].params) == {"eps": "1e-06"}
+    rep = api.census(str(trace), db_url, profile="interpreter", isolate=False)
+    assert {s.kernel for s in rep.seats} == {"add_rms_norm", "add_layer_norm"}
+    assert rep.counts()["certified"]["launches"] == rep.launches == 2
+    certified.reload()
+    serving.reset_stats()
+    with torch.inference_mode(), nbx_tune.serve():
+        got = torch.ops.nbx_tune.add_rms_norm(x, r, w, 1e-6)
+        torch.ops.nbx_tune.add_layer_norm(x, r, w, b, 1e-5)
+    st = serving.stats()
+    assert st["nbx_tune.add_rms_norm"]["certified"] == st["nbx_tune.add_layer_norm"]["certified"] == 1
+    want = custom_ops.add_rms_norm(x, r, w, 1e-6)  # outside serve(): torch's add and rms_norm
+    assert torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("row,why", [
+    (make_row("nbx_tune.add_rms_norm", ["float32"] * 3, [(3, 8), (3, 8), (8,)]), "without eps"),
+    (make_row("nbx_tune.add_rms_norm", ["float32"] * 3, [(3, 8), (1, 8), (8,)], {"eps": "1e-5"}), "one shape"),
+    (make_row("nbx_tune.add_layer_norm", ["float32"] * 3, [(3, 8), (3, 8), (8,)], {"eps": "1e-5"}), "4 tensors"),
+    (make_row("nbx_tune.add_layer_norm", ["float32"] * 4, [(3, 8), (3, 8), (8,), (4,)], {"eps": "1e-5"}),
+     "bias 4: 8 values (a row) expected"),
+])
+def test_add_norm_rows_not_served_say_why(row, why):
+    p = spec_for_op(row.op).problem_from_row(row)
+    assert isinstance(p, NotServable) and why in p.reason, p
 
 
 def test_grad_flows_through_the_served_ops():

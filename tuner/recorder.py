@@ -298,6 +298,8 @@ _WHOLE = {
     **_entry_points(torch.ops.nbx_tune.rotary),
     **_entry_points(torch.ops.nbx_tune.rotary_qk),
     **_entry_points(torch.ops.nbx_tune.silu_mul),
+    **_entry_points(torch.ops.nbx_tune.add_rms_norm),
+    **_entry_points(torch.ops.nbx_tune.add_layer_norm),
 }
 
 
