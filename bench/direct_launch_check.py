@@ -136,6 +136,10 @@ def family_cases(torch, buf):
         # the normed output, then the sum (the launch's second store); a row past one block
         ("add_rms_norm 5x4097", lambda *a: K.add_rms_norm(*a)[0], (buf(5, 4097), buf(5, 4097), buf(4097), 1e-6), {},
          lambda *a: custom_ops.add_rms_norm(*a)[0]),
+        # int64 positions (every other column), float32 frequencies; `like` carries the tables' dtype
+        ("rope_cos_sin strided positions", lambda p, f, like: K.rope_cos_sin(p, f, 1.0, like.dtype)[1],
+         (buf(3, 14, dt=torch.int64)[:, ::2], buf(24, dt=torch.float32), buf(1)), {},
+         lambda p, f, like: custom_ops.rope_cos_sin(p, f, 1.0, like.dtype)[1]),
         ("add_layer_norm sum 7x20000", lambda *a: K.add_layer_norm(*a)[1],
          (buf(7, 20000), buf(7, 20000), buf(20000), buf(20000), 1e-5), {}, lambda *a: custom_ops.add_layer_norm(*a)[1]),
     ]

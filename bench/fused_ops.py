@@ -4,7 +4,9 @@ against transformers' apply_rotary_pos_emb for one tensor: 5 torch launches), `r
 (q and k of 8 heads in one launch: 10), `silu_mul`
 (the MLP's 11008 columns, against silu(gate) * up: 2 launches), and `add_rms_norm` /
 `add_layer_norm` (a residual add and the norm of the sum, against the add and the norm: 2
-launches; GPT-2's 768 columns for the layer norm). Per case: device time
+launches; GPT-2's 768 columns for the layer norm), and `rope_cos_sin` (the rotary
+embedding's cos and sin tables of a forward's positions, against LlamaRotaryEmbedding's
+code: 9 launches). Per case: device time
 (every launch queued ahead of the GPU), eager wall time per call (the host's launch cost
 included: what a decode step pays), each one's error against fp64, and the ratios.
 
@@ -47,6 +49,7 @@ def cases(torch, dev, dt):
 
     (s_dec, s_pre, h, hk, d, f, n, n_gpt2) = (1, 9, 3, 1, 16, 37, 40, 24) if SMOKE else (1, 512, 32, 8, 128, 11008,
                                                                                           4096, 768)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, d, 2, device=dev).float() / d)
     return [(f"rotary decode 1x{h}x{s_dec}x{d}", K.rotary, custom_ops.rotary, rope(s_dec, h, d)),
             (f"rotary prefill 1x{h}x{s_pre}x{d}", K.rotary, custom_ops.rotary, rope(s_pre, h, d)),
             (f"rotary_qk decode q {h}, k {hk} heads", K.rotary_qk, custom_ops.rotary_qk, rope_qk(s_dec, h, hk, d)),
@@ -58,7 +61,11 @@ def cases(torch, dev, dt):
             (f"add_rms_norm prefill 1x{s_pre}x{n}", K.add_rms_norm, custom_ops.add_rms_norm,
              (r(1, s_pre, n), r(1, s_pre, n), r(n), 1e-6)),
             (f"add_layer_norm prefill 4x{s_pre}x{n_gpt2}", K.add_layer_norm, custom_ops.add_layer_norm,
-             (r(4, s_pre, n_gpt2), r(4, s_pre, n_gpt2), r(n_gpt2), r(n_gpt2), 1e-5))]
+             (r(4, s_pre, n_gpt2), r(4, s_pre, n_gpt2), r(n_gpt2), r(n_gpt2), 1e-5)),
+            (f"rope_cos_sin decode 8x1, head dim {d}", K.rope_cos_sin, custom_ops.rope_cos_sin,
+             (torch.full((8, 1), 2047, device=dev), inv_freq, 1.0, dt)),
+            (f"rope_cos_sin prefill 1x{s_pre}", K.rope_cos_sin, custom_ops.rope_cos_sin,
+             (torch.arange(s_pre, device=dev)[None], inv_freq, 1.0, dt))]
 
 
 def certify(all_cases) -> None:
@@ -95,6 +102,7 @@ def main() -> None:
     import torch
 
     from nbx_tune.kernels import certified
+    from nbx_tune.oracles import rope as rope_oracle
 
     dev = "cpu" if SMOKE else "cuda"
     dt = torch.float32 if SMOKE else torch.bfloat16
@@ -104,7 +112,11 @@ def main() -> None:
         certify(all_cases)
     rows, raw = [], {}
     for name, fused, pattern, args in all_cases:
-        ref = pattern(*[a.double() if hasattr(a, "double") else a for a in args])  # fp64, the same inputs
+        if name.startswith("rope_cos_sin"):  # cos and sin in fp64 of the model's fp32 angles
+            ref = tuple(torch.from_numpy(t).to(dev) for t in rope_oracle.cos_sin(
+                args[0].cpu().numpy(), args[1].cpu().numpy(), args[2]))
+        else:
+            ref = pattern(*[a.double() if isinstance(a, torch.Tensor) else a for a in args])  # fp64, the same inputs
         err_f, err_t = rel_err(fused(*args), ref), rel_err(pattern(*args), ref)
         dev_ms = side_by_side({"torch": lambda: pattern(*args), "fused": lambda: fused(*args)}, 1 if SMOKE else 200,
                               timer=(lambda fn, rep: wall_ms(fn, rep)) if SMOKE else None)

@@ -66,6 +66,7 @@ _OPS = {
     "max_pool2d_with_indices": "nbx_tune.kernels.pool",
     "rotary": "nbx_tune.kernels.rope",
     "rotary_qk": "nbx_tune.kernels.rope",
+    "rope_cos_sin": "nbx_tune.kernels.rope",
     "silu_mul": "nbx_tune.kernels.swiglu",
     "add_rms_norm": "nbx_tune.kernels.residual_norm",
     "add_layer_norm": "nbx_tune.kernels.residual_norm",

@@ -6,6 +6,7 @@ as several small aten ops, so that serve() runs it as one launch.
     torch.ops.nbx_tune.silu_mul(gate, up)     # silu(gate) * up, LlamaMLP's activation
     torch.ops.nbx_tune.add_rms_norm(x, residual, weight, eps)  # (rms_norm(residual + x), the sum)
     torch.ops.nbx_tune.add_layer_norm(x, residual, weight, bias, eps)  # the same with a layer norm
+    torch.ops.nbx_tune.rope_cos_sin(position_ids, inv_freq, scaling, dtype)  # LlamaRotaryEmbedding's tables
 
 Each op's torch implementation is the pattern itself, written as the model writes it, and is
 registered as a composite (CompositeImplicitAutograd): outside serve() it runs the pattern's
@@ -60,6 +61,14 @@ def _add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, e
     return F.layer_norm(total, (total.shape[-1],), weight, bias, eps), total
 
 
+def _rope_cos_sin(position_ids: Tensor, inv_freq: Tensor, scaling: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    freqs = position_ids[..., None].float() * inv_freq.float()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = emb.cos() * scaling
+    sin = emb.sin() * scaling
+    return cos.to(dtype=dtype), sin.to(dtype=dtype)
+
+
 _LIB = torch.library.Library("nbx_tune", "DEF")  # kept for the process: the ops live as long as it
 _LIB.define("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor")
 _LIB.impl("rotary", _rotary, "CompositeImplicitAutograd")
@@ -71,9 +80,12 @@ _LIB.define("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -
 _LIB.impl("add_rms_norm", _add_rms_norm, "CompositeImplicitAutograd")
 _LIB.define("add_layer_norm(Tensor x, Tensor residual, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor)")
 _LIB.impl("add_layer_norm", _add_layer_norm, "CompositeImplicitAutograd")
+_LIB.define("rope_cos_sin(Tensor position_ids, Tensor inv_freq, float scaling, ScalarType dtype) -> (Tensor, Tensor)")
+_LIB.impl("rope_cos_sin", _rope_cos_sin, "CompositeImplicitAutograd")
 
 rotary = torch.ops.nbx_tune.rotary.default  # (x (B, H, S, D), cos and sin (B, S, D)) -> x's shape
 rotary_qk = torch.ops.nbx_tune.rotary_qk.default  # (q, k, cos, sin) -> (q's, k's): apply_rotary_pos_emb
 silu_mul = torch.ops.nbx_tune.silu_mul.default  # (gate, up) -> their shape
 add_rms_norm = torch.ops.nbx_tune.add_rms_norm.default  # (x, residual, weight, eps) -> (normed, sum)
 add_layer_norm = torch.ops.nbx_tune.add_layer_norm.default  # (x, residual, weight, bias, eps) -> (normed, sum)
+rope_cos_sin = torch.ops.nbx_tune.rope_cos_sin.default  # (position_ids, inv_freq, scaling, dtype) -> (cos, sin)

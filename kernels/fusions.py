@@ -397,7 +397,32 @@ def forward(self, hidden_states, cache=None, attention_mask=None, encoder_hidden
     return hidden_states
 '''), _add_layer_norm_block)
 
-FUSIONS: tuple[Fusion, ...] = (RMS_NORM, GELU_TANH, ROTARY, SILU_MUL, ADD_RMS_NORM, ADD_LAYER_NORM)
+def _rope_tables(original: Callable) -> Callable:
+    def forward(self, x, position_ids):
+        inv_freq, scaling = self.inv_freq, self.attention_scaling
+        if type(scaling) not in (float, int) or inv_freq.dtype != torch.float32 or inv_freq.dim() != 1 \
+                or not x.device == position_ids.device == inv_freq.device:
+            return original(self, x, position_ids)  # the pattern moves or casts inv_freq first
+        _calls["rope_cos_sin"] += 1
+        return custom_ops.rope_cos_sin(position_ids, inv_freq, float(scaling), x.dtype)
+
+    return forward
+
+
+# transformers' LlamaRotaryEmbedding.forward (and its copies): the cos and sin tables of a
+# forward's positions, nine launches once a forward, as torch.ops.nbx_tune.rope_cos_sin. It
+# sits behind dynamic_rope_update, which recomputes inv_freq first where the rope type wants.
+ROPE_TABLES = Fusion("rope_cos_sin", "nbx_tune.rope_cos_sin", Pattern('''
+def forward(self, x, position_ids):
+    freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = emb.cos() * self.attention_scaling
+    sin = emb.sin() * self.attention_scaling
+
+    return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+'''), _rope_tables)
+
+FUSIONS: tuple[Fusion, ...] = (RMS_NORM, GELU_TANH, ROTARY, SILU_MUL, ADD_RMS_NORM, ADD_LAYER_NORM, ROPE_TABLES)
 
 
 def underlying(obj, name: str):

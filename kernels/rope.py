@@ -12,6 +12,11 @@ contiguous. D must be even (rotate_half's halves).
 
 Launch key: the element count N on the `elements` ladder and the row length D on the `row`
 ladder (the block holds half a row).
+
+`rope_cos_sin` (`nbx_tune.rope_cos_sin`, LlamaRotaryEmbedding.forward) makes the cos and sin
+tables those take: angle = float32(position) * inv_freq in fp32, as the model computes it,
+then cos and sin times the attention scaling, each of the D / 2 frequencies written twice;
+one launch for torch's nine. Keyed as rotary is: the tables' element count and D.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from nbx_tune.oracles import rope as oracle
 
 OP = "nbx_tune.rotary"
 OP_QK = "nbx_tune.rotary_qk"  # q and k in one launch: what apply_rotary_pos_emb computes
+OP_COS_SIN = "nbx_tune.rope_cos_sin"  # the cos and sin tables: LlamaRotaryEmbedding.forward
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 _FLAGS = seat_flags()
 
@@ -268,9 +274,148 @@ class RotaryQKSpec(RotarySpec):
         return [make_row(OP_QK, [dt] * 4, [q, k, c, c]) for dt in dts for q, k, c in cases]
 
 
+# ----------------------------------------------------------------------------- cos and sin tables
+
+@triton.jit
+def _cos_sin_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, R, S, spb, sps, HALF, scaling,
+                    ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows r = (b, s) of the tables: angle = float32(pos[b, s]) * inv_freq in fp32 (one
+    rounding, as the model's product), cos and sin of it times scaling, each stored twice
+    (the halves of cat(freqs, freqs))."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = r < R
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HALF
+    pos = tl.load(pos_ptr + (r // S).to(tl.int64) * spb + (r % S) * sps, mask=rmask, other=0).to(tl.float32)
+    angle = pos[:, None] * tl.load(inv_ptr + d, mask=dmask, other=0.0)[None, :]
+    m = rmask[:, None] & dmask[None, :]
+    o = r.to(tl.int64)[:, None] * (2 * HALF) + d[None, :]
+    ty = cos_ptr.dtype.element_ty
+    c = (tl.cos(angle) * scaling).to(ty)
+    s = (tl.sin(angle) * scaling).to(ty)
+    tl.store(cos_ptr + o, c, mask=m)
+    tl.store(cos_ptr + o + HALF, c, mask=m)
+    tl.store(sin_ptr + o, s, mask=m)
+    tl.store(sin_ptr + o + HALF, s, mask=m)
+
+
+_cos_sin_kernel = launch.recorded(_cos_sin_kernel)  # its calls are replayed (kernels/launch.py)
+
+
+def launch_cos_sin(pos, inv_freq, cos, sin, scaling: float, config: Config) -> None:
+    """cos, sin (B, S, D) contiguous = the tables of pos (B, S), any strides, and inv_freq
+    (D / 2,) float32 contiguous."""
+    B, S = pos.shape
+    R, half = B * S, inv_freq.shape[0]
+    _cos_sin_kernel[(triton.cdiv(R, config["ROWS"]),)](
+        pos, inv_freq, cos, sin, R, S, pos.stride(0), pos.stride(1), half, scaling,
+        BLOCK_D=triton.next_power_of_2(half), **config.kwargs)
+
+
+POSITION_DTYPES = ("int64", "int32")
+
+
+class CosSinSpec(KernelSpec):
+    """transformers' LlamaRotaryEmbedding.forward (`nbx_tune.rope_cos_sin`): the cos and sin
+    tables of a forward's positions, 9 launches in torch (a cast, the product, cat, cos, sin,
+    two scalings, two casts), one here."""
+
+    name = "rope_cos_sin"
+    ops = (OP_COS_SIN,)
+    key = (KeyDim("N", "elements"), KeyDim("D", "row"))
+    dtypes = tuple(TORCH_DTYPES)  # the tables' dtype; the positions' is the problem's second
+    description = "the rotary embedding's cos and sin tables of the positions, in one launch"
+
+    config_space = CONFIGS
+    default_configs = DEFAULTS
+
+    def source_parts(self):
+        return (_cos_sin_kernel, launch_cos_sin)
+
+    def problem_from_row(self, row):
+        if row.op.removesuffix(".default") != OP_COS_SIN:
+            return NotServable(f"{row.op}: overload not served")
+        if len(row.shapes) != 2:
+            return NotServable(f"{OP_COS_SIN} takes 2 tensors, the row has {len(row.shapes)}")
+        unknown = set(row.params) - {"scaling", "dtype"}
+        if unknown:
+            return NotServable(f"{OP_COS_SIN}: unsupported params {', '.join(sorted(unknown))}")
+        (p_dt, f_dt), (p_shape, f_shape) = row.dtypes, (tuple(s) for s in row.shapes)
+        out_dt = row.params.str("dtype", "")
+        try:
+            scaling = row.params.float("scaling", None)
+        except ValueError as e:
+            return NotServable(f"unreadable params: {e}")
+        why = _cos_sin_refusal(p_dt, f_dt, p_shape, f_shape, out_dt, scaling)
+        if why:
+            return NotServable(why)
+        half = f_shape[0]
+        n = numel(p_shape) * 2 * half
+        return Problem(self.name, (out_dt, p_dt), _FLAGS, (n, 2 * half),
+                       (("inv_freq", f_shape), ("positions", p_shape), ("scaling", scaling)))
+
+    def input_shapes(self, problem):
+        return {"position_ids": (tuple(problem.get("positions")), problem.dtypes[1]),
+                "inv_freq": (tuple(problem.get("inv_freq")), "float32")}
+
+    def make_inputs(self, problem, rng):
+        (half,) = problem.get("inv_freq")
+        pos = rng.integers(0, 8192, tuple(problem.get("positions")))
+        return {"position_ids": (pos, problem.dtypes[1]),  # Llama's frequencies, theta 10000
+                "inv_freq": (1.0 / 10000.0 ** (np.arange(half) * 2.0 / (2 * half)), "float32")}
+
+    def oracle(self, problem, inputs):
+        pos = inputs["position_ids"].reshape(tuple(problem.get("positions")))
+        cos, sin = oracle.cos_sin(pos, inputs["inv_freq"], problem.get("scaling"))
+        return {"cos": cos, "sin": sin}
+
+    def output_specs(self, problem):
+        shape = (*_as_bs(problem.get("positions")), problem.dims[1])
+        return {"cos": (shape, problem.dtypes[0]), "sin": (shape, problem.dtypes[0])}
+
+    def serve_ops(self):
+        return {OP_COS_SIN: rope_cos_sin}
+
+    def launch(self, config, problem, inputs, outputs):
+        pos = inputs["position_ids"].reshape(_as_bs(problem.get("positions")))
+        launch_cos_sin(pos, inputs["inv_freq"], outputs["cos"], outputs["sin"], problem.get("scaling"), config)
+
+    def example_rows(self, scale):
+        from nbx_tune.kernels.rows import make_row
+
+        if scale == "small":
+            dts, cases = ("float16", "float32"), (((1, 9), (5,)), ((3, 1), (8,)), ((7,), (32,)))
+        else:  # Llama's head dim 128: a prefill, a decode step of a batch of 8, an odd one
+            dts, cases = tuple(TORCH_DTYPES), (((1, 512), (64,)), ((8, 1), (64,)), ((3, 1001), (48,)))
+        return [make_row(OP_COS_SIN, [p_dt, "float32"], [p, f], {"scaling": "1.0", "dtype": dt})
+                for dt in dts for p, f in cases for p_dt in POSITION_DTYPES[:1 if len(p) == 2 else 2]]
+
+
+def _as_bs(positions) -> tuple[int, int]:
+    """Positions (S,) or (B, S) as (B, S)."""
+    return (1, *positions) if len(positions) == 1 else tuple(positions)
+
+
+def _cos_sin_refusal(p_dt, f_dt, p_shape, f_shape, out_dt, scaling) -> str | None:
+    if p_dt not in POSITION_DTYPES:
+        return f"position dtype {p_dt} is not served ({', '.join(POSITION_DTYPES)})"
+    if f_dt != "float32":
+        return f"inv_freq dtype {f_dt}: float32 expected"
+    if out_dt not in TORCH_DTYPES:
+        return f"table dtype {out_dt or 'not given'} is not served ({', '.join(TORCH_DTYPES)})"
+    if scaling is None:
+        return f"{OP_COS_SIN} row without scaling"
+    if len(p_shape) not in (1, 2) or len(f_shape) != 1:
+        return f"positions {format_shape(p_shape)} and inv_freq {format_shape(f_shape)}: (B, S) or (S,), and (D / 2,) expected"
+    if numel(p_shape) == 0 or f_shape[0] == 0:
+        return "an empty table: nothing to launch"
+    return None
+
+
 SPEC = RotarySpec()
 QK_SPEC = RotaryQKSpec()
-SPECS = (SPEC, QK_SPEC)
+COS_SIN_SPEC = CosSinSpec()
+SPECS = (SPEC, QK_SPEC, COS_SIN_SPEC)
 
 
 def _model_layout(x_shape) -> tuple[int, ...]:
@@ -389,3 +534,35 @@ def _rotary_qk_call(q, k, cos, sin):
         launch_rotary(q, cos, sin, q_out, config_for(QK_SPEC, (dt,), _FLAGS, (n, q.shape[3])), k, k_out)
     return q_out, k_out
 
+
+
+def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype):
+    """(cos, sin), each position_ids.shape + (D,) in `dtype`: the rotary embedding's tables,
+    angle = position * inv_freq in float32, cos and sin of it times scaling, each frequency
+    twice. position_ids (B, S) or (S,), int64 or int32; inv_freq (D / 2,) float32."""
+    try:  # the direct launch (kernels/launch.py)
+        key = (COS_SIN_SPEC, scaling, dtype, *launch.tensor_key(position_ids), *launch.tensor_key(inv_freq))
+    except AttributeError:
+        raise KernelError("rope_cos_sin: position_ids and inv_freq must be tensors") from None
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(position_ids, inv_freq)
+    return launch.remember(key, (position_ids, inv_freq), _cos_sin_call, position_ids, inv_freq, scaling, dtype)
+
+
+def _cos_sin_call(position_ids, inv_freq, scaling, dtype):
+    p_dt = str(position_ids.dtype).removeprefix("torch.")
+    why = _cos_sin_refusal(p_dt, str(inv_freq.dtype).removeprefix("torch."), tuple(position_ids.shape),
+                           tuple(inv_freq.shape), _NAMES.get(dtype, str(dtype)), float(scaling))
+    if why:
+        raise KernelError(f"rope_cos_sin: {why}")
+    if position_ids.device != inv_freq.device:
+        raise KernelError(f"rope_cos_sin: position_ids on {position_ids.device}, inv_freq on {inv_freq.device}")
+    pos = position_ids.view(_as_bs(position_ids.shape))
+    inv_freq = dense(inv_freq)
+    D = 2 * inv_freq.shape[0]
+    cos = launch.empty((*position_ids.shape, D), dtype, pos.device)
+    sin = launch.empty((*position_ids.shape, D), dtype, pos.device)
+    launch_cos_sin(pos, inv_freq, cos, sin, float(scaling),
+                   config_for(COS_SIN_SPEC, (_NAMES[dtype], p_dt), _FLAGS, (cos.numel(), D)))
+    return cos, sin

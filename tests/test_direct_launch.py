@@ -23,7 +23,7 @@ from nbx_tune.errors import KernelError
 from nbx_tune.kernels import (addmm, baddbmm, bmm, certified, conv1d, conv2d, group_norm, launch, layer_norm,
                               mm, mul, rms_norm, scaled_dot_product_attention, silu)
 from nbx_tune.kernels import _to_copy, arange, batch_norm, cat, embedding, max_pool2d_with_indices
-from nbx_tune.kernels import add_layer_norm, add_rms_norm, rotary, rotary_qk, silu_mul
+from nbx_tune.kernels import add_layer_norm, add_rms_norm, rope_cos_sin, rotary, rotary_qk, silu_mul
 from nbx_tune.kernels import matmul as matmul_module
 from nbx_tune.kernels import sum as nbx_sum
 from nbx_tune.kernels.softmax import softmax
@@ -258,6 +258,18 @@ def test_an_embedding_and_an_arange_replay(fake):
     z.copy_(fresh(3, 1, 7, seed=25))
     assert torch.equal(cat([x, y, z], 1), torch.cat([x, y, z], 1))
     assert fake.log == ["triton"] * 3 + ["direct"] * 3
+
+
+def test_a_rope_tables_replay_reads_new_positions_and_a_new_scaling_is_another_call(fake):
+    pos, inv = torch.tensor([[0, 7, 4095]]), torch.rand(8)
+    first = rope_cos_sin(pos, inv, 1.0, torch.float32)
+    pos.copy_(torch.tensor([[1, 2, 3]]))  # new positions in the same buffer
+    second = rope_cos_sin(pos, inv, 1.0, torch.float32)
+    assert not torch.equal(first[0], second[0])
+    assert all(torch.equal(a, b) for a, b in zip(second, rope_cos_sin(pos.clone(), inv, 1.0, torch.float32)))
+    scaled = rope_cos_sin(pos, inv, 0.5, torch.float32)  # a scalar the replay holds: its own record
+    assert torch.equal(scaled[1], second[1] * 0.5)
+    assert fake.log == ["triton", "direct", "direct", "triton"]
 
 
 def test_the_interpreter_compiles_nothing_so_every_call_goes_through_triton():

@@ -395,8 +395,22 @@ def test_transformers_patterns_are_swapped_and_their_variants_are_not(fused, mon
     for path, op in (("llama.modeling_llama.LlamaDecoderLayer", "add_rms_norm"),
                      ("qwen2.modeling_qwen2.Qwen2DecoderLayer", "add_rms_norm"),
                      ("mistral.modeling_mistral.MistralDecoderLayer", "add_rms_norm"),
-                     ("gpt2.modeling_gpt2.GPT2Block", "add_layer_norm")):
+                     ("gpt2.modeling_gpt2.GPT2Block", "add_layer_norm"),
+                     ("llama.modeling_llama.LlamaRotaryEmbedding", "rope_cos_sin"),
+                     ("qwen2.modeling_qwen2.Qwen2RotaryEmbedding", "rope_cos_sin")):
         assert swapped[f"transformers.models.{path}.forward"] == f"nbx_tune.{op}", path
+    # the rotary tables behind dynamic_rope_update: one op, and the pattern where inv_freq is not float32
+    from transformers import LlamaConfig
+
+    llama_ = importlib.import_module("transformers.models.llama.modeling_llama")
+    emb = llama_.LlamaRotaryEmbedding(LlamaConfig(hidden_size=64, num_attention_heads=2))
+    x, pos = torch.empty(0, dtype=torch.float16), torch.arange(9).view(1, 9)
+    fusions.reset_stats()
+    tables = emb(x, pos)
+    assert fusions.stats() == {"rope_cos_sin": 1} and tables[0].shape == (1, 9, 32)
+    emb.inv_freq = emb.inv_freq.double()
+    emb(x, pos)
+    assert fusions.stats() == {"rope_cos_sin": 1}
     # a function, behind the kernel hub's wrapper module where transformers has one
     llama = importlib.import_module("transformers.models.llama.modeling_llama")
     assert fusions.swapped()["transformers.models.llama.modeling_llama.apply_rotary_pos_emb"] == "nbx_tune.rotary_qk"

@@ -1,6 +1,7 @@
 """The library's fused ops on the interpreter: `nbx_tune.rotary` (rotary position embedding of
 one tensor), `nbx_tune.silu_mul` (silu(gate) * up) and `nbx_tune.add_rms_norm` /
-`add_layer_norm` (a residual add and the norm of the sum). Their kernels against the fp64
+`add_layer_norm` (a residual add and the norm of the sum), `nbx_tune.rope_cos_sin` (the rotary
+embedding's cos and sin tables). Their kernels against the fp64
 oracles at odd shapes and strides; their torch ops (kernels/custom_ops.py) against
 transformers' own code, bit for bit, and their backward; recorded rows (CPU and meta) to
 seats; a census of those seats; and serve() running the torch ops on the certified kernels."""
@@ -28,7 +29,7 @@ from nbx_tune.tuner.selfcheck import check_kernel
 from nbx_tune.tuner.trace import make_row
 
 PROFILE = get_profile("interpreter")
-SPECS = (rope.SPEC, rope.QK_SPEC, swiglu.SPEC, residual_norm.RMS_SPEC, residual_norm.LAYER_SPEC)
+SPECS = (rope.SPEC, rope.QK_SPEC, rope.COS_SIN_SPEC, swiglu.SPEC, residual_norm.RMS_SPEC, residual_norm.LAYER_SPEC)
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
@@ -195,6 +196,24 @@ def test_add_norms_match_the_oracle_and_return_torchs_sum(dt, shape):
         assert torch.equal(s, r + x)  # the sum torch's add rounds, which the layer keeps as its residual
 
 
+@pytest.mark.parametrize("dt", sorted(DTYPES))
+@pytest.mark.parametrize("positions", ["batch", "one_dim", "strided"])
+def test_rope_cos_sin_matches_the_oracle(dt, positions):
+    """Positions far along (the angle's fp32 rounding is the op's), of a batch, of one dim, and
+    a strided view (every other column): each frequency twice, scaled."""
+    pos = {"batch": torch.tensor([[0, 3, 4095, 8191, 17]] * 2) + torch.tensor([[0], [1]]),
+           "one_dim": torch.arange(1000, 1011),
+           "strided": torch.arange(0, 60).view(4, 15)[:, ::2]}[positions]
+    inv = 1.0 / 10000 ** (torch.arange(0, 48, 2).float() / 48)
+    cos, sin = rope.rope_cos_sin(pos, inv, 0.75, DTYPES[dt])
+    want_cos, want_sin = rope_oracle.cos_sin(pos.numpy(), inv.numpy(), 0.75)
+    assert cos.shape == sin.shape == (*pos.shape, 48) and cos.dtype == DTYPES[dt]
+    atol = PROFILE.screen_rtol[dt]  # the tables lie in [-0.75, 0.75]: an absolute bound
+    assert np.abs(cos.double().numpy() - want_cos).max() <= atol
+    assert np.abs(sin.double().numpy() - want_sin).max() <= atol
+    assert torch.equal(cos[..., :24], cos[..., 24:])  # cat(freqs, freqs)
+
+
 def test_bad_calls_raise_a_kernel_error():
     x, cos, sin = rotary_inputs(torch.float32)
     with pytest.raises(KernelError, match="odd head dim"):
@@ -212,6 +231,10 @@ def test_bad_calls_raise_a_kernel_error():
         residual_norm.add_layer_norm(x, r, w, b[:4], 1e-5)
     with pytest.raises(KernelError, match="dtypes"):
         residual_norm.add_rms_norm(x, r.half(), w, 1e-5)
+    with pytest.raises(KernelError, match="inv_freq dtype float16"):
+        rope.rope_cos_sin(torch.arange(5), torch.ones(4, dtype=torch.float16), 1.0, torch.float32)
+    with pytest.raises(KernelError, match="position dtype float32"):
+        rope.rope_cos_sin(torch.arange(5.0), torch.ones(4), 1.0, torch.float32)
 
 
 # ----------------------------------------------------------------------------- the torch ops
@@ -231,6 +254,14 @@ def test_torch_ops_are_transformers_code_bit_for_bit(transformers_llama):
             assert torch.equal(got, want) and got.stride() == want.stride()
         gate, up = torch.randn(2, 5, 11).to(dt), torch.randn(2, 5, 11).to(dt)
         assert torch.equal(torch.ops.nbx_tune.silu_mul(gate, up), ACT2FN["silu"](gate) * up)
+    from transformers import LlamaConfig
+
+    emb = m.LlamaRotaryEmbedding(LlamaConfig(hidden_size=96, num_attention_heads=2, max_position_embeddings=64))
+    pos = torch.tensor([[0, 5, 4095], [7, 1, 2]])
+    for dt in (torch.float32, torch.bfloat16):
+        want = emb(torch.empty(0, dtype=dt), pos)
+        got = torch.ops.nbx_tune.rope_cos_sin(pos, emb.inv_freq, emb.attention_scaling, dt)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 def test_torch_ops_have_a_backward():
@@ -326,29 +357,36 @@ def test_census_certifies_the_seats_and_serve_runs_the_torch_ops_on_them(tmp_pat
     assert serving.stats() == {}
 
 
-def test_the_add_norms_are_recorded_certified_and_served_as_one_launch(tmp_path, db_url):
+def test_the_add_norms_and_rope_tables_are_recorded_certified_and_served_as_one_launch(tmp_path, db_url):
     from nbx_tune.tuner import api
     from nbx_tune.tuner.recorder import record
 
     x, r, w, b = _add_norm_inputs(torch.float32, (2, 5, 37))
     trace = tmp_path / "t.tsv"
+    pos, inv = torch.arange(7).view(1, 7), torch.rand(12)
     with torch.inference_mode(), record(trace) as rec:
         torch.ops.nbx_tune.add_rms_norm(x, r, w, 1e-6)
         torch.ops.nbx_tune.add_layer_norm(x, r, w, b, 1e-5)
+        torch.ops.nbx_tune.rope_cos_sin(pos, inv, 1.0, torch.float16)
     rows = {row.op: row for row in rec.rows}
-    assert set(rows) == {"nbx_tune.add_rms_norm", "nbx_tune.add_layer_norm"}  # one row each, not add + norm
+    assert set(rows) == {"nbx_tune.add_rms_norm", "nbx_tune.add_layer_norm", "nbx_tune.rope_cos_sin"}  # not their parts
+    assert dict(rows["nbx_tune.rope_cos_sin"].params) == {"scaling": "1.0", "dtype": "float16"}
     assert rows["nbx_tune.add_layer_norm"].shapes == ((2, 5, 37), (2, 5, 37), (37,), (37,))
     assert dict(rows["nbx_tune.add_rms_norm"].params) == {"eps": "1e-06"}
     rep = api.census(str(trace), db_url, profile="interpreter", isolate=False)
-    assert {s.kernel for s in rep.seats} == {"add_rms_norm", "add_layer_norm"}
-    assert rep.counts()["certified"]["launches"] == rep.launches == 2
+    assert {s.kernel for s in rep.seats} == {"add_rms_norm", "add_layer_norm", "rope_cos_sin"}
+    assert rep.counts()["certified"]["launches"] == rep.launches == 3
     certified.reload()
     serving.reset_stats()
     with torch.inference_mode(), nbx_tune.serve():
         got = torch.ops.nbx_tune.add_rms_norm(x, r, w, 1e-6)
         torch.ops.nbx_tune.add_layer_norm(x, r, w, b, 1e-5)
+        tables = torch.ops.nbx_tune.rope_cos_sin(pos, inv, 1.0, torch.float16)
     st = serving.stats()
     assert st["nbx_tune.add_rms_norm"]["certified"] == st["nbx_tune.add_layer_norm"]["certified"] == 1
+    assert st["nbx_tune.rope_cos_sin"]["certified"] == 1
+    assert all((a.float() - b.float()).abs().max() <= 1e-3 for a, b in zip(tables, custom_ops.rope_cos_sin(
+        pos, inv, 1.0, torch.float16)))
     want = custom_ops.add_rms_norm(x, r, w, 1e-6)  # outside serve(): torch's add and rms_norm
     assert torch.equal(got[1], want[1])
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
@@ -360,6 +398,12 @@ def test_the_add_norms_are_recorded_certified_and_served_as_one_launch(tmp_path,
     (make_row("nbx_tune.add_layer_norm", ["float32"] * 3, [(3, 8), (3, 8), (8,)], {"eps": "1e-5"}), "4 tensors"),
     (make_row("nbx_tune.add_layer_norm", ["float32"] * 4, [(3, 8), (3, 8), (8,), (4,)], {"eps": "1e-5"}),
      "bias 4: 8 values (a row) expected"),
+    (make_row("nbx_tune.rope_cos_sin", ["int64", "float32"], [(1, 9), (8,)], {"scaling": "1.0"}),
+     "table dtype not given"),
+    (make_row("nbx_tune.rope_cos_sin", ["int64", "float32"], [(1, 2, 9), (8,)], {"scaling": "1.0", "dtype": "float32"}),
+     "(B, S) or (S,)"),
+    (make_row("nbx_tune.rope_cos_sin", ["int64", "float16"], [(1, 9), (8,)], {"scaling": "1.0", "dtype": "float32"}),
+     "float32 expected"),
 ])
 def test_add_norm_rows_not_served_say_why(row, why):
     p = spec_for_op(row.op).problem_from_row(row)
