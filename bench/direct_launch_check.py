@@ -140,6 +140,10 @@ def family_cases(torch, buf):
         ("rope_cos_sin strided positions", lambda p, f, like: K.rope_cos_sin(p, f, 1.0, like.dtype)[1],
          (buf(3, 14, dt=torch.int64)[:, ::2], buf(24, dt=torch.float32), buf(1)), {},
          lambda p, f, like: custom_ops.rope_cos_sin(p, f, 1.0, like.dtype)[1]),
+        # a decode step's KV cache grown, the new states transposed views; the values' output
+        ("cat_kv 3x2x9x40 + 1", lambda *a: K.cat_kv(*a, -2)[1],
+         (buf(3, 2, 9, 40), buf(3, 1, 2, 40).transpose(1, 2), buf(3, 2, 9, 40), buf(3, 1, 2, 40).transpose(1, 2)), {},
+         lambda *a: custom_ops.cat_kv(*a, -2)[1]),
         ("add_layer_norm sum 7x20000", lambda *a: K.add_layer_norm(*a)[1],
          (buf(7, 20000), buf(7, 20000), buf(20000), buf(20000), 1e-5), {}, lambda *a: custom_ops.add_layer_norm(*a)[1]),
     ]

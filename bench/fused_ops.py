@@ -6,7 +6,8 @@ against transformers' apply_rotary_pos_emb for one tensor: 5 torch launches), `r
 `add_layer_norm` (a residual add and the norm of the sum, against the add and the norm: 2
 launches; GPT-2's 768 columns for the layer norm), and `rope_cos_sin` (the rotary
 embedding's cos and sin tables of a forward's positions, against LlamaRotaryEmbedding's
-code: 9 launches). Per case: device time
+code: 9 launches), and `cat_kv` (a decode step's KV cache grown, keys and values, against
+DynamicLayer.update's two cats). Per case: device time
 (every launch queued ahead of the GPU), eager wall time per call (the host's launch cost
 included: what a decode step pays), each one's error against fp64, and the ratios.
 
@@ -49,6 +50,7 @@ def cases(torch, dev, dt):
 
     (s_dec, s_pre, h, hk, d, f, n, n_gpt2) = (1, 9, 3, 1, 16, 37, 40, 24) if SMOKE else (1, 512, 32, 8, 128, 11008,
                                                                                           4096, 768)
+    ctx = 7 if SMOKE else 2048
     inv_freq = 1.0 / 10000 ** (torch.arange(0, d, 2, device=dev).float() / d)
     return [(f"rotary decode 1x{h}x{s_dec}x{d}", K.rotary, custom_ops.rotary, rope(s_dec, h, d)),
             (f"rotary prefill 1x{h}x{s_pre}x{d}", K.rotary, custom_ops.rotary, rope(s_pre, h, d)),
@@ -65,7 +67,9 @@ def cases(torch, dev, dt):
             (f"rope_cos_sin decode 8x1, head dim {d}", K.rope_cos_sin, custom_ops.rope_cos_sin,
              (torch.full((8, 1), 2047, device=dev), inv_freq, 1.0, dt)),
             (f"rope_cos_sin prefill 1x{s_pre}", K.rope_cos_sin, custom_ops.rope_cos_sin,
-             (torch.arange(s_pre, device=dev)[None], inv_freq, 1.0, dt))]
+             (torch.arange(s_pre, device=dev)[None], inv_freq, 1.0, dt)),
+            (f"cat_kv decode 8x{hk}x{ctx}x{d} + 1", K.cat_kv, custom_ops.cat_kv,
+             (r(8, hk, ctx, d), r(8, 1, hk, d).transpose(1, 2), r(8, hk, ctx, d), r(8, 1, hk, d).transpose(1, 2), -2))]
 
 
 def certify(all_cases) -> None:

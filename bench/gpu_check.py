@@ -27,7 +27,7 @@ from _common import environment, save, table  # noqa: E402
 
 
 # Families never proven on a GPU go first, so that a time limit cuts the proven ones.
-ORDER = ("add_rms_norm", "add_layer_norm", "rope_cos_sin", "rotary", "rotary_qk", "silu_mul", "copy", "cat", "embedding", "fill", "batch_norm", "max_pool2d", "softmax", "layer_norm", "rms_norm", "group_norm", "reduce", "elementwise_binary",
+ORDER = ("add_rms_norm", "add_layer_norm", "rope_cos_sin", "cat_kv", "rotary", "rotary_qk", "silu_mul", "copy", "cat", "embedding", "fill", "batch_norm", "max_pool2d", "softmax", "layer_norm", "rms_norm", "group_norm", "reduce", "elementwise_binary",
          "elementwise_unary", "conv", "attention", "matmul")
 
 

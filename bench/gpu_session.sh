@@ -23,7 +23,7 @@
 # recert (the shipped hopper table made stale by a source change, then a seeded sample of 48 of its
 # seats, every kernel in it, re-certified against a fresh census of them, cold caches, about 5 min;
 # RECERT_ARGS="--seats all --parallel" for all 148 on a two-GPU host, the sides side by side),
-# fused (the rotary, rotary_qk, rope_cos_sin, silu_mul, add_rms_norm and add_layer_norm families against fp64 in every dtype, then bench/fused_ops.py: each
+# fused (the rotary, rotary_qk, rope_cos_sin, silu_mul, add_rms_norm, add_layer_norm and cat_kv families against fp64 in every dtype, then bench/fused_ops.py: each
 # against the torch pattern it replaces at Llama-7B's shapes, device and eager time), serve (transformers' Llama at 7B's dims, 2 layers: the timed prefill and decode traced, their
 # census into the session database (SERVE_ARGS="--census-budget-s N", default 180; --no-census
 # skips it), then torch against serve(), eager and CUDA graphs; needs transformers' wheels in .whl), pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
@@ -86,7 +86,7 @@ for s in $STAGES; do case $s in
             stage 30 sh -c "python3 -m nbx_tune.cli.app unscreened --json > $OUT/unscreened.json; cat $OUT/unscreened.json | head -c 2000" ;;
   launch) stage ${LAUNCH_S:-150} python3 bench/launch_overhead.py ;;
   fused) stage ${FUSED_S:-240} python3 bench/gpu_check.py --skip-fault --seconds 100 --configs-per-row 3 \
-           --jobs 12 --kernels rotary,rotary_qk,silu_mul,add_rms_norm,add_layer_norm,rope_cos_sin
+           --jobs 12 --kernels rotary,rotary_qk,silu_mul,add_rms_norm,add_layer_norm,rope_cos_sin,cat_kv
          stage ${FUSED_S:-240} python3 bench/fused_ops.py ;;
   served) stage ${SERVED_S:-60} python3 bench/served_tables.py ;;
   direct) stage ${DIRECT_S:-300} python3 bench/direct_launch_check.py ;;

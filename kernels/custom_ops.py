@@ -7,13 +7,14 @@ as several small aten ops, so that serve() runs it as one launch.
     torch.ops.nbx_tune.add_rms_norm(x, residual, weight, eps)  # (rms_norm(residual + x), the sum)
     torch.ops.nbx_tune.add_layer_norm(x, residual, weight, bias, eps)  # the same with a layer norm
     torch.ops.nbx_tune.rope_cos_sin(position_ids, inv_freq, scaling, dtype)  # LlamaRotaryEmbedding's tables
+    torch.ops.nbx_tune.cat_kv(keys, key_states, values, value_states, dim)  # a KV cache's two cats
 
 Each op's torch implementation is the pattern itself, written as the model writes it, and is
 registered as a composite (CompositeImplicitAutograd): outside serve() it runs the pattern's
 own ops, so the result is what the model's code gives, bit for bit, on any device (meta
 included), and autograd differentiates through those ops. serve() registers a CUDA (or,
 under the interpreter, CPU) kernel for each, as it does for SDPA: then the op is one
-Triton launch (kernels/rope.py, kernels/swiglu.py, kernels/residual_norm.py) and, with grad wanted, torch's pattern.
+Triton launch (kernels/rope.py, kernels/swiglu.py, kernels/residual_norm.py, kernels/kv_cache.py) and, with grad wanted, torch's pattern.
 The trace recorder writes each as one row (`nbx_tune.rotary`, `nbx_tune.silu_mul`).
 
 Defined through `torch.library.Library`, not `custom_op`, whose Python autograd layer costs
@@ -69,6 +70,10 @@ def _rope_cos_sin(position_ids: Tensor, inv_freq: Tensor, scaling: float, dtype:
     return cos.to(dtype=dtype), sin.to(dtype=dtype)
 
 
+def _cat_kv(keys: Tensor, key_states: Tensor, values: Tensor, value_states: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+    return torch.cat([keys, key_states], dim=dim), torch.cat([values, value_states], dim=dim)
+
+
 _LIB = torch.library.Library("nbx_tune", "DEF")  # kept for the process: the ops live as long as it
 _LIB.define("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor")
 _LIB.impl("rotary", _rotary, "CompositeImplicitAutograd")
@@ -82,6 +87,8 @@ _LIB.define("add_layer_norm(Tensor x, Tensor residual, Tensor weight, Tensor bia
 _LIB.impl("add_layer_norm", _add_layer_norm, "CompositeImplicitAutograd")
 _LIB.define("rope_cos_sin(Tensor position_ids, Tensor inv_freq, float scaling, ScalarType dtype) -> (Tensor, Tensor)")
 _LIB.impl("rope_cos_sin", _rope_cos_sin, "CompositeImplicitAutograd")
+_LIB.define("cat_kv(Tensor keys, Tensor key_states, Tensor values, Tensor value_states, int dim) -> (Tensor, Tensor)")
+_LIB.impl("cat_kv", _cat_kv, "CompositeImplicitAutograd")
 
 rotary = torch.ops.nbx_tune.rotary.default  # (x (B, H, S, D), cos and sin (B, S, D)) -> x's shape
 rotary_qk = torch.ops.nbx_tune.rotary_qk.default  # (q, k, cos, sin) -> (q's, k's): apply_rotary_pos_emb
@@ -89,3 +96,4 @@ silu_mul = torch.ops.nbx_tune.silu_mul.default  # (gate, up) -> their shape
 add_rms_norm = torch.ops.nbx_tune.add_rms_norm.default  # (x, residual, weight, eps) -> (normed, sum)
 add_layer_norm = torch.ops.nbx_tune.add_layer_norm.default  # (x, residual, weight, bias, eps) -> (normed, sum)
 rope_cos_sin = torch.ops.nbx_tune.rope_cos_sin.default  # (position_ids, inv_freq, scaling, dtype) -> (cos, sin)
+cat_kv = torch.ops.nbx_tune.cat_kv.default  # (keys, key_states, values, value_states, dim) -> (keys, values)

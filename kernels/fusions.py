@@ -128,6 +128,7 @@ class Fusion:
     pattern: Pattern
     make: Callable[[Callable], Callable]  # the original -> the fused code
     function: str | None = None  # a module-level function's name; None: a class's forward
+    method: str | None = None  # "Class.method" of a class that is not a module (a KV cache's)
 
 
 _calls: Counter = Counter()  # fusion name -> calls that ran the one op
@@ -422,7 +423,32 @@ def forward(self, x, position_ids):
     return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 '''), _rope_tables)
 
-FUSIONS: tuple[Fusion, ...] = (RMS_NORM, GELU_TANH, ROTARY, SILU_MUL, ADD_RMS_NORM, ADD_LAYER_NORM, ROPE_TABLES)
+def _cat_kv(original: Callable) -> Callable:
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        _calls["cat_kv"] += 1
+        self.keys, self.values = custom_ops.cat_kv(self.keys, key_states, self.values, value_states, -2)
+        return self.keys, self.values
+
+    return update
+
+
+# transformers' DynamicLayer.update, a KV cache layer growing by a step's keys and values:
+# two cats a layer, as torch.ops.nbx_tune.cat_kv (whose body is the two cats).
+CAT_KV = Fusion("cat_kv", "nbx_tune.cat_kv", Pattern('''
+def update(self, key_states, value_states, *args, **kwargs):
+    # Lazy initialization
+    if not self.is_initialized:
+        self.lazy_initialization(key_states, value_states)
+
+    self.keys = torch.cat([self.keys, key_states], dim=-2)
+    self.values = torch.cat([self.values, value_states], dim=-2)
+    return self.keys, self.values
+'''), _cat_kv, method="DynamicLayer.update")
+
+FUSIONS: tuple[Fusion, ...] = (RMS_NORM, GELU_TANH, ROTARY, SILU_MUL, ADD_RMS_NORM, ADD_LAYER_NORM, ROPE_TABLES,
+                               CAT_KV)
 
 
 def underlying(obj, name: str):
@@ -495,7 +521,7 @@ def _consider_class(cls: type) -> None:
     where = f"{cls.__module__}.{cls.__qualname__}.forward"
     inner, cell = _decorated(fn)
     for fusion in FUSIONS:
-        if fusion.function is not None:
+        if fusion.function is not None or fusion.method is not None:
             continue
         if fusion.pattern.matches(fn):
             _swap(cls, "forward", fn, fusion.make(fn), fusion, where)
@@ -510,12 +536,41 @@ def _consider_module(module) -> None:
     if not isinstance(module, ModuleType) or not isinstance(namespace, dict):
         return
     for fusion in FUSIONS:
+        if fusion.method is not None:
+            _consider_method(module, namespace, fusion)
+            continue
         name = fusion.function
         if name is None or (id(module), name) in _swapped or name not in namespace:
             continue
         original = namespace[name]
         if fusion.pattern.matches(underlying(original, name)):
             _swap(module, name, original, fusion.make(original), fusion, f"{module.__name__}.{name}")
+
+
+def _consider_method(module, namespace: dict, fusion: Fusion) -> None:
+    """A method of a class the module defines (not one it imports), if it is the pattern."""
+    cls_name, name = fusion.method.split(".")
+    cls = namespace.get(cls_name)
+    if not isinstance(cls, type) or cls.__module__ != module.__name__ or (id(cls), name) in _swapped:
+        return
+    original = cls.__dict__.get(name)
+    if fusion.pattern.matches(original):
+        _swap(cls, name, original, fusion.make(original), fusion, f"{module.__name__}.{cls_name}.{name}")
+
+
+def _targets() -> list[str]:
+    """The module-level names fusions look for: functions, and classes that are not modules."""
+    return [f.function or f.method.split(".")[0] for f in FUSIONS if f.function or f.method]
+
+
+def _consider_modules() -> None:
+    """Every loaded module (none being imported) that defines a name of `_targets()`."""
+    names = _targets()
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict) and any(n in namespace for n in names) \
+                and not _importing(module):  # one being imported: its classes' creation will tell
+            _consider_module(module)
 
 
 def _subclasses(root: type):
@@ -553,8 +608,10 @@ def _init_subclass(cls, **kwargs):
 
 def settle() -> None:
     """Judge the pending classes whose module has been imported since, and that module's
-    functions. serve()'s overrides and the recorder call it on an op while `pending` is not
-    empty: the first op of a model imported under a context settles it."""
+    functions, then every module imported since for the other targets (a KV cache's class
+    is no module: its creation notes nothing). serve()'s overrides and the recorder call it
+    on an op while `pending` is not empty: the first op of a model imported under a context
+    settles it."""
     with _lock:
         waiting = []
         for cls in pending:
@@ -564,6 +621,8 @@ def settle() -> None:
             elif _active:
                 _consider_class(cls)
                 _consider_module(module)
+        if _active and len(waiting) < len(pending):
+            _consider_modules()
         pending[:] = waiting
 
 
@@ -578,12 +637,7 @@ def acquire() -> None:
         torch.nn.Module.__init_subclass__ = classmethod(_init_subclass)
         for cls in list(_subclasses(torch.nn.Module)):
             _consider_class(cls)
-        names = [f.function for f in FUSIONS if f.function]
-        for module in list(sys.modules.values()):
-            namespace = getattr(module, "__dict__", None)
-            if isinstance(namespace, dict) and any(n in namespace for n in names) \
-                    and not _importing(module):  # one being imported: its classes' creation will tell
-                _consider_module(module)
+        _consider_modules()
 
 
 def release() -> None:

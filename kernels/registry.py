@@ -30,6 +30,7 @@ BUILTIN_MODULES = (
     "nbx_tune.kernels.rope",
     "nbx_tune.kernels.swiglu",
     "nbx_tune.kernels.residual_norm",
+    "nbx_tune.kernels.kv_cache",
 )
 ENTRY_POINT_GROUP = "nbx_tune.kernels"
 

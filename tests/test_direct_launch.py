@@ -23,7 +23,7 @@ from nbx_tune.errors import KernelError
 from nbx_tune.kernels import (addmm, baddbmm, bmm, certified, conv1d, conv2d, group_norm, launch, layer_norm,
                               mm, mul, rms_norm, scaled_dot_product_attention, silu)
 from nbx_tune.kernels import _to_copy, arange, batch_norm, cat, embedding, max_pool2d_with_indices
-from nbx_tune.kernels import add_layer_norm, add_rms_norm, rope_cos_sin, rotary, rotary_qk, silu_mul
+from nbx_tune.kernels import add_layer_norm, add_rms_norm, cat_kv, rope_cos_sin, rotary, rotary_qk, silu_mul
 from nbx_tune.kernels import matmul as matmul_module
 from nbx_tune.kernels import sum as nbx_sum
 from nbx_tune.kernels.softmax import softmax
@@ -94,12 +94,15 @@ FAMILIES = {
                      {"eps": 1e-5}),
     "add_layer_norm": (lambda *a, **kw: add_layer_norm(*a, **kw)[0],
                        lambda b: (b(5, 48), b(5, 48), b(48), b(48)), {"eps": 1e-5}),
+    # a decode step's cache grown (the values' output: the grid's second region)
+    "cat_kv": (lambda *a, **kw: cat_kv(*a, **kw)[1], lambda b: (b(2, 3, 6, 8), b(2, 3, 1, 8), b(2, 3, 6, 8),
+                                                               b(2, 3, 1, 8)), {"dim": -2}),
 }
 # Families that read strided inputs in place or stage them through the copy kernel
 # (copy.dense): a call on a strided input is remembered under its strides.
 REPLAYS_STRIDES = ("attention", "elementwise_binary", "reduce", "conv", "matmul", "elementwise_unary", "softmax",
                    "layer_norm", "rms_norm", "group_norm", "batch_norm", "max_pool2d", "rotary", "rotary_qk",
-                   "silu_mul", "add_rms_norm", "add_layer_norm")
+                   "silu_mul", "add_rms_norm", "add_layer_norm", "cat_kv")
 
 
 @pytest.mark.parametrize("lean", [False, True], ids=["runner", "lean"])

@@ -399,6 +399,7 @@ def test_transformers_patterns_are_swapped_and_their_variants_are_not(fused, mon
                      ("llama.modeling_llama.LlamaRotaryEmbedding", "rope_cos_sin"),
                      ("qwen2.modeling_qwen2.Qwen2RotaryEmbedding", "rope_cos_sin")):
         assert swapped[f"transformers.models.{path}.forward"] == f"nbx_tune.{op}", path
+    assert swapped["transformers.cache_utils.DynamicLayer.update"] == "nbx_tune.cat_kv"  # a class, not a module
     # the rotary tables behind dynamic_rope_update: one op, and the pattern where inv_freq is not float32
     from transformers import LlamaConfig
 
@@ -620,6 +621,9 @@ def test_nbx_tune_run_fuses_a_transformers_llama_the_program_imports(tmp_path):
     assert launches["aten.rms_norm"] == 2 and launches["nbx_tune.rotary_qk"] == 1  # q and k: one launch
     assert launches["nbx_tune.silu_mul"] == 1
     assert launches["nbx_tune.add_rms_norm"] == 1  # the layer behind its decorators
+    assert launches["nbx_tune.cat_kv"] == 1  # the KV cache's class, imported under the context
+    assert launches["nbx_tune.rope_cos_sin"] == 1
     assert not {"aten.rsqrt", "aten.neg", "aten.silu", "aten.pow.Tensor_Scalar"} & set(launches), launches
-    fused_ops = ("aten.rms_norm", "nbx_tune.rotary_qk", "nbx_tune.silu_mul", "nbx_tune.add_rms_norm")
+    fused_ops = ("aten.rms_norm", "nbx_tune.rotary_qk", "nbx_tune.silu_mul", "nbx_tune.add_rms_norm",
+                 "nbx_tune.cat_kv", "nbx_tune.rope_cos_sin")
     assert all(data[op]["torch"] == 0 for op in fused_ops), data

@@ -301,6 +301,7 @@ _WHOLE = {
     **_entry_points(torch.ops.nbx_tune.add_rms_norm),
     **_entry_points(torch.ops.nbx_tune.add_layer_norm),
     **_entry_points(torch.ops.nbx_tune.rope_cos_sin),
+    **_entry_points(torch.ops.nbx_tune.cat_kv),
 }
 
 
