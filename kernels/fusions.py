@@ -4,12 +4,14 @@ transformers' Llama computes an RMS norm in eight launches (a cast, pow, mean, a
 mul, a cast back, mul by the weight), its rotary embedding in five per tensor, and SwiGLU's
 activation in two; GPT-2's gelu_new takes eight. Each is one op here (`F.rms_norm`,
 `torch.ops.nbx_tune.rotary_qk`, `.silu_mul`, `F.gelu(approximate="tanh")`), which serve() runs
-on a kernel; a decoder layer's residual add and the norm after attention are one more
-(`.add_rms_norm`, GPT-2's `.add_layer_norm`). While a fusion context is active (serve() and
-the trace recorder enter one), code that is exactly a known pattern is swapped for code that
-calls the one op: a module class's `forward` (or, behind decorators that wrap it, the function
-in the innermost wrapper's closure, the decorators kept), or a function a model module calls
-by its global name. Leaving restores the original.
+on a kernel; so are a decoder layer's residual add and the norm after attention
+(`.add_rms_norm`, GPT-2's `.add_layer_norm`), the rotary embedding's cos and sin tables
+(`.rope_cos_sin`, nine launches once a forward) and a KV cache's two cats (`.cat_kv`). While a
+fusion context is active (serve() and the trace recorder enter one), code that is exactly a
+known pattern is swapped for code that calls the one op: a module class's `forward` (or,
+behind decorators that wrap it, the function in the innermost wrapper's closure, the
+decorators kept), a function a model module calls by its global name, or a method of a class
+that is not a module (transformers' DynamicLayer.update). Leaving restores the original.
 
 The match is on the syntax tree of the source against the pattern's (decorators,
 annotations, docstrings and layout aside), on what the global names it uses are bound to
