@@ -529,3 +529,25 @@ def test_decode_steps_on_a_growing_cache_are_served_with_every_fusion(transforme
     assert fusions.stats()["cat_kv"] == 3 * 2  # each layer, each step
     st = serving.stats()
     assert not any(s["torch"] for s in st.values()), st
+
+
+def test_generate_under_serve_gives_torchs_tokens(transformers_llama):
+    """transformers' own generation loop (greedy, a growing DynamicCache) under serve(): the
+    tokens torch's ops give. What serve() does not cover there (the loop's bool bookkeeping)
+    falls through to torch and says why."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=88, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model, ids = LlamaForCausalLM(cfg).eval(), torch.randint(0, 97, (2, 9))
+    kw = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
+    with torch.inference_mode():
+        ref = model.generate(ids, **kw)
+        serving.reset_stats()
+        with nbx_tune.serve():
+            got = model.generate(ids, **kw)
+    assert torch.equal(got, ref)
+    st = serving.stats()
+    assert st["nbx_tune.cat_kv"]["default"] + st["nbx_tune.cat_kv"]["certified"] == 4 * 2
+    assert all("not served" in why for s in st.values() if s["torch"] for why in s["reasons"]), st
