@@ -124,10 +124,21 @@ def torch_call(row, device: str):
             return _WRAPPED[dt]
         return _tensor(shape, dt, device)
 
+    # A matmul row's `layout` (nt: b stored transposed, a linear layer's W.t()): its two
+    # matrix operands, the schema's last two tensors, made as the model holds them.
+    layout = row.params.get("layout", "nn") if name in ("mm", "addmm", "bmm", "baddbmm") else "nn"
+    matrices = [n for n, kind, _ in plan if kind == "tensor"][-2:]
+
+    def make_as_held(name_, spec):
+        if name_ not in matrices or layout[matrices.index(name_)] != "t":
+            return make(spec)
+        shape, dt = spec
+        return _tensor((*shape[:-2], shape[-1], shape[-2]), dt, device).transpose(-1, -2)
+
     def one_set():
         kw = {}
         for name_, kind, v in plan:
-            kw[name_] = v if kind == "value" else make(v) if kind == "tensor" else [make(s) for s in v]
+            kw[name_] = v if kind == "value" else make_as_held(name_, v) if kind == "tensor" else [make(s) for s in v]
         return kw
 
     nbytes = sum(math.prod(s) * getattr(torch, d).itemsize for s, d in tensors if not (s == () and d in _WRAPPED))
@@ -149,7 +160,9 @@ def _public(spec, problem, row, ins, outs):
 
     op = row.base_op
     if spec.name == "matmul":
-        a, b = ins["a"], ins["b"]
+        from nbx_tune.kernels.matmul import _operands
+
+        a, b = _operands(problem, ins, lambda x: x.transpose(1, 2))  # a `layout=nt` row's b: W.t()
         if op == "aten.mm":
             return lambda: K.mm(a[0], b[0])
         if op == "aten.bmm":
