@@ -22,7 +22,7 @@ from nbx_tune.errors import KernelError
 from nbx_tune.kernels import custom_ops  # noqa: F401  (defines the torch op serve_ops names)
 from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
-from nbx_tune.kernels.copy import (CONFIGS, DEFAULTS, INDEX_LIMIT, TORCH_DTYPES, _base, _inputs_of, _legacy_empty,
+from nbx_tune.kernels.copy import (CAT_SPEC, CONFIGS, DEFAULTS, INDEX_LIMIT, TORCH_DTYPES, _inputs_of, _legacy_empty,
                                    _one_launch, block_start, cat2_tile, cat_shape, launch_cat, row_stride)
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import KernelSpec, KeyDim, NotServable, Problem, seat_flags
@@ -114,9 +114,8 @@ class CatKVSpec(KernelSpec):
     config_space = CONFIGS
     default_configs = DEFAULTS
 
-    def source_parts(self):
-        return (_cat2_tile, _cat_pair_kernel, _geometry, _one_pass, launch_cat_kv, block_start, cat2_tile,
-                row_stride, _one_launch, launch_cat, _base)
+    def source_parts(self):  # the cat family's, for the cats written its way
+        return (_cat2_tile, _cat_pair_kernel, _geometry, _one_pass, launch_cat_kv, *CAT_SPEC.source_parts())
 
     def problem_from_row(self, row):
         if row.op.removesuffix(".default") != OP:
