@@ -6,7 +6,8 @@ activation in two; GPT-2's gelu_new takes eight. Each is one op here (`F.rms_nor
 `torch.ops.nbx_tune.rotary_qk`, `.silu_mul`, `F.gelu(approximate="tanh")`), which serve() runs
 on a kernel; so are a decoder layer's residual add and the norm after attention
 (`.add_rms_norm`, GPT-2's `.add_layer_norm`), the rotary embedding's cos and sin tables
-(`.rope_cos_sin`, nine launches once a forward) and a KV cache's two cats (`.cat_kv`). While a
+(`.rope_cos_sin`, nine launches once a forward) and a KV cache's two cats (`.cat_kv`); a
+layer's last add computes the norm the next layer starts with (hand_off.py). While a
 fusion context is active (serve() and the trace recorder enter one), code that is exactly a
 known pattern is swapped for code that calls the one op: a module class's `forward` (or,
 behind decorators that wrap it, the function in the innermost wrapper's closure, the
@@ -45,7 +46,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from nbx_tune.kernels import custom_ops
+from nbx_tune.kernels import custom_ops, hand_off
 
 ENV_FUSE = "NBX_TUNE_FUSE"
 
@@ -141,6 +142,9 @@ def _rms_norm(original: Callable) -> Callable:
         weight = self.weight
         if hidden_states.dtype != weight.dtype or weight.dim() != 1:
             return original(self, hidden_states)  # the pattern promotes to the weight's dtype
+        handed = hand_off.take(self, hidden_states)  # the last layer's add computed it
+        if handed is not None:
+            return handed
         _calls["rms_norm"] += 1
         return F.rms_norm(hidden_states, weight.shape, weight, self.variance_epsilon)
 
@@ -278,12 +282,33 @@ def _fusable(x, residual, *affine) -> bool:
         t.dtype == x.dtype and t.dim() == 1 for t in affine)
 
 
+def _add_and_hand_off(layer, norm_attr: str, residual, out):
+    """A layer's last residual add, `residual + out`, and where one op gives it, the norm
+    that reads the sum next, handed to it (kernels/hand_off.py): the next layer's first norm
+    (`norm_attr` on it), or the model's final norm where its forward takes a hand-off."""
+    after, norm = hand_off.successor(layer, norm_attr)
+    if norm is None or not _called_plainly(layer) or (after is not None and not _called_plainly(after)) \
+            or (after is None and type(norm).__dict__.get("forward") not in _originals):
+        return residual + out
+    if is_rms_norm(norm) and _fusable(out, residual, norm.weight):
+        _calls["add_rms_norm"] += 1
+        normed, total = custom_ops.add_rms_norm(out, residual, norm.weight, norm.variance_epsilon)
+    elif is_layer_norm(norm) and _fusable(out, residual, norm.weight, norm.bias):
+        _calls["add_layer_norm"] += 1
+        normed, total = custom_ops.add_layer_norm(out, residual, norm.weight, norm.bias, norm.eps)
+    else:
+        return residual + out
+    hand_off.hand(norm, total, normed)
+    return total
+
+
 def _add_rms_norm_layer(original: Callable) -> Callable:
     def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
                 position_embeddings=None, **kwargs):
         norm = self.post_attention_layernorm
         residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
+        handed = hand_off.take(self.input_layernorm, hidden_states)  # the layer before computed it
+        hidden_states = self.input_layernorm(hidden_states) if handed is None else handed
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
                                           position_ids=position_ids, cache=cache, use_cache=use_cache,
                                           position_embeddings=position_embeddings, **kwargs)
@@ -295,8 +320,7 @@ def _add_rms_norm_layer(original: Callable) -> Callable:
             hidden_states = residual + hidden_states
             residual = hidden_states
             hidden_states = norm(hidden_states)
-        hidden_states = self.mlp(hidden_states)
-        return residual + hidden_states
+        return _add_and_hand_off(self, "input_layernorm", residual, self.mlp(hidden_states))
 
     return forward
 
@@ -339,7 +363,8 @@ def _add_layer_norm_block(original: Callable) -> Callable:
                             encoder_hidden_states=encoder_hidden_states,
                             encoder_attention_mask=encoder_attention_mask, use_cache=use_cache, **kwargs)
         residual = hidden_states
-        hidden_states = self.ln_1(hidden_states)
+        handed = hand_off.take(self.ln_1, hidden_states)  # the block before computed it
+        hidden_states = self.ln_1(hidden_states) if handed is None else handed
         attn_output, _ = self.attn(hidden_states, cache=cache, attention_mask=attention_mask, use_cache=use_cache,
                                    **kwargs)
         if is_layer_norm(ln) and _fusable(attn_output, residual, ln.weight, ln.bias):
@@ -349,8 +374,7 @@ def _add_layer_norm_block(original: Callable) -> Callable:
             hidden_states = attn_output + residual
             residual = hidden_states
             hidden_states = ln(hidden_states)
-        feed_forward_hidden_states = self.mlp(hidden_states)
-        return residual + feed_forward_hidden_states
+        return _add_and_hand_off(self, "ln_1", residual, self.mlp(hidden_states))
 
     return forward
 
@@ -655,6 +679,7 @@ def release() -> None:
             torch.nn.Module.__init_subclass__ = _hook_saved
         _hook_saved = None
         pending.clear()
+        hand_off.clear()
         for (_, attr), (owner, original, fused, _, _) in _swapped.items():
             current = owner.cell_contents if attr == "cell_contents" else getattr(owner, "__dict__", {}).get(attr)
             if current is fused:  # unless someone replaced it since

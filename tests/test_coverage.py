@@ -23,7 +23,9 @@ def test_every_launch_of_the_example_traces_is_served(name):
     assert sum(sp.launches for sp in plan.seats.values()) == plan.trace.launches
     kernels = {sp.kernel for sp in plan.seats.values()}
     if name.startswith(("llama", "gpt2", "qwen")):
-        assert {"matmul", "attention", "elementwise_binary", "embedding"} <= kernels
+        assert {"matmul", "attention", "embedding"} <= kernels
+        # a fused decode step's last add is the hand-off's (kernels/hand_off.py): none is left
+        assert "elementwise_binary" in kernels or name.endswith("_fused")
         # the unfused rotary tables' cos and sin (GPT-2: gelu); fused Llamas have none left
         assert ("elementwise_unary" in kernels) == (not name.endswith("_fused") or name.startswith("gpt2"))
     if name in ("llama_small", "gpt2_small"):

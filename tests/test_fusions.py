@@ -618,9 +618,11 @@ def test_nbx_tune_run_fuses_a_transformers_llama_the_program_imports(tmp_path):
     assert run_command([sys.executable, str(script)], stats) == 0
     data = json.loads(stats.read_text())
     launches = {op: s["certified"] + s["default"] for op, s in data.items()}
-    assert launches["aten.rms_norm"] == 2 and launches["nbx_tune.rotary_qk"] == 1  # q and k: one launch
+    assert launches["aten.rms_norm"] == 1 and launches["nbx_tune.rotary_qk"] == 1  # q and k: one launch
     assert launches["nbx_tune.silu_mul"] == 1
-    assert launches["nbx_tune.add_rms_norm"] == 1  # the layer behind its decorators
+    # the layer behind its decorators: its add and norm after attention, and its last add with
+    # the model's final norm (the hand-off), which leaves one norm, the layer's first
+    assert launches["nbx_tune.add_rms_norm"] == 2
     assert launches["nbx_tune.cat_kv"] == 1  # the KV cache's class, imported under the context
     assert launches["nbx_tune.rope_cos_sin"] == 1
     assert not {"aten.rsqrt", "aten.neg", "aten.silu", "aten.pow.Tensor_Scalar"} & set(launches), launches
