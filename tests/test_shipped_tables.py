@@ -30,9 +30,9 @@ def test_shipped_table_entries_are_current(path):
 
 
 # The shipped hopper table certifies every seat of every real-scale example trace (the
-# bf16 ones; the small ones are for the CPU's interpreter profile).
+# bf16 ones, fused or not; the small ones are for the CPU's interpreter profile).
 def fully_shipped(trace: Path) -> bool:
-    return trace.stem.endswith("_bf16")
+    return trace.stem.endswith(("_bf16", "_bf16_fused"))
 
 
 def test_the_hopper_table_serves_whole_example_traces_and_no_dead_entries():
