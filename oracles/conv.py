@@ -14,6 +14,8 @@ import itertools
 
 import numpy as np
 
+from nbx_tune.oracles.products import matmul as _matmul
+
 
 def _conv(x, w, bias, stride, padding, dilation, groups):
     x = np.asarray(x, dtype=np.float64)
@@ -41,7 +43,7 @@ def _conv(x, w, bias, stride, padding, dilation, groups):
         wt = wg[(slice(None), slice(None), slice(None), *tap)]  # (g, out_g, c)
         wt = np.swapaxes(wt, 1, 2)  # (g, c, out_g)
         # acc[n, g, *size, o] += sum_c patch[n, g, *size, c] * wt[g, c, o]
-        acc += np.matmul(patch.reshape(n, groups, -1, c_group), wt[None]).reshape(acc.shape)
+        acc += _matmul(patch.reshape(n, groups, -1, c_group), wt[None]).reshape(acc.shape)
     out = np.moveaxis(acc, -1, 2).reshape(n, c_out, *size)  # channel = g * out_g + o
     if bias is not None:
         out = out + np.asarray(bias, dtype=np.float64).reshape(1, c_out, *([1] * nd))

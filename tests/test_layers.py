@@ -35,7 +35,7 @@ def imports(folder: str):
 # folder -> (what it may import at module level, what it may import only lazily)
 RULES = {
     "": ({"platformdirs"}, set()),
-    "oracles": ({"numpy"}, set()),
+    "oracles": ({"numpy", "nbx_tune.oracles"}, set()),
     "profiles": ({"yaml", "nbx_tune.errors", "nbx_tune.profiles"}, {"triton", "torch"}),
     "kernels": ({"numpy", "triton", "torch", "nbx_tune", "nbx_tune.errors", "nbx_tune.kernels",
                  "nbx_tune.oracles", "nbx_tune.profiles", "nbx_tune.settings"}, {"sqlalchemy"}),

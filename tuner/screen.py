@@ -10,7 +10,8 @@ NaN" are told apart by bits, not guessed. Asked to repeat, the screen launches t
 second time on the same inputs: outputs that differ bit for bit fail (nondeterministic)
 unless the kernel declares run-to-run variation allowed.
 
-The oracle is computed on the host in numpy (fp64), once per case; its values are moved to
+The oracle is computed on the host in numpy (fp64), once per case, its large matrix
+products on the candidate's GPU where there is one (`device_product`); its values are moved to
 the candidate's device once as well, and each candidate is judged there by a few fp64
 reductions. Copying every candidate's output to the host and judging it in numpy made the
 screen most of a GEMM census's time; fp64 subtraction, abs and max are exact-rounded on
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 
 from nbx_tune.kernels.spec import KernelSpec, Problem
+from nbx_tune.oracles import products
 
 TORCH_DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
@@ -194,8 +196,27 @@ def make_case(spec: KernelSpec, problem: Problem, device: str, seed: int, with_o
         if with_oracle:
             rounded[name] = t.to(torch.float64).numpy() if t.is_floating_point() else t.numpy()
         inputs[name] = t.to(device)
-    ref = spec.oracle(problem, rounded) if with_oracle else None
+    ref = None
+    if with_oracle:
+        with products.faster(device_product(device)):
+            ref = spec.oracle(problem, rounded)
     return Case(problem, inputs, ref)
+
+
+def device_product(device: str):
+    """The oracles' large float64 products on a GPU (`oracles/products.py` checks each on
+    sampled rows against numpy's), or None on the CPU, where numpy's is the product."""
+    if not str(device).startswith("cuda"):
+        return None
+
+    def product(a: np.ndarray, b: np.ndarray):
+        try:
+            ta, tb = (torch.from_numpy(x if min(x.strides, default=0) >= 0 else np.ascontiguousarray(x))
+                      .to(device) for x in (a, b))
+            return torch.matmul(ta, tb).cpu().numpy()
+        except torch.cuda.OutOfMemoryError:
+            return None
+    return product
 
 
 def alloc_outputs(spec: KernelSpec, problem: Problem, device: str) -> dict:

@@ -1,0 +1,73 @@
+"""The oracles' matrix products in float64: numpy's, or for the large ones a faster float64
+product a caller hands in (the screen hands the GPU's: the fp64 oracle of one LM head seat
+took 15 s of numpy on a 16-core host, most of a re-certification's time).
+
+A handed product is trusted only as far as it checks (Freivalds' test): for two seeded
+random vectors x, out @ x must equal a @ (b @ x), computed in numpy, to CHECK_RTOL of
+|a| @ (|b| @ |x|), the scale of the sums' terms (far above fp64 rounding over any K, far
+below any screen tolerance). One wrong element anywhere moves out @ x, at the cost of a
+few matrix-vector products. Where the test fails, or the product cannot run (out of
+memory), numpy's product is used. Either way the oracle is the definition's float64
+product, summed in some order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+# Products of fewer flops are numpy's: moving their operands would cost more than it saves.
+LARGE_FLOPS = 1 << 30
+CHECK_RTOL = 1e-9
+CHUNK_ROWS = 512
+
+_fast = None  # (a, b) -> ndarray | None, set by `faster`
+checks = {"fast": 0, "rejected": 0}  # products handed over, and those whose check failed
+
+
+@contextlib.contextmanager
+def faster(product):
+    """Within the block, large products go to `product(a, b)` (float64 arrays, numpy's
+    matmul broadcasting), which returns their float64 product or None where it cannot."""
+    global _fast
+    before, _fast = _fast, product
+    try:
+        yield
+    finally:
+        _fast = before
+
+
+def matmul(a, b) -> np.ndarray:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if _fast is None or a.ndim < 2 or b.ndim < 2 or _flops(a, b) < LARGE_FLOPS:
+        return np.matmul(a, b)
+    out = _fast(a, b)
+    if out is None or out.shape != np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]) \
+            or not _agrees(a, b, out):
+        checks["rejected"] += out is not None
+        return np.matmul(a, b)
+    checks["fast"] += 1
+    return out
+
+
+def _flops(a: np.ndarray, b: np.ndarray) -> int:
+    batch = int(np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), dtype=np.int64))
+    return 2 * batch * a.shape[-2] * a.shape[-1] * b.shape[-1]
+
+
+def _agrees(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+    x = np.random.default_rng(0x0DD5EED).uniform(-1.0, 1.0, (b.shape[-1], 2))
+    # b @ x and |b| @ |x| a block of b's rows at a time: |b| whole would be a copy of b.
+    bx = np.empty(b.shape[:-1] + (2,))
+    abs_bx = np.empty_like(bx)
+    for k in range(0, b.shape[-2], CHUNK_ROWS):
+        block = b[..., k:k + CHUNK_ROWS, :]
+        bx[..., k:k + CHUNK_ROWS, :] = np.matmul(block, x)
+        abs_bx[..., k:k + CHUNK_ROWS, :] = np.matmul(np.abs(block), np.abs(x))
+    want = np.matmul(a, bx)
+    bound = np.matmul(np.abs(a), abs_bx)
+    got = np.matmul(out, x)
+    if not (np.isfinite(want).all() and np.isfinite(got).all()):
+        return False
+    return bool(np.all(np.abs(got - want) <= CHECK_RTOL * bound))

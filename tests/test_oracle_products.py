@@ -1,0 +1,96 @@
+"""The oracles' matrix products (oracles/products.py): a faster product handed in is used
+for large products only where Freivalds' test says it is the product, else numpy's."""
+
+import numpy as np
+import pytest
+
+from nbx_tune.oracles import conv as conv_oracle, matmul as mm_oracle, products
+from nbx_tune.tuner import screen
+
+
+@pytest.fixture(autouse=True)
+def small_threshold(monkeypatch):
+    monkeypatch.setattr(products, "LARGE_FLOPS", 1000)
+    monkeypatch.setattr(products, "CHUNK_ROWS", 7)  # several blocks at these K
+
+
+def operands(*shapes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-1, 1, s) for s in shapes]
+
+
+class Spy:
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, a, b):
+        self.calls += 1
+        self.last = self.fn(a, b)
+        return self.last
+
+
+@pytest.mark.parametrize("sa,sb", [((37, 61), (61, 29)), ((3, 17, 40), (40, 23)), ((2, 19, 33), (2, 33, 5)),
+                                   ((45, 2), (2, 9))])
+def test_a_correct_product_is_taken(sa, sb):
+    a, b = operands(sa, sb)
+    # Summed in another order than numpy's (columns reversed): the same product to fp64 rounding.
+    spy = Spy(lambda a, b: np.matmul(a[..., ::-1], b[..., ::-1, :]))
+    with products.faster(spy):
+        out = products.matmul(a, b)
+    assert spy.calls == 1 and out is spy.last
+    np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("where", [(0, 0), (18, 14), (36, 28)])
+def test_one_wrong_element_anywhere_is_refused(where):
+    a, b = operands((37, 61), (61, 29), seed=1)
+
+    def wrong(a, b):
+        out = np.matmul(a, b)
+        out[where] += 1e-6 * np.abs(out).max()  # far below a screen's tolerance, still wrong
+        return out
+
+    with products.faster(wrong):
+        out = products.matmul(a, b)
+    assert np.array_equal(out, np.matmul(a, b))
+
+
+@pytest.mark.parametrize("bad", [
+    lambda a, b: np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(np.float64),  # fp32 sums
+    lambda a, b: None,  # could not run (out of memory)
+    lambda a, b: np.matmul(a, b)[:-1],  # wrong shape
+    lambda a, b: np.matmul(a, b) * np.nan,
+])
+def test_a_product_that_is_not_fp64_or_does_not_run_falls_back_to_numpy(bad):
+    a, b = operands((64, 300), (300, 48), seed=2)
+    with products.faster(bad):
+        out = products.matmul(a, b)
+    assert np.array_equal(out, np.matmul(a, b))
+
+
+def test_small_products_and_no_handed_product_are_numpys(monkeypatch):
+    a, b = operands((5, 6), (6, 7))
+    spy = Spy(np.matmul)
+    with products.faster(spy):
+        products.matmul(a, b)  # 420 flops, under the threshold
+    assert spy.calls == 0
+    monkeypatch.setattr(products, "LARGE_FLOPS", 1)
+    assert np.array_equal(products.matmul(a, b), np.matmul(a, b))  # nothing handed in
+    with products.faster(spy):
+        pass
+    assert products._fast is None  # the block restores what was before
+
+
+def test_the_matmul_and_conv_oracles_take_their_products_from_here():
+    a, b, bias = operands((33, 40), (40, 21), (21,), seed=3)
+    spy = Spy(np.matmul)
+    with products.faster(spy):
+        mm_oracle.mm(a, b), mm_oracle.addmm(bias, a, b, 0.5, 2.0)
+        x, w = operands((2, 8, 9, 9), (6, 8, 3, 3), seed=4)
+        conv_oracle.conv2d(x, w, padding=1)
+    assert spy.calls == 2 + 9  # one product per conv filter tap
+
+
+def test_the_screen_hands_in_a_product_only_on_a_gpu():
+    assert screen.device_product("cpu") is None
+    assert callable(screen.device_product("cuda"))
