@@ -179,6 +179,10 @@ class KernelSpec:
     # Data movement (copies, casts, gathers, fills): the oracle is exact, and the screen
     # compares every output bit for bit (a tolerance of 0) in every dtype.
     exact: bool = False
+    # How a candidate is timed (tuner/timing.py): "launch", each launch alone behind a
+    # flushed L2; "stream", launches back to back on warm and rotating operand sets, as
+    # a model runs an element-wise op. Part of the source hash: a change re-tunes the seats.
+    timing: str = "launch"
 
     # -- declared by each family
     def configs(self) -> Sequence[Config]:
@@ -292,7 +296,9 @@ class KernelSpec:
 
     @cached_property
     def source_hash(self) -> str:
-        return code_hash(self.source_parts())
+        h = code_hash(self.source_parts())
+        # "launch" leaves every hash as it was before timing was declared.
+        return h if self.timing == "launch" else hashlib.sha256(f"{h} timing={self.timing}".encode()).hexdigest()[:16]
 
     @cached_property
     def config_space_hash(self) -> str:

@@ -663,7 +663,12 @@ def test_a_noisy_seat_is_recertified_and_the_certificate_says_why(db_url):
     # The same move timed precisely is a real rank change: the seat falls back, and says why.
     with create_engine(db_url).begin() as c:
         c.execute(text("UPDATE tunings SET kernel_source_hash = 'before'"))
-    tuner.executor = Replay(again)
+    class Precise(Replay):  # the same method, no spread, on a GPU 1000x slower: far above its tick
+        def time(self, config, mode="full"):
+            ms = super().time(config, mode).timing.median_ms * 1000
+            return Outcome(timing=Timing(ms, ms, ms, "do_bench+lead(rep=25ms)"))
+
+    tuner.executor = Precise(again)
     assert tune(tuner, run_id, sid, 1000)
     (search, detail), = last(db_url, "SELECT search, search_detail FROM certificates WHERE superseded_at IS NULL")
     assert search == "fallback" and "no longer holds" in detail

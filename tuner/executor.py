@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nbx_tune.kernels.spec import Config, KernelSpec, Problem
+from nbx_tune.tuner import timing
 from nbx_tune.tuner.timing import Benchmarker, Timing
 
 
@@ -107,6 +108,10 @@ class CandidateRunner:
         self.time_case = timed[0] if timed else screen.make_case(
             spec, job.time_problem, job.device, screen.seed_for(job.label, job.time_problem), False)
 
+    def _operands(self, case) -> tuple[dict, dict]:
+        return (self.screening.fresh_inputs(case),
+                self.screening.alloc_outputs(self.spec, case.problem, self.job.device))
+
     def screen(self, config: Config) -> Outcome:
         """At the seat's screen shapes; launched twice at the first (the largest), whose two
         outputs must agree bit for bit unless the kernel allows run-to-run variation."""
@@ -136,13 +141,16 @@ class CandidateRunner:
     def time(self, config: Config, mode: str) -> Outcome:
         case = self.time_case
         try:
-            inputs = self.screening.fresh_inputs(case)
-            outputs = self.screening.alloc_outputs(self.spec, case.problem, self.job.device)
-
-            def fn():
-                self.spec.launch(config, case.problem, inputs, outputs)
-
-            return Outcome(timing=self.bench(fn, mode))
+            sets = [self._operands(case)]
+            if self.spec.timing == "stream":  # operand sets to rotate through (tuner/timing.py)
+                nbytes = sum(t.numel() * t.element_size() for t in (*sets[0][0].values(), *sets[0][1].values())
+                             if hasattr(t, "element_size"))
+                sets += [self._operands(case) for _ in range(timing.n_sets(nbytes) - 1)]
+            fns = [(lambda ins=ins, outs=outs: self.spec.launch(config, case.problem, ins, outs))
+                   for ins, outs in sets]
+            if self.spec.timing == "stream":
+                return Outcome(timing=timing.time_sets(self.bench, fns, mode))
+            return Outcome(timing=self.bench(fns[0], mode))
         except Exception as e:
             if is_fatal(e):
                 raise ContextPoisoned(classify_exception(e)[1]) from e

@@ -33,7 +33,9 @@ measured:
 
            with pace the new/old time of the fastest contender with an old time, and lo,
            hi the lowest and highest move against it (1 for itself);
-    4. else every candidate is screened and timed.
+    4. else every candidate is screened and timed; so too after the first round where the
+       old ranking was timed by another method family than this run's (a kernel now timed
+       as a stream, tuner/timing.py): its margins say nothing about the new ranking.
 
 Where the history is clear (the runner-up was CLEAR or more behind the winner), fewer
 configs are timed: the pair, and at most EXPLORE_CLEAR of the near seats' winners.
@@ -49,7 +51,7 @@ from dataclasses import dataclass, field
 from nbx_tune.tuner.strategies import Measured
 from nbx_tune.tuner.strategies.pruned import MIN_K, ROUNDS, turned_rounds, within
 from nbx_tune.tuner.strategies.search import SearchNote
-from nbx_tune.tuner.timing import combine, noise as timing_noise
+from nbx_tune.tuner.timing import combine, family, noise as timing_noise
 
 NEAR = 0.10
 MAX_CONTENDERS = 6
@@ -81,6 +83,7 @@ class Seed:
     complete: bool = True  # whether the reference ranking timed the whole space
     old_noise: dict = field(default_factory=dict)  # config key -> noise of its old time, where recorded
     margin: float | None = None  # the old certificate's runner-up margin
+    timing: str | None = None  # the timing method family of old_ms (tuner/timing.family); None: unknown
 
     @property
     def clear(self) -> bool:
@@ -140,7 +143,8 @@ def seed_from_history(history, judged=None) -> Seed | None:
         ref_t.kind != "import" or getattr(cert, "search", "full") in WHOLE_SPACE)
     return Seed(t_cert.id, _describe(t_cert), old_ms, contenders, max(gap, 0.0), known,
                 ref_t.config_space_hash, complete,
-                {k: v for k, v in old_noise.items() if v is not None}, cert.margin)
+                {k: v for k, v in old_noise.items() if v is not None}, cert.margin,
+                family(cert.timing_method) if getattr(cert, "timing_method", None) else None)
 
 
 def seed_from_entry(e: dict, source: str) -> Seed:
@@ -157,7 +161,7 @@ def seed_from_entry(e: dict, source: str) -> Seed:
                       f"{p['kernel_source_hash']}, space {p['config_space_hash']})",
                 old_ms, tuple(old_ms), max(e.get("margin") or 0.0, 0.0), None, p["config_space_hash"],
                 p.get("search", "full") in WHOLE_SPACE, {e["config"]: band} if band is not None else {},
-                e.get("margin"))
+                e.get("margin"), family(e["timing_method"]) if e.get("timing_method") else None)
 
 
 def loss_bound(seed: Seed, finals: dict, timed: dict | None = None, noise: dict | None = None) -> float | None:
@@ -195,6 +199,7 @@ class Verdict:
     holds: bool
     why: str  # in words, for the certificate
     bound: float | None = None
+    settled: bool = False  # no further timing can change it (another method's ranking)
 
 
 def judge(seed: Seed, measured) -> Verdict:
@@ -202,6 +207,12 @@ def judge(seed: Seed, measured) -> Verdict:
     strategy's `Measured`), and why (the module's rule)."""
     finals = {m.config.key(): m.timing for m in measured if m.final}
     timed = {m.config.key(): m.timing for m in measured}
+    now = {family(t.method) for t in timed.values()}
+    if seed.timing and now and now != {seed.timing}:
+        # Another method ranks configs otherwise (a kernel now timed as a stream): the old
+        # margins say nothing about the new ranking.
+        return Verdict(False, f"the old ranking was timed by {seed.timing}, this run times by "
+                              f"{', '.join(sorted(now))}", settled=True)
     noise = {k: timing_noise(t) for k, t in timed.items()}
     if not any(k in seed.old_ms for k in finals):
         return Verdict(False, "no old contender survived the screen and a full timing")
@@ -256,7 +267,8 @@ class Recertify:
                 behind.extend(Measured(c, got.pop(c)[0], False) for c in alive if c not in keep)
                 alive = [c for c in alive if c in keep]
             so_far[:] = behind + [Measured(c, combine(ts), True) for c, ts in got.items() if ts]
-            return alive, r + 1 >= min_rounds and len(set(firsts)) <= 1 and judge(self.seed, so_far).holds
+            verdict = judge(self.seed, so_far)
+            return alive, verdict.settled or (r + 1 >= min_rounds and len(set(firsts)) <= 1 and verdict.holds)
 
         turned_rounds(list(candidates), measure, rounds, after)
         return so_far

@@ -35,7 +35,14 @@ class Timing:
 
 # The smallest difference a timing method can tell apart: CUDA/HIP events tick at about
 # half a microsecond, which is 10-25 % of a small element-wise kernel's time.
-RESOLUTION_MS = {"do_bench": 5e-4, "wall": 1e-4}
+# A stream timing divides a burst's pair of events by its launches (hundreds): far finer.
+RESOLUTION_MS = {"do_bench": 5e-4, "stream": 1e-5, "wall": 1e-4}
+
+
+def family(method: str) -> str:
+    """A timing method's name without its settings ("do_bench+lead(rep=25ms)" -> "do_bench"):
+    times of one family rank configs alike; across families they do not."""
+    return method.split("+")[0].split("(")[0].split(" ")[0]
 
 
 def resolution_ms(method: str) -> float:
@@ -137,8 +144,67 @@ def gpu_time(fn, warmup_ms: float, rep_ms: float, quantiles=(0.5, 0.2, 0.8)) -> 
     return [_quantile(times, q) for q in quantiles]
 
 
+# Streaming seats (kernel.timing == "stream"): their operand sets rotate through about this
+# much, at most MAX_SETS sets, as bench/torch_compare.py rotates a model's rows.
+ROTATE_BYTES = 96 << 20
+MAX_SETS = 4
+# Bursts per condition of one stream timing: their spread gives p20 and p80.
+BURSTS = 8
+
+
+def n_sets(nbytes: int) -> int:
+    return max(1, min(MAX_SETS, -(-ROTATE_BYTES // max(nbytes, 1))))
+
+
+def stream_time(fns: list, warmup_ms: float, rep_ms: float, quantiles=(0.5, 0.2, 0.8)) -> list[float]:
+    """ms per launch at `quantiles` for a kernel that streams its operands (element-wise,
+    copies), timed as a model runs it: launches back to back with no flush between, half
+    the bursts on one operand set (warm in the L2, as an op reading what the previous one
+    wrote) and half rotating through `fns` (fn i launches on set i: read from HBM where
+    the sets outgrow the L2). Each sample is a warm burst and a rotating burst averaged.
+    A flush before every launch ranks these kernels otherwise than a model runs them:
+    the pick of each way lost up to 26 % in the other (lab/elementwise_rows/NOTES.md)."""
+    import torch
+
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    sleep = _sleeper(torch)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    k = len(fns)
+    if sleep is not None:
+        sleep(1.0)
+    t0 = time.perf_counter()
+    start.record()
+    for i in range(4 * k):
+        fns[i % k]()
+    end.record()
+    host_ms = (time.perf_counter() - t0) * 1e3 / (4 * k)
+    end.synchronize()
+    gpu_ms = max(start.elapsed_time(end) / (4 * k), 1e-4)
+    for i in range(max(1, int(warmup_ms / gpu_ms))):
+        fns[i % k]()
+    # Each burst a whole number of rotations, the bursts together about rep_ms of GPU time.
+    per = max(k, int(rep_ms / gpu_ms / (2 * BURSTS)) // k * k)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(2 * BURSTS)]
+    if sleep is not None:
+        sleep(lead_ms(2 * BURSTS * per, host_ms, gpu_ms, rep_ms))
+    for b, (s, e) in enumerate(events):
+        warm = b % 2 == 0
+        s.record()
+        for i in range(per):
+            fns[0 if warm else i % k]()
+        e.record()
+    torch.cuda.synchronize()
+    ms = [s.elapsed_time(e) / per for s, e in events]
+    samples = sorted((ms[2 * j] + ms[2 * j + 1]) / 2 for j in range(BURSTS))
+    return [_quantile(samples, q) for q in quantiles]
+
+
 class DoBench:
-    """`gpu_time`: do_bench's events, flush and median, each timed launch queued ahead."""
+    """`gpu_time`: do_bench's events, flush and median, each timed launch queued ahead;
+    `stream`: streaming kernels back to back, warm and rotating (`stream_time`)."""
 
     method = "do_bench"
 
@@ -146,6 +212,12 @@ class DoBench:
         self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
 
     def __call__(self, fn, mode="full"):
+        warmup, rep = self._budget(mode)
+        med, p20, p80 = gpu_time(fn, warmup, rep)
+        return Timing(float(med), float(p20), float(p80), f"{self.method}+lead(rep={rep:g}ms)")
+
+    def _budget(self, mode: str) -> tuple[float, float]:
+        """(warm-up ms, timed ms) of a timing in `mode`."""
         if mode == "quick":
             # Only to drop what is far behind (strategies/pruned.py): a tenth of a full
             # timing's cost. Shorter estimates were too noisy to rank short GEMMs by.
@@ -157,8 +229,20 @@ class DoBench:
             warmup, rep = min(self.warmup_ms, 2.0), self.rep_ms / n
         else:
             warmup, rep = self.warmup_ms, self.rep_ms
-        med, p20, p80 = gpu_time(fn, warmup, rep)
-        return Timing(float(med), float(p20), float(p80), f"{self.method}+lead(rep={rep:g}ms)")
+        return warmup, rep
+
+    def stream(self, fns: list, mode="full") -> Timing:
+        warmup, rep = self._budget(mode)
+        med, p20, p80 = stream_time(fns, warmup, rep)
+        return Timing(float(med), float(p20), float(p80), f"stream({len(fns)} sets)+lead(rep={rep:g}ms)")
+
+
+def time_sets(bench, fns: list, mode: str = "full") -> Timing:
+    """A streaming kernel's timing over its operand sets (fn i launches on set i): the
+    benchmarker's `stream` where it has one (a test's fake need not), else `fns[0]` timed
+    as any kernel."""
+    stream = getattr(bench, "stream", None)
+    return stream(fns, mode) if stream is not None else bench(fns[0], mode)
 
 
 class WallClock:

@@ -1,0 +1,29 @@
+"""The rows of the example traces whose kernel is timed as a stream (kernels/spec.py
+`timing`): what a census must re-tune after the timing change, and nothing else.
+
+    python lab/stream_timing/rows.py OUT.tsv examples/traces/*_bf16*.tsv
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from torch_compare import served  # noqa: E402
+
+from nbx_tune.tuner.trace import read_trace, write_trace  # noqa: E402
+
+
+def main(out: str, traces: list[str]) -> None:
+    rows = []
+    for t in traces:
+        for r in read_trace(t).rows:
+            s = served(r)
+            if s is not None and s[0].timing == "stream":
+                rows.append(r)
+    write_trace(out, rows, comments=[f"rows timed as a stream, of {len(traces)} traces"])
+    print(f"{len(rows)} rows -> {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])

@@ -1,0 +1,158 @@
+"""Streaming kernels (element-wise, copies) are timed as a model runs them: back to back on
+warm and rotating operand sets (tuner/timing.stream_time, which needs a GPU; its inputs,
+the set count and the method's bookkeeping are checked here), and a re-certification
+does not carry a ranking over from another timing method."""
+
+from dataclasses import replace
+
+import pytest
+
+from nbx_tune.kernels.registry import get_spec
+from nbx_tune.kernels.spec import Config, Problem, code_hash, seat_flags
+from nbx_tune.profiles import builtin_profiles
+from nbx_tune.tuner import timing
+from nbx_tune.tuner.executor import CandidateRunner
+from nbx_tune.tuner.recertify import Recertify, Seed, judge, seed_from_entry
+from nbx_tune.tuner.strategies import Measured
+from nbx_tune.tuner.timing import Timing, family
+from nbx_tune.tuner.tune import seat_job
+
+INTERP = builtin_profiles()["interpreter"]
+
+
+def test_method_families():
+    assert family("do_bench+lead(rep=25ms)") == "do_bench"
+    assert family("do_bench+lead(rep=6.25ms) x4 rounds") == "do_bench"
+    assert family("stream(4 sets)+lead(rep=6.25ms) x4 rounds") == "stream"
+    assert family("wall(n=3)") == "wall"
+
+
+def test_sets_rotate_through_about_the_rotation_bytes_and_never_more_than_max_sets():
+    assert timing.n_sets(timing.ROTATE_BYTES) == 1  # one set outgrows the L2 alone
+    assert timing.n_sets(timing.ROTATE_BYTES // 2) == 2
+    assert timing.n_sets(timing.ROTATE_BYTES // 3 + 1) == 3
+    assert timing.n_sets(1000) == timing.MAX_SETS
+    assert timing.n_sets(0) == timing.MAX_SETS
+
+
+class StreamBench:
+    """Records what a stream timing was handed, and launches each set once."""
+
+    method = "fake"
+
+    def __init__(self):
+        self.sets, self.plain = [], 0
+
+    def __call__(self, fn, mode="full"):
+        self.plain += 1
+        fn()
+        return Timing(1.0, 1.0, 1.0, "fake")
+
+    def stream(self, fns, mode="full"):
+        self.sets.append(len(fns))
+        for f in fns:
+            f()
+        return Timing(2.0, 2.0, 2.0, "stream(fake)")
+
+
+def _runner(kernel, n, bench):
+    spec = get_spec(kernel)
+    flags = seat_flags(fn="neg") if kernel == "elementwise_unary" else seat_flags(layout="flat")
+    dtypes = ("float32",) if kernel == "elementwise_unary" else ("float32", "float32")
+    p = Problem(kernel, dtypes, flags, (n,), (("shape", (n,)),))
+    job = seat_job(spec, INTERP, "s", [p], "cpu")[0]
+    return spec, CandidateRunner(spec, job, bench)
+
+
+@pytest.mark.parametrize("kernel", ["elementwise_unary", "copy"])
+def test_a_streaming_kernel_is_timed_over_operand_sets_each_launch_on_its_own(kernel, monkeypatch):
+    bench = StreamBench()
+    spec, runner = _runner(kernel, 300, bench)
+    assert spec.timing == "stream"
+    writes = []
+    real = spec.launch
+
+    def launch(config, problem, inputs, outputs):
+        writes.append((id(next(iter(inputs.values()))), id(next(iter(outputs.values())))))
+        return real(config, problem, inputs, outputs)
+
+    monkeypatch.setattr(spec, "launch", launch)
+    out = runner.time(spec.default_config(INTERP, runner.time_case.problem), "full")
+    assert out.ok and out.timing.median_ms == 2.0 and bench.plain == 0
+    assert bench.sets == [timing.MAX_SETS]  # 300 elements: every set fits, MAX_SETS of them
+    assert len(set(writes)) == timing.MAX_SETS  # each fn its own inputs and outputs
+
+
+def test_a_benchmarker_without_stream_times_the_first_set(monkeypatch):
+    class Plain(StreamBench):
+        stream = None
+
+    bench = Plain()
+    spec, runner = _runner("elementwise_unary", 64, bench)
+    out = runner.time(spec.default_config(INTERP, runner.time_case.problem), "full")
+    assert out.ok and out.timing.median_ms == 1.0 and bench.plain == 1
+
+
+def test_a_launch_timed_kernel_keeps_its_hash():
+    spec = get_spec("reduce")
+    assert spec.timing == "launch"
+    assert spec.source_hash == code_hash(spec.source_parts())  # declaring timing moved no hash
+
+
+def test_the_stream_timing_is_part_of_the_source_hash(monkeypatch):
+    spec = get_spec("elementwise_unary")
+    assert spec.source_hash != code_hash(spec.source_parts())
+    cls = type(spec)
+    monkeypatch.setattr(cls, "timing", "launch")
+    assert cls().source_hash == code_hash(spec.source_parts())
+
+
+def _measured(times: dict, method: str):
+    return [Measured(Config.make(X=x), Timing(ms, ms, ms, method), True) for x, ms in times.items()]
+
+
+def test_a_ranking_timed_by_another_method_does_not_hold_and_is_settled():
+    key = {x: Config.make(X=x).key() for x in range(3)}
+    seed = Seed(None, "t", {key[0]: 1.0, key[1]: 1.05}, (key[0], key[1]), 0.1, None, "space", True, {},
+                0.05, "do_bench")
+    same = judge(seed, _measured({0: 1.0, 1: 1.05}, "do_bench+lead(rep=25ms) x2 rounds"))
+    assert same.holds and not same.settled
+    other = judge(seed, _measured({0: 1.0, 1: 1.05}, "stream(4 sets)+lead(rep=25ms) x1 rounds"))
+    assert not other.holds and other.settled and "do_bench" in other.why and "stream" in other.why
+    # An old ranking of unknown method is judged on what it measures.
+    assert judge(replace(seed, timing=None), _measured({0: 1.0, 1: 1.05}, "stream(4 sets)")).holds
+
+
+def test_a_method_change_falls_back_after_one_round():
+    configs = [Config.make(X=x) for x in range(4)]
+    keys = [c.key() for c in configs]
+    seed = Seed(None, "t", {keys[0]: 1.0, keys[1]: 1.05}, (keys[0], keys[1]), 0.1, frozenset(keys), "space",
+                True, {}, 0.05, "do_bench")
+    search = Recertify(seed, "space")
+    calls = []
+
+    def evaluate(cands, strategy=None):
+        calls.append(len(cands))
+        if strategy is None:
+            return []
+        return strategy(cands, lambda c, mode: Timing(1.0, 1.0, 1.0, "stream(4 sets)"))
+
+    note = search.run(configs, evaluate)
+    assert note.search == "fallback" and "timed by do_bench" in note.detail
+    assert search.rounds == 1 and calls == [2, 4]
+
+
+def test_a_shipped_entry_says_how_it_was_timed():
+    e = {"config": "A=1", "median_ms": 1.0, "runner_up": "A=2", "runner_up_ms": 1.1, "margin": 0.1,
+         "timing_method": "do_bench+lead(rep=6.25ms) x4 rounds",
+         "provenance": {"device_name": "d", "triton_version": "3", "kernel_source_hash": "s",
+                        "config_space_hash": "h", "search": "full"}}
+    assert seed_from_entry(e, "t").timing == "do_bench"
+    del e["timing_method"]
+    assert seed_from_entry(e, "t").timing is None
+
+
+def test_which_kernels_are_timed_as_a_stream():
+    stream = {"elementwise_unary", "elementwise_binary", "copy", "cat"}
+    for name in stream | {"matmul", "attention", "reduce", "conv"}:
+        assert (get_spec(name).timing == "stream") == (name in stream), name
