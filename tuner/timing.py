@@ -148,8 +148,10 @@ def gpu_time(fn, warmup_ms: float, rep_ms: float, quantiles=(0.5, 0.2, 0.8)) -> 
 # much, at most MAX_SETS sets, as bench/torch_compare.py rotates a model's rows.
 ROTATE_BYTES = 96 << 20
 MAX_SETS = 4
-# Bursts per condition of one stream timing: their spread gives p20 and p80.
+# Pairs of bursts in one stream timing (their spread gives p20 and p80), and the most
+# launches in one burst: two bursts stay well inside the driver's launch queue.
 BURSTS = 8
+MAX_BURST = 200
 
 
 def n_sets(nbytes: int) -> int:
@@ -158,12 +160,12 @@ def n_sets(nbytes: int) -> int:
 
 def stream_time(fns: list, warmup_ms: float, rep_ms: float, quantiles=(0.5, 0.2, 0.8)) -> list[float]:
     """ms per launch at `quantiles` for a kernel that streams its operands (element-wise,
-    copies), timed as a model runs it: launches back to back with no flush between, half
-    the bursts on one operand set (warm in the L2, as an op reading what the previous one
-    wrote) and half rotating through `fns` (fn i launches on set i: read from HBM where
-    the sets outgrow the L2). Each sample is a warm burst and a rotating burst averaged.
-    A flush before every launch ranks these kernels otherwise than a model runs them:
-    the pick of each way lost up to 26 % in the other (lab/elementwise_rows/NOTES.md)."""
+    copies), timed as a model runs it: launches back to back with no flush between, in
+    pairs of bursts, one on one operand set (warm in the L2, as an op reading what the
+    previous one wrote) and one rotating through `fns` (fn i launches on set i: read from
+    HBM where the sets outgrow the L2); each sample is a pair's mean. A flush before every
+    launch ranks these kernels otherwise than a model runs them: the pick of each way lost
+    up to 26 % in the other (lab/elementwise_rows/NOTES.md)."""
     import torch
 
     for f in fns:
@@ -184,22 +186,24 @@ def stream_time(fns: list, warmup_ms: float, rep_ms: float, quantiles=(0.5, 0.2,
     gpu_ms = max(start.elapsed_time(end) / (4 * k), 1e-4)
     for i in range(max(1, int(warmup_ms / gpu_ms))):
         fns[i % k]()
-    # Each burst a whole number of rotations, the bursts together about rep_ms of GPU time.
-    per = max(k, int(rep_ms / gpu_ms / (2 * BURSTS)) // k * k)
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(2 * BURSTS)]
-    if sleep is not None:
-        sleep(lead_ms(2 * BURSTS * per, host_ms, gpu_ms, rep_ms))
-    for b, (s, e) in enumerate(events):
-        warm = b % 2 == 0
-        s.record()
-        for i in range(per):
-            fns[0 if warm else i % k]()
-        e.record()
-    torch.cuda.synchronize()
-    ms = [s.elapsed_time(e) / per for s, e in events]
-    samples = sorted((ms[2 * j] + ms[2 * j + 1]) / 2 for j in range(BURSTS))
-    return [_quantile(samples, q) for q in quantiles]
+    # Each burst a whole number of rotations, the bursts together about rep_ms of GPU time,
+    # and no more launches queued at once than the driver queues without blocking the host
+    # (a blocked host would be timed instead of the kernel).
+    per = max(k, min(int(rep_ms / gpu_ms / (2 * BURSTS)), MAX_BURST) // k * k)
+    ms = []
+    for _ in range(BURSTS):
+        pair = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(2)]
+        if sleep is not None:
+            sleep(lead_ms(2 * per, host_ms, gpu_ms, 2 * per * gpu_ms))
+        for b, (s, e) in enumerate(pair):
+            s.record()
+            for i in range(per):
+                fns[0 if b == 0 else i % k]()
+            e.record()
+        torch.cuda.synchronize()
+        ms.append(sum(s.elapsed_time(e) for s, e in pair) / (2 * per))
+    ms.sort()
+    return [_quantile(ms, q) for q in quantiles]
 
 
 class DoBench:
