@@ -228,10 +228,11 @@ def largest_problems(db: str) -> dict:
 
 def pick_losses(fresh: dict, recert: dict, problems: dict, smoke: bool) -> list:
     """[(seat, loss)]: the re-certified pick against the fresh census's pick, timed side by
-    side at the seat's largest shape, median of three."""
+    side at the seat's largest shape as the census times the kernel (over operand sets
+    where it is timed as a stream), median of three."""
     from nbx_tune.kernels.registry import get_spec
     from nbx_tune.kernels.spec import Config
-    from nbx_tune.tuner import screen
+    from nbx_tune.tuner import screen, timing
 
     device = "cpu" if smoke else "cuda"
     timer = wall_ms if smoke else None
@@ -246,9 +247,20 @@ def pick_losses(fresh: dict, recert: dict, problems: dict, smoke: bool) -> list:
         a, b = Config.parse(fresh[k]), Config.parse(recert[k])
         fns = {"fresh": lambda: spec.launch(a, p, case.inputs, outs),
                "recert": lambda: spec.launch(b, p, case.inputs, outs)}
+        how = timer
+        if spec.timing == "stream" and not smoke:  # timed as the census timed it: over operand sets
+            nbytes = sum(t.numel() * t.element_size() for t in (*case.inputs.values(), *outs.values())
+                         if hasattr(t, "element_size"))
+            sets = [(screen.fresh_inputs(case), screen.alloc_outputs(spec, p, device))
+                    for _ in range(timing.n_sets(nbytes))]
+            fns = {name: [(lambda c=c, i=i, o=o: spec.launch(c, p, i, o)) for i, o in sets]
+                   for name, c in (("fresh", a), ("recert", b))}
+
+            def how(fs, rep):
+                return timing.stream_time(fs, 2, rep, (0.5,))[0]
         losses = []
         for _ in range(3):
-            t = side_by_side(fns, rep_ms=60, timer=timer)
+            t = side_by_side(fns, rep_ms=60, timer=how)
             losses.append(t["recert"] / t["fresh"] - 1)
         out.append((k, statistics.median(losses)))
     return out
