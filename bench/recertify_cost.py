@@ -199,7 +199,7 @@ def fallback_reasons(db: str) -> dict:
     for (detail,) in query(db, "SELECT c.search_detail FROM certificates c JOIN tunings t ON t.id = c.tuning_id "
                                "WHERE t.search = 'fallback'"):
         why = (detail or "?").split(": ", 1)[-1]
-        for cue in ("faster than the old winner", "a config left out", "no old contender", "config space changed",
+        for cue in ("timed by", "faster than the old winner", "a config left out", "no old contender", "config space changed",
                     "new since the seed", "none of the old contenders"):
             if cue in why:
                 why = cue
@@ -335,6 +335,11 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
         print(f"re-certification after a source change: {recert_s:.1f} s (cold Triton cache); in seats "
               + "; ".join(f"{s_} {n} seats {t:.1f} s (screening {sc:.1f}, timing {b_:.1f})"
                           for s_, n, t, sc, b_ in breakdown(recert_db)), flush=True)
+        print(table([[label[:70], search, f"{tot:.1f}", f"{scr:.1f}", f"{bch:.1f}"]
+                     for label, search, tot, scr, bch in slowest(recert_db)],
+                    ["re-certification's slowest seats", "search", "s", "screening s", "timing s"]), flush=True)
+        if fallback_reasons(recert_db):
+            print(f"fallbacks: {fallback_reasons(recert_db)}", flush=True)
         fresh_s, _ = run(*sides[1])
     print(f"re-certification after a source change: {recert_s:.1f} s, fresh census: {fresh_s:.1f} s "
           f"(cold Triton caches{', side by side on two GPUs' if parallel else ''})", flush=True)

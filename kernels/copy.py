@@ -325,7 +325,6 @@ _COPY_OPS = ("aten._to_copy", "aten.clone", "aten.copy_")
 
 class CopySpec(KernelSpec):
     name = "copy"
-    timing = "stream"  # timed as a model runs it (kernels/spec.py)
     ops = _COPY_OPS
     key = (KeyDim("N", "elements"),)
     dtypes = tuple(TORCH_DTYPES)
@@ -505,7 +504,6 @@ def launch_cat(xs, out, dim: int, config: Config) -> None:
 
 class CatSpec(KernelSpec):
     name = "cat"
-    timing = "stream"  # timed as a model runs it (kernels/spec.py)
     ops = ("aten.cat",)
     key = (KeyDim("N", "elements"),)
     dtypes = tuple(TORCH_DTYPES)

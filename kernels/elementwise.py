@@ -515,7 +515,6 @@ _UNARY_OPS = {
 
 class ElementwiseUnarySpec(KernelSpec):
     name = "elementwise_unary"
-    timing = "stream"  # timed as a model runs it (kernels/spec.py)
     ops = tuple(_UNARY_OPS)
     key = (KeyDim("N", "elements"),)
     dtypes = tuple(TORCH_DTYPES)
@@ -664,7 +663,6 @@ _ALPHA_FNS = ("add", "sub", "rsub")
 
 class ElementwiseBinarySpec(KernelSpec):
     name = "elementwise_binary"
-    timing = "stream"  # timed as a model runs it (kernels/spec.py)
     ops = tuple(_BINARY_OPS) + tuple(_INPLACE_OPS)
     key = (KeyDim("N", "elements"),)
     dtypes = tuple(TORCH_DTYPES)

@@ -163,9 +163,10 @@ def stream_time(fns: list, warmup_ms: float, rep_ms: float, quantiles=(0.5, 0.2,
     copies), timed as a model runs it: launches back to back with no flush between, in
     pairs of bursts, one on one operand set (warm in the L2, as an op reading what the
     previous one wrote) and one rotating through `fns` (fn i launches on set i: read from
-    HBM where the sets outgrow the L2); each sample is a pair's mean. A flush before every
-    launch ranks these kernels otherwise than a model runs them: the pick of each way lost
-    up to 26 % in the other (lab/elementwise_rows/NOTES.md)."""
+    HBM where the sets outgrow the L2); each sample is a pair's mean, since the best config
+    of each way lost up to 26 % in the other (lab/stream_timing/NOTES.md). Launches are
+    counted against the slower of host and GPU, so a timing's wall time stays within a few
+    rep_ms where the host's launch path is the slower (each pair waits for its lead)."""
     import torch
 
     for f in fns:
@@ -184,12 +185,13 @@ def stream_time(fns: list, warmup_ms: float, rep_ms: float, quantiles=(0.5, 0.2,
     host_ms = (time.perf_counter() - t0) * 1e3 / (4 * k)
     end.synchronize()
     gpu_ms = max(start.elapsed_time(end) / (4 * k), 1e-4)
-    for i in range(max(1, int(warmup_ms / gpu_ms))):
+    pace = max(gpu_ms, host_ms)
+    for i in range(max(1, int(warmup_ms / pace))):
         fns[i % k]()
     # Each burst a whole number of rotations, the bursts together about rep_ms of GPU time,
     # and no more launches queued at once than the driver queues without blocking the host
     # (a blocked host would be timed instead of the kernel).
-    per = max(k, min(int(rep_ms / gpu_ms / (2 * BURSTS)), MAX_BURST) // k * k)
+    per = max(k, min(int(rep_ms / pace / (2 * BURSTS)), MAX_BURST) // k * k)
     ms = []
     for _ in range(BURSTS):
         pair = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(2)]
