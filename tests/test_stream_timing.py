@@ -4,6 +4,7 @@ the set count and the method's bookkeeping are checked here), and a re-certifica
 does not carry a ranking over from another timing method."""
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -159,3 +160,72 @@ def test_a_shipped_entry_says_how_it_was_timed():
     assert seed_from_entry(e, "t").timing == "do_bench"
     del e["timing_method"]
     assert seed_from_entry(e, "t").timing is None
+
+
+class FakeCuda:
+    """Enough of torch.cuda for `_bursts`: a graph records the launches made while it is
+    captured and replays them; `fail` makes every capture raise as an uncapturable launch does."""
+
+    def __init__(self, fail=False):
+        self.fail, self.capturing, self.synced = fail, None, 0
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    def current_stream(self):
+        return None
+
+    def synchronize(self):
+        self.synced += 1
+
+    def CUDAGraph(self):
+        class Graph:
+            def __init__(self):
+                self.calls = []
+
+            def replay(self):
+                for f in self.calls:
+                    f(replay=True)
+        return Graph()
+
+    def graph(self, g, stream=None):
+        cuda = self
+
+        class Capture:
+            def __enter__(self):
+                if cuda.fail:
+                    raise RuntimeError("operation not permitted when stream is capturing")
+                cuda.capturing = g
+
+            def __exit__(self, *exc):
+                cuda.capturing = None
+        return Capture()
+
+
+def _launchers(cuda, n):
+    log = []
+
+    def make(i):
+        def fn(replay=False):
+            if cuda.capturing is not None and not replay:
+                cuda.capturing.calls.append(fn)
+            else:
+                log.append(i)
+        return fn
+    return [make(i) for i in range(n)], log
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_bursts_launch_warm_on_one_set_and_rotate_through_all(fail):
+    cuda = FakeCuda(fail)
+    fns, log = _launchers(cuda, 3)
+    warm, rot, launches, queued = timing._bursts(SimpleNamespace(cuda=cuda), fns)
+    assert log == []  # capturing launches nothing
+    warm()
+    assert log == [0] * launches
+    log.clear()
+    rot()
+    assert log == [i % 3 for i in range(launches)] and launches % 3 == 0
+    # A graph is one item in the driver's queue; launches queued eagerly are one each.
+    assert (launches, queued) == ((3, 3) if fail else (timing.GRAPH_LAUNCHES, 1))

@@ -149,7 +149,7 @@ def gpu_time(fn, warmup_ms: float, rep_ms: float, quantiles=(0.5, 0.2, 0.8)) -> 
 ROTATE_BYTES = 96 << 20
 MAX_SETS = 4
 # Pairs of bursts in one stream timing (their spread gives p20 and p80), and the most
-# launches in one burst: two bursts stay well inside the driver's launch queue.
+# launches in one burst queued eagerly: two bursts stay well inside the driver's queue.
 BURSTS = 8
 MAX_BURST = 200
 
@@ -160,52 +160,75 @@ def n_sets(nbytes: int) -> int:
 
 def stream_time(fns: list, warmup_ms: float, rep_ms: float, quantiles=(0.5, 0.2, 0.8)) -> list[float]:
     """ms per launch at `quantiles` for a kernel that streams its operands (element-wise,
-    copies), timed as a model runs it: launches back to back with no flush between, in
-    pairs of bursts, one on one operand set (warm in the L2, as an op reading what the
-    previous one wrote) and one rotating through `fns` (fn i launches on set i: read from
-    HBM where the sets outgrow the L2); each sample is a pair's mean, since the best config
-    of each way lost up to 26 % in the other (lab/stream_timing/NOTES.md). Launches are
-    counted against the slower of host and GPU, so a timing's wall time stays within a few
-    rep_ms where the host's launch path is the slower (each pair waits for its lead)."""
+    copies), timed as a model served under CUDA graphs runs it: launches back to back with
+    no flush between, replayed from a graph (queued eagerly where capture fails), in pairs
+    of bursts, one on one operand set (warm in the L2, as an op reading what the previous
+    one wrote) and one rotating through `fns` (fn i launches on set i: read from HBM where
+    the sets outgrow the L2); each sample is a pair's mean, since the best config of each
+    way lost up to 26 % in the other (lab/stream_timing/NOTES.md). Queued eagerly, the same
+    bursts ranked GPT-2's large element-wise ops otherwise than graph replay does."""
     import torch
 
     for f in fns:
         f()
     torch.cuda.synchronize()
+    warm, rot, launches, queued = _bursts(torch, fns)
     sleep = _sleeper(torch)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    k = len(fns)
     if sleep is not None:
         sleep(1.0)
     t0 = time.perf_counter()
     start.record()
-    for i in range(4 * k):
-        fns[i % k]()
+    for _ in range(4):
+        rot()
     end.record()
-    host_ms = (time.perf_counter() - t0) * 1e3 / (4 * k)
+    host_ms = (time.perf_counter() - t0) * 1e3 / 4
     end.synchronize()
-    gpu_ms = max(start.elapsed_time(end) / (4 * k), 1e-4)
-    pace = max(gpu_ms, host_ms)
-    for i in range(max(1, int(warmup_ms / pace))):
-        fns[i % k]()
-    # Each burst a whole number of rotations, the bursts together about rep_ms of GPU time,
-    # and no more launches queued at once than the driver queues without blocking the host
-    # (a blocked host would be timed instead of the kernel).
-    per = max(k, min(int(rep_ms / pace / (2 * BURSTS)), MAX_BURST) // k * k)
+    gpu_ms = max(start.elapsed_time(end) / 4, 1e-4)
+    pace = max(gpu_ms, host_ms)  # a call of a burst function, whichever is the slower
+    for _ in range(max(1, int(warmup_ms / pace))):
+        rot()
+    # The bursts together about rep_ms, and no more launches queued at once than the
+    # driver queues without blocking the host (a blocked host would be timed instead).
+    calls = max(1, min(int(rep_ms / pace / (2 * BURSTS)), max(1, MAX_BURST // queued)))
     ms = []
     for _ in range(BURSTS):
         pair = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(2)]
         if sleep is not None:
-            sleep(lead_ms(2 * per, host_ms, gpu_ms, 2 * per * gpu_ms))
-        for b, (s, e) in enumerate(pair):
+            sleep(lead_ms(2 * calls, host_ms, gpu_ms, 2 * calls * gpu_ms))
+        for burst, (s, e) in zip((warm, rot), pair):
             s.record()
-            for i in range(per):
-                fns[0 if b == 0 else i % k]()
+            for _ in range(calls):
+                burst()
             e.record()
         torch.cuda.synchronize()
-        ms.append(sum(s.elapsed_time(e) for s, e in pair) / (2 * per))
+        ms.append(sum(s.elapsed_time(e) for s, e in pair) / (2 * calls * launches))
     ms.sort()
     return [_quantile(ms, q) for q in quantiles]
+
+
+# Launches in one captured burst: a whole number of rotations of 1 to MAX_SETS sets.
+GRAPH_LAUNCHES = 12
+
+
+def _bursts(torch, fns: list):
+    """(warm, rotating, launches a call, items queued a call): functions launching a burst
+    on set 0 and one rotating through the sets, each a CUDA graph's replay (one item), or
+    the launches queued eagerly where a launch cannot be captured."""
+    k = len(fns)
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graphs = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        for g, pick in zip(graphs, (lambda i: 0, lambda i: i % k)):
+            with torch.cuda.graph(g, stream=stream):
+                for i in range(GRAPH_LAUNCHES):
+                    fns[pick(i)]()
+        torch.cuda.synchronize()
+        return graphs[0].replay, graphs[1].replay, GRAPH_LAUNCHES, 1
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return (lambda: [fns[0]() for _ in range(k)]), (lambda: [f() for f in fns]), k, k
 
 
 class DoBench:
