@@ -3,6 +3,8 @@ warm and rotating operand sets (tuner/timing.stream_time, which needs a GPU; its
 the set count and the method's bookkeeping are checked here), and a re-certification
 does not carry a ranking over from another timing method."""
 
+import sys
+import time
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -203,7 +205,8 @@ class FakeCuda:
         return Capture()
 
 
-def _launchers(cuda, n):
+def _launchers(cuda, n, seconds=0.0):
+    """n launchers (launcher i on set i), each taking `seconds` when run, not captured."""
     log = []
 
     def make(i):
@@ -212,6 +215,8 @@ def _launchers(cuda, n):
                 cuda.capturing.calls.append(fn)
             else:
                 log.append(i)
+                if seconds:
+                    time.sleep(seconds)
         return fn
     return [make(i) for i in range(n)], log
 
@@ -229,3 +234,38 @@ def test_bursts_launch_warm_on_one_set_and_rotate_through_all(fail):
     assert log == [i % 3 for i in range(launches)] and launches % 3 == 0
     # A graph is one item in the driver's queue; launches queued eagerly are one each.
     assert (launches, queued) == ((3, 3) if fail else (timing.GRAPH_LAUNCHES, 1))
+
+
+class FakeEvent:
+    def __init__(self, enable_timing=True):
+        self.t = None
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+def _fake_torch(fail_capture=False):
+    cuda = FakeCuda(fail_capture)
+    cuda.Event, cuda.current_device = FakeEvent, (lambda: 0)
+    flush = SimpleNamespace(zero_=lambda: None)
+    return SimpleNamespace(cuda=cuda, int32="int32", empty=lambda *a, **k: flush)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_the_gpu_timers_run_their_course_on_a_fake_device(fail, monkeypatch):
+    """The timers' bookkeeping (estimate, warm-up, bursts, quantiles) on a fake torch whose
+    events read the host's clock: each launch sleeps 20 us, so a launch reads about that."""
+    fake = _fake_torch(fail)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    fns, log = _launchers(fake.cuda, 2, 2e-5)
+    med, p20, p80 = timing.stream_time(fns, warmup_ms=1, rep_ms=4)
+    assert p20 <= med <= p80 and 0.02 <= med < 0.5
+    assert set(log) == {0, 1}  # both sets launched
+    med, p20, p80 = timing.gpu_time(fns[0], warmup_ms=1, rep_ms=4)
+    assert p20 <= med <= p80 and 0.02 <= med < 0.5

@@ -99,6 +99,23 @@ def _sleeper(torch):
     return lambda ms: sleep(max(1, int(ms * rate)))
 
 
+def _estimate(torch, sleep, step, n: int) -> tuple[float, float]:
+    """(host ms, GPU ms) of one `step`, from n steps queued behind a 1 ms sleep (n steps
+    take a host 0.5 ms at worst seen): the GPU time sets the launch counts, the host
+    time the lead."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if sleep is not None:
+        sleep(1.0)
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(n):
+        step()
+    end.record()
+    host_ms = (time.perf_counter() - t0) * 1e3 / n
+    end.synchronize()
+    return host_ms, max(start.elapsed_time(end) / n, 1e-4)
+
+
 def gpu_time(fn, warmup_ms: float, rep_ms: float, quantiles=(0.5, 0.2, 0.8)) -> list[float]:
     """`fn`'s GPU time in ms at `quantiles`, timed as triton.testing.do_bench times it (a
     launch count from a first estimate, warm-up launches, then each timed launch after an L2
@@ -112,21 +129,12 @@ def gpu_time(fn, warmup_ms: float, rep_ms: float, quantiles=(0.5, 0.2, 0.8)) -> 
     if flush is None:  # as do_bench's: 256 MB, larger than any GPU's L2 today
         flush = _flush_buffers[dev] = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")
     sleep = _sleeper(torch)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    # The estimate (flush and launch, five times), itself queued behind a short sleep (five
-    # launches take a host 0.5 ms at worst seen): its GPU time sets the launch counts, its
-    # host time the lead.
-    if sleep is not None:
-        sleep(1.0)
-    t0 = time.perf_counter()
-    start.record()
-    for _ in range(5):
+
+    def flushed():  # the estimate's step: flush and launch
         flush.zero_()
         fn()
-    end.record()
-    host_ms = (time.perf_counter() - t0) * 1e3 / 5
-    end.synchronize()
-    gpu_ms = max(start.elapsed_time(end) / 5, 1e-4)
+
+    host_ms, gpu_ms = _estimate(torch, sleep, flushed, 5)
     n_warmup, n = max(1, int(warmup_ms / gpu_ms)), max(1, int(rep_ms / gpu_ms))
     for _ in range(n_warmup):
         fn()
@@ -174,17 +182,7 @@ def stream_time(fns: list, warmup_ms: float, rep_ms: float, quantiles=(0.5, 0.2,
     torch.cuda.synchronize()
     warm, rot, launches, queued = _bursts(torch, fns)
     sleep = _sleeper(torch)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    if sleep is not None:
-        sleep(1.0)
-    t0 = time.perf_counter()
-    start.record()
-    for _ in range(4):
-        rot()
-    end.record()
-    host_ms = (time.perf_counter() - t0) * 1e3 / 4
-    end.synchronize()
-    gpu_ms = max(start.elapsed_time(end) / 4, 1e-4)
+    host_ms, gpu_ms = _estimate(torch, sleep, rot, 4)
     pace = max(gpu_ms, host_ms)  # a call of a burst function, whichever is the slower
     for _ in range(max(1, int(warmup_ms / pace))):
         rot()
