@@ -1,4 +1,6 @@
 #!/bin/bash
+# Ran on 2026-12-05 (gpu_runs/2026-12-05c) with the four specs declared streams in the tree;
+# they are not now: call3.sh declares them in the device's copy itself.
 # The stream timing on the GPU: a smoke check of tuner/timing.stream_time, a census of the
 # 85 seats timed as a stream (stream_rows.tsv: stale since the timing change) into the
 # session database, its export, then bench/elementwise_rows.py against those picks.
