@@ -249,10 +249,8 @@ def pick_losses(fresh: dict, recert: dict, problems: dict, smoke: bool) -> list:
                "recert": lambda: spec.launch(b, p, case.inputs, outs)}
         how = timer
         if spec.timing == "stream" and not smoke:  # timed as the census timed it: over operand sets
-            nbytes = sum(t.numel() * t.element_size() for t in (*case.inputs.values(), *outs.values())
-                         if hasattr(t, "element_size"))
             sets = [(screen.fresh_inputs(case), screen.alloc_outputs(spec, p, device))
-                    for _ in range(timing.n_sets(nbytes))]
+                    for _ in range(timing.n_sets(spec.operand_bytes(p)))]
             fns = {name: [(lambda c=c, i=i, o=o: spec.launch(c, p, i, o)) for i, o in sets]
                    for name, c in (("fresh", a), ("recert", b))}
 

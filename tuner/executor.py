@@ -141,16 +141,12 @@ class CandidateRunner:
     def time(self, config: Config, mode: str) -> Outcome:
         case = self.time_case
         try:
-            sets = [self._operands(case)]
-            if self.spec.timing == "stream":  # operand sets to rotate through (tuner/timing.py)
-                nbytes = sum(t.numel() * t.element_size() for t in (*sets[0][0].values(), *sets[0][1].values())
-                             if hasattr(t, "element_size"))
-                sets += [self._operands(case) for _ in range(timing.n_sets(nbytes) - 1)]
+            stream = self.spec.timing == "stream"  # operand sets to rotate through (tuner/timing.py)
+            sets = [self._operands(case)
+                    for _ in range(timing.n_sets(self.spec.operand_bytes(case.problem)) if stream else 1)]
             fns = [(lambda ins=ins, outs=outs: self.spec.launch(config, case.problem, ins, outs))
                    for ins, outs in sets]
-            if self.spec.timing == "stream":
-                return Outcome(timing=timing.time_sets(self.bench, fns, mode))
-            return Outcome(timing=self.bench(fns[0], mode))
+            return Outcome(timing=timing.time_sets(self.bench, fns, mode) if stream else self.bench(fns[0], mode))
         except Exception as e:
             if is_fatal(e):
                 raise ContextPoisoned(classify_exception(e)[1]) from e
