@@ -17,8 +17,11 @@ import contextlib
 
 import numpy as np
 
-# Products of fewer flops are numpy's: moving their operands would cost more than it saves.
+# Products of fewer flops, or of fewer flops per operand element (a decode step's skinny
+# GEMM), are numpy's: moving their operands and checking the product would cost more than
+# numpy's own product.
 LARGE_FLOPS = 1 << 30
+MIN_INTENSITY = 128
 CHECK_RTOL = 1e-9
 CHUNK_ROWS = 512
 
@@ -39,7 +42,8 @@ def faster(product):
 
 def matmul(a, b) -> np.ndarray:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if _fast is None or a.ndim < 2 or b.ndim < 2 or _flops(a, b) < LARGE_FLOPS:
+    if _fast is None or a.ndim < 2 or b.ndim < 2 or _flops(a, b) < LARGE_FLOPS \
+            or _flops(a, b) < MIN_INTENSITY * (a.size + b.size):
         return np.matmul(a, b)
     out = _fast(a, b)
     if out is None or out.shape != np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]) \
@@ -55,13 +59,16 @@ def _flops(a: np.ndarray, b: np.ndarray) -> int:
 
 def _agrees(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
     x = np.random.default_rng(0x0DD5EED).uniform(-1.0, 1.0, (b.shape[-1], 2))
-    # b @ x and |b| @ |x| a block of b's rows at a time: |b| whole would be a copy of b.
+    # b @ x and |b| @ |x| a block of b's rows at a time, |block| in one buffer: |b| whole
+    # would be a copy of b, and a fresh |block| each time pays its page faults again.
     bx = np.empty(b.shape[:-1] + (2,))
     abs_bx = np.empty_like(bx)
+    buf = np.empty(b[..., :CHUNK_ROWS, :].shape)
     for k in range(0, b.shape[-2], CHUNK_ROWS):
         block = b[..., k:k + CHUNK_ROWS, :]
         bx[..., k:k + CHUNK_ROWS, :] = np.matmul(block, x)
-        abs_bx[..., k:k + CHUNK_ROWS, :] = np.matmul(np.abs(block), np.abs(x))
+        abs_block = np.abs(block, out=buf[..., :block.shape[-2], :])
+        abs_bx[..., k:k + CHUNK_ROWS, :] = np.matmul(abs_block, np.abs(x))
     want = np.matmul(a, bx)
     bound = np.matmul(np.abs(a), abs_bx)
     got = np.matmul(out, x)

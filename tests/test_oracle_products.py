@@ -11,6 +11,7 @@ from nbx_tune.tuner import screen
 @pytest.fixture(autouse=True)
 def small_threshold(monkeypatch):
     monkeypatch.setattr(products, "LARGE_FLOPS", 1000)
+    monkeypatch.setattr(products, "MIN_INTENSITY", 1)
     monkeypatch.setattr(products, "CHUNK_ROWS", 7)  # several blocks at these K
 
 
@@ -66,6 +67,20 @@ def test_a_product_that_is_not_fp64_or_does_not_run_falls_back_to_numpy(bad):
     with products.faster(bad):
         out = products.matmul(a, b)
     assert np.array_equal(out, np.matmul(a, b))
+
+
+def test_skinny_products_are_numpys(monkeypatch):
+    # A decode step's GEMM: few flops per operand element, where moving and checking the
+    # operands costs more than numpy's product.
+    monkeypatch.setattr(products, "MIN_INTENSITY", 16)
+    spy = Spy(np.matmul)
+    skinny = operands((2, 300), (300, 400))  # 2 * 2 * 300 * 400 flops over 120600 elements: 4
+    with products.faster(spy):
+        out = products.matmul(*skinny)
+    assert spy.calls == 0 and np.array_equal(out, np.matmul(*skinny))
+    with products.faster(spy):
+        products.matmul(*operands((37, 61), (61, 29)))  # 32 flops an element
+    assert spy.calls == 1
 
 
 def test_small_products_and_no_handed_product_are_numpys(monkeypatch):

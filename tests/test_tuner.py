@@ -111,6 +111,20 @@ def test_oracle_sees_the_rounded_inputs():
     assert np.count_nonzero(case.ref["y"]) > 290  # random, never zeros
 
 
+def test_a_case_keeps_its_oracle_when_the_next_case_reuses_the_widening_buffers(monkeypatch):
+    # The oracle's fp64 inputs live in buffers kept from case to case (tuner/screen.py): an
+    # oracle that hands back its input itself (a copy's) must not see the next case's values.
+    monkeypatch.setattr(planted.SPEC, "oracle", lambda problem, inputs: {"y": inputs["x"]})
+    phases = {}
+    first = screening.make_case(planted.SPEC, problem(300), "cpu", 7, True, phases)
+    kept = first.ref["y"].copy()
+    np.testing.assert_array_equal(kept, first.inputs["x"].double().numpy())
+    later = screening.make_case(planted.SPEC, problem(300), "cpu", 8, True)
+    np.testing.assert_array_equal(first.ref["y"], kept)
+    assert not np.array_equal(later.ref["y"], kept)
+    assert set(phases) == {"draw", "round", "widen", "move", "oracle"} and all(v >= 0 for v in phases.values())
+
+
 def test_large_draws_are_sampled_in_blocks_alike_on_any_number_of_threads(monkeypatch):
     # A seat's largest inputs are drawn in parallel blocks (tuner/screen.py): the values
     # must not depend on the threads, must keep each method's distribution, and small

@@ -20,8 +20,10 @@ either side, so the error is the same number.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -187,20 +189,73 @@ class Sampler:
         return self._draw("choice", size, a)
 
 
-def make_case(spec: KernelSpec, problem: Problem, device: str, seed: int, with_oracle: bool) -> Case:
-    rng = Sampler(seed)
+def make_case(spec: KernelSpec, problem: Problem, device: str, seed: int, with_oracle: bool,
+              phases: dict | None = None) -> Case:
+    """One problem's inputs and oracle; `phases`, where given, gathers the seconds of each
+    step (draw, round, widen, move, oracle) for the cost benches."""
+    clock = _Clock(phases)
+    with clock("draw"):
+        values = spec.make_inputs(problem, Sampler(seed))
     inputs, rounded = {}, {}
-    for name, (values, dt) in spec.make_inputs(problem, rng).items():
-        t = torch.from_numpy(np.ascontiguousarray(values)).to(TORCH_DTYPES[dt])
+    for slot, (name, (v, dt)) in enumerate(values.items()):
+        with clock("round"):
+            t = torch.from_numpy(np.ascontiguousarray(v)).to(TORCH_DTYPES[dt])
         # The oracle sees exactly the values the kernel sees, after rounding to dt.
         if with_oracle:
-            rounded[name] = t.to(torch.float64).numpy() if t.is_floating_point() else t.numpy()
-        inputs[name] = t.to(device)
+            with clock("widen"):
+                rounded[name] = _widened(t, slot) if t.is_floating_point() else t.numpy()
+        with clock("move"):
+            inputs[name] = t.to(device)
     ref = None
     if with_oracle:
-        with products.faster(device_product(device)):
+        with clock("oracle"), products.faster(device_product(device)):
             ref = spec.oracle(problem, rounded)
+        ref = {k: _unshared(v) for k, v in ref.items()}
     return Case(problem, inputs, ref)
+
+
+class _Clock:
+    def __init__(self, phases: dict | None):
+        self.phases = phases
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.phases is not None:
+                self.phases[phase] = self.phases.get(phase, 0.0) + time.perf_counter() - t0
+
+
+# The oracle's float64 copies of the inputs are written into buffers kept from one case to
+# the next (one per input slot, up to SCRATCH_KEEP_BYTES in all): a fresh 4 GiB array costs
+# its page faults on first touch, seconds on a few cores, more than widening into it.
+SCRATCH_KEEP_BYTES = 8 << 30
+_scratch: list = []
+
+
+def _widened(t: torch.Tensor, slot: int) -> np.ndarray:
+    n = t.numel()
+    while len(_scratch) <= slot:
+        _scratch.append(torch.empty(0, dtype=torch.float64))
+    if _scratch[slot].numel() < n:
+        _scratch[slot] = torch.empty(0, dtype=torch.float64)  # freed before the larger one
+        kept = sum(s.numel() for s in _scratch) * 8
+        if kept + n * 8 > SCRATCH_KEEP_BYTES:
+            return t.to(torch.float64).numpy()
+        _scratch[slot] = torch.empty(n, dtype=torch.float64)
+    out = _scratch[slot][:n].view(t.shape)
+    out.copy_(t)
+    return out.numpy()
+
+
+def _unshared(ref):
+    """An oracle output that is a view of a scratch buffer (a copy's oracle returns its
+    input) is copied out: the next case writes over the buffer."""
+    if isinstance(ref, np.ndarray) and any(np.may_share_memory(ref, s.numpy()) for s in _scratch if s.numel()):
+        return ref.copy()
+    return ref
 
 
 def device_product(device: str):
