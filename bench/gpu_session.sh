@@ -80,7 +80,7 @@ for s in $STAGES; do case $s in
   pointwise) stage ${POINTWISE_S:-300} python3 bench/conv_pointwise.py --budget-s 240 ;;
   trust) stage ${TRUST_S:-240} python3 bench/gpu_check.py --skip-fault --planted --seconds 170 \
            --configs-per-row 3 --jobs 12 ;;
-  oracle) stage ${ORACLE_S:-240} python3 bench/oracle_cost.py ;;
+  oracle) stage ${ORACLE_S:-240} python3 bench/oracle_cost.py ${ORACLE_ARGS:---budget-s 200} ;;
   census8b) census ${CENSUS8B_S:-500} examples/traces/llama3_8b_seq1024_bf16.tsv
             stage 30 python3 bench/screen_share.py
             stage 30 sh -c "python3 -m nbx_tune.cli.app unscreened --json > $OUT/unscreened.json; cat $OUT/unscreened.json | head -c 2000" ;;
