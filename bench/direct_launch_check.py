@@ -180,7 +180,7 @@ def main() -> None:
                 aligned = alignment(a.stride(), b.stride(), b.shape[-1], a.shape[-1], vector_elems(dt))
                 dims = (a.shape[0] if a.dim() == 3 else 1, a.shape[-2], b.shape[-1], a.shape[-1])
                 bias = len(tensors) == 3 and kw.get("beta", 1) != 0
-                replayable = aligned > 0 or not uses_tma(certified.config_for(SPEC, (dtname,), _FLAGS[bias, aligned],
+                replayable = aligned > 0 or not uses_tma(certified.config_for(SPEC, (dtname,), _FLAGS[bias, aligned, "nn"],
                                                                                dims))
             else:
                 replayable = True
@@ -229,7 +229,7 @@ def main() -> None:
               f"not remembered: {dict(launch.REFUSED)}")
     if DEV != "cpu":
         # The wide case must have run a 192-wide TMA tile in bf16, or it proved nothing about them.
-        seat = (SPEC.name, ("bfloat16",), _FLAGS[0, 16], (1, 512, 11008, 4096))
+        seat = (SPEC.name, ("bfloat16",), _FLAGS[0, 16, "nn"], (1, 512, 11008, 4096))
         served = certified.config_for(SPEC, *seat[1:])
         print(f"{WIDE_CASE} bfloat16 served {served}")
         if certified.state().memo[seat][1] is not None:

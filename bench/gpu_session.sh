@@ -32,7 +32,7 @@
 # Limits are env overrides: TRUST_S ORACLE_S CENSUS8B_S FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
 # COVERAGE_S SERVED_S DIRECT_S POINTWISE_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S ATTN_S SERVE_S EW_S
 # (COMPARE_BUDGET_S, SPEED_BUDGET_S, ATTN_BUDGET_S, EW_BUDGET_S: when compare, speed, attn, ew stop starting new work);
-# CENSUS_TRACES: the trace files of the census stage, CENSUS_TOTAL_S its whole budget; QUALITY_ARGS: e.g. --buckets-only;
+# CENSUS_TRACES: the trace files of the census stage, CENSUS_TOTAL_S its whole budget; COMPARE_TRACES: the compare stage's (default all); QUALITY_ARGS: e.g. --buckets-only;
 # RECERT_ARGS: e.g. --seats all, --seats 30 --seed 1; EW_ARGS: e.g. --rotate-mb 0 (inputs warm in the L2).
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
@@ -96,7 +96,7 @@ for s in $STAGES; do case $s in
              --profile "$OUT/profile" ;;
   speed) stage ${SPEED_S:-330} python3 bench/speed_candidates.py --budget-s ${SPEED_BUDGET_S:-270} ;;
   attn) stage ${ATTN_S:-240} python3 bench/attention_prefill.py --budget-s ${ATTN_BUDGET_S:-180} ;;
-  compare) stage ${COMPARE_S:-330} python3 bench/torch_compare.py --budget-s ${COMPARE_BUDGET_S:-270} ;;
+  compare) stage ${COMPARE_S:-330} python3 bench/torch_compare.py --budget-s ${COMPARE_BUDGET_S:-270} ${COMPARE_TRACES:-} ;;
   ew) stage ${EW_S:-240} python3 bench/elementwise_rows.py --budget-s ${EW_BUDGET_S:-150} ${EW_ARGS:-} ;;  # losing element-wise rows: every config vs torch
   pycache) export PYTHONPYCACHEPREFIX=/tmp/pycache; unset PYTHONDONTWRITEBYTECODE
            echo "=== bytecode cached under $PYTHONPYCACHEPREFIX from here on" | tee -a "$LOG" ;;

@@ -826,7 +826,7 @@ class MatmulSpec(KernelSpec):
         if layout != "nn":
             extra.append(("layout", layout))
         aligned = alignment(*_strides(Bn, M, N, K, layout), N, K, vector_elems(TORCH_DTYPES[dtype]))
-        return Problem(self.name, (dtype,), seat_flags(bias=int(has_bias), aligned=aligned), (Bn, M, N, K),
+        return Problem(self.name, (dtype,), matmul_flags(int(has_bias), aligned, layout), (Bn, M, N, K),
                        tuple(sorted(extra)))
 
     def resized(self, problem, dims):
@@ -904,7 +904,29 @@ SPEC = MatmulSpec()
 
 REMEMBERED, tensor_key = launch.REMEMBERED, launch.tensor_key
 _DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
-_FLAGS = {(bias, aligned): seat_flags(bias=bias, aligned=aligned) for bias in (0, 1) for aligned in (0, 4, 8, 16)}
+
+
+def matmul_flags(bias: int, aligned: int, layout: str = "nn") -> tuple:
+    """A GEMM seat's flags. How the operands are stored is part of the seat: a weight read
+    along K (a linear layer's W.t(), layout `nt`) wants other tiles than one read along N,
+    and a seat shared by both ran a linear layer on the other layout's pick (0.59-0.76 of
+    torch, docs/benchmarks.md). Row-major seats keep the flags they had before."""
+    if layout == "nn":
+        return seat_flags(bias=bias, aligned=aligned)
+    return seat_flags(bias=bias, aligned=aligned, layout=layout)
+
+
+def operand_major(t) -> str:
+    """`t` for a matrix stored transposed (column-major: a linear layer's W.t()), else `n`:
+    the letter of each operand in a row's `layout` and a seat's flag."""
+    if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.size(-1) > 1 and t.stride(-1) != 1 \
+            and (t.stride(-2) == 1 or t.size(-2) == 1):
+        return "t"
+    return "n"
+
+
+_FLAGS = {(bias, aligned, layout): matmul_flags(bias, aligned, layout)
+          for bias in (0, 1) for aligned in (0, 4, 8, 16) for layout in LAYOUTS}
 
 
 def _run(a, b, bias, alpha, beta, rank):
@@ -946,7 +968,7 @@ def _matmul(a, b, bias, alpha, beta, rank):
     alpha, beta = float(alpha), float(beta)
     dims = (ash[0] if rank == 3 else 1, M, N, K)
     aligned = alignment(a.stride(), b.stride(), N, K, 16 // a.element_size())
-    flags = _FLAGS[int(has_bias), aligned]
+    flags = _FLAGS[int(has_bias), aligned, operand_major(a) + operand_major(b)]
     config = config_for(SPEC, (name,), flags, dims)
     x = bias.expand(out_shape) if has_bias else None
     # A TMA descriptor of a copy (an operand off 16 bytes, or staged at aligned=0) is not

@@ -514,10 +514,11 @@ def test_persistent_configs_are_refused_where_they_do_not_serve():
 
 
 @pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
-def test_a_rows_layout_gives_the_seat_its_launch_reads(layout):
-    """A linear layer multiplies by W.t(): at an N off 16 its alignment flag (the seat) is not
-    a row-major operand's. The row's `layout` gives the planner the launch's strides, and
-    the screen's inputs are stored so."""
+def test_a_rows_layout_gives_the_seat_its_launch_reads(layout, monkeypatch):
+    """A linear layer multiplies by W.t(): its seat is not a row-major operand's (the layout
+    is a flag, and at an N off 16 so is the alignment). The row's `layout` gives the planner
+    the launch's strides and seat, and the screen's inputs are stored so."""
+    from nbx_tune.kernels import matmul
     from nbx_tune.kernels.matmul import alignment, vector_elems
 
     M, K, N = 24, 64, 172
@@ -527,6 +528,17 @@ def test_a_rows_layout_gives_the_seat_its_launch_reads(layout):
     p = SPEC.problem_from_row(make_row("aten.mm", ["float32"] * 2, [(M, K), (K, N)], params))
     at_launch = alignment(a.stride(), b.stride(), N, K, vector_elems(torch.float32))
     assert dict(p.flags)["aligned"] == str(at_launch)
+    assert dict(p.flags).get("layout", "nn") == layout  # row-major seats keep their old flags
+
+    class Looked(Exception):
+        pass
+
+    def looked_up(spec, dtypes, flags, dims):
+        raise Looked(flags)
+    monkeypatch.setattr(matmul, "config_for", looked_up)
+    with pytest.raises(Looked) as seen:
+        matmul._matmul(a, b, None, 1.0, 0.0, 2)
+    assert seen.value.args[0] == p.flags  # the launch reads the row's seat
     stored = {name: shape for name, (shape, _) in SPEC.input_shapes(p).items()}
     assert stored == {"a": (1, *a.t().shape) if layout[0] == "t" else (1, M, K),
                       "b": (1, *b.t().shape) if layout[1] == "t" else (1, K, N)}

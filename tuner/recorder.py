@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_leaves
 
 from nbx_tune.errors import TraceError
 from nbx_tune.kernels import fusions
+from nbx_tune.kernels.matmul import operand_major
 from nbx_tune.tuner.trace import Params, TraceRow, read_trace, write_trace
 
 # Ops that compute nothing and move no data, beyond what `OpOverload.is_view` and the
@@ -161,7 +162,7 @@ def describe(func: torch._ops.OpOverload, args, kwargs) -> _Key:
         elif not (arg.has_default_value() and _same(value, arg.default_value)):
             params[arg.name] = _checked(op, arg.name, _text(value))
     if op in _MATRIX_OPERANDS:
-        layout = "".join(_major(args[i] if i < len(args) else None) for i in _MATRIX_OPERANDS[op])
+        layout = "".join(operand_major(args[i] if i < len(args) else None) for i in _MATRIX_OPERANDS[op])
         if layout != "nn":
             params["layout"] = layout
     return op, tuple(dtypes), tuple(shapes), tuple(params.items())
@@ -171,13 +172,6 @@ def describe(func: torch._ops.OpOverload, args, kwargs) -> _Key:
 # alignment a launch reads off the strides): which arguments, and `layout` says `t` for
 # one stored transposed (a linear layer's W.t()), since a row's shapes cannot.
 _MATRIX_OPERANDS = {"aten.mm": (0, 1), "aten.bmm": (0, 1), "aten.addmm": (1, 2), "aten.baddbmm": (1, 2)}
-
-
-def _major(t) -> str:
-    if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.size(-1) > 1 and t.stride(-1) != 1 \
-            and (t.stride(-2) == 1 or t.size(-2) == 1):
-        return "t"
-    return "n"
 
 
 class Recorder:
