@@ -25,7 +25,7 @@ from nbx_tune.errors import KernelError
 from nbx_tune.kernels import launch
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import format_shape, numel
-from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
+from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags, wide_range_inputs
 from nbx_tune.oracles import movement as oracle
 
 FLOAT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -315,7 +315,7 @@ def _inputs_of(dt: str, shape, rng):
     if dt in INT_DTYPES:
         return rng.integers(-1000, 1000, shape)
     # Magnitudes over 2^-18..2^12: casts round across fp16's subnormals and full range.
-    return rng.standard_normal(shape) * 2.0 ** rng.uniform(-18, 10, shape)
+    return wide_range_inputs(rng, shape, -18, 10)
 
 
 # ----------------------------------------------------------------------------- copy spec
