@@ -728,6 +728,10 @@ class MatmulSpec(KernelSpec):
 
     config_space = CONFIGS
     default_configs = DEFAULTS
+    # Timed as a model under CUDA graphs runs it: one flushed launch at a time ranked the
+    # configs of 10-50 us GEMMs otherwise than graph replay, and picked ones up to 19 %
+    # slower there (lab/gemm_replay_timing/NOTES.md).
+    timing = "stream"
 
     def static_refusal(self, profile, config, problem):
         why = split_refusal(config, problem) or schedule_refusal(config, problem)

@@ -180,8 +180,8 @@ class KernelSpec:
     # compares every output bit for bit (a tolerance of 0) in every dtype.
     exact: bool = False
     # How a candidate is timed (tuner/timing.py): "launch", each launch alone behind a
-    # flushed L2; "stream", launches back to back on warm and rotating operand sets, as
-    # a model runs an element-wise op. Part of the source hash: a change re-tunes the seats.
+    # flushed L2; "stream", launches back to back from CUDA graphs on warm and rotating
+    # operand sets, as a model runs under graphs. Part of the source hash: a change re-tunes the seats.
     timing: str = "launch"
 
     # -- declared by each family

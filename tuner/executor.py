@@ -141,7 +141,9 @@ class CandidateRunner:
     def time(self, config: Config, mode: str) -> Outcome:
         case = self.time_case
         try:
-            stream = self.spec.timing == "stream"  # operand sets to rotate through (tuner/timing.py)
+            # Operand sets to rotate through (tuner/timing.py); a benchmarker that cannot
+            # time a stream (the interpreter's wall clock) times one set, so only one is made.
+            stream = self.spec.timing == "stream" and hasattr(self.bench, "stream")
             sets = [self._operands(case)
                     for _ in range(timing.n_sets(self.spec.operand_bytes(case.problem)) if stream else 1)]
             fns = [(lambda ins=ins, outs=outs: self.spec.launch(config, case.problem, ins, outs))
