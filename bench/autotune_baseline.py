@@ -1,7 +1,8 @@
 """The baseline: triton.autotune over the matmul kernel's config space, tuning each
 matmul shape of a trace as a user of @triton.autotune would (key M, N, K), over every config
-of the space but the split-K ones (two kernels and a workspace: no single autotuned launch
-runs them; the census times them too, so its side has the larger space). Run in its own
+of the space but the split-K ones (two kernels and a workspace) and the persistent ones
+(another kernel, launched one program per SM): no single autotuned launch runs them; the
+census times them too, so its side has the larger space. Run in its own
 process with a fresh Triton cache by bench/tuning_cost.py, which times it.
 
     python bench/autotune_baseline.py TRACE RESULT.json
@@ -15,7 +16,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from nbx_tune.kernels.matmul import CONFIGS, SPEC, _matmul_kernel, split_k
+from nbx_tune.kernels.matmul import CONFIGS, SPEC, _matmul_kernel, schedule, split_k
 from nbx_tune.kernels.spec import NotServable
 from nbx_tune.tuner.screen import TORCH_DTYPES
 from nbx_tune.tuner.trace import read_trace
@@ -36,7 +37,7 @@ def _boxes(c):
 
 TUNED = triton.autotune(
     configs=[triton.Config(dict(c.meta), num_warps=c.num_warps, num_stages=c.num_stages, pre_hook=_boxes(c))
-             for c in CONFIGS if split_k(c) == 1],  # split-K is two kernels: not one autotuned launch
+             for c in CONFIGS if split_k(c) == 1 and not schedule(c)],  # one launch of _matmul_kernel each
     key=["M", "N", "K"],
 )(_matmul_kernel)
 
