@@ -485,6 +485,47 @@ def test_only_near_seats_rank_and_a_seat_with_none_is_tuned_in_full():
     assert r.informed and r.order(list(CONFIGS))[0].key() == key(16)
 
 
+def test_a_shipped_tables_near_seats_rank_a_seat_the_database_knows_nothing_near():
+    # Shipped entries name a winner and a runner-up: votes, the most voted first.
+    table = [(("float32", "", "n=1000"), key(128), key(256)), (("float32", "", "n=1200"), key(128), key(64)),
+             (("float32", "", "n=900"), key(32), None), (("float32", "", "n=1000000"), key(16), key(2048))]
+    r = Ranked("x", ("float32", "", "n=1100"), [], audit=False, shipped=table)
+    assert r.informed and "shipped table" in r.source
+    assert r.best(3) == (key(128), key(32), key(64))  # n=1000000 is too far to vote
+    short = r.shortlist(list(CONFIGS))
+    assert short[:4] == [Config.parse(k) for k in (key(128), key(32), key(64), key(256))]
+    assert Config.parse(key(16)) not in short[:4] and len(short) == 4 + 4
+    assert not Ranked("x", ("float32", "", "n=8"), [], audit=False, shipped=table[3:]).informed
+
+
+def test_the_databases_ranking_leads_and_the_shipped_tables_adds_a_few():
+    from nbx_tune.tuner.strategies.ranked import SHIPPED_EXTRA, TOP
+
+    prior = [(("float32", "", "n=1000"), [(key(b), 1.0 + i / 10) for i, b in enumerate((256, 128, 64, 32, 16))], [])]
+    table = [(("float32", "", "n=1000"), key(2048), key(1024)), (("float32", "", "n=1100"), key(512), None)]
+    r = Ranked("x", ("float32", "", "n=1100"), prior, audit=False, shipped=table)
+    short = r.shortlist(list(CONFIGS), top_n=3)
+    assert short[:3] == [Config.parse(key(b)) for b in (256, 128, 64)]  # the database's scores first
+    assert short[3:3 + SHIPPED_EXTRA] == [Config.parse(key(512)), Config.parse(key(2048))][:SHIPPED_EXTRA]
+    assert TOP >= 3
+
+
+def test_a_fresh_census_is_ranked_by_the_shipped_table_but_never_by_its_own_entry(db_url, monkeypatch):
+    from nbx_tune.tuner import seat_search
+
+    own = {"config": key(16), "runner_up": key(32)}
+    near = {"config": key(256), "runner_up": key(128)}
+    monkeypatch.setattr(seat_search, "shipped", lambda name: {("test_replay", "float32", "", "n=1000"): own,
+                                                              ("test_replay", "float32", "", "n=1100"): near})
+    monkeypatch.setenv("NBX_TUNE_SEARCH", "ranked")
+    store = Store(db_url)
+    _, (sid,) = plan_seats(store, [1000])
+    rec = store.seat_records(seat_ids=[sid])[0]
+    search = seat_search.for_seat(store, rec, SPEC, PROFILE)
+    assert search.name == "ranked" and search.votes.keys() == {key(256), key(128)}
+    store.close()
+
+
 def test_a_shipped_tables_entry_seeds_a_seat_the_database_never_saw(db_url, monkeypatch):
     from nbx_tune.tuner import seat_search
 

@@ -5,7 +5,8 @@
           holds the seat (any provenance)     -> re-certified from that entry
       (from a shortlist's ranking, the configs that won at near seats are timed beside it,
        fewer where the old winner stood clear of its runner-up)
-    else, earlier seats of the kernel timed   -> ranked, or an audit (strategies/ranked.py)
+    else, earlier seats of the kernel timed,
+      or a shipped table's near seats         -> ranked, or an audit (strategies/ranked.py)
     else                                      -> every candidate
 
 NBX_TUNE_SEARCH=ranked ignores what is known of the seat itself (a fresh census, as the
@@ -54,11 +55,16 @@ def for_seat(store, rec, spec, profile):
 
 
 def ranked(store, s, label: str, profile) -> Ranked:
-    """The ranked search of seat `s`, from what the kernel's other seats measured."""
+    """The ranked search of seat `s`, from what the kernel's other seats measured here and
+    what the table shipped for the profile picked at its other seats (never the seat's own
+    entry: a fresh census must not read its answer there)."""
     prior = [((o.dtypes, o.flags, o.bucket), meas, refused)
              for o, _, meas, refused in store.kernel_measurements(profile.name, s.kernel) if o.id != s.id]
+    table = [((d, f, b), e["config"], e.get("runner_up"))
+             for (k, d, f, b), e in shipped(profile.name).items()
+             if k == s.kernel and (d, f, b) != (s.dtypes, s.flags, s.bucket)]
     audit = not store.shortcut_losses(profile.name, s.kernel) or label_fraction(label) < AUDIT_RATE
-    return Ranked(label, (s.dtypes, s.flags, s.bucket), prior, audit)
+    return Ranked(label, (s.dtypes, s.flags, s.bucket), prior, audit, table)
 
 
 @lru_cache(maxsize=None)

@@ -13,6 +13,14 @@ full (and its full tuning informs the next ones). The TOP best-scored and SAMPLE
 configs no earlier seat ran are only ever in the sample, and configs that failed (or ran
 REFUSED_PENALTY times the best) wherever they ran are not even in that.
 
+A seat the database knows no near seat of may still have near seats in the table shipped
+for its profile (kernels/tables/): each entry there names a winner and a runner-up, no more,
+so those seats count as votes, not scores (`votes`: 4 ** -distance for a winner, half that
+for a runner-up). The configs with the most votes rank after the database's (all of them,
+up to TOP, where the database knows nothing near; SHIPPED_EXTRA beside its TOP otherwise).
+Left out of the shipped table in turn, its matmul seats' own winner was among the 8 most
+voted at 71 of 78, the winner or the runner-up at 78.
+
 Audits: a seat is audited when no audit of the kernel is on record for the profile, or
 when its label's hash falls in AUDIT_RATE. An audit evaluates every candidate (the winner
 is the true best), and records the shortcut pick's loss against it: `nbx-tune show` and
@@ -33,6 +41,8 @@ AUDIT_RATE = 0.125
 REFUSED_PENALTY = 4.0  # a config that failed at run time nearby: ranked last among known
 MIN_PRIOR = 4  # an earlier tuning counts when it timed at least this many configs
 NEAR = 3.0  # farthest an earlier seat may be to count: a factor 8 in one dim, or 2 and 4 in two
+SHIPPED_EXTRA = 2  # the shipped table's most voted configs timed beside the database's TOP
+RUNNER_UP_VOTE = 0.5
 STATIC = ("smem_over_budget", "stages_over_max", "no_tma", "equivalent")  # judged again here
 
 
@@ -85,6 +95,21 @@ def scores(seat: tuple, prior) -> dict[str, tuple[float, float]]:
     return {c: (s / w, w) for c, (s, w) in acc.items() if w > 0}
 
 
+def votes(seat: tuple, shipped) -> dict[str, float]:
+    """config key -> votes from `shipped`: [(seat tuple, winner key, runner-up key or None)],
+    the entries of a shipped table (their seats within NEAR)."""
+    out: dict[str, float] = {}
+    for where, winner, runner_up in shipped:
+        d = distance(seat, where)
+        if d > NEAR:
+            continue
+        w = 4.0 ** -d
+        out[winner] = out.get(winner, 0.0) + w
+        if runner_up:
+            out[runner_up] = out.get(runner_up, 0.0) + RUNNER_UP_VOTE * w
+    return out
+
+
 def label_fraction(label: str) -> float:
     return int.from_bytes(hashlib.sha256(label.encode()).digest()[:8], "little") / 2.0 ** 64
 
@@ -92,27 +117,44 @@ def label_fraction(label: str) -> float:
 class Ranked:
     name = "ranked"
 
-    def __init__(self, label: str, seat: tuple, prior, audit: bool):
+    def __init__(self, label: str, seat: tuple, prior, audit: bool, shipped=()):
         self.label, self.audit = label, audit
         self.scores = scores(seat, prior)
+        self.votes = votes(seat, shipped)
 
     @property
     def informed(self) -> bool:
-        return bool(self.scores)
+        return bool(self.scores or self.votes)
+
+    @property
+    def source(self) -> str:
+        """Whose measurements ranked the shortlist, in words (for the certificate)."""
+        return " and ".join(w for w, known in (("the database's near seats", self.scores),
+                                                ("the shipped table's near seats", self.votes)) if known)
+
+    def _ranked_keys(self) -> list[str]:
+        """Config keys best first: the database's scores, then the shipped table's votes."""
+        keys = sorted(self.scores, key=lambda k: self.scores[k][0])
+        return keys + sorted((k for k in self.votes if k not in self.scores), key=lambda k: -self.votes[k])
 
     def best(self, n: int) -> tuple:
-        """The n best-scored config keys: what won most at near seats."""
-        return tuple(sorted(self.scores, key=lambda k: self.scores[k][0])[:n])
+        """The n best-ranked config keys: what won most at near seats."""
+        return tuple(self._ranked_keys()[:n])
 
     def order(self, candidates):
-        """Candidates best-scored first, those no earlier seat ran last (in declared order)."""
-        known = [c for c in candidates if c.key() in self.scores]
-        known.sort(key=lambda c: self.scores[c.key()][0])
-        return known + [c for c in candidates if c.key() not in self.scores]
+        """Candidates best-ranked first, those no earlier seat ran last (in declared order)."""
+        rank = {k: i for i, k in enumerate(self._ranked_keys())}
+        known = sorted((c for c in candidates if c.key() in rank), key=lambda c: rank[c.key()])
+        return known + [c for c in candidates if c.key() not in rank]
+
+    def _top(self, ordered, top_n: int) -> list:
+        scored = [c for c in ordered if c.key() in self.scores][:top_n]
+        voted = [c for c in ordered if c.key() in self.votes and c not in scored]
+        return scored + voted[:SHIPPED_EXTRA if scored else top_n]
 
     def shortlist(self, candidates, top_n: int = TOP, sample_n: int = SAMPLE):
         ordered = self.order(candidates)
-        top = [c for c in ordered if c.key() in self.scores][:top_n]
+        top = self._top(ordered, top_n)
         # Configs that failed or ran REFUSED_PENALTY times the best wherever they ran
         # cannot win: not even the sample compiles them (an audit still does).
         hopeless = math.log(REFUSED_PENALTY) - 1e-9
@@ -134,7 +176,8 @@ class Ranked:
                               f"audit: every candidate timed; the ranked shortlist's pick would have lost {loss:.1%}")
         measured = evaluate(short)
         if any(m.final for m in measured):
-            return SearchNote("ranked", detail=f"ranked: {len(short)} of {len(candidates)} candidates evaluated")
+            return SearchNote("ranked", detail=f"ranked: {len(short)} of {len(candidates)} candidates evaluated"
+                                               f" ({self.source})")
         evaluate(list(candidates))
         return SearchNote("full", detail="ranked shortlist: nothing survived; every candidate evaluated")
 
