@@ -5,10 +5,18 @@ measurements (its fastest shortlisted config against its fastest config).
 
     python bench/ranking_replay.py [--db URL] [--profile hopper] [--kernel matmul]
 
+    python bench/ranking_replay.py --table [--profile hopper]
+
+`--table` needs no database and no GPU: each seat of the table shipped for the profile is
+left out in turn and ranked by the votes of the others (what a fresh census's seat with no
+near seat in its database gets, `strategies/ranked.votes`); the table says how often the
+seat's own winner, or its runner-up, is among the TOP most voted.
+
 Run it on a database whose seats were tuned in full (a census under NBX_TUNE_SEARCH=full,
 e.g. `NBX_TUNE_SEARCH=full bash bench/gpu_session.sh census`). Rankers side by side:
 `nearby` (tuner/strategies/ranked.py), `wins` (how often a config was within 2 % of the
-best at the other seats), `declared` (the config space's own order) and `random`; each at
+best at the other seats), `shipped` (the shipped table's votes, the seat's own entry left
+out), `declared` (the config space's own order) and `random`; each at
 a few shortlist sizes, TOP best-ranked plus SAMPLE seeded others.
 """
 
@@ -41,6 +49,42 @@ def _pct(x: float) -> str:
     return "nothing survived" if x == float("inf") else f"{100 * x:.2f} %"
 
 
+def shipped_votes(profile: str, kernel: str, seat: tuple) -> list:
+    """The shipped table's entries of `kernel` as votes (`strategies/ranked.votes`), the
+    seat's own left out: what seat_search.ranked hands a fresh census."""
+    from nbx_tune.tuner.seat_search import shipped
+
+    return [((d, f, b), e["config"], e.get("runner_up")) for (k, d, f, b), e in shipped(profile).items()
+            if k == kernel and (d, f, b) != seat]
+
+
+def table_only(profile: str) -> None:
+    from nbx_tune.tuner.seat_search import shipped
+    from nbx_tune.tuner.strategies.ranked import Ranked
+
+    entries = shipped(profile)
+    rows, result = [], {}
+    for k in sorted({key[0] for key in entries}):
+        seats = [(key[1:], e) for key, e in entries.items() if key[0] == k]
+        if len(seats) < 3:
+            continue
+        for top_n in (4, 8):
+            hit = either = ranked = 0
+            for seat, e in seats:
+                r = Ranked("", seat, [], audit=False, shipped=shipped_votes(profile, k, seat))
+                if not r.informed:
+                    continue
+                ranked += 1
+                top = r.best(top_n)
+                hit += e["config"] in top
+                either += e["config"] in top or e.get("runner_up") in top
+            rows.append([k, len(seats), top_n, ranked, f"{hit}/{ranked}", f"{either}/{ranked}"])
+            result[f"{k}:{top_n}"] = {"seats": len(seats), "voted": ranked, "winner": hit, "winner_or_runner_up": either}
+    save("shipped_votes.json", result)
+    print(table(rows, ["kernel", "shipped seats", "top", "seats with near votes", "own winner in top",
+                       "winner or runner-up in top"]))
+
+
 def main(db: str | None, profile: str, kernel: str | None) -> None:
     from nbx_tune.kernels.spec import Config
     from nbx_tune.tuner.store import Store
@@ -68,13 +112,15 @@ def main(db: str | None, profile: str, kernel: str | None) -> None:
             cands = [Config.parse(c) for c in keys]
             label = "|".join((s.kernel, s.dtypes, s.flags, s.bucket))
             ranked = Ranked(label, (s.dtypes, s.flags, s.bucket), prior, audit=False)
+            voted = Ranked(label, (s.dtypes, s.flags, s.bucket), [], audit=False,
+                           shipped=shipped_votes(profile, k, (s.dtypes, s.flags, s.bucket)))
             best = min(times.values())
-            orders = {"nearby": None, "wins": wins_order(prior, keys), "declared": keys,
+            orders = {"nearby": None, "shipped": None, "wins": wins_order(prior, keys), "declared": keys,
                       "random": random.Random(label).sample(keys, len(keys))}
             for name, order in orders.items():
                 for top_n, sample_n in SIZES:
-                    if name == "nearby":
-                        short = [c.key() for c in ranked.shortlist(cands, top_n, sample_n)]
+                    if name in ("nearby", "shipped"):
+                        short = [c.key() for c in (ranked if name == "nearby" else voted).shortlist(cands, top_n, sample_n)]
                     else:
                         head = order[:top_n]
                         rest = [c for c in order if c not in head]
@@ -102,4 +148,7 @@ if __name__ == "__main__":
     def opt(name, default=None):
         return args[args.index(name) + 1] if name in args else default
 
-    main(opt("--db"), opt("--profile", "hopper"), opt("--kernel"))
+    if "--table" in args:
+        table_only(opt("--profile", "hopper"))
+    else:
+        main(opt("--db"), opt("--profile", "hopper"), opt("--kernel"))
