@@ -502,11 +502,13 @@ def test_the_databases_ranking_leads_and_the_shipped_tables_adds_a_few():
     from nbx_tune.tuner.strategies.ranked import SHIPPED_EXTRA, TOP
 
     prior = [(("float32", "", "n=1000"), [(key(b), 1.0 + i / 10) for i, b in enumerate((256, 128, 64, 32, 16))], [])]
-    table = [(("float32", "", "n=1000"), key(2048), key(1024)), (("float32", "", "n=1100"), key(512), None)]
+    # BLOCK=32 scored outside the top 3 and got a runner-up's vote: the most voted go first.
+    table = [(("float32", "", "n=1100"), key(512), None), (("float32", "", "n=1100"), key(2048), None),
+             (("float32", "", "n=1000"), key(1024), key(32))]
     r = Ranked("x", ("float32", "", "n=1100"), prior, audit=False, shipped=table)
     short = r.shortlist(list(CONFIGS), top_n=3)
     assert short[:3] == [Config.parse(key(b)) for b in (256, 128, 64)]  # the database's scores first
-    assert short[3:3 + SHIPPED_EXTRA] == [Config.parse(key(512)), Config.parse(key(2048))][:SHIPPED_EXTRA]
+    assert short[3:3 + SHIPPED_EXTRA] == [Config.parse(key(b)) for b in (512, 2048, 1024)][:SHIPPED_EXTRA]
     assert TOP >= 3
 
 

@@ -149,7 +149,8 @@ class Ranked:
 
     def _top(self, ordered, top_n: int) -> list:
         scored = [c for c in ordered if c.key() in self.scores][:top_n]
-        voted = [c for c in ordered if c.key() in self.votes and c not in scored]
+        voted = sorted((c for c in ordered if c.key() in self.votes and c not in scored),
+                       key=lambda c: -self.votes[c.key()])
         return scored + voted[:SHIPPED_EXTRA if scored else top_n]
 
     def shortlist(self, candidates, top_n: int = TOP, sample_n: int = SAMPLE):
