@@ -15,7 +15,9 @@
 # another target, a sibling device), direct (the direct launch's GPU proof, every family), tma (every TMA config at odd shapes), profile (a census under cProfile),
 # pointwise (ResNet-50's 1x1 convolutions: torch, the implicit GEMM's old certified config, the
 # pointwise kernel's default and best PW config), fleet (one GPU's worker against two on the same queue, cold caches; needs 2 GPUs),
-# compare (every served row of the example traces against torch: bench/torch_compare.py), ew (the
+# compare (every served row of the example traces against torch: bench/torch_compare.py), agree (each
+# kernel's configs timed as the census times them, as a stream and under graph replay: which timing
+# picks replay's best, bench/timing_agreement.py), ew (the
 # element-wise/copy rows that lose to torch: every config of their spaces vs torch, bench/elementwise_rows.py), speed (new GEMM
 # and attention candidates against fp64, then every config of the space timed against torch, certified and the HBM floor),
 # attn (every prefill attention config, the Hopper levers included, checked and timed against torch's SDPA at the
@@ -30,10 +32,10 @@
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them). Studies (lab/<study>/) are run directly, not from here.
 # Limits are env overrides: TRUST_S ORACLE_S CENSUS8B_S FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
-# COVERAGE_S SERVED_S DIRECT_S POINTWISE_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S ATTN_S SERVE_S EW_S
+# AGREE_S COVERAGE_S SERVED_S DIRECT_S POINTWISE_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S ATTN_S SERVE_S EW_S
 # (COMPARE_BUDGET_S, SPEED_BUDGET_S, ATTN_BUDGET_S, EW_BUDGET_S: when compare, speed, attn, ew stop starting new work);
 # CENSUS_TRACES: the trace files of the census stage, CENSUS_TOTAL_S its whole budget; COMPARE_TRACES: the compare stage's (default all); QUALITY_ARGS: e.g. --buckets-only;
-# RECERT_ARGS: e.g. --seats all, --seats 30 --seed 1; EW_ARGS: e.g. --rotate-mb 0 (inputs warm in the L2).
+# RECERT_ARGS: e.g. --seats all, --seats 30 --seed 1; AGREE_ARGS: e.g. --kernels matmul --rows 12; EW_ARGS: e.g. --rotate-mb 0 (inputs warm in the L2).
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
 LOG="$OUT/session.log"
@@ -97,6 +99,8 @@ for s in $STAGES; do case $s in
   speed) stage ${SPEED_S:-330} python3 bench/speed_candidates.py --budget-s ${SPEED_BUDGET_S:-270} ;;
   attn) stage ${ATTN_S:-240} python3 bench/attention_prefill.py --budget-s ${ATTN_BUDGET_S:-180} ;;
   compare) stage ${COMPARE_S:-330} python3 bench/torch_compare.py --budget-s ${COMPARE_BUDGET_S:-270} ${COMPARE_TRACES:-} ;;
+  agree) stage ${AGREE_S:-330} python3 bench/timing_agreement.py --budget-s ${AGREE_BUDGET_S:-270} \
+         ${AGREE_ARGS:---kernels conv,attention,elementwise_binary,elementwise_unary --rows 5} ;;  # census timing vs graph replay
   ew) stage ${EW_S:-240} python3 bench/elementwise_rows.py --budget-s ${EW_BUDGET_S:-150} ${EW_ARGS:-} ;;  # losing element-wise rows: every config vs torch
   pycache) export PYTHONPYCACHEPREFIX=/tmp/pycache; unset PYTHONDONTWRITEBYTECODE
            echo "=== bytecode cached under $PYTHONPYCACHEPREFIX from here on" | tee -a "$LOG" ;;
