@@ -1,13 +1,16 @@
 """Tuning cost: a census of a trace's matmul rows against triton.autotune over the same
 kernel, config space and shapes. Wall time includes compilation: each side runs in its own
-process with an empty Triton cache. Then the configs each picked are timed side by side,
-with torch.matmul (cuBLAS) beside them.
+process with an empty Triton cache. Then the configs each picked are timed side by side
+under CUDA-graph replay over rotating operands (as bench/torch_compare.py times a model's
+rows), with torch.matmul (cuBLAS) beside them; and where the census's seconds went, by search.
 
     python bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv
     BENCH_STRATEGY=exhaustive python bench/tuning_cost.py TRACE    the census with another strategy
     BENCH_SEARCH=full python bench/tuning_cost.py TRACE     every candidate at every seat (the
                                                       default, ranked, is a fresh census: no
-                                                      shipped table seeds it)
+                                                      seat's own shipped entry seeds it; the
+                                                      shipped table's near seats rank its first
+                                                      seats, as for any user)
     python bench/tuning_cost.py TRACE --profile DIR   census only: its phases on a timeline
                                                       (bench/census_timeline.py), the worker
                                                       under cProfile
@@ -26,7 +29,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, epoch, save, side_by_side, table  # noqa: E402
+from _common import environment, epoch, save, table  # noqa: E402
+from torch_compare import graph_times, n_sets  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MATMUL_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
@@ -126,14 +130,15 @@ def main(trace: str, profile_dir: str | None = None) -> None:
         p = Problem.from_json(pick["problem"])
         B, M, N, K = p.dims
         dt = TORCH_DTYPES[p.dtypes[0]]
-        a = torch.randn(B, M, K, device="cuda", dtype=dt)
-        b = torch.randn(B, K, N, device="cuda", dtype=dt)
-        c = torch.empty(B, M, N, device="cuda", dtype=dt)
+        k = n_sets((M * K + K * N + M * N) * B * dt.itemsize, "cuda")
+        a = [torch.randn(B, M, K, device="cuda", dtype=dt) for _ in range(k)]
+        b = [torch.randn(B, K, N, device="cuda", dtype=dt) for _ in range(k)]
+        c = [torch.empty(B, M, N, device="cuda", dtype=dt) for _ in range(k)]
         cert = certified.config_for(SPEC, p.dtypes, p.flags, p.dims)
         at = Config.parse(pick["config"])
-        t = side_by_side({"cert": lambda: launch_matmul(a, b, c, None, 1.0, 0.0, cert),
-                          "auto": lambda: launch_matmul(a, b, c, None, 1.0, 0.0, at),
-                          "blas": lambda: torch.matmul(a, b)}, rep_ms=200)
+        t = graph_times({"cert": lambda i: launch_matmul(a[i % k], b[i % k], c[i % k], None, 1.0, 0.0, cert),
+                         "auto": lambda i: launch_matmul(a[i % k], b[i % k], c[i % k], None, 1.0, 0.0, at),
+                         "blas": lambda i: torch.matmul(a[i % k], b[i % k], out=c[i % k])}, 60)
         t_cert, t_auto, t_blas = t["cert"], t["auto"], t["blas"]
         ratios.append(t_auto / t_cert)
         losses.append(max(0.0, t_cert / t_auto - 1))  # against autotune's exhaustive pick
@@ -146,6 +151,9 @@ def main(trace: str, profile_dir: str | None = None) -> None:
     engine = create_engine(db)
     with engine.connect() as conn:
         searches = dict(conn.execute(text("SELECT search, count(*) FROM tunings GROUP BY search")).fetchall())
+        spent = [list(r) for r in conn.execute(text(
+            "SELECT search, count(*), sum(total_s), sum(screen_s), sum(bench_s) FROM tunings "
+            "WHERE kind = 'tune' GROUP BY search ORDER BY search"))]
         audits = [x for (x,) in conn.execute(text("SELECT shortcut_loss FROM tunings WHERE search = 'audit' "
                                                  "AND shortcut_loss IS NOT NULL"))]
     engine.dispose()
@@ -154,7 +162,7 @@ def main(trace: str, profile_dir: str | None = None) -> None:
               "seats": len(rep["seats"]),
               "census_s": census_s, "autotune_s": auto_s, "speedup": auto_s / census_s,
               "census_coverage": rep["coverage"], "picks": lines, "misses": misses, "search": search,
-              "searches": searches, "audit_losses": audits,
+              "searches": searches, "audit_losses": audits, "seconds_by_search": spent,
               "loss_median": statistics.median(losses) if losses else None,
               "loss_max": max(losses) if losses else None}
     save("tuning_cost.json" if (strategy, search) == ("pruned", "ranked") else
@@ -164,8 +172,11 @@ def main(trace: str, profile_dir: str | None = None) -> None:
     print(table([[f"{census_s:.1f}", f"{auto_s:.1f}", f"{auto_s / census_s:.2f}x", len(rows), len(rep["seats"])]],
                 ["census s (screens every candidate)", "triton.autotune s", "census faster by",
                  "matmul rows", "seats"]))
-    print(table(lines, ["shape", "certified ms", "autotune pick ms", "cuBLAS ms", "autotune/cert",
+    print(table(lines, ["shape", "certified ms (graphs)", "autotune pick ms", "cuBLAS ms", "autotune/cert",
                         "cuBLAS/cert", "loss vs autotune"]))
+    print(table([[srch, n, f"{tot:.1f}", f"{sc:.1f}", f"{bn:.1f}", f"{tot - sc - bn:.1f}"]
+                 for srch, n, tot, sc, bn in spent],
+                ["census search", "seats", "s in seats", "screening s", "timing s", "inputs, oracles, rest s"]))
     if losses:
         print(f"pick loss against autotune's exhaustive pick: median {100 * statistics.median(losses):.2f} %, "
               f"max {100 * max(losses):.2f} %; census searches {searches}; audited shortcut losses "
