@@ -3,7 +3,8 @@ the shipped hopper table imported into a fresh database and made stale as a kern
 change makes it (the stand-in for a Triton upgrade), then re-certified by one census of
 trace rows that hold its seats; the same rows get a fresh census in another fresh database
 (NBX_TUNE_SEARCH=ranked: no seat's own history or shipped entry, the ranked search and its
-audits as usual). Each side runs in its own process with an empty Triton cache, the
+audits as usual; the shipped table's other seats vote for a seat with no near seat in the
+database, as they do for any user's census). Each side runs in its own process with an empty Triton cache, the
 re-certification first (the fresh side then finds the OS's file cache warm: if anything,
 that favours the fresh side). The two picks of every seat where they differ are then
 timed side by side, three times, and the loss is the median.
