@@ -22,6 +22,9 @@ row's aten op (torch.ops.aten.*) with its recorded params, on fresh tensors of i
 Ratios are torch / nbx: below 1 means nbx-tune is slower. A trace's total is the sum over
 its timed rows of count x time, each side; rows not timed are counted and named.
 Identical rows (op, dtypes, shapes, params) are timed once across traces.
+Each row also says which GPU its certificate was timed on (`measured_on`: the shipped
+table's entry, the session database, or none), and the summary counts the rows below 0.9
+whose pick was timed on another GPU (an H200's picks served on an H100 rank otherwise).
 Output: a table per trace and a summary on stdout, JSON in $OUT/torch_compare.json.
 """
 
@@ -45,6 +48,7 @@ SMOKE_TRACES = ("llama_small.tsv", "gpt2_small.tsv")
 ROTATE_BYTES = 96 << 20
 MAX_SETS = 4
 GRAPH_CALLS = 24  # calls captured per graph: the replay's own launch is shared by them
+SLOW = 0.9  # a row below this torch/nbx-tune ratio under graphs is counted (issue 23's bar)
 
 
 # ----------------------------------------------------------------------------- torch side
@@ -180,6 +184,26 @@ def _public(spec, problem, row, ins, outs):
         scale = problem.get("scale")
         return lambda: K.scaled_dot_product_attention(ins["q"], ins["k"], ins["v"], is_causal=causal, scale=scale)
     return None
+
+
+def measured_on(spec, problem) -> str | None:
+    """Where the certificate the launch serves was timed: the device named in the shipped
+    table's entry, "database" for the session's own census, None for a declared default. A
+    pick timed on a sibling device (an H200's on an H100) may rank otherwise here."""
+    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.spec import bucket_of, encode_bucket, encode_dtypes, encode_flags
+    from nbx_tune.tuner.seat_search import shipped
+
+    st = certified.state()
+    bucket = bucket_of(st.profile, spec.key, problem.dims)
+    hit = st.entries.get((spec.name, problem.dtypes, problem.flags, bucket))
+    if hit is None:
+        return None
+    if hit[1] == "database":
+        return "database"
+    e = shipped(st.profile.name).get((spec.name, encode_dtypes(problem.dtypes), encode_flags(problem.flags),
+                                      encode_bucket(spec.key, bucket)))
+    return e["provenance"].get("device_name") if e else hit[1]
 
 
 def nbx_call(spec, problem, row, device: str):
@@ -328,6 +352,14 @@ def weight(row, spec, problem) -> int:
         return row.count
 
 
+def _short(device_name) -> str:
+    """"H100" for "NVIDIA H100 80GB HBM3", as the table's column has room for."""
+    if not device_name:
+        return "-"
+    words = [w for w in str(device_name).split() if w not in ("NVIDIA", "AMD", "Instinct")]
+    return words[0] if words else str(device_name)
+
+
 def ratio(a, b):
     return a / b if a and b else None
 
@@ -401,7 +433,7 @@ def run(args) -> int:
         try:
             f_torch, _ = torch_call(row, device)
             f_nbx, cfg, is_cert, how = nbx_call(spec, problem, row, device)
-            res.update(config=cfg, certified=is_cert, path=how)
+            res.update(config=cfg, certified=is_cert, path=how, measured_on=measured_on(spec, problem))
             res.update(time_pair({"nbx": f_nbx, "torch": f_torch}, device, rep_ms))
         except Exception as e:  # one row's failure is its own: recorded, the run goes on
             res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
@@ -447,20 +479,27 @@ def run(args) -> int:
             tab.append([ln["row"][:72], ln["count"], fmt(nb.get("graph")), fmt(to.get("graph")),
                         fmt(ratio(to.get("graph"), nb.get("graph")), 3),
                         fmt(ratio(to.get("eager"), nb.get("eager")), 3),
-                        ("cert" if ln.get("certified") else "default") if "config" in ln else ln.get("error", "")[:30]])
+                        ("cert" if ln.get("certified") else "default") if "config" in ln else ln.get("error", "")[:30],
+                        _short(ln.get("measured_on"))])
         print(f"\n== {name}: {len(lines)} served rows, {launches['timed']}/{launches['served']} served launches "
               f"timed ({launches['all']} in the trace)")
         print(table(tab, ["row", "count", "nbx graph ms", "torch graph ms", "torch/nbx graph", "torch/nbx eager",
-                          "config"]))
-        worst = min((ratio(ln["torch"]["graph"], ln["nbx"]["graph"]) for ln in lines
-                     if ln.get("nbx", {}).get("graph") and ln.get("torch", {}).get("graph")), default=None)
+                          "config", "timed on"]))
+        timed = [(ratio(ln["torch"]["graph"], ln["nbx"]["graph"]), ln.get("measured_on")) for ln in lines
+                 if ln.get("nbx", {}).get("graph") and ln.get("torch", {}).get("graph")]
+        worst = min((g for g, _ in timed), default=None)
+        here = report["env"].get("gpu")
+        slow = [on for g, on in timed if g < SLOW]
+        elsewhere = sum(1 for on in slow if on not in (None, "database", here))
         summary.append([name, f"{launches['timed']}/{launches['served']}", fmt(tot["nbx"]["graph"], 3),
-                        fmt(tot["torch"]["graph"], 3), fmt(gr, 3), fmt(er, 3), fmt(worst, 3), len(untimed)])
+                        fmt(tot["torch"]["graph"], 3), fmt(gr, 3), fmt(er, 3), fmt(worst, 3),
+                        f"{len(slow)} ({elsewhere})", len(untimed)])
         save("torch_compare.json", report)
     env = report["env"]
     print(f"\n{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}")
     print(table(summary, ["trace", "launches timed", "nbx e2e graph ms", "torch e2e graph ms", "torch/nbx graph",
-                          "torch/nbx eager", "worst row (graph)", "rows untimed"]))
+                          "torch/nbx eager", "worst row (graph)", f"rows < {SLOW} (timed on another GPU)",
+                          "rows untimed"]))
     print(f"total {time.perf_counter() - t_start:.0f} s; JSON {save('torch_compare.json', report)}")
     return 0
 

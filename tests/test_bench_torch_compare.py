@@ -52,6 +52,31 @@ def test_smoke_run_writes_every_trace_with_totals(tmp_path, monkeypatch):
         assert len(t["rows"]) == 3 and t["launches"]["timed"] > 0
         assert t["total_ms"]["nbx"]["eager"] > 0 and t["total_ms"]["torch"]["eager"] > 0
         assert all("nbx" in r and "torch" in r for r in t["rows"])
+        # No table serves the interpreter profile here: no row's pick was timed anywhere.
+        assert all(r["measured_on"] is None for r in t["rows"] if not r["certified"])
+
+
+def test_a_picks_gpu_is_named_short():
+    assert tc._short("NVIDIA H100 80GB HBM3") == "H100" and tc._short("NVIDIA H200") == "H200"
+    assert tc._short(None) == "-" and tc._short("database") == "database"
+
+
+def test_a_shipped_entry_says_which_gpu_timed_it(monkeypatch):
+    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.spec import encode_bucket, encode_flags
+    from nbx_tune.tuner import seat_search
+
+    spec = all_specs()["matmul"]
+    p = spec.problem_from_row(make_row("aten.mm", ["float32"] * 2, [(5, 7), (7, 3)]))
+    st = certified.state()
+    bucket = certified.bucket_of(st.profile, spec.key, p.dims)
+    monkeypatch.setitem(st.entries, (spec.name, p.dtypes, p.flags, bucket), (None, "/x/shipped.json"))
+    key = ("matmul", "float32", encode_flags(p.flags), encode_bucket(spec.key, bucket))
+    monkeypatch.setattr(seat_search, "shipped", lambda name: {key: {"provenance": {"device_name": "NVIDIA H200"}}})
+    assert tc.measured_on(spec, p) == "NVIDIA H200"
+    monkeypatch.setitem(st.entries, (spec.name, p.dtypes, p.flags, bucket), (None, "database"))
+    assert tc.measured_on(spec, p) == "database"
 
 
 def test_arguments_a_trace_never_records_are_supplied():
