@@ -12,8 +12,6 @@ writes $OUT/gemm_clusters.json and prints a table.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -82,7 +80,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=300)
     args = ap.parse_args()
-    from _common import environment
+    from _common import environment, save
 
     deadline = time.time() + args.budget_s
     out = {"env": environment(), "shapes": []}
@@ -103,9 +101,7 @@ def main() -> int:
                 print(f"    num_ctas={c}: {v[0]}")
         for b in bad[:3]:
             print("    failed:", b)
-        od = Path(os.environ.get("OUT", "bench_out"))
-        od.mkdir(parents=True, exist_ok=True)
-        (od / "gemm_clusters.json").write_text(json.dumps(out, indent=1))
+        save("gemm_clusters.json", out)
     return 0
 
 

@@ -15,8 +15,6 @@ writes $OUT/gemm_replay_timing.json and prints a table.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -88,7 +86,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=420)
     args = ap.parse_args()
-    from _common import environment
+    from _common import environment, save
 
     from nbx_tune.profiles import get_profile
     from nbx_tune.tuner import timing
@@ -113,9 +111,7 @@ def main() -> int:
         print(line, flush=True)
         print(f"    census pick {pick_c}\n    stream pick {pick_s}\n    replay best {best}", flush=True)
         lines.append(line)
-        od = Path(os.environ.get("OUT", "bench_out"))
-        od.mkdir(parents=True, exist_ok=True)
-        (od / "gemm_replay_timing.json").write_text(json.dumps(out, indent=1))
+        save("gemm_replay_timing.json", out)
     return 0
 
 
