@@ -93,14 +93,18 @@ def test_a_streaming_kernel_is_timed_over_operand_sets_each_launch_on_its_own(ke
     assert len(set(writes)) == timing.MAX_SETS  # each fn its own inputs and outputs
 
 
-def test_a_benchmarker_without_stream_times_the_first_set(streaming):
+def test_a_benchmarker_without_stream_times_the_first_set(streaming, monkeypatch):
     class Plain(StreamBench):
         stream = None
 
     bench = Plain()
     spec, runner = _runner("elementwise_unary", 64, bench)
+    made = []
+    real = runner._operands
+    monkeypatch.setattr(runner, "_operands", lambda case: made.append(case) or real(case))
     out = runner.time(spec.default_config(INTERP, runner.time_case.problem), "full")
     assert out.ok and out.timing.median_ms == 1.0 and bench.plain == 1
+    assert len(made) == 1  # the interpreter's wall clock: no operand sets it would not rotate
 
 
 def test_a_launch_timed_kernel_is_timed_once_per_call_on_one_set():

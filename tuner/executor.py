@@ -143,7 +143,7 @@ class CandidateRunner:
         try:
             # Operand sets to rotate through (tuner/timing.py); a benchmarker that cannot
             # time a stream (the interpreter's wall clock) times one set, so only one is made.
-            stream = self.spec.timing == "stream" and hasattr(self.bench, "stream")
+            stream = self.spec.timing == "stream" and getattr(self.bench, "stream", None) is not None
             sets = [self._operands(case)
                     for _ in range(timing.n_sets(self.spec.operand_bytes(case.problem)) if stream else 1)]
             fns = [(lambda ins=ins, outs=outs: self.spec.launch(config, case.problem, ins, outs))
