@@ -69,8 +69,8 @@ def _runner(kernel, n, bench):
 
 @pytest.fixture
 def streaming(monkeypatch):
-    """Element-wise and copy kernels declared as timed by stream (none is in the package:
-    lab/stream_timing/NOTES.md)."""
+    """Element-wise and copy kernels declared as timed by stream (in the package only matmul
+    is: lab/gemm_replay_timing/NOTES.md)."""
     for name in ("elementwise_unary", "copy"):
         monkeypatch.setattr(type(get_spec(name)), "timing", "stream")
 
