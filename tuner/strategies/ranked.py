@@ -8,8 +8,8 @@ refusal at run time counts as REFUSED_PENALTY); a config's score is the mean of 
 those, weighted by how near the earlier seat is (4 ** -distance: the sum over key dims of
 |log2| of the ratio of the buckets' middles, plus one per differing dtype or flags). Only
 seats within NEAR count: a decode GEMM (M=8) ranked by prefill GEMMs (M=512) alone got a
-prefill tile 2x slower than the space's best, so a seat with no near neighbour is tuned in
-full (and its full tuning informs the next ones). The TOP best-scored and SAMPLE others drawn with a seed from the seat's label are evaluated;
+prefill tile 2x slower than the space's best, so a seat with no near neighbour (here or in
+the shipped table, below) is tuned in full (and its full tuning informs the next ones). The TOP best-scored and SAMPLE others drawn with a seed from the seat's label are evaluated;
 configs no earlier seat ran are only ever in the sample, and configs that failed (or ran
 REFUSED_PENALTY times the best) wherever they ran are not even in that.
 
@@ -18,8 +18,7 @@ for its profile (kernels/tables/): each entry there names a winner and a runner-
 so those seats count as votes, not scores (`votes`: 4 ** -distance for a winner, half that
 for a runner-up). The configs with the most votes rank after the database's (all of them,
 up to TOP, where the database knows nothing near; SHIPPED_EXTRA beside its TOP otherwise).
-Left out of the shipped table in turn, its matmul seats' own winner was among the 8 most
-voted at 71 of 78, the winner or the runner-up at 78.
+How often the votes hold a seat's own winner: `bench/ranking_replay.py --table`.
 
 Audits: a seat is audited when no audit of the kernel is on record for the profile, or
 when its label's hash falls in AUDIT_RATE. An audit evaluates every candidate (the winner
