@@ -729,8 +729,8 @@ class MatmulSpec(KernelSpec):
     config_space = CONFIGS
     default_configs = DEFAULTS
     # Timed as a model under CUDA graphs runs it: one flushed launch at a time ranked the
-    # configs of 10-50 us GEMMs otherwise than graph replay, and picked ones up to 19 %
-    # slower there (lab/gemm_replay_timing/NOTES.md).
+    # configs of 10-50 us GEMMs otherwise than graph replay, and picked slower ones there
+    # (lab/gemm_replay_timing/NOTES.md).
     timing = "stream"
 
     def static_refusal(self, profile, config, problem):
