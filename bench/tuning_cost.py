@@ -10,7 +10,8 @@ rows), with torch.matmul (cuBLAS) beside them; and where the census's seconds we
                                                       default, ranked, is a fresh census: no
                                                       seat's own shipped entry seeds it; the
                                                       shipped table's near seats rank its first
-                                                      seats, as for any user)
+                                                      seats, as for any user; BENCH_SEARCH=cold:
+                                                      no shipped table at all, the votes' baseline)
     python bench/tuning_cost.py TRACE --profile DIR   census only: its phases on a timeline
                                                       (bench/census_timeline.py), the worker
                                                       under cProfile

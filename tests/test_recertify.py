@@ -525,6 +525,9 @@ def test_a_fresh_census_is_ranked_by_the_shipped_table_but_never_by_its_own_entr
     rec = store.seat_records(seat_ids=[sid])[0]
     search = seat_search.for_seat(store, rec, SPEC, PROFILE)
     assert search.name == "ranked" and search.votes.keys() == {key(256), key(128)}
+    # A cold census (the votes' baseline) knows only its database: nothing near, every candidate.
+    monkeypatch.setenv("NBX_TUNE_SEARCH", "cold")
+    assert seat_search.for_seat(store, rec, SPEC, PROFILE).name == "full"
     store.close()
 
 

@@ -10,7 +10,9 @@
     else                                      -> every candidate
 
 NBX_TUNE_SEARCH=ranked ignores what is known of the seat itself (a fresh census, as the
-baselines of bench/recertify_cost.py run it); NBX_TUNE_SEARCH=full turns every shortcut off.
+baselines of bench/recertify_cost.py run it); =cold ignores the shipped table altogether (a
+census that knows only its own database: what the table's votes save is measured against
+it); =full turns every shortcut off.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from nbx_tune.tuner.strategies.ranked import AUDIT_RATE, Ranked, label_fraction
 from nbx_tune.tuner.strategies.search import Full
 
 ENV = "NBX_TUNE_SEARCH"
-MODES = ("auto", "ranked", "full")
+MODES = ("auto", "ranked", "cold", "full")
 
 
 def mode() -> str:
@@ -60,9 +62,9 @@ def ranked(store, s, label: str, profile) -> Ranked:
     entry: a fresh census must not read its answer there)."""
     prior = [((o.dtypes, o.flags, o.bucket), meas, refused)
              for o, _, meas, refused in store.kernel_measurements(profile.name, s.kernel) if o.id != s.id]
-    table = [((d, f, b), e["config"], e.get("runner_up"))
-             for (k, d, f, b), e in shipped(profile.name).items()
-             if k == s.kernel and (d, f, b) != (s.dtypes, s.flags, s.bucket)]
+    table = [] if mode() == "cold" else [((d, f, b), e["config"], e.get("runner_up"))
+                                         for (k, d, f, b), e in shipped(profile.name).items()
+                                         if k == s.kernel and (d, f, b) != (s.dtypes, s.flags, s.bucket)]
     audit = not store.shortcut_losses(profile.name, s.kernel) or label_fraction(label) < AUDIT_RATE
     return Ranked(label, (s.dtypes, s.flags, s.bucket), prior, audit, table)
 
