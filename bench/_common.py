@@ -114,3 +114,20 @@ if __name__ == "__main__":
     import sys
 
     combined_trace(sys.argv[2:], sys.argv[1])
+
+
+def query(db: str, sql: str):
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db)
+    try:
+        with engine.connect() as c:
+            return c.execute(text(sql)).fetchall()
+    finally:
+        engine.dispose()
+
+
+def breakdown(db: str) -> list:
+    """[(search, seats, seconds in seats, screening, timing)] of a census's tunings."""
+    return [tuple(r) for r in query(db, "SELECT search, count(*), sum(total_s), sum(screen_s), sum(bench_s) "
+                                        "FROM tunings WHERE kind = 'tune' GROUP BY search ORDER BY search")]

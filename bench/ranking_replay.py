@@ -49,17 +49,8 @@ def _pct(x: float) -> str:
     return "nothing survived" if x == float("inf") else f"{100 * x:.2f} %"
 
 
-def shipped_votes(profile: str, kernel: str, seat: tuple) -> list:
-    """The shipped table's entries of `kernel` as votes (`strategies/ranked.votes`), the
-    seat's own left out: what seat_search.ranked hands a fresh census."""
-    from nbx_tune.tuner.seat_search import shipped
-
-    return [((d, f, b), e["config"], e.get("runner_up")) for (k, d, f, b), e in shipped(profile).items()
-            if k == kernel and (d, f, b) != seat]
-
-
 def table_only(profile: str) -> None:
-    from nbx_tune.tuner.seat_search import shipped
+    from nbx_tune.tuner.seat_search import shipped, shipped_votes
     from nbx_tune.tuner.strategies.ranked import Ranked
 
     entries = shipped(profile)
@@ -88,6 +79,7 @@ def table_only(profile: str) -> None:
 def main(db: str | None, profile: str, kernel: str | None) -> None:
     from nbx_tune.kernels.spec import Config
     from nbx_tune.tuner.store import Store
+    from nbx_tune.tuner.seat_search import shipped_votes
     from nbx_tune.tuner.strategies.ranked import STATIC, Ranked
 
     store = Store(db)

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, side_by_side, table, wall_ms  # noqa: E402
+from _common import breakdown, environment, query, save, side_by_side, table, wall_ms  # noqa: E402
 
 TRACES = tuple(sorted(str(p) for p in (Path(__file__).resolve().parent.parent / "examples" / "traces")
                      .glob("*_bf16.tsv")))  # every real-scale example: all the shipped seats
@@ -121,17 +121,6 @@ def current_table(src: Path, dst: Path, profile) -> int:
     return len(entries)
 
 
-def query(db: str, sql: str):
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(db)
-    try:
-        with engine.connect() as c:
-            return c.execute(text(sql)).fetchall()
-    finally:
-        engine.dispose()
-
-
 def stale_everything(db: str) -> None:
     """What a kernel source change does to every certificate: its tuning's hash no longer matches."""
     from sqlalchemy import create_engine, text
@@ -178,12 +167,6 @@ def seat_rows(traces, profile, wanted=None) -> tuple[list, set]:
                 rows.append(r)
                 keys.update(seats)
     return rows, keys
-
-
-def breakdown(db: str) -> list:
-    """[(search, seats, seconds in seats, screening, timing)] of a census's tunings."""
-    return [tuple(r) for r in query(db, "SELECT search, count(*), sum(total_s), sum(screen_s), sum(bench_s) "
-                                        "FROM tunings WHERE kind = 'tune' GROUP BY search ORDER BY search")]
 
 
 def slowest(db: str, n: int = 8) -> list:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, epoch, save, table  # noqa: E402
+from _common import breakdown, environment, epoch, save, table  # noqa: E402
 from torch_compare import graph_times, n_sets  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -152,12 +152,10 @@ def main(trace: str, profile_dir: str | None = None) -> None:
     engine = create_engine(db)
     with engine.connect() as conn:
         searches = dict(conn.execute(text("SELECT search, count(*) FROM tunings GROUP BY search")).fetchall())
-        spent = [list(r) for r in conn.execute(text(
-            "SELECT search, count(*), sum(total_s), sum(screen_s), sum(bench_s) FROM tunings "
-            "WHERE kind = 'tune' GROUP BY search ORDER BY search"))]
         audits = [x for (x,) in conn.execute(text("SELECT shortcut_loss FROM tunings WHERE search = 'audit' "
                                                  "AND shortcut_loss IS NOT NULL"))]
     engine.dispose()
+    spent = breakdown(db)
     env_info = environment()
     result = {"env": env_info, "strategy": strategy, "trace": trace, "matmul_rows": len(rows),
               "seats": len(rep["seats"]),

@@ -8,12 +8,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import ranking_replay as rr  # noqa: E402
 
-from nbx_tune.tuner.seat_search import shipped  # noqa: E402
+from nbx_tune.tuner.seat_search import shipped, shipped_votes  # noqa: E402
 
 
 def test_a_seats_own_entry_never_votes_for_it():
     (kernel, d, f, b), e = next((k, e) for k, e in shipped("hopper").items() if k[0] == "matmul")
-    votes = rr.shipped_votes("hopper", kernel, (d, f, b))
+    votes = shipped_votes("hopper", kernel, (d, f, b))
     assert votes and all(where != (d, f, b) for where, _, _ in votes)
     assert len(votes) == sum(1 for k in shipped("hopper") if k[0] == kernel) - 1
 

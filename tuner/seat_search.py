@@ -62,11 +62,17 @@ def ranked(store, s, label: str, profile) -> Ranked:
     entry: a fresh census must not read its answer there)."""
     prior = [((o.dtypes, o.flags, o.bucket), meas, refused)
              for o, _, meas, refused in store.kernel_measurements(profile.name, s.kernel) if o.id != s.id]
-    table = [] if mode() == "cold" else [((d, f, b), e["config"], e.get("runner_up"))
-                                         for (k, d, f, b), e in shipped(profile.name).items()
-                                         if k == s.kernel and (d, f, b) != (s.dtypes, s.flags, s.bucket)]
+    seat = (s.dtypes, s.flags, s.bucket)
+    table = [] if mode() == "cold" else shipped_votes(profile.name, s.kernel, seat)
     audit = not store.shortcut_losses(profile.name, s.kernel) or label_fraction(label) < AUDIT_RATE
-    return Ranked(label, (s.dtypes, s.flags, s.bucket), prior, audit, table)
+    return Ranked(label, seat, prior, audit, table)
+
+
+def shipped_votes(profile_name: str, kernel: str, seat: tuple) -> list:
+    """The shipped table's entries of `kernel` as `strategies/ranked.votes` takes them,
+    [(seat tuple, winner, runner-up)], the seat's own left out."""
+    return [((d, f, b), e["config"], e.get("runner_up")) for (k, d, f, b), e in shipped(profile_name).items()
+            if k == kernel and (d, f, b) != seat]
 
 
 @lru_cache(maxsize=None)
