@@ -640,6 +640,10 @@ class ConvSpec(KernelSpec):
 
     config_space = CONFIGS
     default_configs = DEFAULTS
+    # Timed as a model under CUDA graphs runs it: one flushed launch at a time picked
+    # replay's best config at few ResNet convolutions and lost up to a quarter at the others
+    # (bench/timing_agreement.py; docs/benchmarks.md).
+    timing = "stream"
 
     def default_config(self, profile, problem):
         if _kind(problem) == "pointwise":
