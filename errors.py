@@ -32,3 +32,8 @@ class DeviceError(NbxError):
 
 class KernelError(NbxError):
     """A kernel cannot serve the request it was given (shape, dtype, plugin)."""
+
+
+class TorchFaster(KernelError):
+    """Under serve(), a seat whose torch baseline is faster: torch runs the op
+    (kernels/baseline.py)."""

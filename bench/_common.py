@@ -9,6 +9,8 @@ import platform
 import subprocess
 from pathlib import Path
 
+from nbx_tune.tuner.timing import side_by_side  # noqa: F401 (the bench scripts' import of it)
+
 
 def out_dir(default: str = "bench_out") -> Path:
     d = Path(os.environ.get("OUT") or default)
@@ -45,28 +47,6 @@ def table(rows: list[list], header: list[str]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-def side_by_side(fns: dict, rep_ms: float, rounds: int = 4, timer=None) -> dict:
-    """Each callable's median GPU time (ms), timed in `rounds` turned rounds of rep_ms/rounds
-    each: what is compared shares the GPU's drift over the measurement (the census times
-    its contenders the same way, tuner/strategies/pruned.py). `timer(fn, rep_ms)` defaults
-    to the census's own (tuner/timing.gpu_time: do_bench's method, every launch queued ahead
-    of the GPU, so a slow host launch path is not read as the kernel's time)."""
-    import statistics
-
-    if timer is None:
-        from nbx_tune.tuner.timing import gpu_time
-
-        def timer(fn, rep):
-            return gpu_time(fn, 5, rep, (0.5,))[0]
-    names = list(fns)
-    got = {n: [] for n in names}
-    for r in range(rounds):
-        k = r % len(names)
-        for n in names[k:] + names[:k]:
-            got[n].append(timer(fns[n], rep_ms / rounds))
-    return {n: statistics.median(v) for n, v in got.items()}
 
 
 def wall_ms(fn, rep_ms: float) -> float:

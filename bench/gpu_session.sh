@@ -8,6 +8,10 @@
 # nondeterministic), oracle (the fp64 oracle's cost at the largest example shapes), census8b (a
 # Llama-3-8B prefill with its 128k-vocabulary LM head, then the screen's share and `unscreened`).
 # census_all: one census of every bf16 example trace's rows (CENSUS_TRACES), then the export.
+# baseline: the shipped hopper table imported, then `nbx-tune baseline` over every example trace (each
+# certified seat against torch's op on this GPU, recorded: serve() runs torch where it is faster;
+# BASELINE_TRACES, BASELINE_BUDGET_S), then the export that carries the baselines. baseline_import:
+# only the import (the shipped table, its baselines with it) into the session database.
 # refresh: the shipped hopper table imported (each entry screened here), then census_all: only
 # the seats a code change left stale or new are tuned, from their history; then the export.
 # Other stages: coverage (the data-movement, batch norm and pooling families and the integer
@@ -32,7 +36,7 @@
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them). Studies (lab/<study>/) are run directly, not from here.
 # Limits are env overrides: TRUST_S ORACLE_S CENSUS8B_S FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
-# AGREE_S COVERAGE_S SERVED_S DIRECT_S POINTWISE_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S ATTN_S SERVE_S EW_S
+# AGREE_S BASELINE_S COVERAGE_S SERVED_S DIRECT_S POINTWISE_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S ATTN_S SERVE_S EW_S
 # (COMPARE_BUDGET_S, SPEED_BUDGET_S, ATTN_BUDGET_S, EW_BUDGET_S: when compare, speed, attn, ew stop starting new work);
 # CENSUS_TRACES: the trace files of the census stage, CENSUS_TOTAL_S its whole budget; COMPARE_TRACES: the compare stage's (default all); QUALITY_ARGS: e.g. --buckets-only;
 # RECERT_ARGS: e.g. --seats all, --seats 30 --seed 1; AGREE_ARGS: e.g. --kernels matmul --rows 12; EW_ARGS: e.g. --rotate-mb 0 (inputs warm in the L2).
@@ -79,6 +83,11 @@ for s in $STAGES; do case $s in
            python3 bench/_common.py /tmp/all_traces.tsv ${CENSUS_TRACES:-examples/traces/*_bf16.tsv}
            census ${CENSUS_TOTAL_S:-300} /tmp/all_traces.tsv
            stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
+  baseline_import) stage ${IMPORT_S:-240} python3 -m nbx_tune.cli.app import kernels/tables/hopper.json ;;
+  baseline) stage ${IMPORT_S:-240} python3 -m nbx_tune.cli.app import kernels/tables/hopper.json
+            stage ${BASELINE_S:-330} sh -c "python3 -m nbx_tune.cli.app baseline --budget-s ${BASELINE_BUDGET_S:-270} \
+              $(for t in ${BASELINE_TRACES:-examples/traces/*.tsv}; do printf -- '--model %s ' "$t"; done) --json > $OUT/baseline.json"
+            stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
   pointwise) stage ${POINTWISE_S:-300} python3 bench/conv_pointwise.py --budget-s 240 ;;
   trust) stage ${TRUST_S:-240} python3 bench/gpu_check.py --skip-fault --planted --seconds 170 \
            --configs-per-row 3 --jobs 12 ;;

@@ -1,6 +1,9 @@
 """Merge a re-certified export into the shipped table, keeping every other entry as shipped.
 
     python3 bench/merge_table.py EXPORT.json [--table kernels/tables/hopper.json] [--kernels matmul,attention] [--drop-stale]
+    python3 bench/merge_table.py EXPORT.json --baselines     only the torch baselines (`nbx-tune baseline`)
+                                                              of the export's entries, onto the shipped
+                                                              entries of the same seat and config
 
 An export made after `import` + census (the gpu_session `refresh` stage) holds the imported
 entries too, without the `sampled_regret` the importing database never measured; only the
@@ -27,6 +30,8 @@ def main(argv=None) -> int:
     ap.add_argument("export")
     ap.add_argument("--table", default=str(ROOT / "kernels/tables/hopper.json"))
     ap.add_argument("--kernels", default="", help="take these kernels' entries from the export (default: changed ones)")
+    ap.add_argument("--baselines", action="store_true",
+                    help="take only the export's torch baselines, for shipped entries of the same config")
     ap.add_argument("--drop-stale", action="store_true",
                     help="leave out shipped entries this checkout judges stale (a re-keyed bucket, an edited kernel)")
     args = ap.parse_args(argv)
@@ -38,6 +43,8 @@ def main(argv=None) -> int:
     kernels = {k for k in args.kernels.split(",") if k}
     shipped = {seat(e): e for e in old["entries"]}
     taken = 0
+    if args.baselines:
+        return _baselines(args, new, shipped)
     for e in new["entries"]:
         was = shipped.get(seat(e))
         changed = (was is None or was["provenance"]["kernel_source_hash"] != e["provenance"]["kernel_source_hash"]
@@ -62,6 +69,24 @@ def main(argv=None) -> int:
     Path(args.table).write_text(table_format.dumps(new["profile"], new["architecture"], new["profile_hash"], entries))
     print(f"{args.table}: {taken} entries from {args.export}, {len(entries) - taken} kept as shipped"
           + (f", {dropped} stale ones dropped" if args.drop_stale else ""))
+    return 0
+
+
+def _baselines(args, new: dict, shipped: dict) -> int:
+    from nbx_tune.tuner.export import newest_baselines
+
+    taken = 0
+    for e in new["entries"]:
+        was = shipped.get(seat(e))
+        found = e["provenance"].get("torch_baselines")
+        if was is None or not found or was["config"] != e["config"]:
+            continue
+        was["provenance"]["torch_baselines"] = newest_baselines(
+            [*was["provenance"].get("torch_baselines", ()), *found])
+        taken += 1
+    entries = sorted(shipped.values(), key=seat)
+    Path(args.table).write_text(table_format.dumps(new["profile"], new["architecture"], new["profile_hash"], entries))
+    print(f"{args.table}: torch baselines of {taken} entries from {args.export}")
     return 0
 
 

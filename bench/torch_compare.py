@@ -25,6 +25,10 @@ Identical rows (op, dtypes, shapes, params) are timed once across traces.
 Each row also says which GPU its certificate was timed on (`measured_on`: the shipped
 table's entry, the session database, or none), and the summary counts the rows below 0.9
 whose pick was timed on another GPU (an H200's picks served on an H100 rank otherwise).
+What serve() runs: a row whose seat has a torch baseline on this GPU that is faster
+(`nbx-tune baseline`, kernels/baseline.py) runs torch's op under serve(): such rows say
+`torch`, and the summary's "served" total counts torch's time there (rows to torch, and the
+served rows still below 0.9, beside the kernels' own ratio).
 Output: a table per trace and a summary on stdout, JSON in $OUT/torch_compare.json.
 """
 
@@ -33,7 +37,6 @@ from __future__ import annotations
 import argparse
 import glob
 import logging
-import math
 import os
 import sys
 import time
@@ -43,117 +46,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment, save, side_by_side, table  # noqa: E402
 
+from nbx_tune.tuner.baseline import (GRAPH_CALLS, capture, cpu_timer as _cpu_timer,  # noqa: E402,F401
+                                     cuda_timer as _cuda_timer, graph_times, n_sets, row_text,
+                                     served, tensor as _tensor, torch_call)
+
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE_TRACES = ("llama_small.tsv", "gpt2_small.tsv")
-ROTATE_BYTES = 96 << 20
-MAX_SETS = 4
-GRAPH_CALLS = 24  # calls captured per graph: the replay's own launch is shared by them
 SLOW = 0.9  # a row below this torch/nbx-tune ratio under graphs is counted (issue 23's bar)
-
-
-# ----------------------------------------------------------------------------- torch side
-
-def _param(text: str, typ: str):
-    """A recorded param's text as the value the schema type takes (recorder.py's format)."""
-    import torch
-
-    if text == "None":
-        return None
-    if text in ("True", "False"):
-        return text == "True"
-    if text == "()":
-        return []
-    if "List" in typ or "[]" in typ:
-        return [int(p) for p in text.split("x")]
-    dt = getattr(torch, text, None)
-    if isinstance(dt, torch.dtype):
-        return dt
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _tensor(shape, dtype: str, device: str):
-    import torch
-
-    dt = getattr(torch, dtype)
-    if dt.is_floating_point:
-        return torch.empty(shape, dtype=dt, device=device).uniform_(-1, 1)
-    if dt == torch.bool:
-        return torch.ones(shape, dtype=dt, device=device)
-    return torch.zeros(shape, dtype=dt, device=device)  # indices: zero is in range of anything
-
-
-_WRAPPED = {"float64": 0.5, "int64": 1, "bool": True}
-
-
-def torch_call(row, device: str):
-    """(fn(i), bytes of one operand set): torch's aten op of the row on fresh tensors, from
-    its schema: tensor arguments take the row's tensors in order (a list argument takes all
-    that the later tensor arguments leave), params parse by the schema's types. A 0-d
-    float64/int64/bool tensor is a wrapped Python number (recorder.py) and is passed as one."""
-    import torch
-
-    ns, name, *ov = row.op.split(".")
-    op = getattr(getattr(getattr(torch.ops, ns), name), ov[0] if ov else "default")
-    tensors = [(s, d) for s, d in zip(row.shapes, row.dtypes)]
-    args = op._schema.arguments
-    later_single = [sum(1 for b in args[i + 1:] if str(b.type) in ("Tensor", "Optional[Tensor]")
-                        and b.name not in row.params) for i in range(len(args))]
-    plan, ti = [], 0
-    for i, a in enumerate(args):
-        typ = str(a.type)
-        if a.name in row.params:
-            plan.append((a.name, "value", _param(row.params[a.name], typ)))
-        elif typ in ("Tensor", "Optional[Tensor]"):
-            plan.append((a.name, "tensor", tensors[ti]))
-            ti += 1
-        elif typ in ("List[Tensor]", "List[Optional[Tensor]]"):
-            n = len(tensors) - ti - later_single[i]
-            plan.append((a.name, "list", tensors[ti:ti + n]))
-            ti += n
-        elif a.name == "device":  # never recorded (recorder.py): where this run computes
-            plan.append((a.name, "value", torch.device(device)))
-        elif a.name == "cudnn_enabled":  # never recorded, and required by aten.batch_norm
-            plan.append((a.name, "value", True))
-    if ti != len(tensors):
-        raise ValueError(f"{row.op}: placed {ti} of {len(tensors)} tensors from its schema")
-
-    def make(spec):
-        shape, dt = spec
-        if shape == () and dt in _WRAPPED:
-            return _WRAPPED[dt]
-        return _tensor(shape, dt, device)
-
-    # A matmul row's `layout` (nt: b stored transposed, a linear layer's W.t()): its two
-    # matrix operands, the schema's last two tensors, made as the model holds them.
-    layout = row.params.get("layout", "nn") if name in ("mm", "addmm", "bmm", "baddbmm") else "nn"
-    matrices = [n for n, kind, _ in plan if kind == "tensor"][-2:]
-
-    def make_as_held(name_, spec):
-        if name_ not in matrices or layout[matrices.index(name_)] != "t":
-            return make(spec)
-        shape, dt = spec
-        return _tensor((*shape[:-2], shape[-1], shape[-2]), dt, device).transpose(-1, -2)
-
-    def one_set():
-        kw = {}
-        for name_, kind, v in plan:
-            kw[name_] = v if kind == "value" else make_as_held(name_, v) if kind == "tensor" else [make(s) for s in v]
-        return kw
-
-    nbytes = sum(math.prod(s) * getattr(torch, d).itemsize for s, d in tensors if not (s == () and d in _WRAPPED))
-    sets = [one_set() for _ in range(n_sets(nbytes, device))]
-    return (lambda i: op(**sets[i % len(sets)])), nbytes
-
-
-def n_sets(nbytes: int, device: str) -> int:
-    if device == "cpu":
-        return 1
-    return max(1, min(MAX_SETS, -(-ROTATE_BYTES // max(nbytes, 1))))
 
 
 # ----------------------------------------------------------------------------- nbx side
@@ -206,6 +105,16 @@ def measured_on(spec, problem) -> str | None:
     return e["provenance"].get("device_name") if e else hit[1]
 
 
+def deferred(spec, problem) -> bool:
+    """Whether serve() runs torch at the row's seat: its torch baseline on this GPU is faster
+    (kernels/baseline.py; recorded by `nbx-tune baseline`)."""
+    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.spec import bucket_of
+
+    st = certified.state()
+    return (spec.name, problem.dtypes, problem.flags, bucket_of(st.profile, spec.key, problem.dims)) in st.deferred
+
+
 def nbx_call(spec, problem, row, device: str):
     """(fn(i), config text, certified?, path): the certified op of the row on operands of
     the spec's shapes (uniform values; integers zero), rotating like torch's side."""
@@ -244,59 +153,6 @@ def nbx_call(spec, problem, row, device: str):
 
 # ----------------------------------------------------------------------------- timing
 
-def _cuda_timer(fn, rep_ms: float) -> float:
-    """ms per call of fn (which may be a graph replay of several calls: the caller divides):
-    CUDA events around a loop sized to rep_ms, after one call to size it."""
-    import torch
-
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    fn()
-    e.record()
-    e.synchronize()
-    n = max(2, min(2000, int(rep_ms / max(s.elapsed_time(e), 1e-3))))
-    s.record()
-    for _ in range(n):
-        fn()
-    e.record()
-    e.synchronize()
-    return s.elapsed_time(e) / n
-
-
-def _cpu_timer(fn, rep_ms: float) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
-
-
-def capture(f, calls: int = GRAPH_CALLS):
-    """A CUDA graph of f(0) .. f(calls - 1), after three calls outside it (compile, warm-up)."""
-    import torch
-
-    for i in range(3):
-        f(i)
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=stream):
-        for i in range(calls):
-            f(i)
-    torch.cuda.synchronize()
-    return g
-
-
-def graph_times(fns: dict, rep_ms: float, calls: int = GRAPH_CALLS, device: str = "cuda") -> dict:
-    """ms per call of each fn(i) under CUDA-graph replay, in alternating rounds (on the CPU,
-    for smoke runs: the calls one after another, wall clock)."""
-    if device == "cpu":
-        loops = {s: (lambda f=f: [f(i) for i in range(calls)]) for s, f in fns.items()}
-        return {s: v / calls for s, v in side_by_side(loops, rep_ms, rounds=2, timer=_cpu_timer).items()}
-    graphs = {s: capture(f, calls) for s, f in fns.items()}
-    t = side_by_side({s: g.replay for s, g in graphs.items()}, rep_ms, rounds=4, timer=_cuda_timer)
-    return {s: v / calls for s, v in t.items()}
-
-
 def time_pair(fns: dict, device: str, rep_ms: float) -> dict:
     """{side: {"graph": ms, "eager": ms}} for fns {side: fn(i)}: each side's graph of
     GRAPH_CALLS calls and its eager loop, alternating in rounds (side_by_side)."""
@@ -325,25 +181,6 @@ def time_pair(fns: dict, device: str, rep_ms: float) -> dict:
 
 
 # ----------------------------------------------------------------------------- driver
-
-def row_text(row) -> str:
-    from nbx_tune.kernels.rows import format_shape
-
-    p = row.params.text()
-    return f"{row.op} {','.join(row.dtypes)} {';'.join(format_shape(s) for s in row.shapes)}" + (f" {p}" if p else "")
-
-
-def served(row):
-    """(spec, problem) when a kernel serves the row, else None."""
-    from nbx_tune.kernels.registry import spec_for_op
-    from nbx_tune.kernels.spec import NotServable
-
-    spec = spec_for_op(row.op)
-    if spec is None:
-        return None
-    problem = spec.problem_from_row(row)
-    return None if isinstance(problem, NotServable) else (spec, problem)
-
 
 def weight(row, spec, problem) -> int:
     try:
@@ -433,7 +270,8 @@ def run(args) -> int:
         try:
             f_torch, _ = torch_call(row, device)
             f_nbx, cfg, is_cert, how = nbx_call(spec, problem, row, device)
-            res.update(config=cfg, certified=is_cert, path=how, measured_on=measured_on(spec, problem))
+            res.update(config=cfg, certified=is_cert, path=how, measured_on=measured_on(spec, problem),
+                       serve_runs="torch" if deferred(spec, problem) else "kernel")
             res.update(time_pair({"nbx": f_nbx, "torch": f_torch}, device, rep_ms))
         except Exception as e:  # one row's failure is its own: recorded, the run goes on
             res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
@@ -454,6 +292,7 @@ def run(args) -> int:
     for path, tr, rows, skipped in work:
         name = Path(path).stem
         lines, tot = [], {"nbx": {"graph": 0.0, "eager": 0.0}, "torch": {"graph": 0.0, "eager": 0.0}}
+        served_ms = {"graph": 0.0, "eager": 0.0}  # what serve() runs: torch at the seats it defers
         untimed = [row_text(r[1]) for r in skipped]
         launches = {"served": 0, "timed": 0, "all": tr.launches}
         for _, row, spec, problem in rows + skipped:
@@ -466,12 +305,15 @@ def run(args) -> int:
                     if all(r[s][m] is not None for s in tot):
                         for s in tot:
                             tot[s][m] += row.count * r[s][m]
+                        served_ms[m] += row.count * r["torch" if r.get("serve_runs") == "torch" else "nbx"][m]
             else:
                 untimed.append(row_text(row) + f" ({r.get('error', '?')})")
             lines.append({"row": row_text(row), "count": row.count, **r})
         gr = ratio(tot["torch"]["graph"], tot["nbx"]["graph"])
         er = ratio(tot["torch"]["eager"], tot["nbx"]["eager"])
+        sr = ratio(tot["torch"]["graph"], served_ms["graph"])
         report["traces"][name] = {"rows": lines, "total_ms": tot, "ratio_graph": gr, "ratio_eager": er,
+                                  "served_ms": served_ms, "ratio_served_graph": sr,
                                   "launches": launches, "untimed": untimed}
         tab = []
         for ln in lines:
@@ -479,7 +321,8 @@ def run(args) -> int:
             tab.append([ln["row"][:72], ln["count"], fmt(nb.get("graph")), fmt(to.get("graph")),
                         fmt(ratio(to.get("graph"), nb.get("graph")), 3),
                         fmt(ratio(to.get("eager"), nb.get("eager")), 3),
-                        ("cert" if ln.get("certified") else "default") if "config" in ln else ln.get("error", "")[:30],
+                        (("torch" if ln.get("serve_runs") == "torch" else "cert") if ln.get("certified") else "default")
+                        if "config" in ln else ln.get("error", "")[:30],
                         _short(ln.get("measured_on"))])
         print(f"\n== {name}: {len(lines)} served rows, {launches['timed']}/{launches['served']} served launches "
               f"timed ({launches['all']} in the trace)")
@@ -487,19 +330,23 @@ def run(args) -> int:
                           "config", "timed on"]))
         timed = [(ratio(ln["torch"]["graph"], ln["nbx"]["graph"]), ln.get("measured_on")) for ln in lines
                  if ln.get("nbx", {}).get("graph") and ln.get("torch", {}).get("graph")]
+        kept = [ratio(ln["torch"]["graph"], ln["nbx"]["graph"]) for ln in lines if ln.get("serve_runs") == "kernel"
+                and ln.get("nbx", {}).get("graph") and ln.get("torch", {}).get("graph")]
+        to_torch = sum(1 for ln in lines if ln.get("serve_runs") == "torch")
         worst = min((g for g, _ in timed), default=None)
         here = report["env"].get("gpu")
         slow = [on for g, on in timed if g < SLOW]
         elsewhere = sum(1 for on in slow if on not in (None, "database", here))
         summary.append([name, f"{launches['timed']}/{launches['served']}", fmt(tot["nbx"]["graph"], 3),
                         fmt(tot["torch"]["graph"], 3), fmt(gr, 3), fmt(er, 3), fmt(worst, 3),
-                        f"{len(slow)} ({elsewhere})", len(untimed)])
+                        f"{len(slow)} ({elsewhere})", fmt(sr, 3), to_torch,
+                        sum(1 for g in kept if g < SLOW), len(untimed)])
         save("torch_compare.json", report)
     env = report["env"]
     print(f"\n{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}")
     print(table(summary, ["trace", "launches timed", "nbx e2e graph ms", "torch e2e graph ms", "torch/nbx graph",
                           "torch/nbx eager", "worst row (graph)", f"rows < {SLOW} (timed on another GPU)",
-                          "rows untimed"]))
+                          "torch/served graph", "rows to torch", f"served rows < {SLOW}", "rows untimed"]))
     print(f"total {time.perf_counter() - t_start:.0f} s; JSON {save('torch_compare.json', report)}")
     return 0
 

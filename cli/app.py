@@ -243,7 +243,7 @@ def import_cmd(
     s = api.import_(str(table), db, plugin or (), notice=lambda text: err.print(f"note: {text}", highlight=False))
     if json_out:
         render.print_json({"path": s.path, "profile": s.profile, "added": s.added,
-                           "kept_existing": s.kept_existing, "unchanged": s.unchanged,
+                           "kept_existing": s.kept_existing, "unchanged": s.unchanged, "baselines": s.baselines,
                            "not_screened": [{"seat": label, "why": why} for label, why in s.unscreened],
                            "skipped": [{"seat": label, "why": why} for label, why in s.skipped]})
         return
@@ -253,6 +253,31 @@ def import_cmd(
                   f"but did not pass the screen here ({why})", highlight=False)
     for label, why in s.skipped:
         out.print(f"[yellow]skipped[/] {label}: {why}", highlight=False)
+
+
+@app.command()
+def baseline(
+    model: List[Path] = typer.Option(..., "--model", help="Trace file (repeatable): the rows whose seats are timed."),
+    db: Optional[str] = DbOpt,
+    profile: Optional[str] = ProfileOpt,
+    budget_s: Optional[float] = typer.Option(None, "--budget-s", help="Start no seat after this many seconds."),
+    json_out: bool = JsonOpt,
+    plugin: Optional[List[str]] = PluginOpt,
+):
+    """Time each certified seat of the traces against torch's own op on this GPU, and record
+    it: under serve(), a seat where torch is faster runs torch."""
+    from nbx_tune.tuner import api
+
+    console = err if json_out else out
+    with render.progress_bar(console, "seats") as step:
+        rep = api.baseline([str(m) for m in model], db, profile, plugin or (), budget_s, step,
+                           notice=lambda text: err.print(f"note: {text}", highlight=False))
+    if json_out:
+        render.print_json(rep.to_dict())
+        return
+    d = rep.to_dict()
+    out.print(render.baselines_table(d))
+    out.print(render.baselines_summary(d), highlight=False)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

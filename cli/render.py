@@ -219,7 +219,52 @@ def refusals_table(rows, total: int) -> Table:
 def import_summary(s) -> str:
     return (f"{s.path} ({s.profile}): {s.added} certificates added, {s.kept_existing} kept the faster "
             f"existing one, {s.unchanged} already current, {len(s.unscreened)} not screened here, "
-            f"{len(s.skipped)} skipped")
+            f"{len(s.skipped)} skipped" + (f"; {s.baselines} torch baselines recorded" if s.baselines else ""))
+
+
+class progress_bar:
+    """A progress bar over items, as a context manager that yields `step(index, total,
+    label)`; drawn from the first step on."""
+
+    def __init__(self, console: Console, what: str):
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+        self.what, self.task = what, None
+
+    def __enter__(self):
+        return self.step
+
+    def step(self, index: int, total: int, label: str) -> None:
+        if self.task is None:
+            self.progress.start()
+            self.task = self.progress.add_task(self.what, total=total)
+        self.progress.update(self.task, completed=index, description=f"{self.what} {index + 1}/{total}: {label}")
+
+    def __exit__(self, *exc):
+        if self.task is not None:
+            self.progress.stop()
+
+
+def baselines_table(d: dict) -> Table:
+    """`nbx-tune baseline`: each seat's certified config against torch's op."""
+    t = Table(title=f"Certified seats against torch {d['torch_version']} on {d['device_name']}")
+    for c in ("seat", "launches", "kernel ms", "torch ms", "torch/kernel", "serve() runs", "note"):
+        t.add_column(c, justify="right" if c in ("launches", "kernel ms", "torch ms", "torch/kernel") else "left")
+    for s in d["seats"]:
+        ratio = s["torch_over_nbx"]
+        runs = s["serve_runs"] or ""
+        t.add_row(escape(s["seat"]), str(s["launches"]) if s["rows"] else "", ms(s["nbx_ms"]), ms(s["torch_ms"]),
+                  "" if ratio is None else f"{ratio:.3f}",
+                  "[yellow]torch[/]" if runs == "torch" else runs,
+                  escape(s["why_not_recorded"] or ""))
+    return t
+
+
+def baselines_summary(d: dict) -> str:
+    return (f"{d['timed']} seats timed ({d['method']}), {d['recorded']} recorded; under serve() "
+            f"{d['deferred_to_torch']} run torch (faster there by more than {d['margin']:.0%}), the other "
+            f"{d['timed'] - d['deferred_to_torch']} the certified kernels; {d['untimed']} not timed (budget); "
+            f"{d['seconds']:.1f} s")
 
 
 def show_seat(out: Console, d: dict) -> None:

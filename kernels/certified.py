@@ -13,7 +13,9 @@ math runs once per distinct shape. The public ops go further and replay the comp
 kernels of each exact call (kernels/launch.py); `reload()` drops both memos, so a new
 certificate is served.
 A seat with no certificate gets the kernel's declared default config, the miss is counted
-(`launch_stats()`), and the log says so once per seat.
+(`launch_stats()`), and the log says so once per seat. Under serve() a seat whose torch
+baseline on this GPU is faster raises `TorchFaster`, and torch runs the op (the rule:
+kernels/baseline.py); a replay of such a call asks again.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nbx_tune import settings
-from nbx_tune.errors import KernelError, NbxError
-from nbx_tune.kernels import certified_view, launch, table_format, validity
+from nbx_tune.errors import KernelError, NbxError, TorchFaster
+from nbx_tune.kernels import baseline, certified_view, launch, table_format, validity
 from nbx_tune.kernels.spec import (Config, KernelSpec, Problem, bucket_of, decode_bucket,
                                    decode_flags, label_of, seat_label)
 
@@ -46,13 +48,25 @@ class MissTally(Counter):
         super().__setitem__(key, value)
 
 
+class Serving(threading.local):
+    busy = False  # inside serve()'s call of a kernel (kernels/serve.py sets it): seats defer to torch
+
+
+SERVING = Serving()
+
+
 @dataclass
 class LaunchState:
     profile: object
     triton_version: str | None = None
     device_target: str | None = None  # the running device's: another target is never served
+    device_name: str | None = None  # a torch baseline holds on the GPU it was measured on
+    torch_version: str | None = None
     entries: dict = field(default_factory=dict)  # (kernel, dtypes, flags, bucket) -> (Config, source)
-    memo: dict = field(default_factory=dict)  # (kernel, dtypes, flags, dims) -> (Config, miss seat or None)
+    baselines: dict = field(default_factory=dict)  # (kernel, dtypes, flags, bucket) -> [baseline dicts]
+    deferred: dict = field(default_factory=dict)  # seat -> the baseline that sends it to torch under serve()
+    # (kernel, dtypes, flags, dims) -> (Config, miss seat or None, deferring baseline or None)
+    memo: dict = field(default_factory=dict)
     misses: Counter = field(default_factory=MissTally)
     stale: list = field(default_factory=list)  # (source, seat label, why)
     # Rows of kernels not registered when the configs were loaded (a plugin imported by the
@@ -91,6 +105,8 @@ def _add(state: LaunchState, source: str, kernel: str, dtypes: str, flags: str, 
         state.stale.append((source, seat_label(kernel, dt, fl, spec.key, bk), why))
         return
     state.entries.setdefault((kernel, dt, fl, bk), (cfg, source))
+    for b in (prov.get("torch_baselines") or ()) if isinstance(prov, dict) else ():
+        state.baselines.setdefault((kernel, dt, fl, bk), []).append({**b, "config": config})
 
 
 def _load_table(state: LaunchState, path: Path) -> None:
@@ -117,14 +133,41 @@ def _load_db(state: LaunchState) -> None:
     for r in rows:  # the row's provenance columns are what the staleness check reads
         _add(state, "database", r["kernel"], r["dtypes"], r["flags"], r["bucket"], r["config"], r)
     state.sources.append("database")
+    try:
+        rows = certified_view.read_view(settings.db_url(), state.profile.name, certified_view.BASELINES)
+    except Exception as e:  # a database made before baselines: none to apply
+        log.info("nbx-tune: no torch baselines read from the database (%s)", str(e).splitlines()[0])
+        return
+    from nbx_tune.kernels.registry import all_specs
+
+    for r in rows or ():
+        spec = all_specs().get(r["kernel"])
+        try:
+            seat = (r["kernel"], tuple(r["dtypes"].split(",")), decode_flags(r["flags"]),
+                    decode_bucket(spec.key, r["bucket"]))
+        except (AttributeError, KeyError, ValueError):
+            continue  # a kernel not registered here, or a seat it no longer reads
+        state.baselines.setdefault(seat, []).append(dict(r))
+
+
+def _defer(state: LaunchState) -> None:
+    """The seats whose served config torch beats on this GPU (kernels/baseline.py)."""
+    for seat, found in state.baselines.items():
+        hit = state.entries.get(seat)
+        if hit is None:
+            continue
+        b = baseline.applicable(found, str(hit[0]), state.device_name, state.torch_version)
+        if b is not None and baseline.defers(b["nbx_ms"], b["torch_ms"]):
+            state.deferred[seat] = b
 
 
 def _load() -> LaunchState:
     import triton
 
-    from nbx_tune.profiles import current_profile, current_target
+    from nbx_tune.profiles import current_profile, current_target, device_info
 
-    state = LaunchState(current_profile(), triton.__version__, current_target())
+    state = LaunchState(current_profile(), triton.__version__, current_target(), device_info().name,
+                        _torch_version())
     for path in settings.table_paths():
         _load_table(state, path)  # a broken table the user named is an error, not a warning
     _load_db(state)
@@ -134,9 +177,18 @@ def _load() -> LaunchState:
             _load_table(state, shipped)
         except NbxError as e:
             log.warning("nbx-tune: shipped table unusable: %s", e)
+    _defer(state)
     for source, seat, why in state.stale:
         log.info("nbx-tune: stale certificate not served (%s): %s: %s", source, seat, why)
     return state
+
+
+def _torch_version() -> str | None:
+    try:  # a launch takes torch tensors: torch is there, and mostly imported already
+        import torch
+    except ImportError:
+        return None
+    return torch.__version__
 
 
 def state() -> LaunchState:
@@ -161,12 +213,15 @@ def _resolve(st: LaunchState, spec: KernelSpec, dtypes, flags, dims) -> tuple:
         why = st.profile.screen_unsupported.get(dt)
         if why:
             raise KernelError(f"{spec.name}: {dt} cannot run correctly on profile {st.profile.name}: {why}")
-    for row in st.unknown.pop(spec.name, ()):  # a kernel first seen here, by its spec
+    late = st.unknown.pop(spec.name, ())
+    for row in late:  # a kernel first seen here, by its spec
         _add(st, *row, spec=spec)
+    if late:
+        _defer(st)
     bucket = bucket_of(st.profile, spec.key, dims)
     hit = st.entries.get((spec.name, dtypes, flags, bucket))
     if hit is not None:
-        return (hit[0], None)
+        return (hit[0], None, st.deferred.get((spec.name, dtypes, flags, bucket)))
     label = seat_label(spec.name, dtypes, flags, spec.key, bucket)
     cfg = spec.default_config(st.profile, Problem(spec.name, dtypes, flags, tuple(dims)))
     if label not in st.warned:
@@ -175,11 +230,17 @@ def _resolve(st: LaunchState, spec: KernelSpec, dtypes, flags, dims) -> tuple:
         log.warning("nbx-tune: no certified config for %s on %s: using the default %s (%s)", label,
                     st.profile.name, cfg, f"its certificate is stale: {stale}; run `nbx-tune census` "
                     "to certify it again" if stale else "run `nbx-tune census` to certify it")
-    return (cfg, label)
+    return (cfg, label, None)
+
+
+def _torch_if_serving() -> None:
+    if SERVING.busy:
+        raise TorchFaster(baseline.REASON)
 
 
 def config_for(spec: KernelSpec, dtypes: tuple, flags: tuple, dims: tuple) -> Config:
-    """The config a launch uses: certified for its seat, else the declared default."""
+    """The config a launch uses: certified for its seat, else the declared default. Under
+    serve(), raises TorchFaster at a seat torch's baseline beats."""
     st = _state or state()
     key = (spec.name, dtypes, flags, dims)
     hit = st.memo.get(key)
@@ -187,6 +248,9 @@ def config_for(spec: KernelSpec, dtypes: tuple, flags: tuple, dims: tuple) -> Co
         if len(st.memo) >= MEMO_LIMIT:
             st.memo.clear()
         hit = st.memo[key] = _resolve(st, spec, dtypes, flags, dims)
+    if hit[2] is not None:  # outside serve() the kernel runs; a replay of this call asks again
+        launch.guard(_torch_if_serving)
+        _torch_if_serving()
     if hit[1] is not None:
         st.misses[hit[1]] += 1
         launch.note_miss(st.misses, hit[1])  # a replay of this call counts it too
@@ -199,8 +263,12 @@ def launch_stats() -> dict:
     aten op what `serve()` ran (certified, default, torch with reasons) once it was used."""
     import sys
 
+    from nbx_tune.kernels.registry import all_specs
+
     st = state()
+    specs = all_specs()
     serving = sys.modules.get("nbx_tune.kernels.serve")
     return {"profile": st.profile.name, "certified_seats": len(st.entries), "direct_launches": len(launch.REMEMBERED),
+            "deferred_to_torch": sorted(seat_label(k, dt, fl, specs[k].key, bk) for k, dt, fl, bk in st.deferred),
             "misses": dict(st.misses), "stale": list(st.stale), "sources": list(st.sources),
             "not_remembered": dict(launch.REFUSED), "ops": serving.stats() if serving is not None else {}}

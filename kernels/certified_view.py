@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 VIEW = "certified_configs"
+BASELINES = "torch_baselines"  # the current certificates' torch baselines (kernels/baseline.py)
 SQLITE_PREFIX = "sqlite:///"
 
 
@@ -22,35 +23,35 @@ def sqlite_path(url: str) -> Path | None:
     return Path(url[len(SQLITE_PREFIX):]) if url.startswith(SQLITE_PREFIX) else None
 
 
-def read_view(url: str, profile: str) -> list[dict] | None:
-    """The current certificates of `profile`, one dict per row of the view; None when the
-    URL names a SQLite file that does not exist (it is not created). Raises whatever the
-    driver raises."""
+def read_view(url: str, profile: str, view: str = VIEW) -> list[dict] | None:
+    """The rows of `profile` in `view` (the current certificates, or their baselines), one
+    dict per row; None when the URL names a SQLite file that does not exist (it is not
+    created). Raises whatever the driver raises."""
     path = sqlite_path(url)
     if path is not None:
-        return _read_sqlite(path, profile) if path.exists() else None
-    return _read_sqlalchemy(url, profile)
+        return _read_sqlite(path, profile, view) if path.exists() else None
+    return _read_sqlalchemy(url, profile, view)
 
 
-def _read_sqlite(path: Path, profile: str) -> list[dict]:
+def _read_sqlite(path: Path, profile: str, view: str) -> list[dict]:
     import sqlite3
 
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
-        cur = conn.execute(f"SELECT * FROM {VIEW} WHERE profile = ?", (profile,))
+        cur = conn.execute(f"SELECT * FROM {view} WHERE profile = ?", (profile,))
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row)) for row in cur.fetchall()]
     finally:
         conn.close()
 
 
-def _read_sqlalchemy(url: str, profile: str) -> list[dict]:
+def _read_sqlalchemy(url: str, profile: str, view: str) -> list[dict]:
     from sqlalchemy import create_engine, text
 
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
-            result = conn.execute(text(f"SELECT * FROM {VIEW} WHERE profile = :profile"),
+            result = conn.execute(text(f"SELECT * FROM {view} WHERE profile = :profile"),
                                   {"profile": profile})
             return [dict(row) for row in result.mappings()]
     finally:

@@ -185,6 +185,15 @@ def note_miss(counter, label) -> None:
         rec.misses.append((counter, label))
 
 
+def guard(check) -> None:
+    """The call being remembered depends on more than its key: its replay calls `check()`
+    first, which raises where the ordinary path would (certified.config_for: a seat serve()
+    hands to torch)."""
+    rec = getattr(_tls, "rec", None)
+    if rec is not None and check not in rec.guards:
+        rec.guards.append(check)
+
+
 def remember(key, inputs: tuple, slow, *args):
     """slow(*args), the op's ordinary path, recorded; remembered under key as a replay taking
     `inputs` (the tensors among args, in order; None where an optional one is absent) when
@@ -201,10 +210,22 @@ def remember(key, inputs: tuple, slow, *args):
     if replay is None:
         REFUSED[why] += 1
         return result
+    if rec.guards:
+        replay = _guarded(replay, tuple(rec.guards))
     if len(REMEMBERED) >= LIMIT:
         REMEMBERED.clear()
     REMEMBERED[key] = replay
     return result
+
+
+def _guarded(replay, checks):
+    def guarded(*inputs):
+        for check in checks:
+            check()
+        return replay(*inputs)
+
+    guarded.source, guarded.values = replay.source, replay.values  # what `listing` reads
+    return guarded
 
 
 # ----------------------------------------------------------------------------- records
@@ -273,6 +294,7 @@ class _Record:
         self.misses: list = []
         self.scratch: set = set()  # storages of `scratch` buffers: addresses that never change
         self.counters: dict = {}  # storages of `counters` buffers -> (n, device): one per stream
+        self.guards: list = []  # called before each replay (guard)
 
     def replay(self, result):
         """(replay, None) or (None, why)."""

@@ -13,7 +13,8 @@ for the device's dispatch key (CUDA; CPU under TRITON_INTERPRET=1) through a
 never reach Python. On leaving, the overrides are destroyed and torch's kernels are back.
 
 A call falls through to torch, counted with its reason, when the op's function raises
-`KernelError` (a dtype, layout or argument it does not serve) or anything else. Torch ops
+`KernelError` (a dtype, layout or argument it does not serve; a seat whose torch baseline
+on this GPU is faster: kernels/baseline.py) or anything else. Torch ops
 that a kernel calls itself (allocations, copies, a `.contiguous()`) go straight to torch.
 Per call the override costs a thread-local read and two writes, the miss tally read twice
 and one count (lab/serve_eager_profile/cpu_overhead.py measures it).
@@ -50,12 +51,10 @@ class OpStats:
                 "torch": sum(self.torch.values()), "reasons": dict(self.torch)}
 
 
-class _Local(threading.local):
-    busy = False  # inside a served function: its own torch calls go to torch (every thread starts outside)
-
-
 _stats: dict[str, OpStats] = {}
-_tls = _Local()
+# busy: inside a served function, whose own torch calls go to torch (every thread starts
+# outside); the config read sends a seat torch is faster at back to torch while it is set.
+_tls = certified.SERVING
 _lock = threading.Lock()
 _active = 0
 _library = None

@@ -14,7 +14,8 @@ PROVENANCE_KEYS, which readers pass over: `search` (how the winner was found: fu
 recertified, fallback, ranked, audit), `recertified_from` (the tuning it was re-certified
 from, in words), `search_detail` (why it was or was not tuned in full) and
 `sampled_regret` (the kernel's audited losses of ranked searches: {"audits", "median",
-"max"}; an import keeps it, and the export after passes it on). Everything
+"max"}; an import keeps it, and the export after passes it on) and `torch_baselines`
+(the config against torch's op on named GPUs: kernels/baseline.py). Everything
 here is plain data checked field by field: a broken file is a `TableError` naming the file
 and the position, and no entry of it is used.
 """
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from nbx_tune.errors import TableError
+from nbx_tune.kernels import baseline
 
 FORMAT = "nbx-tune certified table"
 FORMAT_VERSION = 1
@@ -80,6 +82,14 @@ def _check_entry(e: Any, where: str) -> dict:
         if not isinstance(e["provenance"].get(k), str):
             raise TableError(f"{where}.provenance.{k}: missing or not a string")
     _check_numbers(e, where)
+    found = e["provenance"].get("torch_baselines")
+    if found is not None:
+        if not isinstance(found, list):
+            raise TableError(f"{where}.provenance.torch_baselines: expected a list")
+        for j, b in enumerate(found):
+            bad = baseline.problem(b)
+            if bad:
+                raise TableError(f"{where}.provenance.torch_baselines[{j}].{bad}")
     try:
         datetime.fromisoformat(e["provenance"]["certified_at"])
     except ValueError:

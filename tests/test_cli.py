@@ -15,7 +15,7 @@ register(planted.SPEC)
 HEAD = "# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
 runner = CliRunner()
 
-COMMANDS = [["census"], ["worker"], ["seats"], ["show"], ["refusals"], ["unscreened"], ["export"], ["import"],
+COMMANDS = [["census"], ["worker"], ["baseline"], ["seats"], ["show"], ["refusals"], ["unscreened"], ["export"], ["import"],
             ["trace"], ["run"], ["profiles"], ["profiles", "list"], ["profiles", "show"], ["profiles", "check"],
             ["db"], ["db", "upgrade"], ["db", "current"]]
 

@@ -450,7 +450,7 @@ def test_a_tile_with_a_second_accumulator_replays_right(fake, monkeypatch):
         ref = oracle.addmm(x.double().numpy(), a.double().numpy(), b.double().numpy(), 2.0, 0.5)
         assert rel_err(got, ref) < 1e-5
     assert fake.log == ["triton", "direct", "direct"]
-    assert [cfg for cfg, _ in certified.state().memo.values()] == [wide]
+    assert [hit[0] for hit in certified.state().memo.values()] == [wide]
     assert ", 16, 0)" in launch.listing(next(iter(launch.REMEMBERED.values())))  # EXTRA_N and TMA, the last constexprs
 
 
@@ -494,7 +494,7 @@ def test_two_kernels_through_a_workspace_replay_right(fake, monkeypatch):
         want = (mm(a, b), scaled_dot_product_attention(q, k, v))  # through Triton
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert fake.log == ["triton"] * 8 + (["direct"] * 4 + ["triton"] * 4) * 2  # 2 + 2 launches a round
-    assert [cfg for cfg, _ in certified.state().memo.values()] == [split, decode]
+    assert [hit[0] for hit in certified.state().memo.values()] == [split, decode]
 
 
 def test_a_split_summed_by_its_last_split_replays_with_its_streams_counters(fake, monkeypatch):

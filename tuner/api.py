@@ -343,6 +343,20 @@ def import_(path: str, db=None, plugins=(), notice=None):
         return import_table(store, checked, screen_here)
 
 
+def baseline(models, db=None, profile=None, plugins=(), budget_s=None, on_seat=None, notice=None):
+    """Each certified seat of the traces against torch's op on this device, recorded as the
+    seats' torch baselines (tuner/baseline.py)."""
+    ensure_device(notice)
+    load_plugins(plugins)
+    from nbx_tune.tuner.baseline import measure
+    from nbx_tune.tuner.trace import read_trace
+
+    prof = resolve_profile(profile, for_tuning=True)  # timed here: this device's profile
+    rows = [row for m in models for row in read_trace(m).rows]  # a bad trace fails before the database
+    with _existing_store(db, required=True) as store:
+        return measure(rows, store, prof, device_info(), on_seat, budget_s)
+
+
 def db_upgrade(db=None) -> tuple:
     """(the URL as it may be printed, revision before, revision after)."""
     from nbx_tune import settings

@@ -20,18 +20,34 @@ from pathlib import Path
 from sqlalchemy import select
 
 from nbx_tune.errors import NbxError, TableError
-from nbx_tune.kernels import table_format, validity
+from nbx_tune.kernels import baseline, table_format, validity
 from nbx_tune.kernels.registry import all_specs
 from nbx_tune.kernels.spec import Problem, label_of
 from nbx_tune.tuner import provenance
 from nbx_tune.tuner.files import write_atomic
-from nbx_tune.tuner.store.models import Certificate, Seat, Tuning, utcnow
+from nbx_tune.tuner.store.models import Baseline, Certificate, Seat, Tuning, utcnow
 from nbx_tune.tuner.store import insert_ignore
 from nbx_tune.tuner.strategies.ranked import regret_summary
 from nbx_tune.tuner.strategies.search import SEARCHES
 
 
-def _entry(seat: Seat, cert: Certificate, t: Tuning, regret: dict | None = None) -> dict:
+def baseline_dict(b: Baseline) -> dict:
+    """A baseline as a table carries it (kernels/baseline.KEYS)."""
+    return {"device_name": b.device_name, "torch_version": b.torch_version, "nbx_ms": b.nbx_ms,
+            "torch_ms": b.torch_ms, "method": b.method, "measured_at": iso_utc(b.measured_at)}
+
+
+def newest_baselines(found) -> list[dict]:
+    """The newest baseline per GPU and torch minor version, as table dicts (what a reader
+    would apply: kernels/baseline.applicable)."""
+    newest = {}
+    for b in sorted(found, key=lambda b: b["measured_at"]):
+        newest[(b["device_name"], baseline.torch_minor(b["torch_version"]))] = b
+    return [newest[k] for k in sorted(newest)]
+
+
+def _entry(seat: Seat, cert: Certificate, t: Tuning, regret: dict | None = None,
+           baselines=()) -> dict:
     prov = {k: getattr(t, k) for k in provenance.FIELDS}
     prov["certified_at"] = iso_utc(cert.created_at)
     # How the winner was found, and the kernel's sampled regret (tuner/strategies/ranked.py):
@@ -45,6 +61,8 @@ def _entry(seat: Seat, cert: Certificate, t: Tuning, regret: dict | None = None)
     regret = json.loads(cert.sampled_regret) if cert.sampled_regret else regret
     if regret:
         prov["sampled_regret"] = regret
+    if baselines:
+        prov["torch_baselines"] = newest_baselines(baseline_dict(b) for b in baselines)
     return {
         "kernel": seat.kernel, "dtypes": seat.dtypes, "flags": seat.flags, "bucket": seat.bucket,
         "config": cert.config, "median_ms": cert.median_ms, "spread_ms": [cert.p20_ms, cert.p80_ms],
@@ -84,8 +102,9 @@ def export_table(store, profile, out: str | Path) -> ExportSummary:
                          .join(Tuning, Tuning.id == Certificate.tuning_id)
                          .where(Seat.profile == profile.name, Certificate.superseded_at.is_(None))).all()
     regrets = {k: regret_summary(store.shortcut_losses(profile.name, k)) for k in {r[0].kernel for r in rows}}
+    baselines = store.baselines_of(cert.id for _, cert, _ in rows)
     for seat, cert, t in rows:
-        e = _entry(seat, cert, t, regrets[seat.kernel])
+        e = _entry(seat, cert, t, regrets[seat.kernel], baselines.get(cert.id, ()))
         why = _code_stale(e["provenance"], specs.get(seat.kernel), profile)
         if why:
             skipped.append((seat.label, why))
@@ -129,7 +148,8 @@ class ImportSummary:
     profile: str
     added: int = 0  # became the seat's current certificate
     kept_existing: int = 0  # the seat's current certificate was faster; the import is recorded
-    unchanged: int = 0  # the same certificate is current already: nothing recorded
+    unchanged: int = 0  # the same certificate is current already: nothing recorded but new baselines
+    baselines: int = 0  # torch baselines recorded with the certificates they measured
     unscreened: list = field(default_factory=list)  # (seat label, why): claimed faster, not screened here
     skipped: list = field(default_factory=list)  # (seat label, why)
 
@@ -202,6 +222,7 @@ def import_table(store, checked: CheckedTable, screen=None) -> ImportSummary:
                 specs.get(e["kernel"]), profile) is None
             if cur_valid and current.config == e["config"] and current.median_ms == e["median_ms"]:
                 summary.unchanged += 1  # this very certificate is current already
+                summary.baselines += _add_baselines(s, current, e)
                 continue
             prov = e["provenance"]
             made = datetime.fromisoformat(prov["certified_at"])
@@ -236,6 +257,8 @@ def import_table(store, checked: CheckedTable, screen=None) -> ImportSummary:
             if why:
                 cert.superseded_at, cert.superseded_reason = now, why
                 s.add(cert)
+                s.flush()
+                _add_baselines(s, cert, e)  # kept with the certificate they measured
                 continue
             if current is not None:
                 current.superseded_at = now
@@ -244,8 +267,27 @@ def import_table(store, checked: CheckedTable, screen=None) -> ImportSummary:
                                                 "replaces a stale certificate"))
                 s.flush()
             s.add(cert)
+            s.flush()
+            summary.baselines += _add_baselines(s, cert, e)
             summary.added += 1
     return summary
+
+
+def _add_baselines(s, cert: Certificate, e: dict) -> int:
+    """The entry's torch baselines recorded against `cert` (the certificate of the very
+    config they measured), each once; returns how many were new."""
+    have = {(b.device_name, b.torch_version, iso_utc(b.measured_at))
+            for b in s.scalars(select(Baseline).where(Baseline.certificate_id == cert.id))}
+    added = 0
+    for b in e["provenance"].get("torch_baselines") or ():
+        at = datetime.fromisoformat(b["measured_at"])
+        if (b["device_name"], b["torch_version"], iso_utc(at)) in have:
+            continue
+        s.add(Baseline(certificate_id=cert.id, device_name=b["device_name"], torch_version=b["torch_version"],
+                       nbx_ms=float(b["nbx_ms"]), torch_ms=float(b["torch_ms"]), method=b["method"],
+                       measured_at=at))
+        added += 1
+    return added
 
 
 def screen_here(spec, profile, config: str, problems) -> str | None:

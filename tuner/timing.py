@@ -328,3 +328,24 @@ def for_timing(t) -> Benchmarker:
     if t.method == "do_bench":
         return DoBench(t.warmup_ms, t.rep_ms)
     return WallClock(t.repeats)
+
+
+def side_by_side(fns: dict, rep_ms: float, rounds: int = 4, timer=None) -> dict:
+    """Each callable's median GPU time (ms), timed in `rounds` turned rounds of rep_ms/rounds
+    each: what is compared shares the GPU's drift over the measurement (the census times
+    its contenders the same way, tuner/strategies/pruned.py; so do `nbx-tune baseline` and
+    the bench scripts). `timer(fn, rep_ms)` defaults to the census's own (gpu_time:
+    do_bench's method, every launch queued ahead of the GPU, so a slow host launch path is
+    not read as the kernel's time)."""
+    import statistics
+
+    if timer is None:
+        def timer(fn, rep):
+            return gpu_time(fn, 5, rep, (0.5,))[0]
+    names = list(fns)
+    got = {n: [] for n in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
+            got[n].append(timer(fns[n], rep_ms / rounds))
+    return {n: statistics.median(v) for n, v in got.items()}

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from nbx_tune.errors import StoreError
 from nbx_tune.kernels.spec import Problem, split_label
 from nbx_tune.tuner.store.db import WRITE, open_engine, safe_url
-from nbx_tune.tuner.store.models import (CensusRun, Certificate, Measurement, Refusal, Seat,
+from nbx_tune.tuner.store.models import (Baseline, CensusRun, Certificate, Measurement, Refusal, Seat,
                                          SeatShape, Trace, TraceNeed, Tuning, utcnow)
 
 LOCK_RETRIES = 8
@@ -411,6 +411,48 @@ class Store:
             if kernel:
                 q = q.where(Seat.kernel == kernel)
             return [float(x) for x in s.scalars(q)]
+
+    # ------------------------------------------------------------------ torch baselines
+
+    def add_baseline(self, seat_id: int, config: str, values: dict) -> int | None:
+        """Record a baseline (Baseline's columns but the certificate) against the seat's
+        current certificate if it serves `config`; None when it does not (a census replaced
+        it while torch was being timed: the measurement is of a config no longer served)."""
+        with self.session() as s:
+            cert = s.scalar(select(Certificate).where(Certificate.seat_id == seat_id,
+                                                      Certificate.superseded_at.is_(None)))
+            if cert is None or cert.config != config:
+                return None
+            b = Baseline(certificate_id=cert.id, **values)
+            s.add(b)
+            s.flush()
+            return b.id
+
+    def current_certificates(self, profile: str) -> dict:
+        """(kernel, dtypes, flags, bucket) -> (seat id, Certificate, Tuning) of each current
+        certificate of `profile` (stale or not: the caller judges)."""
+        with self.session(write=False) as s:
+            rows = s.execute(select(Seat, Certificate, Tuning)
+                             .join(Certificate, Certificate.seat_id == Seat.id)
+                             .join(Tuning, Tuning.id == Certificate.tuning_id)
+                             .where(Seat.profile == profile, Certificate.superseded_at.is_(None))).all()
+            for row in rows:
+                for obj in row:
+                    s.expunge(obj)
+        return {(seat.kernel, seat.dtypes, seat.flags, seat.bucket): (seat.id, cert, t) for seat, cert, t in rows}
+
+    def baselines_of(self, certificate_ids) -> dict[int, list[Baseline]]:
+        """certificate id -> its baselines, oldest first."""
+        ids = list(certificate_ids)
+        out: dict[int, list[Baseline]] = {}
+        if not ids:
+            return out
+        with self.session(write=False) as s:
+            for b in s.scalars(select(Baseline).where(Baseline.certificate_id.in_(ids))
+                               .order_by(Baseline.measured_at, Baseline.id)):
+                s.expunge(b)
+                out.setdefault(b.certificate_id, []).append(b)
+        return out
 
     def census_runs(self, limit: int = 20):
         with self.session(write=False) as s:

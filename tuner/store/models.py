@@ -3,7 +3,7 @@ create exactly this; `tests/test_store.py` checks the two agree.
 
     traces ─< trace_needs >─ seats ─< seat_shapes
     census_runs                 seats ─< tunings ─< measurements
-                                         tunings ─< refusals, certificates
+                                         tunings ─< refusals, certificates ─< baselines
 
 A seat is (profile, kernel, dtypes, flags, bucket); the kernel source hash, config-space
 hash, Triton version, profile hash and device it was tuned under live on its tunings, so a
@@ -197,3 +197,20 @@ class Certificate(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     superseded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     superseded_reason: Mapped[str | None] = mapped_column(Text)
+
+
+class Baseline(Base):
+    """One measurement of a certificate's config against torch's own op at the seat's
+    shapes, on one GPU with one torch (`nbx-tune baseline`); under serve() a seat whose
+    applicable baseline says torch is faster runs torch (kernels/baseline.py)."""
+
+    __tablename__ = "baselines"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    certificate_id: Mapped[int] = mapped_column(ForeignKey("certificates.id"), index=True)
+    device_name: Mapped[str] = mapped_column(String(255))
+    torch_version: Mapped[str] = mapped_column(String(64))
+    nbx_ms: Mapped[float] = mapped_column(Float)  # the certified config, per launch-weighted call
+    torch_ms: Mapped[float] = mapped_column(Float)
+    method: Mapped[str] = mapped_column(String(64))  # how both sides were timed
+    rows: Mapped[str | None] = mapped_column(Text)  # JSON: the trace rows timed, with counts and times
+    measured_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

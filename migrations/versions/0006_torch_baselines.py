@@ -1,0 +1,51 @@
+"""Torch baselines: a certificate's config measured against torch's own op on one GPU with
+one torch, and the `torch_baselines` view the launch read takes them from (the seats
+serve() hands back to torch: kernels/baseline.py).
+
+Revision ID: 0006
+Revises: 0005
+Create Date: 2026-12-05
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0006"
+down_revision = "0005"
+branch_labels = None
+depends_on = None
+
+# The reader's contract, as certified_configs is: baselines of current certificates only,
+# with the config they were measured against (the reader matches it to what it serves).
+BASELINES_VIEW = """
+CREATE VIEW torch_baselines AS
+SELECT s.profile, s.kernel, s.dtypes, s.flags, s.bucket, c.config,
+       b.device_name, b.torch_version, b.nbx_ms, b.torch_ms, b.method, b.measured_at
+FROM baselines b
+JOIN certificates c ON c.id = b.certificate_id
+JOIN seats s ON s.id = c.seat_id
+WHERE c.superseded_at IS NULL
+"""
+
+
+def upgrade() -> None:
+    op.create_table(
+        "baselines",
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("certificate_id", sa.Integer, sa.ForeignKey("certificates.id"), nullable=False),
+        sa.Column("device_name", sa.String(255), nullable=False),
+        sa.Column("torch_version", sa.String(64), nullable=False),
+        sa.Column("nbx_ms", sa.Float, nullable=False),
+        sa.Column("torch_ms", sa.Float, nullable=False),
+        sa.Column("method", sa.String(64), nullable=False),
+        sa.Column("rows", sa.Text),
+        sa.Column("measured_at", sa.DateTime(timezone=True), nullable=False),
+    )
+    op.create_index("ix_baselines_certificate_id", "baselines", ["certificate_id"])
+    op.execute(BASELINES_VIEW)
+
+
+def downgrade() -> None:
+    op.execute("DROP VIEW torch_baselines")
+    op.drop_index("ix_baselines_certificate_id", table_name="baselines")
+    op.drop_table("baselines")
