@@ -296,6 +296,10 @@ def show_seat(out: Console, d: dict) -> None:
             if c.get("sampled_regret"):
                 out.print(f"  sampled regret (from the table it was imported from): "
                           f"{regret_text(c['sampled_regret'])}", highlight=False)
+            for b in c.get("torch_baselines") or ():
+                out.print(f"  against torch {b['torch_version']} on {escape(b['device_name'])} ({b['measured_at']}): "
+                          f"{ms(b['nbx_ms'])} ms, torch {ms(b['torch_ms'])} ms: serve() runs "
+                          + ("[yellow]torch[/] there" if b["torch_faster"] else "the kernel"), highlight=False)
         out.print(f"  search: {escape(search_text(h, c))}", highlight=False)
         if h["measurements"]:
             t = Table(title="timed candidates")

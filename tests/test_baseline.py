@@ -224,6 +224,17 @@ def test_a_new_certificate_drops_its_seats_baseline(tmp_path, db_url, certified_
     assert len(certified.launch_stats()["deferred_to_torch"]) == 2  # a census of current seats tunes nothing
 
 
+def test_show_says_what_serve_runs_at_the_seat(db_url, certified_db):
+    d = json.loads(cli("baseline", "--model", certified_db, "--db", db_url, "--json").stdout)
+    relu = next(s for s in d["seats"] if "relu" in s["seat"])
+    shown = json.loads(cli("show", relu["seat_id"], "--db", db_url, "--json").stdout)
+    cert = next(h["certificate"] for h in shown["history"] if h.get("certificate", {}).get("current"))
+    assert [(b["nbx_ms"], b["torch_faster"]) for b in cert["torch_baselines"]] == [
+        (pytest.approx(relu["nbx_ms"]), relu["serve_runs"] == "torch")]
+    text = " ".join(cli("show", relu["seat_id"], "--db", db_url).stdout.split())
+    assert "against torch" in text and "serve() runs" in text
+
+
 def test_baseline_user_errors_are_one_line(tmp_path, db_url, certified_db):
     r = cli("baseline", "--model", tmp_path / "missing.tsv", "--db", db_url)
     assert r.exit_code == 1 and "missing.tsv" in r.stderr and len(r.stderr.strip().splitlines()) == 1

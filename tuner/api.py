@@ -252,7 +252,8 @@ def seat_views(db=None, status=None, kernel=None, profile=None, plugins=()) -> l
 
 
 def show_seat(ref: str, db=None, profile=None, plugins=()) -> dict:
-    from nbx_tune.tuner.export import iso_utc
+    from nbx_tune.kernels.baseline import defers
+    from nbx_tune.tuner.export import baseline_dict, iso_utc
 
     store = _existing_store(db, required=True)
     try:
@@ -283,7 +284,9 @@ def show_seat(ref: str, db=None, profile=None, plugins=()) -> dict:
                     "search": cert.search, "recertified_from": cert.recertified_from,
                     "search_detail": cert.search_detail,
                     "sampled_regret": json.loads(cert.sampled_regret) if cert.sampled_regret else None,
-                    "superseded_reason": cert.superseded_reason}
+                    "superseded_reason": cert.superseded_reason,
+                    "torch_baselines": [{**baseline_dict(b), "torch_faster": defers(b.nbx_ms, b.torch_ms)}
+                                        for b in store.baselines_of([cert.id]).get(cert.id, ())]}
             history.append(h)
         refusals = [{"tuning": t.id, "config": r.config, "reason": r.reason, "detail": r.detail,
                      **_judged(r)} for r, _, t in store.refusals(seat_id=seat.id)]
