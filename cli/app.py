@@ -277,6 +277,8 @@ def baseline(
         return
     d = rep.to_dict()
     out.print(render.baselines_table(d))
+    for line in render.baselines_notes(d):
+        out.print(line, highlight=False)
     out.print(render.baselines_summary(d), highlight=False)
 
 

@@ -246,18 +246,27 @@ class progress_bar:
 
 
 def baselines_table(d: dict) -> Table:
-    """`nbx-tune baseline`: each seat's certified config against torch's op."""
-    t = Table(title=f"Certified seats against torch {d['torch_version']} on {d['device_name']}")
-    for c in ("seat", "launches", "kernel ms", "torch ms", "torch/kernel", "serve() runs", "note"):
-        t.add_column(c, justify="right" if c in ("launches", "kernel ms", "torch ms", "torch/kernel") else "left")
+    """`nbx-tune baseline`: each seat's certified config against torch's op; why a seat got
+    no baseline is in the notes printed under it (baselines_notes)."""
+    t = Table(title=f"Certified seats against torch {d['torch_version']} on {d['device_name']}",
+              caption="x torch: torch ms over nbx ms (below 1: torch is faster); runs: what serve() runs")
+    t.add_column("id", justify="right", no_wrap=True)
+    t.add_column("seat", overflow="fold", ratio=1, min_width=24)
+    for c in ("calls", "nbx ms", "torch ms", "x torch"):
+        t.add_column(c, justify="right", no_wrap=True)
+    t.add_column("runs", no_wrap=True)
     for s in d["seats"]:
         ratio = s["torch_over_nbx"]
-        runs = s["serve_runs"] or ""
-        t.add_row(escape(s["seat"]), str(s["launches"]) if s["rows"] else "", ms(s["nbx_ms"]), ms(s["torch_ms"]),
-                  "" if ratio is None else f"{ratio:.3f}",
-                  "[yellow]torch[/]" if runs == "torch" else runs,
-                  escape(s["why_not_recorded"] or ""))
+        runs = s["serve_runs"] or "-"
+        t.add_row(str(s["seat_id"] or ""), s["seat"].replace("|", " "), str(s["launches"]) if s["rows"] else "",
+                  ms(s["nbx_ms"]), ms(s["torch_ms"]), "" if ratio is None else f"{ratio:.3f}",
+                  "[yellow]torch[/]" if runs == "torch" else runs)
     return t
+
+
+def baselines_notes(d: dict) -> list[str]:
+    return [f"  {escape(s['seat'])}: no baseline: {escape(s['why_not_recorded'])}"
+            for s in d["seats"] if s["why_not_recorded"]]
 
 
 def baselines_summary(d: dict) -> str:
