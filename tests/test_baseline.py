@@ -267,3 +267,18 @@ def test_merge_table_takes_baselines_only_for_the_same_config(tmp_path):
         assert r.returncode == 0, r.stderr
         got = table_format.read(shipped)["entries"][0]["provenance"].get("torch_baselines")
         assert got == expect
+
+
+def test_the_baselines_view_reads_alike_on_each_engine(tmp_path, any_db):
+    """The launch read takes baselines through the view on SQLite (stdlib) and PostgreSQL
+    (SQLAlchemy): only the current certificates' ones."""
+    from nbx_tune.kernels import certified_view
+
+    trace = tmp_path / "t.tsv"
+    trace.write_text(HEAD + "aten.relu\tfloat32\t4x40\t\t3\naten.neg\tfloat32\t300\t\t2\n")
+    assert cli("census", "--model", trace, "--db", any_db).exit_code == 0
+    assert cli("baseline", "--model", trace, "--db", any_db).exit_code == 0
+    rows = certified_view.read_view(any_db, "interpreter", certified_view.BASELINES)
+    assert sorted(r["flags"] for r in rows) == ["fn=neg", "fn=relu"]
+    assert all(r["nbx_ms"] > 0 and r["torch_ms"] > 0 and r["config"] for r in rows)
+    assert certified_view.read_view(any_db, "other", certified_view.BASELINES) == []
