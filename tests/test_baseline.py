@@ -235,6 +235,12 @@ def test_show_says_what_serve_runs_at_the_seat(db_url, certified_db):
     assert "against torch" in text and "serve() runs" in text
 
 
+def test_a_spent_budget_times_no_further_seat_and_says_so(db_url, certified_db):
+    d = json.loads(cli("baseline", "--model", certified_db, "--db", db_url, "--budget-s", "0", "--json").stdout)
+    assert d["untimed"] == 2 and d["timed"] == d["recorded"] == 0
+    assert {s["why_not_recorded"] for s in d["seats"]} == {"not timed: the budget was spent"}
+
+
 def test_baseline_user_errors_are_one_line(tmp_path, db_url, certified_db):
     r = cli("baseline", "--model", tmp_path / "missing.tsv", "--db", db_url)
     assert r.exit_code == 1 and "missing.tsv" in r.stderr and len(r.stderr.strip().splitlines()) == 1
