@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment, save, side_by_side, table  # noqa: E402
 
 from nbx_tune.tuner.baseline import (GRAPH_CALLS, capture, cpu_timer as _cpu_timer,  # noqa: E402,F401
-                                     cuda_timer as _cuda_timer, graph_times, n_sets, row_text,
-                                     served, tensor as _tensor, torch_call)
+                                     cuda_timer as _cuda_timer, graph_times, n_sets, operand_sets,
+                                     row_text, served, tensor as _tensor, torch_call)
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE_TRACES = ("llama_small.tsv", "gpt2_small.tsv")
@@ -107,12 +107,10 @@ def measured_on(spec, problem) -> str | None:
 
 def deferred(spec, problem) -> bool:
     """Whether serve() runs torch at the row's seat: its torch baseline on this GPU is faster
-    (kernels/baseline.py; recorded by `nbx-tune baseline`)."""
+    (kernels/baseline.py; recorded by `nbx-tune baseline`). Read after nbx_call's lookup."""
     from nbx_tune.kernels import certified
-    from nbx_tune.kernels.spec import bucket_of
 
-    st = certified.state()
-    return (spec.name, problem.dtypes, problem.flags, bucket_of(st.profile, spec.key, problem.dims)) in st.deferred
+    return certified.state().memo[(spec.name, problem.dtypes, problem.flags, problem.dims)][2] is not None
 
 
 def nbx_call(spec, problem, row, device: str):
@@ -124,21 +122,9 @@ def nbx_call(spec, problem, row, device: str):
 
     config = certified.config_for(spec, problem.dtypes, problem.flags, problem.dims)
     is_cert = certified.state().memo[(spec.name, problem.dtypes, problem.flags, problem.dims)][1] is None
-    try:
-        shapes = spec.input_shapes(problem)
-    except NotImplementedError:
-        shapes = None
     sets = []
-    nbytes = spec.operand_bytes(problem) if shapes is not None else 0
-    for _ in range(n_sets(nbytes, device)):
-        if shapes is not None:
-            ins = {n: _tensor(s, dt, device) for n, (s, dt) in shapes.items()}
-        else:
-            import numpy as np
-
-            ins = {n: torch.from_numpy(np.ascontiguousarray(v)).to(getattr(torch, dt)).to(device)
-                   for n, (v, dt) in spec.make_inputs(problem, np.random.default_rng(0)).items()}
-        out_specs = [(n, s, getattr(torch, dt)) for n, (s, dt) in spec.output_specs(problem).items()]
+    inputs, out_specs = operand_sets(spec, problem, device)
+    for ins in inputs:
         outs = {n: torch.empty(s, dtype=d, device=device) for n, s, d in out_specs}
         pub = _public(spec, problem, row, ins, outs)
         if pub is None:

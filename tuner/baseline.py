@@ -136,10 +136,10 @@ def torch_call(row, device: str):
 
 # ----------------------------------------------------------------------------- nbx side
 
-def spec_call(spec, problem, config, device: str):
-    """fn(i): the spec's launch of `config` on operands of the problem's shapes, rotating
-    like torch's side, each call allocating its outputs (as torch's op does: one output per
-    operand set would leave the L2 each call while torch's stays)."""
+def operand_sets(spec, problem, device: str) -> tuple[list, list]:
+    """(input sets, output specs): the problem's operands (uniform values; integers zero),
+    as many copies as rotate through ROTATE_BYTES, and [(name, shape, torch dtype)] of what
+    each call allocates."""
     import torch
 
     try:
@@ -157,6 +157,16 @@ def spec_call(spec, problem, config, device: str):
 
             sets.append({n: torch.from_numpy(np.ascontiguousarray(v)).to(getattr(torch, dt)).to(device)
                          for n, (v, dt) in spec.make_inputs(problem, np.random.default_rng(0)).items()})
+    return sets, out_specs
+
+
+def spec_call(spec, problem, config, device: str):
+    """fn(i): the spec's launch of `config` on operand_sets, each call allocating its
+    outputs (as torch's op does: one output per operand set would leave the L2 each call
+    while torch's stays)."""
+    import torch
+
+    sets, out_specs = operand_sets(spec, problem, device)
 
     def call(i):
         return spec.launch(config, problem, sets[i % len(sets)],
