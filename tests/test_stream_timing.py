@@ -14,7 +14,7 @@ from nbx_tune.kernels.registry import get_spec
 from nbx_tune.kernels.spec import Config, Problem, code_hash, seat_flags
 from nbx_tune.profiles import builtin_profiles
 from nbx_tune.tuner import timing
-from nbx_tune.tuner.executor import CandidateRunner
+from nbx_tune.tuner.executor import RIGS, CandidateRunner
 from nbx_tune.tuner.recertify import Recertify, Seed, judge, seed_from_entry
 from nbx_tune.tuner.strategies import Measured
 from nbx_tune.tuner.timing import Timing, family
@@ -273,3 +273,43 @@ def test_the_gpu_timers_run_their_course_on_a_fake_device(fail, monkeypatch):
     assert set(log) == {0, 1}  # both sets launched
     med, p20, p80 = timing.gpu_time(fns[0], warmup_ms=1, rep_ms=4)
     assert p20 <= med <= p80 and 0.02 <= med < 0.5
+
+
+def test_a_rig_captures_its_bursts_and_estimates_once_for_all_its_timings(monkeypatch):
+    fake = _fake_torch()
+    captures = []
+    graph = fake.cuda.graph
+    fake.cuda.graph = lambda g, stream=None: captures.append(g) or graph(g, stream)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    estimates = []
+    real = timing._estimate
+    monkeypatch.setattr(timing, "_estimate", lambda *a: estimates.append(1) or real(*a))
+    fns, _ = _launchers(fake.cuda, 2, 2e-5)
+    rig = timing.Rig(fns)
+    for rep in (1, 2, 2):
+        assert 0.02 <= timing.stream_time(rig, warmup_ms=1, rep_ms=rep)[0] < 0.5
+    assert len(captures) == 2 and len(estimates) == 1  # the warm and the rotating graph, once
+    timing.stream_time(list(fns), warmup_ms=1, rep_ms=1)
+    assert len(captures) == 4 and len(estimates) == 2  # a plain list sets up afresh
+
+
+def test_a_seat_times_each_config_on_its_kept_rig_over_shared_operand_sets(streaming):
+    bench = StreamBench()
+    handed = []
+    stream = bench.stream
+    bench.stream = lambda fns, mode="full": handed.append(fns) or stream(fns, mode)
+    spec, runner = _runner("elementwise_unary", 300, bench)
+    space = list(dict.fromkeys(spec.configs()))
+    assert len(space) > RIGS
+    a, b = space[0], space[1]
+    for c, mode in ((a, "quick"), (b, "quick"), (a, "round:4"), (b, "round:4")):
+        assert runner.time(c, mode).ok
+    assert handed[0] is handed[2] and handed[1] is handed[3] and handed[0] is not handed[1]
+    assert all(isinstance(r, timing.Rig) and len(r) == timing.MAX_SETS for r in handed)
+    made = []
+    real = runner._operands
+    runner._operands = lambda case: made.append(case) or real(case)
+    for c in space[:RIGS + 1]:
+        runner.time(c, "quick")
+    assert made == []  # the seat's sets were made once, at its first timing
+    assert len(runner._rigs) == RIGS and a not in runner._rigs  # the least recent left

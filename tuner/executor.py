@@ -9,6 +9,7 @@ so that a candidate that kills its process or hangs costs only itself.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from nbx_tune.kernels.spec import Config, KernelSpec, Problem
@@ -87,6 +88,12 @@ def classify_exception(e: BaseException) -> tuple[str, str]:
     return "launch_error", text
 
 
+# Rigs kept per seat: more than the contenders of a seat's rounds (strategies/pruned.py's
+# TOP_K), far fewer than an audit's candidates, whose captured graphs may each hold a
+# workspace (split-K partials).
+RIGS = 12
+
+
 class CandidateRunner:
     """Holds one seat's prepared cases (inputs and oracles, made once) and runs
     candidates against them."""
@@ -107,6 +114,8 @@ class CandidateRunner:
         timed = [c for c in self.cases if c.problem == job.time_problem]
         self.time_case = timed[0] if timed else screen.make_case(
             spec, job.time_problem, job.device, screen.seed_for(job.label, job.time_problem), False)
+        self._sets: list | None = None  # a streaming seat's operand sets, shared by its configs
+        self._rigs: OrderedDict = OrderedDict()  # config -> timing.Rig, the RIGS last timed
 
     def _operands(self, case) -> tuple[dict, dict]:
         return (self.screening.fresh_inputs(case),
@@ -144,16 +153,31 @@ class CandidateRunner:
             # Operand sets to rotate through (tuner/timing.py); a benchmarker that cannot
             # time a stream (the interpreter's wall clock) times one set, so only one is made.
             stream = self.spec.timing == "stream" and getattr(self.bench, "stream", None) is not None
-            sets = [self._operands(case)
-                    for _ in range(timing.n_sets(self.spec.operand_bytes(case.problem)) if stream else 1)]
-            fns = [(lambda ins=ins, outs=outs: self.spec.launch(config, case.problem, ins, outs))
-                   for ins, outs in sets]
-            return Outcome(timing=timing.time_sets(self.bench, fns, mode) if stream else self.bench(fns[0], mode))
+            if not stream:
+                ins, outs = self._operands(case)
+                return Outcome(timing=self.bench(lambda: self.spec.launch(config, case.problem, ins, outs), mode))
+            return Outcome(timing=self.bench.stream(self._rig(config, case), mode))
         except Exception as e:
             if is_fatal(e):
                 raise ContextPoisoned(classify_exception(e)[1]) from e
             reason, detail = classify_exception(e)
             return Outcome(reason=reason, detail=detail, problem=case.problem)
+
+
+    def _rig(self, config: Config, case) -> timing.Rig:
+        """The config's launchers over the seat's operand sets, kept for its next timing (a
+        quick estimate, then rounds) with the graphs and estimate its first one set up. The
+        sets are made once a seat: what a timed launch writes is never read."""
+        if self._sets is None:
+            self._sets = [self._operands(case) for _ in range(timing.n_sets(self.spec.operand_bytes(case.problem)))]
+        rig = self._rigs.pop(config, None)
+        if rig is None:
+            rig = timing.Rig((lambda ins=ins, outs=outs: self.spec.launch(config, case.problem, ins, outs))
+                             for ins, outs in self._sets)
+        self._rigs[config] = rig
+        while len(self._rigs) > RIGS:
+            self._rigs.popitem(last=False)
+        return rig
 
 
 class InProcess:
