@@ -35,6 +35,27 @@ def environment() -> dict:
     return env
 
 
+WARM_IMPORTS = ("torch", "triton", "triton.compiler", "numpy", "sqlalchemy", "alembic", "nbx_tune.cli.app",
+                "nbx_tune.tuner.census", "nbx_tune.tuner.runner", "nbx_tune.tuner.isolation",
+                "nbx_tune.tuner.precompile", "nbx_tune.tuner.screen", "nbx_tune.tuner.recertify")
+
+
+def warm_bytecode(env: dict | None = None) -> float:
+    """Import, in a child, what a census's processes import (every kernel module too), and
+    return its seconds. Where the bytecode cache starts empty (the device image ships torch
+    without .pyc files: bench/gpu_session.sh's pycache stage), the first process a bench
+    times would otherwise compile it for every later one: one side of a comparison paid
+    seconds the other did not (lab/history/gpu_runs/2026-12-05g/CALLS.md)."""
+    import sys
+    import time
+
+    code = "; ".join(f"import {m}" for m in WARM_IMPORTS) + \
+        "; import nbx_tune.kernels.registry as r; r.all_specs()"
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    return time.perf_counter() - t0
+
+
 def save(name: str, data) -> Path:
     p = out_dir() / name
     p.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))

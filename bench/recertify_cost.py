@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import breakdown, environment, query, save, side_by_side, table, wall_ms  # noqa: E402
+from _common import breakdown, environment, query, save, side_by_side, table, wall_ms, warm_bytecode  # noqa: E402
 
 TRACES = tuple(sorted(str(p) for p in (Path(__file__).resolve().parent.parent / "examples" / "traces")
                      .glob("*_bf16.tsv")))  # every real-scale example: all the shipped seats
@@ -302,6 +302,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
     run([*cli, "import", str(work / "table.json"), "--db", recert_db], base)
     stale_everything(recert_db)
     fresh_db = f"sqlite:///{work / 'fresh.db'}"
+    print(f"bytecode warmed for both sides: {warm_bytecode(base):.1f} s", flush=True)
     sides = [(census(trace), {**base, "NBX_TUNE_DB": recert_db, "NBX_TUNE_SEARCH": "auto",
                               "TRITON_CACHE_DIR": str(work / "cache_recert")}),
              (census(trace), {**base, "NBX_TUNE_DB": fresh_db, "NBX_TUNE_SEARCH": "ranked",

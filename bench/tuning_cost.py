@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import breakdown, environment, epoch, save, table  # noqa: E402
+from _common import breakdown, environment, epoch, save, table, warm_bytecode  # noqa: E402
 from torch_compare import graph_times, n_sets  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -85,6 +85,7 @@ def main(trace: str, profile_dir: str | None = None) -> None:
         prof.mkdir(parents=True, exist_ok=True)
         env["NBX_TUNE_WORKER_PROFILE"] = str(prof)
         prefix = [sys.executable, str(HERE / "census_timeline.py")]
+    print(f"bytecode warmed for both sides: {warm_bytecode(base_env):.1f} s", flush=True)
     started = time.time()
     strategy = os.environ.get("BENCH_STRATEGY", "pruned")
     census_s, out, err = timed_process([*prefix, "census", "--model", str(mm_trace), "--json",
