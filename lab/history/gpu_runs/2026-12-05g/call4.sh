@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# Call 4 of 2026-12-05g: the correctness stages docs/benchmarks.md lists as not run over the
-# kernels changed since: check (every kernel's example rows against fp64, every dtype, two
-# configs a row) and direct (the direct launch's GPU proof, every family).
+# Call 4 of 2026-12-05g. On an H200: the torch baselines of every shipped seat measured there
+# (stage baseline, its export kept) and every trace against torch with serve()'s deferrals
+# counted (compare). On an H100: the correctness stages docs/benchmarks.md lists as not run
+# over the kernels changed since: check (example rows against fp64, every dtype, two configs
+# a row) and direct (the direct launch's GPU proof, every family).
 set -u
-CHECK_S=250 CHECK_RUN_S=215 bash bench/gpu_session.sh pycache check
-DIRECT_S=270 bash bench/gpu_session.sh pycache direct
+if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+  BASELINE_S=200 bash bench/gpu_session.sh pycache baseline
+  COMPARE_BUDGET_S=170 COMPARE_S=210 bash bench/gpu_session.sh pycache compare
+else
+  CHECK_S=250 CHECK_RUN_S=215 bash bench/gpu_session.sh pycache check
+  DIRECT_S=270 bash bench/gpu_session.sh pycache direct
+fi
