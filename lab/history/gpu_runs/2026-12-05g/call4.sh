@@ -6,9 +6,9 @@
 # a row) and direct (the direct launch's GPU proof, every family).
 set -u
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-  BASELINE_S=200 BASELINE_BUDGET_S=170 bash bench/gpu_session.sh pycache baseline
-  COMPARE_BUDGET_S=170 COMPARE_S=210 bash bench/gpu_session.sh pycache compare
+  BASELINE_S=180 BASELINE_BUDGET_S=150 bash bench/gpu_session.sh pycache baseline
+  COMPARE_BUDGET_S=120 COMPARE_S=150 bash bench/gpu_session.sh pycache compare
 else
-  CHECK_S=250 CHECK_RUN_S=215 bash bench/gpu_session.sh pycache check
-  DIRECT_S=270 bash bench/gpu_session.sh pycache direct
+  CHECK_S=200 CHECK_RUN_S=170 bash bench/gpu_session.sh pycache check
+  DIRECT_S=200 bash bench/gpu_session.sh pycache direct
 fi
