@@ -9,6 +9,6 @@ if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   BASELINE_S=180 BASELINE_BUDGET_S=150 bash bench/gpu_session.sh pycache baseline
   COMPARE_BUDGET_S=120 COMPARE_S=150 bash bench/gpu_session.sh pycache compare
 else
-  CHECK_S=200 CHECK_RUN_S=170 bash bench/gpu_session.sh pycache check
-  DIRECT_S=200 bash bench/gpu_session.sh pycache direct
+  CHECK_S=180 CHECK_RUN_S=150 bash bench/gpu_session.sh pycache check
+  DIRECT_S=160 bash bench/gpu_session.sh pycache direct
 fi
