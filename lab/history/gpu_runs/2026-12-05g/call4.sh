@@ -6,9 +6,9 @@
 # a row) and direct (the direct launch's GPU proof, every family).
 set -u
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-  BASELINE_S=180 BASELINE_BUDGET_S=150 bash bench/gpu_session.sh pycache baseline
-  COMPARE_BUDGET_S=120 COMPARE_S=150 bash bench/gpu_session.sh pycache compare
+  BASELINE_S=160 BASELINE_BUDGET_S=130 bash bench/gpu_session.sh pycache baseline
+  COMPARE_BUDGET_S=90 COMPARE_S=115 bash bench/gpu_session.sh pycache compare
 else
-  CHECK_S=180 CHECK_RUN_S=150 bash bench/gpu_session.sh pycache check
-  DIRECT_S=160 bash bench/gpu_session.sh pycache direct
+  CHECK_S=160 CHECK_RUN_S=130 bash bench/gpu_session.sh pycache check
+  DIRECT_S=120 bash bench/gpu_session.sh pycache direct
 fi
