@@ -210,6 +210,13 @@ def largest_problems(db: str) -> dict:
     return out
 
 
+def stream_timer(fns: list, rep: float) -> float:
+    """A streaming pick's median ms over its operand sets, as the census times it."""
+    from nbx_tune.tuner import timing
+
+    return timing.stream_time(fns, 2, rep, (0.5,))[0]
+
+
 def pick_losses(fresh: dict, recert: dict, problems: dict, smoke: bool) -> list:
     """[(seat, loss)]: the re-certified pick against the fresh census's pick, timed side by
     side at the seat's largest shape as the census times the kernel (over operand sets
@@ -237,9 +244,7 @@ def pick_losses(fresh: dict, recert: dict, problems: dict, smoke: bool) -> list:
                     for _ in range(timing.n_sets(spec.operand_bytes(p)))]
             fns = {name: [(lambda c=c, i=i, o=o: spec.launch(c, p, i, o)) for i, o in sets]
                    for name, c in (("fresh", a), ("recert", b))}
-
-            def how(fs, rep):
-                return timing.stream_time(fs, 2, rep, (0.5,))[0]
+            how = stream_timer
         losses = []
         for _ in range(3):
             t = side_by_side(fns, rep_ms=60, timer=how)
