@@ -72,16 +72,27 @@ def census(
     isolate: bool = typer.Option(True, "--isolate/--no-isolate",
                                  help="Run candidates in a worker process that a crash or hang cannot take down."),
     enqueue: bool = typer.Option(False, "--enqueue", help="Record the seats for `nbx-tune worker`; tune nothing."),
+    baseline: bool = typer.Option(
+        False, "--baseline",
+        help="Then time the trace's certified seats against torch's op on this device and record it, "
+             "as `nbx-tune baseline` does: under serve(), torch runs where it is faster."),
     plugin: Optional[List[str]] = PluginOpt,
 ):
     """Map a trace to seats, report coverage, and certify what is pending."""
     from nbx_tune.tuner import api
 
+    if baseline and (dry_run or enqueue):
+        raise NbxError("--baseline times the seats this census certifies: not with --dry-run or --enqueue")
     console = err if json_out else out
     with render.RichReporter(console, show_tables=not json_out) as reporter:
         rep = api.census(str(model), db, profile, dry_run, reporter, strategy, plugin or (), isolate, enqueue)
+    base = None
+    if baseline:
+        with render.progress_bar(console, "torch baselines") as step:
+            base = api.baseline([str(model)], db, profile, plugin or (), None, step,
+                                notice=lambda text: err.print(f"note: {text}", highlight=False)).to_dict()
     if json_out:
-        render.print_json(rep.to_dict())
+        render.print_json({**rep.to_dict(), **({"baselines": base} if base is not None else {})})
         return
     if dry_run:
         out.print(render.coverage_table(rep))
@@ -97,8 +108,13 @@ def census(
     out.print(f"{c['certified']['seats']} certified, {c['unscreened']['seats']} unscreened, "
               f"{c['refused']['seats']} refused, {c['pending']['seats']} pending, "
               f"{c['stale']['seats']} stale seats in {rep.seconds:.1f} s")
+    if base is not None:
+        out.print(render.baselines_table(base))
+        for line in render.baselines_notes(base):
+            out.print(line, highlight=False)
+        out.print(render.baselines_summary(base), highlight=False)
     if not dry_run:
-        out.print(render.next_steps(rep, db_given=db is not None), highlight=False)
+        out.print(render.next_steps(rep, db_given=db is not None, baselined=base is not None), highlight=False)
 
 
 @app.command()

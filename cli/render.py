@@ -193,12 +193,15 @@ def _counts(c: dict) -> str:
     return ", ".join(f"{k} {n}" for k, n in sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def next_steps(rep, db_given: bool = True) -> str:
+def next_steps(rep, db_given: bool = True, baselined: bool = False) -> str:
     """After a census: where the results are and what to try next."""
     db = f" --db {rep.db}" if rep.db and db_given else ""
     return (f"Results are in {rep.db or 'the database'}. Next: `nbx-tune seats{db}`, "
             f"`nbx-tune show SEAT{db}`, `nbx-tune refusals{db}`; your code gets the certified "
-            "configs through `from nbx_tune.kernels import mm` (and the other ops).")
+            "configs through `from nbx_tune.kernels import mm` (and the other ops)"
+            + ("." if baselined else
+               f"; `nbx-tune baseline --model {rep.trace}{db}` times them against torch on this GPU, "
+               "so that serve() runs torch's op where it is faster."))
 
 
 def refusals_table(rows, total: int) -> Table:

@@ -256,6 +256,31 @@ def test_baseline_draws_a_table_and_says_what_serve_runs(db_url, certified_db):
     assert "serve() runs" in text and "2 seats timed" in text and "2 recorded" in text
 
 
+def test_census_with_baseline_certifies_then_records_each_seats_baseline(tmp_path, db_url):
+    trace = tmp_path / "t.tsv"
+    trace.write_text(HEAD + "aten.relu\tfloat32\t4x40\t\t3\naten.neg\tfloat32\t300\t\t2\n")
+    r = cli("census", "--model", trace, "--db", db_url, "--baseline", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert {s["status"] for s in d["seats"]} == {"certified"}
+    assert d["baselines"]["timed"] == d["baselines"]["recorded"] == len(d["seats"]) == 2
+    shown = json.loads(cli("show", d["baselines"]["seats"][0]["seat_id"], "--db", db_url, "--json").stdout)
+    cert = next(h["certificate"] for h in shown["history"] if h.get("certificate", {}).get("current"))
+    assert len(cert["torch_baselines"]) == 1  # recorded against the certificate, as `nbx-tune baseline` does
+    text = " ".join(cli("census", "--model", trace, "--db", db_url, "--baseline").stdout.split())
+    assert "2 seats timed" in text and "nbx-tune baseline --model" not in text
+
+
+def test_census_without_baseline_names_the_command_and_refuses_it_beside_dry_run(tmp_path, db_url):
+    trace = tmp_path / "t.tsv"
+    trace.write_text(HEAD + "aten.neg\tfloat32\t300\t\t2\n")
+    text = " ".join(cli("census", "--model", trace, "--db", db_url).stdout.split())
+    assert f"nbx-tune baseline --model {trace}" in text
+    for flag in ("--dry-run", "--enqueue"):
+        r = cli("census", "--model", trace, "--db", db_url, "--baseline", flag)
+        assert r.exit_code == 1 and len(r.stderr.strip().splitlines()) == 1 and "--baseline" in r.stderr
+
+
 def test_merge_table_takes_baselines_only_for_the_same_config(tmp_path):
     import subprocess
     import sys
