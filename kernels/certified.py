@@ -65,6 +65,9 @@ class LaunchState:
     entries: dict = field(default_factory=dict)  # (kernel, dtypes, flags, bucket) -> (Config, source)
     baselines: dict = field(default_factory=dict)  # (kernel, dtypes, flags, bucket) -> [baseline dicts]
     deferred: dict = field(default_factory=dict)  # seat -> the baseline that sends it to torch under serve()
+    # seat -> the GPUs its baselines were measured on, where none holds here (another GPU,
+    # torch or config): serve() runs the kernel there, and says once how to measure this GPU
+    unmeasured: dict = field(default_factory=dict)
     # (kernel, dtypes, flags, dims) -> (Config, miss seat or None, deferring baseline or None)
     memo: dict = field(default_factory=dict)
     misses: Counter = field(default_factory=MissTally)
@@ -157,7 +160,9 @@ def _defer(state: LaunchState) -> None:
         if hit is None:
             continue
         b = baseline.applicable(found, str(hit[0]), state.device_name, state.torch_version)
-        if b is not None and baseline.defers(b["nbx_ms"], b["torch_ms"]):
+        if b is None:
+            state.unmeasured[seat] = sorted({str(x.get("device_name")) for x in found})
+        elif baseline.defers(b["nbx_ms"], b["torch_ms"]):
             state.deferred[seat] = b
 
 
@@ -221,7 +226,15 @@ def _resolve(st: LaunchState, spec: KernelSpec, dtypes, flags, dims) -> tuple:
     bucket = bucket_of(st.profile, spec.key, dims)
     hit = st.entries.get((spec.name, dtypes, flags, bucket))
     if hit is not None:
-        return (hit[0], None, st.deferred.get((spec.name, dtypes, flags, bucket)))
+        seat = (spec.name, dtypes, flags, bucket)
+        if seat in st.unmeasured and SERVING.busy and "unmeasured" not in st.warned:
+            st.warned.add("unmeasured")
+            log.warning("nbx-tune: serve: %d certified seats have torch baselines, none for %s with torch %s "
+                        "and their config (measured on %s): their kernels run; `nbx-tune baseline --model "
+                        "TRACE` measures them here, and serve() then runs torch where it is faster",
+                        len(st.unmeasured), st.device_name, st.torch_version,
+                        ", ".join(sorted({g for gs in st.unmeasured.values() for g in gs})))
+        return (hit[0], None, st.deferred.get(seat))
     label = seat_label(spec.name, dtypes, flags, spec.key, bucket)
     cfg = spec.default_config(st.profile, Problem(spec.name, dtypes, flags, tuple(dims)))
     if label not in st.warned:
@@ -270,5 +283,6 @@ def launch_stats() -> dict:
     serving = sys.modules.get("nbx_tune.kernels.serve")
     return {"profile": st.profile.name, "certified_seats": len(st.entries), "direct_launches": len(launch.REMEMBERED),
             "deferred_to_torch": sorted(seat_label(k, dt, fl, specs[k].key, bk) for k, dt, fl, bk in st.deferred),
+            "baselines_not_here": len(st.unmeasured),
             "misses": dict(st.misses), "stale": list(st.stale), "sources": list(st.sources),
             "not_remembered": dict(launch.REFUSED), "ops": serving.stats() if serving is not None else {}}

@@ -114,7 +114,7 @@ def test_under_serve_a_seat_torch_beats_runs_torch_and_outside_serve_the_kernel(
 
 
 @pytest.mark.parametrize("why", ["slower torch", "another GPU", "another config"])
-def test_a_baseline_that_does_not_hold_here_leaves_the_kernel(why):
+def test_a_baseline_that_does_not_hold_here_leaves_the_kernel(why, caplog):
     x = torch.randn(3, 5)
     st = certified.state()
     seat, cfg = _certify_relu(st, 15)
@@ -124,9 +124,16 @@ def test_a_baseline_that_does_not_hold_here_leaves_the_kernel(why):
     st.baselines[seat] = [b]
     certified._defer(st)
     st.memo.clear()
-    with nbx_tune.serve():
+    with caplog.at_level("WARNING", logger="nbx_tune"), nbx_tune.serve():
         torch.relu(x)
-    assert serving.stats()["aten.relu"]["certified"] == 1
+        torch.relu(torch.randn(3, 7))
+    assert serving.stats()["aten.relu"]["certified"] == 2
+    # Where the seat's baselines were all measured otherwise, serve() says once how to measure this GPU.
+    said = [r.getMessage() for r in caplog.records if "nbx-tune baseline --model" in r.getMessage()]
+    held = why == "slower torch"
+    assert certified.launch_stats()["baselines_not_here"] == (0 if held else 1)
+    assert len(said) == (0 if held else 1)
+    assert held or b["device_name"] in said[0]
 
 
 def test_a_remembered_call_at_a_deferred_seat_asks_again_on_replay(monkeypatch):
