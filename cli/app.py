@@ -109,10 +109,7 @@ def census(
               f"{c['refused']['seats']} refused, {c['pending']['seats']} pending, "
               f"{c['stale']['seats']} stale seats in {rep.seconds:.1f} s")
     if base is not None:
-        out.print(render.baselines_table(base))
-        for line in render.baselines_notes(base):
-            out.print(line, highlight=False)
-        out.print(render.baselines_summary(base), highlight=False)
+        _print_baselines(base)
     if not dry_run:
         out.print(render.next_steps(rep, db_given=db is not None, baselined=base is not None), highlight=False)
 
@@ -291,7 +288,11 @@ def baseline(
     if json_out:
         render.print_json(rep.to_dict())
         return
-    d = rep.to_dict()
+    _print_baselines(rep.to_dict())
+
+
+def _print_baselines(d: dict) -> None:
+    """The seats against torch, why any got no baseline, and what serve() runs."""
     out.print(render.baselines_table(d))
     for line in render.baselines_notes(d):
         out.print(line, highlight=False)

@@ -163,7 +163,6 @@ class CandidateRunner:
             reason, detail = classify_exception(e)
             return Outcome(reason=reason, detail=detail, problem=case.problem)
 
-
     def _rig(self, config: Config, case) -> timing.Rig:
         """The config's launchers over the seat's operand sets, kept for its next timing (a
         quick estimate, then rounds) with the graphs and estimate its first one set up. The

@@ -356,8 +356,6 @@ def side_by_side(fns: dict, rep_ms: float, rounds: int = 4, timer=None) -> dict:
     the bench scripts). `timer(fn, rep_ms)` defaults to the census's own (gpu_time:
     do_bench's method, every launch queued ahead of the GPU, so a slow host launch path is
     not read as the kernel's time)."""
-    import statistics
-
     if timer is None:
         def timer(fn, rep):
             return gpu_time(fn, 5, rep, (0.5,))[0]
