@@ -14,7 +14,7 @@ from nbx_tune.profiles import get_profile
 from nbx_tune.tuner import screen as screening
 from nbx_tune.tuner.timing import Timing, WallClock
 from nbx_tune.tuner.executor import InProcess
-from nbx_tune.tuner.strategies import get_strategy
+from nbx_tune.tuner.strategies import get_strategy, pruned
 from nbx_tune.tuner.tune import tune_seat
 
 register(planted.SPEC)
@@ -211,8 +211,10 @@ def test_strategy_pruned_times_contenders_in_turned_rounds_and_drops_a_failure()
             if fails_in_round.get(c["B"]) == sum(1 for b, m in calls if b == c["B"] and m == mode) - 1:
                 return None
             # Each round slower than the last (a GPU warming up): the order must not decide.
+            # B=2 is first in the second round, so the rounds do not settle at two.
             r = sum(1 for b, m in calls if m == mode) / 3
-            return _t(RECORDED[f"B={c['B']}"]["full"] * (1 + 0.01 * r))
+            second = c["B"] == 2 and sum(1 for b, m in calls if b == 2 and m == mode) == 2
+            return _t(RECORDED[f"B={c['B']}"]["full"] * (1 + 0.01 * r) * (0.9 if second else 1.0))
         return replay(c, mode)
 
     out = get_strategy("pruned")(CANDS, measure)
@@ -224,3 +226,29 @@ def test_strategy_pruned_times_contenders_in_turned_rounds_and_drops_a_failure()
     assert sorted(finals) == [1, 2]
     assert finals[1].median_ms < finals[2].median_ms and "x4 rounds" in finals[1].method
     assert {m.config["B"] for m in out if not m.final} == {4, 5}
+
+
+def test_strategy_pruned_stops_once_two_rounds_agree_on_the_winner():
+    calls = []
+
+    def measure(c, mode):
+        calls.append((c["B"], mode))
+        return replay(c, mode)
+
+    out = get_strategy("pruned")(CANDS, measure)
+    rounds = [b for b, m in calls if m == "round:4"]
+    assert rounds == [1, 2, 3, 2, 3, 1]  # B=1 first in both rounds: two rounds, not four
+    finals = {m.config["B"]: m.timing for m in out if m.final}
+    assert min(finals, key=lambda b: finals[b].median_ms) == 1 and "x2 rounds" in finals[1].method
+    # Rounds that disagree on the first go on: B=2 first in the second round, so all four run.
+    calls.clear()
+
+    def flipping(c, mode):
+        calls.append((c["B"], mode))
+        t = replay(c, mode)
+        second = c["B"] == 2 and sum(1 for b, m in calls if b == 2 and m == mode) == 2
+        return _t(t.median_ms * 0.9) if mode.startswith("round:") and second else t
+
+    get_strategy("pruned")(CANDS, flipping)
+    assert len([b for b, m in calls if m == "round:4"]) == 12
+    assert pruned.settled([1, 1]) and not pruned.settled([1]) and not pruned.settled([1, 2, 2])

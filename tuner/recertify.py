@@ -14,9 +14,9 @@ measured:
        pick at half torch's speed that way, split-KV never timed);
     2. they are screened at every screen shape of the seat and timed, like any candidate,
        though in turned rounds with no quick estimates first (they are few and all near
-       the top), stopping after MIN_ROUNDS once every round so far put the same contender
-       first and the old ranking holds on what they measured (a fallback is worth the
-       rounds that confirm it: `time_contenders`);
+       the top), stopping where the census's rounds stop (`pruned.settled`: every round so
+       far put the same contender first) once the old ranking holds on what they measured
+       (a fallback is worth the rounds that confirm it: `time_contenders`);
     3. the old ranking holds unless the new measurements say otherwise (`judge`), read
        against what this run's timings cannot tell apart: each config's noise (half its
        launches' p20..p80 band, half the range of its rounds, at least the timer's
@@ -49,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nbx_tune.tuner.strategies import Measured
-from nbx_tune.tuner.strategies.pruned import MIN_K, ROUNDS, turned_rounds, within
+from nbx_tune.tuner.strategies.pruned import MIN_K, ROUNDS, settled, turned_rounds, within
 from nbx_tune.tuner.strategies.search import SearchNote
 from nbx_tune.tuner.timing import combine, family, noise as timing_noise
 
@@ -64,9 +64,6 @@ EXPLORE_CLEAR = 1
 # The loss the shortcut may risk: the re-certification goal's maximum loss against a
 # fresh census (3 %), which is also about what re-timing one config moves on a GPU.
 TOLERANCE = 0.03
-# Rounds every contender gets before its timing may stop: more rounds refine medians that
-# already agree on which contender is first; rounds that disagree go on to ROUNDS.
-MIN_ROUNDS = 2
 # Tunings whose measurements rank the whole space (the others timed a subset).
 WHOLE_SPACE = ("full", "fallback", "audit")
 
@@ -251,10 +248,10 @@ class Recertify:
         self.explore = tuple(explore)  # config keys timed beside the contenders (module docstring)
         self.rounds = 0  # how many rounds `time_contenders` ran
 
-    def time_contenders(self, candidates, measure, rounds: int = ROUNDS, min_rounds: int = MIN_ROUNDS):
+    def time_contenders(self, candidates, measure, rounds: int = ROUNDS):
         """A timing strategy (tuner/strategies/): strategies/pruned.py's turned rounds without
-        its quick estimates, until MIN_ROUNDS rounds agree on the first and the old ranking
-        holds on them (`judge`). As there, after the first round only the contenders `within`
+        its quick estimates, until the rounds settle the first (`pruned.settled`) and the old
+        ranking holds on them (`judge`). As there, after the first round only the contenders `within`
         reach of the best go on; the others stay on record with that round's time."""
         firsts, behind, so_far = [], [], []
 
@@ -268,7 +265,7 @@ class Recertify:
                 alive = [c for c in alive if c in keep]
             so_far[:] = behind + [Measured(c, combine(ts), True) for c, ts in got.items() if ts]
             verdict = judge(self.seed, so_far)
-            return alive, verdict.settled or (r + 1 >= min_rounds and len(set(firsts)) <= 1 and verdict.holds)
+            return alive, verdict.settled or (settled(firsts) and verdict.holds)
 
         turned_rounds(list(candidates), measure, rounds, after)
         return so_far

@@ -1,11 +1,14 @@
 """A short first estimate of every survivor, then full timing of the contenders only,
-interleaved.
+interleaved, until the rounds settle the winner.
 
 Candidates whose quick estimate is more than SLACK behind the quick best are far enough
 behind that a full timing would not change the winner; they stay on record with their
 quick time. At most TOP_K contenders get the full timing, in ROUNDS rounds: each round
 times every contender for a 1/ROUNDS share of the profile's full timing, the order turned
-by one each round, and a contender's time is the median of its rounds.
+by one each round, and a contender's time is the median of its rounds. The rounds stop
+after MIN_ROUNDS once every round so far put the same contender first (`settled`): more
+rounds would refine medians that already agree on the winner. Rounds that disagree (a
+near tie, or a drift) go on to ROUNDS.
 """
 
 from nbx_tune.tuner.timing import combine
@@ -23,6 +26,16 @@ MIN_K = 2
 # back-to-back launches, so contenders timed one after the other are ranked partly by when
 # they ran. Turning the order each round lets the drift reach them alike.
 ROUNDS = 4
+# Rounds every contender gets before its timing may stop early: one round can put a
+# contender first on a neighbour's burst; two that agree leave at most a near tie to
+# refine, which costs less than the rounds would.
+MIN_ROUNDS = 2
+
+
+def settled(firsts: list) -> bool:
+    """Whether the rounds so far (each round's fastest config, in order) settle the winner:
+    at least MIN_ROUNDS of them, all with the same config first."""
+    return len(firsts) >= MIN_ROUNDS and len(set(firsts)) == 1
 
 
 def within(times: dict, slack: float = SLACK, top_k: int = TOP_K) -> list:
@@ -66,6 +79,13 @@ def run(candidates, measure, slack: float = SLACK, top_k: int = TOP_K, rounds: i
         return []
     alive = within({c: t.median_ms for c, t in quick.items()}, slack, top_k)
     out = [Measured(c, t, False) for c, t in sorted(quick.items(), key=lambda ct: ct[1].median_ms) if c not in alive]
-    got = turned_rounds(alive, measure, rounds)
+    firsts = []
+
+    def after(r, this, alive, got):
+        if this:
+            firsts.append(min(this, key=this.get))
+        return alive, settled(firsts)
+
+    got = turned_rounds(alive, measure, rounds, after)
     out += [Measured(c, combine(ts), True) for c, ts in got.items()]
     return out
