@@ -58,15 +58,24 @@ def _serve(conn, plugins):
     from nbx_tune.tuner.api import ensure_device
 
     ensure_device()
-    from nbx_tune.kernels.registry import get_spec, load_plugin
+    import threading
+
+    from nbx_tune.tuner import warmup
+
+    # The device's one-time costs, paid on a thread while this one imports Triton and the
+    # kernels and waits for its first seat.
+    triton_imported = threading.Event()
+    warming = warmup.start(triton_imported)
+    from nbx_tune.kernels.registry import all_specs, get_spec, load_plugin
     from nbx_tune.tuner.timing import for_timing
 
+    try:  # every kernel imported now (Triton with them), not when the first seat names one
+        all_specs()
+    except Exception:  # a broken plugin: the seat that names a kernel says so (below)
+        pass
     for p in plugins:
         load_plugin(p)
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.init()  # the device context, before the first seat is waiting for it
+    triton_imported.set()
     runner = None
     while True:
         try:
@@ -74,6 +83,9 @@ def _serve(conn, plugins):
         except EOFError:
             return
         kind = msg[0]
+        if warming is not None and kind != "stop":  # nothing is screened or timed beside it
+            warming.join()
+            warming = None
         try:
             if kind == "stop":
                 return

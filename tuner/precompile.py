@@ -51,11 +51,17 @@ def _init(plugins):
     except OSError:
         pass
     _compile_only()
-    from nbx_tune.kernels.registry import load_plugin
+    from nbx_tune.kernels.registry import all_specs, load_plugin
 
+    # Torch, Triton and the kernels imported now, while nothing waits for this process (a
+    # broken plugin is the census's to report: the job that needs it fails here silently).
+    import torch  # noqa: F401
+    try:
+        all_specs()
+    except Exception:
+        pass
     for p in plugins:
         load_plugin(p)
-    import torch  # noqa: F401  (imported now, while nothing waits for this process)
 
 
 def _compile(kernel: str, problems, config, device: str) -> str | None:
