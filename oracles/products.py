@@ -14,6 +14,7 @@ product, summed in some order.
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -45,9 +46,14 @@ def matmul(a, b) -> np.ndarray:
     if _fast is None or a.ndim < 2 or b.ndim < 2 or _flops(a, b) < LARGE_FLOPS \
             or _flops(a, b) < MIN_INTENSITY * (a.size + b.size):
         return np.matmul(a, b)
-    out = _fast(a, b)
+    # The check's side that needs no product runs beside the handed product (numpy's
+    # matrix-vector products and the upload, product and download all release the GIL).
+    with ThreadPoolExecutor(1) as pool:
+        expected = pool.submit(_expected, a, b)
+        out = _fast(a, b)
+        want, bound = expected.result()
     if out is None or out.shape != np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]) \
-            or not _agrees(a, b, out):
+            or not _agrees(out, want, bound):
         return np.matmul(a, b)
     return out
 
@@ -57,8 +63,13 @@ def _flops(a: np.ndarray, b: np.ndarray) -> int:
     return 2 * batch * a.shape[-2] * a.shape[-1] * b.shape[-1]
 
 
-def _agrees(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
-    x = np.random.default_rng(0x0DD5EED).uniform(-1.0, 1.0, (b.shape[-1], 2))
+def _check_vectors(n: int) -> np.ndarray:
+    return np.random.default_rng(0x0DD5EED).uniform(-1.0, 1.0, (n, 2))
+
+
+def _expected(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a @ (b @ x), |a| @ (|b| @ |x|)) for the check's vectors x."""
+    x = _check_vectors(b.shape[-1])
     # b @ x and |b| @ |x| a block of b's rows at a time, |block| in one buffer: |b| whole
     # would be a copy of b, and a fresh |block| each time pays its page faults again.
     bx = np.empty(b.shape[:-1] + (2,))
@@ -69,9 +80,12 @@ def _agrees(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
         bx[..., k:k + CHUNK_ROWS, :] = np.matmul(block, x)
         abs_block = np.abs(block, out=buf[..., :block.shape[-2], :])
         abs_bx[..., k:k + CHUNK_ROWS, :] = np.matmul(abs_block, np.abs(x))
-    want = np.matmul(a, bx)
-    bound = np.matmul(np.abs(a), abs_bx)
-    got = np.matmul(out, x)
+    return np.matmul(a, bx), np.matmul(np.abs(a), abs_bx)
+
+
+def _agrees(out: np.ndarray, want: np.ndarray, bound: np.ndarray) -> bool:
+    """Freivalds' test: out @ x against a @ (b @ x), to CHECK_RTOL of the terms' scale."""
+    got = np.matmul(out, _check_vectors(out.shape[-1]))
     if not (np.isfinite(want).all() and np.isfinite(got).all()):
         return False
     return bool(np.all(np.abs(got - want) <= CHECK_RTOL * bound))
