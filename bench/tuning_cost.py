@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import breakdown, environment, epoch, save, table, warm_bytecode  # noqa: E402
+from _common import breakdown, environment, epoch, save, table, timed_rounds, warm_bytecode  # noqa: E402
 from torch_compare import graph_times, n_sets  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -184,13 +184,14 @@ def main(trace: str, profile_dir: str | None = None) -> None:
                                                  "AND shortcut_loss IS NOT NULL"))]
     engine.dispose()
     spent = breakdown(db)
+    rounds = timed_rounds(db)
     env_info = environment()
     result = {"env": env_info, "strategy": strategy, "trace": trace, "matmul_rows": len(rows),
               "seats": len(rep["seats"]),
               "census_s": census_s, "autotune_s": auto_s, "speedup": auto_s / census_s,
               "census_coverage": rep["coverage"], "picks": lines, "misses": misses, "search": search,
               "searches": searches, "audit_losses": audits, "seconds_by_search": spent,
-              "loss_median": statistics.median(losses) if losses else None,
+              "timed_rounds": rounds, "loss_median": statistics.median(losses) if losses else None,
               "loss_max": max(losses) if losses else None}
     save("tuning_cost.json" if (strategy, search) == ("pruned", "ranked") else
          f"tuning_cost-{strategy}-{search}.json", result)
@@ -206,6 +207,7 @@ def main(trace: str, profile_dir: str | None = None) -> None:
     print(table([[srch, n, f"{tot:.1f}", f"{sc:.1f}", f"{bn:.1f}", f"{tot - sc - bn:.1f}"]
                  for srch, n, tot, sc, bn in spent],
                 ["census search", "seats", "s in seats", "screening s", "timing s", "inputs, oracles, rest s"]))
+    print("contenders timed in " + ", ".join(f"{n} round(s): {k} seats" for n, k in sorted(rounds.items())))
     if losses:
         print(f"pick loss against autotune's exhaustive pick: median {100 * statistics.median(losses):.2f} %, "
               f"max {100 * max(losses):.2f} %; census searches {searches}; audited shortcut losses "
