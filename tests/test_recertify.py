@@ -24,7 +24,7 @@ from nbx_tune.tuner.recertify import Recertify, Seed
 from nbx_tune.tuner.runner import SeatTuner
 from nbx_tune.tuner.screen import ScreenResult
 from nbx_tune.tuner.store import Store
-from nbx_tune.tuner.strategies import get_strategy
+from nbx_tune.tuner.strategies import Measured, get_strategy
 from nbx_tune.tuner.strategies.ranked import Ranked, distance, shortcut_loss
 from nbx_tune.tuner.tune import NullReporter, tune_seat
 
@@ -617,6 +617,21 @@ def test_configs_that_failed_wherever_they_ran_are_never_sampled():
     assert len(short) == len(CONFIGS) - len(failed)  # every other config fits in the sample
     assert len(r.order(list(CONFIGS))) == len(CONFIGS)  # an audit still evaluates them all
 
+
+
+def test_a_ranked_shortlist_may_settle_early_but_an_audit_runs_every_round():
+    timed = [(key(b, v), 1.0 + 0.1 * i) for i, (b, v) in enumerate([(256, 0), (128, 0), (512, 0), (64, 0)])]
+    prior = [(("float32", "", "n=1000"), timed, [])]
+    asked = []
+
+    def evaluate(configs, timing=None, settle=False):
+        asked.append((len(configs), settle))
+        return [Measured(c, Timing(1.0, 1.0, 1.0, "t"), True) for c in configs]
+
+    Ranked("x", ("float32", "", "n=1000"), prior, audit=False).run(list(CONFIGS), evaluate)
+    Ranked("x", ("float32", "", "n=1000"), prior, audit=True).run(list(CONFIGS), evaluate)
+    assert asked[0][1] is True and asked[0][0] < len(CONFIGS)  # the shortlist: settles
+    assert asked[1] == (len(CONFIGS), False)  # the audit: the whole space, every round
 
 # ----------------------------------------------------------------------------- noise-aware verdicts
 # Synthetic timings as do_bench gives them: a median, the p20..p80 band of its launches and

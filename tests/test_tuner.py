@@ -228,18 +228,22 @@ def test_strategy_pruned_times_contenders_in_turned_rounds_and_drops_a_failure()
     assert {m.config["B"] for m in out if not m.final} == {4, 5}
 
 
-def test_strategy_pruned_stops_once_two_rounds_agree_on_the_winner():
+def test_strategy_pruned_stops_once_two_rounds_agree_when_asked_to_settle():
     calls = []
 
     def measure(c, mode):
         calls.append((c["B"], mode))
         return replay(c, mode)
 
-    out = get_strategy("pruned")(CANDS, measure)
+    out = get_strategy("pruned")(CANDS, measure, settle=True)
     rounds = [b for b, m in calls if m == "round:4"]
     assert rounds == [1, 2, 3, 2, 3, 1]  # B=1 first in both rounds: two rounds, not four
     finals = {m.config["B"]: m.timing for m in out if m.final}
     assert min(finals, key=lambda b: finals[b].median_ms) == 1 and "x2 rounds" in finals[1].method
+    # A whole-space tuning (an audit, a full tuning) is not asked to settle: every round runs.
+    calls.clear()
+    get_strategy("pruned")(CANDS, measure)
+    assert len([b for b, m in calls if m == "round:4"]) == 12
     # Rounds that disagree on the first go on: B=2 first in the second round, so all four run.
     calls.clear()
 
@@ -249,6 +253,6 @@ def test_strategy_pruned_stops_once_two_rounds_agree_on_the_winner():
         second = c["B"] == 2 and sum(1 for b, m in calls if b == 2 and m == mode) == 2
         return _t(t.median_ms * 0.9) if mode.startswith("round:") and second else t
 
-    get_strategy("pruned")(CANDS, flipping)
+    get_strategy("pruned")(CANDS, flipping, settle=True)
     assert len([b for b, m in calls if m == "round:4"]) == 12
     assert pruned.settled([1, 1]) and not pruned.settled([1]) and not pruned.settled([1, 2, 2])

@@ -22,6 +22,7 @@ transaction, so a seat is either recorded whole or not at all.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field, replace
@@ -323,7 +324,8 @@ def tune_seat(spec: KernelSpec, profile, label: str, problems: list[Problem], ex
         first = search.compile_first(keep)
         executor.start_seat(spec, job, first)
         cands.compiling.update(first)
-        note = search.run(keep, lambda configs, timing=None: cands.evaluate(configs, timing or strategy))
+        note = search.run(keep, lambda configs, timing=None, settle=False: cands.evaluate(
+            configs, timing or (functools.partial(strategy, settle=True) if settle else strategy)))
         if note.detail:
             reporter.notice(f"{label}: {note.detail}")
         tc = time.perf_counter()

@@ -2,7 +2,7 @@
 
 One strategy per module, each behind one function
 
-    strategy(candidates, measure) -> list[Measured]
+    strategy(candidates, measure, settle=False) -> list[Measured]
 
 where `measure(config, mode)` returns a Timing, or None when the candidate failed (the
 tuner records that refusal itself). Only `final` measurements compete for the win. The

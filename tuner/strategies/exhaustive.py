@@ -3,7 +3,9 @@
 from nbx_tune.tuner.strategies import Measured
 
 
-def run(candidates, measure):
+def run(candidates, measure, settle: bool = False):
+    """Every survivor in full (`settle`, a shortlist's licence to stop early, has nothing
+    to stop here)."""
     out = []
     for c in candidates:
         t = measure(c, "full")

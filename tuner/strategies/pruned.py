@@ -1,14 +1,18 @@
 """A short first estimate of every survivor, then full timing of the contenders only,
-interleaved, until the rounds settle the winner.
+interleaved.
 
 Candidates whose quick estimate is more than SLACK behind the quick best are far enough
 behind that a full timing would not change the winner; they stay on record with their
 quick time. At most TOP_K contenders get the full timing, in ROUNDS rounds: each round
 times every contender for a 1/ROUNDS share of the profile's full timing, the order turned
-by one each round, and a contender's time is the median of its rounds. The rounds stop
-after MIN_ROUNDS once every round so far put the same contender first (`settled`): more
-rounds would refine medians that already agree on the winner. Rounds that disagree (a
-near tie, or a drift) go on to ROUNDS.
+by one each round, and a contender's time is the median of its rounds.
+
+With `settle` (a search's shortlist: strategies/ranked.py), the rounds stop after
+MIN_ROUNDS once every round so far put the same contender first (`settled`): more rounds
+would refine medians that already agree on the winner; rounds that disagree (a near tie,
+or a drift) go on to ROUNDS. A tuning of the whole space (a full tuning, an audit) runs
+every round: its times rank the configs for the seats after it (their scores), not only
+its winner, and an audit's winner is the truth the shortcut is measured against.
 """
 
 from nbx_tune.tuner.timing import combine
@@ -69,7 +73,8 @@ def turned_rounds(alive: list, measure, rounds: int = ROUNDS, after=None) -> dic
     return got
 
 
-def run(candidates, measure, slack: float = SLACK, top_k: int = TOP_K, rounds: int = ROUNDS):
+def run(candidates, measure, slack: float = SLACK, top_k: int = TOP_K, rounds: int = ROUNDS,
+        settle: bool = False):
     quick = {}
     for c in candidates:
         t = measure(c, "quick")
@@ -86,6 +91,6 @@ def run(candidates, measure, slack: float = SLACK, top_k: int = TOP_K, rounds: i
             firsts.append(min(this, key=this.get))
         return alive, settled(firsts)
 
-    got = turned_rounds(alive, measure, rounds, after)
+    got = turned_rounds(alive, measure, rounds, after if settle else None)
     out += [Measured(c, combine(ts), True) for c, ts in got.items()]
     return out

@@ -174,7 +174,7 @@ class Ranked:
             return SearchNote("audit", shortcut_loss=loss,
                               detail="" if loss is None else
                               f"audit: every candidate timed; the ranked shortlist's pick would have lost {loss:.1%}")
-        measured = evaluate(short)
+        measured = evaluate(short, settle=True)
         if any(m.final for m in measured):
             return SearchNote("ranked", detail=f"ranked: {len(short)} of {len(candidates)} candidates evaluated"
                                                f" ({self.source})")

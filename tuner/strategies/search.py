@@ -8,7 +8,8 @@ what to hand it. Every search has the same two calls:
 
 where `evaluate(configs)` screens those not yet screened (every screen shape of the seat),
 times the survivors among `configs` with the strategy (or the search's own, passed as
-`evaluate(configs, timing)`) and returns their `Measured`. The
+`evaluate(configs, timing)`; `evaluate(configs, settle=True)` lets the strategy stop once
+the winner is settled, for a shortlist) and returns their `Measured`. The
 tuner certifies the fastest full timing of whatever was evaluated last, so a search can
 only choose among screened configs: nothing unscreened is ever certified.
 
