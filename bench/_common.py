@@ -128,15 +128,16 @@ def query(db: str, sql: str):
         engine.dispose()
 
 
-def timed_rounds(db: str) -> dict:
+def timed_rounds(db: str, search: str | None = None) -> dict:
     """{rounds: seats}: how many turned rounds each tuned seat's winner was timed in (its
-    final timing's method, "... xN rounds"); seats timed otherwise count under "-"."""
+    final timing's method, "... xN rounds"), of every search or only `search`; seats timed
+    otherwise count under "-"."""
     import re
 
     out: dict = {}
     for (methods,) in query(db, "SELECT group_concat(m.method, '|') FROM measurements m "
                                 "JOIN tunings t ON t.id = m.tuning_id WHERE t.kind = 'tune' AND m.final "
-                                "GROUP BY t.id"):
+                                + (f"AND t.search = '{search}' " if search else "") + "GROUP BY t.id"):
         n = max((int(x) for x in re.findall(r"x(\d+) rounds", methods or "")), default=None)
         k = str(n) if n is not None else "-"
         out[k] = out.get(k, 0) + 1

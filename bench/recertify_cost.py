@@ -47,7 +47,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import breakdown, environment, query, save, side_by_side, table, wall_ms, warm_bytecode  # noqa: E402
+from _common import (breakdown, environment, query, save, side_by_side, table, timed_rounds, wall_ms,  # noqa: E402
+                     warm_bytecode)
 
 TRACES = tuple(sorted(str(p) for p in (Path(__file__).resolve().parent.parent / "examples" / "traces")
                      .glob("*_bf16.tsv")))  # every real-scale example: all the shipped seats
@@ -88,19 +89,6 @@ def compiled(cache: Path) -> dict:
     """What a side compiled: Triton cache entries holding a kernel binary, and built launchers."""
     return {"kernels": sum(1 for _ in cache.rglob("*.cubin")) + sum(1 for _ in cache.rglob("*.hsaco")),
             "launchers": sum(1 for _ in cache.rglob("*.so"))}
-
-
-def rounds(db: str) -> dict:
-    """How many rounds the re-certified seats' contenders were timed in (their search_detail)."""
-    import re
-
-    out: dict = {}
-    for (detail,) in query(db, "SELECT c.search_detail FROM certificates c JOIN tunings t ON t.id = c.tuning_id "
-                               "WHERE t.search = 'recertified' AND t.kind = 'tune'"):
-        m = re.search(r"in (\d+) round", detail or "")
-        k = m.group(1) if m else "?"
-        out[k] = out.get(k, 0) + 1
-    return out
 
 
 def current_table(src: Path, dst: Path, profile) -> int:
@@ -351,7 +339,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
     worst = max(ls) if ls else float("nan")
     spent = {"recert": breakdown(recert_db), "fresh": breakdown(fresh_db)}
     reasons = fallback_reasons(recert_db)
-    timed_rounds = rounds(recert_db)
+    recert_rounds = timed_rounds(recert_db, "recertified")
     slow = {"recert": slowest(recert_db), "fresh": slowest(fresh_db)}
     env = environment()
     result = {"env": env, "smoke": smoke, "traces": [str(t) for t in traces], "table_entries": entries,
@@ -360,7 +348,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
               "recert_s": recert_s, "speedup": fresh_s / recert_s, "recert_searches": searches,
               "fresh_searches": fresh_searches, "fresh_audit_losses": regret,
               "loss_median": med, "loss_max": worst, "spent": spent, "fallback_reasons": reasons,
-              "slowest": slow, "parallel": parallel, "compiled": built, "recert_rounds": timed_rounds,
+              "slowest": slow, "parallel": parallel, "compiled": built, "recert_rounds": recert_rounds,
               "losses": [{"seat": "|".join(k), "fresh": fresh[k], "recert": recert[k], "loss": x}
                          for k, x in losses]}
     save("recertify_cost-smoke.json" if smoke else "recertify_cost.json", result)
@@ -379,7 +367,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
     print("kernels compiled (Triton cache entries): " + "; ".join(
         f"{side} {b['kernels']} kernels, {b['launchers']} launchers" for side, b in built.items())
           + "; re-certified contenders timed in " + (", ".join(
-              f"{n} round(s): {k} seats" for n, k in sorted(timed_rounds.items())) or "no rounds"))
+              f"{n} round(s): {k} seats" for n, k in sorted(recert_rounds.items())) or "no rounds"))
     print(table([[side, label[:70], search, f"{tot:.1f}", f"{scr:.1f}", f"{bch:.1f}"]
                  for side, rows_ in slow.items() for label, search, tot, scr, bch in rows_],
                 ["side", "slowest seats", "search", "s", "screening s", "timing s"]))
