@@ -190,13 +190,12 @@ class _FakePool:
         self.events.append(("join",))
 
     def close(self):
-        self.stop()
-        self.join()
+        self.events.append(("close",))
 
 
-def test_a_seat_queues_its_own_compiles_only_and_close_stops_the_pool_before_joining_it():
+def test_a_seat_queues_its_own_compiles_only_and_close_closes_the_pool():
     """A seat's candidates are queued once for compiling ahead of the worker (the one the
-    static prune refuses is not), and close tells the pool to go before it waits for it."""
+    static prune refuses is not), and the executor's close closes the pool."""
     profile = builtin_profiles()["interpreter"]
     spec = planted.SPEC
     _, seat_a = _job(spec, 300, "a")
@@ -208,7 +207,7 @@ def test_a_seat_queues_its_own_compiles_only_and_close_stops_the_pool_before_joi
         assert pool.events == [("submit", len(spec.configs()) - 1)]  # a's compiles, once
     finally:
         ex.close()
-    assert pool.events[1:] == [("stop",), ("join",)]
+    assert pool.events[1:] == [("close",)]
 
 
 def test_a_stopped_precompiler_queues_nothing_and_its_processes_are_gone():
@@ -220,3 +219,25 @@ def test_a_stopped_precompiler_queues_nothing_and_its_processes_are_gone():
     assert pool.submitted == set()
     pool.join()
     assert not any(p.is_alive() for p in pool.procs)
+
+
+def test_a_closed_precompiler_and_worker_are_left_to_exit_and_reaped_without_a_join():
+    """close() waits for no exit (a GPU context's teardown), yet leaves no child for
+    multiprocessing to join at exit and no zombie: each is reaped on its own."""
+    import multiprocessing
+    import time
+
+    from nbx_tune.tuner.precompile import Precompiler
+
+    pool = Precompiler([], workers=2)
+    ex = Isolated(builtin_profiles()["interpreter"], precompile=False)
+    ex._start()
+    worker = ex.proc
+    ex.close()
+    pool.close()
+    procs = [*pool.procs, worker]
+    assert not set(procs) & set(multiprocessing.active_children())
+    deadline = time.monotonic() + 30
+    while any(p._popen.returncode is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(p._popen.returncode is not None for p in procs)  # reaped by the daemon threads

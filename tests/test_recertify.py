@@ -173,6 +173,52 @@ def test_contenders_are_timed_in_rounds_that_stop_once_two_agree():
     assert not far.final and far.timing.median_ms == pytest.approx(1.5) and res.note.search == "recertified"
 
 
+class Events(Replay):
+    """Replay that records screens and timings in one list, in the order asked."""
+
+    def __init__(self, times, fails=()):
+        super().__init__(times, fails)
+        self.events = []
+
+    def screen(self, config):
+        self.events.append(("screen", config.key()))
+        return super().screen(config)
+
+    def time(self, config, mode="full"):
+        self.events.append((mode, config.key()))
+        return super().time(config, mode)
+
+
+def test_a_full_tuning_takes_each_quick_estimate_as_its_config_is_screened():
+    # While the compile pool builds the next configs, the worker estimates the last one it
+    # screened; the strategy then uses those estimates, taking none again.
+    ex = Events(base_times(), fails={key(16): "mismatch"})
+    res = tune_seat(SPEC, PROFILE, "s", PROBLEMS, ex, get_strategy("pruned"), "cpu")
+    quick = [k for m, k in ex.events if m == "quick"]
+    assert sorted(quick) == sorted(c.key() for c in CONFIGS if c.key() != key(16))  # each once
+    assert all(ex.events[i - 1] == ("screen", k) for i, (m, k) in enumerate(ex.events) if m == "quick")
+    assert ex.events.index(("quick", key(2048, 2))) < ex.events.index(("screen", key(2048, 2))) + 2
+    assert res.winner.config.key() == key(256) and res.winner.final
+    assert {r.config.key() for r in res.records if r.reason == "mismatch"} == {key(16)}
+    # A strategy with no quick estimates (exhaustive) is handed none: every timing is its own.
+    ex = Events(base_times())
+    tune_seat(SPEC, PROFILE, "s", PROBLEMS, ex, get_strategy("exhaustive"), "cpu")
+    assert {m for m, _ in ex.events} == {"screen", "full"}
+    assert ex.events.index(("full", key(16))) > ex.events.index(("screen", key(2048, 2)))
+
+
+def test_a_quick_estimate_from_a_worker_that_died_since_is_taken_again():
+    from nbx_tune.tuner.tune import _Candidates, seat_job
+
+    ex = Events(base_times())
+    ex.start_seat(SPEC, seat_job(SPEC, PROFILE, "s", PROBLEMS, "cpu")[0])
+    cands = _Candidates(ex, NullReporter(), "s")
+    cands.screen_all([CONFIGS[0]], quick=True)
+    ex.generation = 1  # the worker was replaced after the estimate
+    assert cands.measure(CONFIGS[0], "quick") is not None
+    assert [m for m, _ in ex.events] == ["screen", "quick", "quick"]
+
+
 def test_a_recertifications_contenders_are_compiled_ahead_at_the_confirm_shapes_too():
     # The worker would otherwise compile the winner and runner-up at the seat's other shapes
     # (other specializations: a bucket's odd bottom edge) itself, one after the other.

@@ -23,8 +23,10 @@ import traceback
 
 from nbx_tune.tuner.executor import (ContextPoisoned, Outcome, SeatJob, SeatPrepareError, CandidateRunner, WorkerLost,
                                       classify_exception, is_fatal)
+from nbx_tune.tuner.precompile import let_go
 
 PREPARE_TIMEOUT_FACTOR = 10  # making a seat's inputs and fp64 oracles may take longer than one candidate
+STOP_WAIT_S = 10  # a stopped worker writes its profile, if asked, then says so
 
 
 def _worker_main(conn, plugins, stderr_path):
@@ -46,9 +48,14 @@ def _worker_main(conn, plugins, stderr_path):
             prof.dump_stats(os.path.join(profile_dir, f"worker-{os.getpid()}.prof"))
     else:
         _serve(conn, plugins)
-    # Stopped: nothing is left to write, and the interpreter's own shut-down (torch's
-    # included) is slow enough that the census would wait for it.
+    # Stopped: nothing is left to write (the parent waits for this word, not for the exit),
+    # and the interpreter's own shut-down (torch's included) is slow enough that the census
+    # would wait for it.
     sys.stderr.flush()
+    try:
+        conn.send(("stopped",))
+    except (BrokenPipeError, OSError):
+        pass
     os._exit(0)
 
 
@@ -173,12 +180,15 @@ class Isolated:
         child.close()
         self.conn = parent
 
-    def _kill(self) -> None:
-        """The worker gone, with its pipe and its stderr log."""
+    def _kill(self, wait: bool = True) -> None:
+        """The worker gone, with its pipe and its stderr log; waited for unless not `wait`."""
         if self.proc is not None:
             if self.proc.is_alive():
                 self.proc.kill()
-            self.proc.join(timeout=10)
+            if wait:
+                self.proc.join(timeout=10)
+            else:
+                let_go(self.proc)
         if self.conn is not None:
             self.conn.close()
         self.proc = self.conn = None
@@ -308,19 +318,23 @@ class Isolated:
         self.spec = self.job = self.broken = None
 
     def close(self) -> None:
-        # Every process is told to go before any is waited for: each exit waits on its GPU
-        # context's teardown, and these overlap.
-        if self.precompiler is not None:
-            self.precompiler.stop()
-        # A worker never sent a seat (every seat already certified) may still be importing:
-        # it has nothing to finish, so it is killed rather than waited for.
+        # No process is waited for to exit: each exit waits on its GPU context's teardown,
+        # which nothing here needs. The worker is waited for only to say it stopped (it has
+        # written what it writes, a profile); one never sent a seat (every seat already
+        # certified) may still be importing: it has nothing to finish and is killed.
+        told = False
         if self.proc is not None and self.proc.is_alive() and self.served:
             try:
                 self.conn.send(("stop",))
+                told = True
             except (BrokenPipeError, OSError):
                 pass
         if self.precompiler is not None:
-            self.precompiler.join()
-        if self.proc is not None and self.served:
-            self.proc.join(timeout=5)
-        self._kill()
+            self.precompiler.close()
+        if told:
+            try:
+                if self.conn.poll(STOP_WAIT_S):
+                    self.conn.recv()
+            except (EOFError, OSError):
+                pass
+        self._kill(wait=False)

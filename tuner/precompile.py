@@ -163,12 +163,29 @@ class Precompiler:
                 proc.kill()
 
     def join(self) -> None:
-        # An exit takes a while when a process holds a GPU context: after stop(), these
-        # waits overlap with each other's and with the candidate worker's.
+        """Wait until every process is gone (after stop())."""
         for proc in self.procs:
             proc.join()
         self.jobs.close()
 
     def close(self) -> None:
+        """Kill every process and wait for none: a killed process that held a GPU context
+        is gone only once the driver has torn the context down (0.8 s at a census's end),
+        and nothing here needs it gone."""
         self.stop()
-        self.join()
+        for proc in self.procs:
+            let_go(proc)
+
+
+def let_go(proc) -> None:
+    """Leave a child process that was killed or told to exit to finish on its own: reaped
+    on a daemon thread, and out of multiprocessing's list of children, which it joins at
+    interpreter exit."""
+    import threading
+
+    from multiprocessing import process
+
+    getattr(process, "_children", set()).discard(proc)
+    popen = getattr(proc, "_popen", None)
+    if popen is not None:
+        threading.Thread(target=popen.wait, daemon=True).start()

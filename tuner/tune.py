@@ -33,6 +33,7 @@ from nbx_tune.tuner import screen as screening
 from nbx_tune.tuner.executor import SeatJob, SeatPrepareError, WorkerLost
 from nbx_tune.tuner.screen import ScreenResult
 from nbx_tune.tuner.screen_shapes import edge_problems, screen_shapes
+from nbx_tune.tuner.strategies import quick_first
 from nbx_tune.tuner.strategies.search import Full, SearchNote
 
 
@@ -160,27 +161,31 @@ class _Candidates:
         self.passed_in: dict[Config, int] = {}  # the worker generation whose screen passed it
         self.confirmed_in: dict[Config, int] = {}
         self.compiling: set[Config] = set()
+        self.quick: dict[Config, tuple[int, Timing]] = {}  # taken as screened: (worker generation, estimate)
         self.screen_s = self.bench_s = 0.0
 
     def evaluate(self, configs, strategy) -> list:
         """What a search asks for (tuner/strategies/search.py): screen those of `configs`
-        not screened yet, refuse the imprecise, time the survivors; their measurements."""
+        not screened yet, refuse the imprecise, time the survivors; their measurements.
+        For a strategy that starts with quick estimates, each is taken as its config is
+        screened: the worker would otherwise wait on the compile pool for the next config
+        with the GPU idle, then take them all after the last."""
         more = [c for c in configs if c not in self.compiling]
         if more and hasattr(self.executor, "precompile"):
             self.executor.precompile(more)
         self.compiling.update(more)
         ts = time.perf_counter()
-        self.screen_all([c for c in configs if c not in self.records])
+        quick_s = self.screen_all([c for c in configs if c not in self.records], quick=quick_first(strategy))
         survivors = [c for c in configs if self.records[c].reason is None]
         survivors = [c for c in survivors if self.passed_in[c] == self.executor.generation or self.screen(c)]
         kept = set(self.refuse_imprecise([c for c, r in self.records.items() if r.reason is None]))
         tb = time.perf_counter()
-        self.screen_s += tb - ts
+        self.screen_s += tb - ts - quick_s
         measured = [m for m in strategy([c for c in survivors if c in kept], self.measure)
                     if self.records[m.config].reason is None]
         for m in measured:
             self.records[m.config].timing, self.records[m.config].final = m.timing, m.final
-        self.bench_s += time.perf_counter() - tb
+        self.bench_s += time.perf_counter() - tb + quick_s
         return measured
 
     def _refuse(self, config: Config, out) -> bool:
@@ -200,9 +205,22 @@ class _Candidates:
         self.reporter.candidate(self.label, config, "screened")
         return True
 
-    def screen_all(self, configs) -> list[Config]:
-        survivors = [c for c in configs if self.screen(c)]
-        return [c for c in survivors if self.passed_in[c] == self.executor.generation or self.screen(c)]
+    def screen_all(self, configs, quick: bool = False) -> float:
+        """Screen each config (again where a worker died since it passed); with `quick`,
+        take each survivor's quick estimate right after its screen. Returns the seconds
+        those estimates took."""
+        spent = 0.0
+        for c in configs:
+            if self.screen(c) and quick:
+                t0 = time.perf_counter()
+                t = self.measure(c, "quick")
+                if t is not None:
+                    self.quick[c] = (self.executor.generation, t)
+                spent += time.perf_counter() - t0
+        for c in configs:
+            if self.records[c].reason is None and self.passed_in[c] != self.executor.generation:
+                self.screen(c)
+        return spent
 
     def refuse_imprecise(self, survivors: list[Config]) -> list[Config]:
         best: dict[Problem, float] = {}
@@ -225,6 +243,10 @@ class _Candidates:
         return kept
 
     def measure(self, config: Config, mode: str):
+        if mode == "quick":  # an estimate taken as it was screened, by a worker still alive
+            gen, t = self.quick.pop(config, (None, None))
+            if gen == self.executor.generation:
+                return t
         out = self.executor.time(config, mode)
         if not out.ok:
             self._refuse(config, out)

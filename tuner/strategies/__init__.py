@@ -7,6 +7,11 @@ One strategy per module, each behind one function
 where `measure(config, mode)` returns a Timing, or None when the candidate failed (the
 tuner records that refusal itself). Only `final` measurements compete for the win. The
 tests replay recorded measurements through `measure`, with no GPU.
+
+A strategy whose first step is a quick estimate of every candidate says so
+(`run.quick_first = True`): the tuner then takes each candidate's estimate as soon as it
+is screened, while the compile pool is still building the next candidates, and hands it
+to the strategy's first `measure(config, "quick")`.
 """
 
 from __future__ import annotations
@@ -27,6 +32,12 @@ class Measured:
 
 
 Measure = Callable[[Config, str], "Timing | None"]
+
+
+def quick_first(strategy) -> bool:
+    """Whether `strategy` (or the function a functools.partial wraps) starts with a quick
+    estimate of every candidate."""
+    return bool(getattr(getattr(strategy, "func", strategy), "quick_first", False))
 
 
 def get_strategy(name: str):

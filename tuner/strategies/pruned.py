@@ -94,3 +94,6 @@ def run(candidates, measure, slack: float = SLACK, top_k: int = TOP_K, rounds: i
     got = turned_rounds(alive, measure, rounds, after if settle else None)
     out += [Measured(c, combine(ts), True) for c, ts in got.items()]
     return out
+
+
+run.quick_first = True  # strategies/__init__.py: the tuner may take the estimates as it screens
