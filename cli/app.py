@@ -7,6 +7,8 @@ next step to take, exit code 1; misuse (a bad option) is exit code 2.
 
 from __future__ import annotations
 
+import atexit
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -440,8 +442,25 @@ def db_current(db: Optional[str] = DbOpt, json_out: bool = JsonOpt):
 
 
 def main() -> None:
-    app()
+    code = 0
+    try:
+        app()
+    except SystemExit as e:
+        code = e.code
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    # The command is done. What is left is the interpreter's shut-down, which with torch
+    # and Triton loaded takes most of a second of a census's wall time: the exit handlers
+    # still run (multiprocessing's, logging's, temporary files'), the module teardown does not.
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`nbx-tune show | head`)
+            code = code or 1
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

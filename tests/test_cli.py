@@ -244,3 +244,24 @@ def test_run_is_one_line_for_a_bad_command_and_json_for_a_program(tmp_path):
     r = run("run", "--json", "--", sys.executable, str(script))
     d = json.loads(r.stdout)
     assert r.exit_code == 3 and d["exit_status"] == 3 and isinstance(d["stats"], dict)
+
+
+def test_the_console_entry_exits_with_the_commands_code_and_its_output_whole(tmp_path):
+    """main() skips the interpreter's teardown (os._exit): the output piped out is still
+    complete, exit handlers still run, and the exit code is the command's."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "COLUMNS": "200", "NBX_TUNE_DB": f"sqlite:///{tmp_path / 'x.db'}"}
+    r = subprocess.run([sys.executable, "-m", "nbx_tune.cli.app", "profiles", "list", "--json"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and {p["name"] for p in json.loads(r.stdout)["profiles"]} >= {"interpreter", "hopper"}
+    r = subprocess.run([sys.executable, "-m", "nbx_tune.cli.app", "show", "nope"], capture_output=True, text=True,
+                       env=env)
+    assert r.returncode == 1 and r.stderr.startswith("error: no database at") and r.stderr.count("\n") == 1
+    marker = tmp_path / "handler-ran"
+    code = ("import atexit, sys; from nbx_tune.cli.app import main; "
+            f"atexit.register(lambda: open({str(marker)!r}, 'w').write('x')); "
+            "sys.argv = ['nbx-tune', 'profiles', 'list']; main()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and marker.read_text() == "x"
