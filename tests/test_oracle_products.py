@@ -109,3 +109,25 @@ def test_the_matmul_and_conv_oracles_take_their_products_from_here():
 def test_the_screen_hands_in_a_product_only_on_a_gpu():
     assert screen.device_product("cpu") is None
     assert callable(screen.device_product("cuda"))
+
+
+def test_an_operand_viewing_a_resident_input_is_read_from_its_device_copy():
+    """The screen's GPU product reads a case's rounded inputs where they already are (in
+    their own dtype) instead of uploading their float64 widening: every view of the
+    widened array maps to the same values; anything else is uploaded."""
+    import torch
+
+    rng = np.random.default_rng(5)
+    arr = rng.standard_normal((3, 7, 5)).astype(np.float32).astype(np.float64)  # exact in float32
+    dev = torch.from_numpy(arr).to(torch.float32)
+    resident = [(arr, dev)]
+    views = [arr, arr.transpose(0, 2, 1), arr[1:, 2:6, ::2], arr[2], arr[:, 3, :].T]
+    for x in views:
+        got = screen._view_of(x, arr, dev)
+        assert got is not None and got.dtype == torch.float32
+        assert np.array_equal(screen.on_device(x, resident, "cpu").numpy(), x)
+    assert screen.on_device(arr, resident, "cpu").dtype == torch.float64
+    for x in (arr.copy(), arr[::-1], rng.standard_normal((3, 7, 5)), arr.astype(np.float32)):
+        assert screen._view_of(x, arr, dev) is None
+        assert np.array_equal(screen.on_device(x, resident, "cpu").numpy(), x)
+    assert screen._view_of(arr, arr, dev.reshape(7, 3, 5)) is None  # not the same layout

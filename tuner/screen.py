@@ -208,7 +208,8 @@ def make_case(spec: KernelSpec, problem: Problem, device: str, seed: int, with_o
             inputs[name] = t.to(device)
     ref = None
     if with_oracle:
-        with clock("oracle"), products.faster(device_product(device)):
+        resident = [(rounded[n], inputs[n]) for n in rounded if inputs[n].is_floating_point()]
+        with clock("oracle"), products.faster(device_product(device, resident)):
             ref = spec.oracle(problem, rounded)
         ref = {k: _unshared(v) for k, v in ref.items()}
     return Case(problem, inputs, ref)
@@ -258,20 +259,48 @@ def _unshared(ref):
     return ref
 
 
-def device_product(device: str):
-    """The oracles' large float64 products on a GPU (`oracles/products.py` checks each on
-    sampled rows against numpy's), or None on the CPU, where numpy's is the product."""
+def device_product(device: str, resident=()):
+    """The oracles' large float64 products on a GPU (`oracles/products.py` checks each
+    against numpy's), or None on the CPU, where numpy's is the product. `resident`: [(a
+    float64 array, the same values on the device in their own dtype)], a case's rounded
+    inputs: an operand that is a view of one is read there, not uploaded."""
     if not str(device).startswith("cuda"):
         return None
 
     def product(a: np.ndarray, b: np.ndarray):
         try:
-            ta, tb = (torch.from_numpy(x if min(x.strides, default=0) >= 0 else np.ascontiguousarray(x))
-                      .to(device) for x in (a, b))
+            ta, tb = (on_device(x, resident, device) for x in (a, b))
             return torch.matmul(ta, tb).cpu().numpy()
         except torch.cuda.OutOfMemoryError:
             return None
     return product
+
+
+def on_device(x: np.ndarray, resident, device) -> torch.Tensor:
+    """x (float64) on `device`: widened there from a resident copy where x is a view of
+    its array (a transpose, a slice), else uploaded. Moving the widened operands was most
+    of a GEMM case's oracle; a view mapped wrongly would fail the product's check."""
+    for arr, dev in resident:
+        view = _view_of(x, arr, dev)
+        if view is not None:
+            return view.to(torch.float64)
+    return torch.from_numpy(x if min(x.strides, default=0) >= 0 else np.ascontiguousarray(x)).to(device)
+
+
+def _view_of(x: np.ndarray, arr: np.ndarray, dev: torch.Tensor) -> torch.Tensor | None:
+    """The elements of `dev` that `x` views in `arr` (dev holds arr's values, same shape,
+    both contiguous), or None where x is not such a view."""
+    if x.dtype != np.float64 or arr.dtype != np.float64 or not arr.flags.c_contiguous \
+            or tuple(dev.shape) != arr.shape or not dev.is_contiguous() or not np.may_share_memory(x, arr):
+        return None
+    offset = x.__array_interface__["data"][0] - arr.__array_interface__["data"][0]
+    if offset < 0 or offset % 8 or any(st < 0 or st % 8 for st in x.strides):
+        return None
+    offset, strides = offset // 8, tuple(st // 8 for st in x.strides)
+    last = offset + sum((n - 1) * st for n, st in zip(x.shape, strides))
+    if x.size == 0 or last >= arr.size:
+        return None
+    return dev.as_strided(x.shape, strides, dev.storage_offset() + offset)
 
 
 def alloc_outputs(spec: KernelSpec, problem: Problem, device: str) -> dict:
