@@ -25,7 +25,7 @@ from nbx_tune.tuner.runner import SeatTuner
 from nbx_tune.tuner.screen import ScreenResult
 from nbx_tune.tuner.store import Store
 from nbx_tune.tuner.strategies import Measured, get_strategy
-from nbx_tune.tuner.strategies.ranked import Ranked, distance, shortcut_loss
+from nbx_tune.tuner.strategies.ranked import AUDIT_RATE, Ranked, distance, label_fraction, shortcut_loss
 from nbx_tune.tuner.tune import NullReporter, tune_seat
 
 PROFILE = get_profile("interpreter")
@@ -849,6 +849,51 @@ def test_a_census_queues_the_next_seats_first_configs_while_this_one_is_tuned(db
         whole += queued[0] == first
     assert whole >= 1
     assert not any(e[0] == "prefetch" and e[1] == labels[0] for e in ex.events)  # its own start queues it
+    store.close()
+
+
+def test_a_census_audits_a_kernels_last_seat_and_compiles_its_space_while_the_seats_before_are_timed(db_url):
+    from nbx_tune.tuner.census import SeatLine
+
+    class Queued(Replay):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.events = []
+
+        def prefetch(self, spec, job, configs):
+            self.events.append(("prefetch", job.label, [c.key() for c in configs]))
+
+        def start_seat(self, spec, job, configs=()):
+            self.events.append(("start", job.label, [c.key() for c in configs]))
+            super().start_seat(spec, job, configs)
+
+    store = Store(db_url)
+    sizes = [1000, 1100, 1200, 1300]
+    run_id, sids = plan_seats(store, sizes)
+    labels = [f"test_replay|float32||n={n}" for n in sizes]
+    lines = [SeatLine(sid, lb, "test_replay", "pending", "", 1, 1) for sid, lb in zip(sids, labels)]
+    ex = Queued(base_times())
+    SeatTuner(store, PROFILE, DEVICE, ex, get_strategy("pruned")).run(lines, None, None, run_id)
+    # The first seat knows nothing near (in full); no audit is on record, and it is due at the
+    # kernel's last seat of the census: the seats between are shortlists.
+    rows = last(db_url, "SELECT search, shortcut_loss FROM tunings ORDER BY id")
+    assert [r[0] for r in rows] == ["full", "ranked", "ranked", "audit"]
+    assert rows[-1][1] == 0.0 and all(r[1] is None for r in rows[:-1])
+    # Its whole space was queued once the kernel's first seat had queued its own, before the
+    # seats between were timed.
+    starts = {e[1]: ex.events.index(e) for e in ex.events if e[0] == "start"}
+    ahead = [e for e in ex.events[starts[labels[0]]:starts[labels[2]]] if e[0] == "prefetch" and e[1] == labels[3]]
+    assert {k for e in ahead for k in e[2]} == {c.key() for c in CONFIGS}
+    assert not any(e[0] == "prefetch" and e[1] == labels[3] for e in ex.events[:starts[labels[0]]])
+    # A census whose kernel has an audit on record audits only where the label's hash draws one.
+    run_id, more = plan_seats(store, [1400, 1500])
+    ex = Queued(base_times())
+    SeatTuner(store, PROFILE, DEVICE, ex, get_strategy("pruned")).run(
+        [SeatLine(sid, f"test_replay|float32||n={n}", "test_replay", "pending", "", 1, 1)
+         for sid, n in zip(more, [1400, 1500])], None, None, run_id)
+    drawn = [label_fraction(f"test_replay|float32||n={n}") < AUDIT_RATE for n in (1400, 1500)]
+    assert [r[0] for r in last(db_url, "SELECT search FROM tunings ORDER BY id")][4:] == \
+        ["audit" if d else "ranked" for d in drawn]
     store.close()
 
 

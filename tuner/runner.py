@@ -60,6 +60,8 @@ class SeatTuner:
         self.claim_ttl = claim_ttl
         self.torch_device = "cpu" if device.target == "interpreter" else "cuda"
         self.prefetched: dict = {}  # seat id -> how many configs were queued for it ahead
+        self.queued_whole: set = set()  # seat ids whose first configs were all queued ahead
+        self.audit_later: set = set()  # seat ids whose kernel's audit is due at a later seat (run)
 
     def _worth_it(self, rec, spec, st) -> bool:
         """An unscreened seat is worked on only if a shape its winner was never screened at
@@ -73,9 +75,18 @@ class SeatTuner:
     def run(self, lines, plan, ids, run_id, reporter=None) -> None:
         reporter = reporter or NullReporter()
         todo = [ln for ln in lines if ln.id is not None]
+        # A kernel with no audit on record is audited at its last seat of this census, not
+        # its first: the whole space then compiles while the seats before it are timed, and
+        # is queued once one of its seats has queued its own configs (the pool's queue is
+        # first in, first out).
+        last = {ln.kernel: ln.id for ln in todo}
+        unaudited = {k for k in last if not self.store.shortcut_losses(self.profile.name, k)}
+        self.audit_later = {ln.id for ln in todo if ln.kernel in unaudited and last[ln.kernel] != ln.id}
+        begun = set()
         held_elsewhere = []
         for i, ln in enumerate(todo):
-            self.prefetch(todo[i + 1:])
+            self.prefetch(todo[i + 1:], last[ln.kernel] if ln.kernel in begun & unaudited else None)
+            begun.add(ln.kernel)
             if not self._tune_one(ln, i, len(todo), run_id, reporter):
                 held_elsewhere.append(ln)
         # Seats another process was tuning: wait for it to finish them, or to die (its
@@ -111,7 +122,7 @@ class SeatTuner:
                 return None
             reporter.seat_start(label, index, total, len(spec.configs()))
             started = datetime.now(timezone.utc)
-            search = seat_search.for_seat(self.store, rec, spec, self.profile)
+            search = seat_search.for_seat(self.store, rec, spec, self.profile, seat_id in self.audit_later)
             with _Heartbeat(self.store, seat_id, self.holder, self.claim_ttl):
                 kind, result = "rescreen", self._rescreened(rec, spec, st, label, reporter)
                 if result is None:
@@ -126,34 +137,45 @@ class SeatTuner:
             self.store.release(seat_id, self.holder)
             raise
 
-    def prefetch(self, upcoming) -> None:
+    def prefetch(self, upcoming, whole=None) -> None:
         """Queue the first configs of the seats coming next, at most PREFETCH_CONFIGS ahead
         (each seat once; a seat timing the whole space has the rest queued at its start, so
-        a fallback here does not wait behind it). Only for speed: a seat whose search turns
-        out other than planned here (an earlier seat informed it) compiles what it needs."""
+        a fallback here does not wait behind it); then, behind them, all of seat `whole`'s
+        (a deferred audit: run). Only for speed: a seat whose search turns out other than
+        planned here (an earlier seat informed it) compiles what it needs."""
         if not hasattr(self.executor, "prefetch"):
             return
         ahead = 0
         for ln in upcoming:
             if ahead >= PREFETCH_CONFIGS:
-                return
+                break
             if ln.id not in self.prefetched:
-                self.prefetched[ln.id] = 0
-                try:
-                    spec = get_spec(ln.kernel)
-                    rec = self.store.seat_records(seat_ids=[ln.id])[0]
-                    if seat_status(rec, spec, self.profile).status in ("pending", "stale") \
-                            or from_sibling(rec.cert_tuning, self.device):
-                        search = seat_search.for_seat(self.store, rec, spec, self.profile)
-                        job, first = first_compiles(spec, self.profile, ln.label, rec.problems,
-                                                    self.torch_device, search)
-                        first = first[:PREFETCH_CONFIGS - ahead]
-                        if job is not None and first:
-                            self.executor.prefetch(spec, job, first)
-                            self.prefetched[ln.id] = len(first)
-                except Exception:  # planning ahead never costs the census anything
-                    pass
+                self.prefetched[ln.id] = self._queue(ln, PREFETCH_CONFIGS - ahead)
             ahead += self.prefetched[ln.id]
+        ln = next((ln for ln in upcoming if ln.id == whole), None)
+        if ln is not None and whole not in self.queued_whole:
+            self.queued_whole.add(whole)
+            self.prefetched[whole] = self._queue(ln, None, self.prefetched.get(whole, 0), audit_only=True)
+
+    def _queue(self, ln, limit: int | None, done: int = 0, audit_only: bool = False) -> int:
+        """Queue seat `ln`'s first configs for compiling, at most `limit`, past the `done`
+        queued already (and only for an audit if `audit_only`); how many are queued now."""
+        try:
+            spec = get_spec(ln.kernel)
+            rec = self.store.seat_records(seat_ids=[ln.id])[0]
+            if seat_status(rec, spec, self.profile).status in ("pending", "stale") \
+                    or from_sibling(rec.cert_tuning, self.device):
+                search = seat_search.for_seat(self.store, rec, spec, self.profile, ln.id in self.audit_later)
+                if audit_only and not getattr(search, "audit", False):
+                    return done
+                job, first = first_compiles(spec, self.profile, ln.label, rec.problems, self.torch_device, search)
+                first = first[done:limit]
+                if job is not None and first:
+                    self.executor.prefetch(spec, job, first)
+                    return done + len(first)
+        except Exception:  # planning ahead never costs the census anything
+            pass
+        return done
 
     def _rescreened(self, rec, spec, st, label, reporter):
         """The certificate renewed with its winner's screens at the shapes seen since it was

@@ -37,8 +37,9 @@ def mode() -> str:
     return m
 
 
-def for_seat(store, rec, spec, profile):
-    """The search for a seat record (`Store.seat_records`)."""
+def for_seat(store, rec, spec, profile, audit_later: bool = False):
+    """The search for a seat record (`Store.seat_records`). `audit_later`: the kernel's
+    first audit is due at a later seat of this census (tuner/runner.py), not here."""
     if mode() == "full":
         return Full()
     s = rec.seat
@@ -52,19 +53,22 @@ def for_seat(store, rec, spec, profile):
             explore = () if seed.complete else ranked(store, s, label, profile).best(
                 EXPLORE_CLEAR if seed.clear else EXPLORE)
             return Recertify(seed, spec.config_space_hash, explore)
-    r = ranked(store, s, label, profile)
+    r = ranked(store, s, label, profile, audit_later)
     return r if r.informed else Full()
 
 
-def ranked(store, s, label: str, profile) -> Ranked:
+def ranked(store, s, label: str, profile, audit_later: bool = False) -> Ranked:
     """The ranked search of seat `s`, from what the kernel's other seats measured here and
     what the table shipped for the profile picked at its other seats (never the seat's own
-    entry: a fresh census must not read its answer there)."""
+    entry: a fresh census must not read its answer there). Audited where no audit of the
+    kernel is on record (unless one is due later in the census) or where the label's hash
+    draws one."""
     prior = [((o.dtypes, o.flags, o.bucket), meas, refused)
              for o, _, meas, refused in store.kernel_measurements(profile.name, s.kernel) if o.id != s.id]
     seat = (s.dtypes, s.flags, s.bucket)
     table = [] if mode() == "cold" else shipped_votes(profile.name, s.kernel, seat)
-    audit = not store.shortcut_losses(profile.name, s.kernel) or label_fraction(label) < AUDIT_RATE
+    audit = (not audit_later and not store.shortcut_losses(profile.name, s.kernel)) \
+        or label_fraction(label) < AUDIT_RATE
     return Ranked(label, seat, prior, audit, table)
 
 

@@ -20,8 +20,10 @@ for a runner-up). The configs with the most votes rank after the database's (all
 up to TOP, where the database knows nothing near; SHIPPED_EXTRA beside its TOP otherwise).
 How often the votes hold a seat's own winner: `bench/ranking_replay.py --table`.
 
-Audits: a seat is audited when no audit of the kernel is on record for the profile, or
-when its label's hash falls in AUDIT_RATE. An audit evaluates every candidate (the winner
+Audits: a seat is audited when no audit of the kernel is on record for the profile (a
+census holds that first audit for the kernel's last seat in it, whose whole space then
+compiles while the seats before it are timed: tuner/runner.py), or when its label's hash
+falls in AUDIT_RATE. An audit evaluates every candidate (the winner
 is the true best), and records the shortcut pick's loss against it: `nbx-tune show` and
 exported tables show the median and maximum of those.
 """
