@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Call 4 of 2026-12-06: the resident-operand probe (e98c233), then census-only A/B of the
+# Call 4 of 2026-12-06 (never got a machine): the resident-operand probe (e98c233), then census-only A/B of the
 # working tree (e98c233: quick estimates as screened, no exit waits, teardown skipped,
 # resident operands) against basecopy/ (169e43d), then stage cost on the working tree.
 set -u
