@@ -175,6 +175,7 @@ class Precompiler:
         self.stop()
         for proc in self.procs:
             let_go(proc)
+        self.jobs.close()
 
 
 def let_go(proc) -> None:
