@@ -806,21 +806,24 @@ def test_a_clear_history_times_fewer_configs_beside_its_pair(db_url, monkeypatch
     store.close()
 
 
+class Queued(Replay):
+    """Replay that records what a census queues for compiling ahead and each seat's start."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.events = []
+
+    def prefetch(self, spec, job, configs):
+        self.events.append(("prefetch", job.label, [c.key() for c in configs]))
+
+    def start_seat(self, spec, job, configs=()):
+        self.events.append(("start", job.label, [c.key() for c in configs]))
+        super().start_seat(spec, job, configs)
+
+
 def test_a_census_queues_the_next_seats_first_configs_while_this_one_is_tuned(db_url, monkeypatch):
     from nbx_tune.tuner import runner
     from nbx_tune.tuner.census import SeatLine
-
-    class Ahead(Replay):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            self.events = []
-
-        def prefetch(self, spec, job, configs):
-            self.events.append(("prefetch", job.label, [c.key() for c in configs]))
-
-        def start_seat(self, spec, job, configs=()):
-            self.events.append(("start", job.label, [c.key() for c in configs]))
-            super().start_seat(spec, job, configs)
 
     store = Store(db_url)
     sizes = [1000, 1100, 1200, 1300]
@@ -835,7 +838,7 @@ def test_a_census_queues_the_next_seats_first_configs_while_this_one_is_tuned(db
     with create_engine(db_url).begin() as c:  # every seat stale: each re-certified from its contenders
         c.execute(text("UPDATE tunings SET kernel_source_hash = 'before'"))
     monkeypatch.setattr(runner, "PREFETCH_CONFIGS", 5)
-    ex = Ahead(base_times())
+    ex = Queued(base_times())
     SeatTuner(store, PROFILE, DEVICE, ex, get_strategy("pruned")).run(lines, None, None, run_id)
     starts = [e for e in ex.events if e[0] == "start"]
     assert [e[1] for e in starts] == labels
@@ -854,18 +857,6 @@ def test_a_census_queues_the_next_seats_first_configs_while_this_one_is_tuned(db
 
 def test_a_census_audits_a_kernels_last_seat_and_compiles_its_space_while_the_seats_before_are_timed(db_url):
     from nbx_tune.tuner.census import SeatLine
-
-    class Queued(Replay):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            self.events = []
-
-        def prefetch(self, spec, job, configs):
-            self.events.append(("prefetch", job.label, [c.key() for c in configs]))
-
-        def start_seat(self, spec, job, configs=()):
-            self.events.append(("start", job.label, [c.key() for c in configs]))
-            super().start_seat(spec, job, configs)
 
     store = Store(db_url)
     sizes = [1000, 1100, 1200, 1300]
