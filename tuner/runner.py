@@ -155,11 +155,13 @@ class SeatTuner:
         ln = next((ln for ln in upcoming if ln.id == whole), None)
         if ln is not None and whole not in self.queued_whole:
             self.queued_whole.add(whole)
-            self.prefetched[whole] = self._queue(ln, None, self.prefetched.get(whole, 0), audit_only=True)
+            # All of them, whatever the window queued: its order may have changed since, and
+            # the pool queues a config of a seat once.
+            self.prefetched[whole] = max(self.prefetched.get(whole, 0), self._queue(ln, None, audit_only=True))
 
-    def _queue(self, ln, limit: int | None, done: int = 0, audit_only: bool = False) -> int:
-        """Queue seat `ln`'s first configs for compiling, at most `limit`, past the `done`
-        queued already (and only for an audit if `audit_only`); how many are queued now."""
+    def _queue(self, ln, limit: int | None, audit_only: bool = False) -> int:
+        """Queue seat `ln`'s first configs for compiling, at most `limit` (and only for an
+        audit if `audit_only`); how many."""
         try:
             spec = get_spec(ln.kernel)
             rec = self.store.seat_records(seat_ids=[ln.id])[0]
@@ -167,15 +169,15 @@ class SeatTuner:
                     or from_sibling(rec.cert_tuning, self.device):
                 search = seat_search.for_seat(self.store, rec, spec, self.profile, ln.id in self.audit_later)
                 if audit_only and not getattr(search, "audit", False):
-                    return done
+                    return 0
                 job, first = first_compiles(spec, self.profile, ln.label, rec.problems, self.torch_device, search)
-                first = first[done:limit]
+                first = first[:limit]
                 if job is not None and first:
                     self.executor.prefetch(spec, job, first)
-                    return done + len(first)
+                    return len(first)
         except Exception:  # planning ahead never costs the census anything
             pass
-        return done
+        return 0
 
     def _rescreened(self, rec, spec, st, label, reporter):
         """The certificate renewed with its winner's screens at the shapes seen since it was
