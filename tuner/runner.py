@@ -9,6 +9,7 @@ one transaction that also releases the claim. A claim whose holder died expires.
 from __future__ import annotations
 
 import math
+from collections import Counter
 import threading
 import time
 from datetime import datetime, timezone
@@ -60,7 +61,6 @@ class SeatTuner:
         self.claim_ttl = claim_ttl
         self.torch_device = "cpu" if device.target == "interpreter" else "cuda"
         self.prefetched: dict = {}  # seat id -> how many configs were queued for it ahead
-        self.queued_whole: set = set()  # seat ids whose first configs were all queued ahead
         self.audit_later: set = set()  # seat ids whose kernel's audit is due at a later seat (run)
 
     def _worth_it(self, rec, spec, st) -> bool:
@@ -77,16 +77,17 @@ class SeatTuner:
         todo = [ln for ln in lines if ln.id is not None]
         # A kernel with no audit on record is audited at its last seat of this census, not
         # its first: the whole space then compiles while the seats before it are timed, and
-        # is queued once one of its seats has queued its own configs (the pool's queue is
-        # first in, first out).
+        # is queued (once) when the kernel's second seat starts, after the first seat has
+        # queued its own configs (the pool's queue is first in, first out).
         last = {ln.kernel: ln.id for ln in todo}
         unaudited = {k for k in last if not self.store.shortcut_losses(self.profile.name, k)}
         self.audit_later = {ln.id for ln in todo if ln.kernel in unaudited and last[ln.kernel] != ln.id}
-        begun = set()
+        started = Counter()
         held_elsewhere = []
         for i, ln in enumerate(todo):
-            self.prefetch(todo[i + 1:], last[ln.kernel] if ln.kernel in begun & unaudited else None)
-            begun.add(ln.kernel)
+            second = started[ln.kernel] == 1 and ln.kernel in unaudited
+            self.prefetch(todo[i + 1:], last[ln.kernel] if second else None)
+            started[ln.kernel] += 1
             if not self._tune_one(ln, i, len(todo), run_id, reporter):
                 held_elsewhere.append(ln)
         # Seats another process was tuning: wait for it to finish them, or to die (its
@@ -153,8 +154,7 @@ class SeatTuner:
                 self.prefetched[ln.id] = self._queue(ln, PREFETCH_CONFIGS - ahead)
             ahead += self.prefetched[ln.id]
         ln = next((ln for ln in upcoming if ln.id == whole), None)
-        if ln is not None and whole not in self.queued_whole:
-            self.queued_whole.add(whole)
+        if ln is not None:
             # All of them, whatever the window queued: its order may have changed since, and
             # the pool queues a config of a seat once.
             self.prefetched[whole] = max(self.prefetched.get(whole, 0), self._queue(ln, None, audit_only=True))
