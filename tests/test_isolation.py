@@ -180,8 +180,8 @@ class _FakePool:
     def __init__(self):
         self.events = []
 
-    def submit(self, kernel, problems, configs, device):
-        self.events.append(("submit", len(configs)))
+    def submit(self, kernel, problems, configs, device, priority):
+        self.events.append(("submit", len(configs), priority))
 
     def stop(self):
         self.events.append(("stop",))
@@ -196,6 +196,8 @@ class _FakePool:
 def test_a_seat_queues_its_own_compiles_only_and_close_closes_the_pool():
     """A seat's candidates are queued once for compiling ahead of the worker (the one the
     static prune refuses is not), and the executor's close closes the pool."""
+    from nbx_tune.tuner.precompile import NOW
+
     profile = builtin_profiles()["interpreter"]
     spec = planted.SPEC
     _, seat_a = _job(spec, 300, "a")
@@ -204,10 +206,59 @@ def test_a_seat_queues_its_own_compiles_only_and_close_closes_the_pool():
     try:
         res = tune_seat(spec, profile, "a", seat_a, ex, get_strategy("exhaustive"), "cpu")
         assert res.outcome == "certified"
-        assert pool.events == [("submit", len(spec.configs()) - 1)]  # a's compiles, once
+        assert pool.events == [("submit", len(spec.configs()) - 1, NOW)]  # a's compiles, once, first
     finally:
         ex.close()
     assert pool.events[1:] == [("close",)]
+
+
+def test_the_compile_schedule_hands_out_the_seat_being_tuned_first_and_keeps_processes_from_a_later_audit():
+    from nbx_tune.tuner.precompile import LATER, NEXT, NOW, RESERVED, Schedule
+
+    sched = Schedule(RESERVED + 2)
+    for i in range(6):
+        assert sched.add(("audit", i), LATER)
+    assert sched.take() == [("audit", 0), ("audit", 1)]  # RESERVED processes stay free
+    assert sched.add(("next", 0), NEXT) and sched.add(("now", 0), NOW)
+    assert not sched.add(("now", 0), NEXT)  # queued already, at a more urgent priority
+    assert sched.take() == [("now", 0), ("next", 0)]  # the seat being tuned first
+    assert sched.add(("audit", 4), NOW)  # a later seat's config now needed: raised, not repeated
+    assert sched.take() == [("audit", 4)] and sched.take() == []  # every process busy
+    sched.finished(("audit", 0))
+    sched.finished(("now", 0))
+    assert sched.take() == []  # four in flight: a LATER job waits while a process is reserved
+    for job in (("audit", 1), ("next", 0), ("audit", 4)):
+        sched.finished(job)
+    assert sched.take() == [("audit", 2), ("audit", 3)]
+    assert not sched.add(("audit", 2), NOW)  # handed out already: not queued again
+    for job in (("audit", 2), ("audit", 3)):
+        sched.finished(job)
+    assert sched.take() == [("audit", 5)] and sched.take() == []
+    small = Schedule(2)  # a pool no larger than RESERVED runs LATER jobs on every process
+    small.add(("a",), LATER), small.add(("b",), LATER), small.add(("c",), LATER)
+    assert small.take() == [("a",), ("b",)]
+
+
+def test_a_precompiler_hands_its_processes_jobs_as_they_finish():
+    """More jobs than processes: each goes out once a process says one is done, and every
+    job is compiled once."""
+    import time
+
+    from nbx_tune.kernels.spec import Config, Problem
+    from nbx_tune.tuner.precompile import LATER, NOW, Precompiler
+
+    configs = [Config((("BLOCK", b),), 4, 2) for b in (16, 32, 64, 128)]
+    pool = Precompiler([], workers=2)
+    try:  # a kernel no process knows: each job fails at once, and is done
+        pool.submit("no_such_kernel", (Problem("k", ("float32",), (), (1,)),), configs, "cpu", LATER)
+        pool.submit("no_such_kernel", (Problem("k", ("float32",), (), (1,)),), configs[3:], "cpu", NOW)
+        deadline = time.monotonic() + 120
+        while (pool.schedule.waiting or pool.schedule.flying) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pool.schedule.flying and not pool.schedule.rank
+        assert len(pool.submitted) == 4
+    finally:
+        pool.close()
 
 
 def test_a_stopped_precompiler_queues_nothing_and_its_processes_are_gone():

@@ -230,7 +230,7 @@ def test_a_recertifications_contenders_are_compiled_ahead_at_the_confirm_shapes_
         def __init__(self):
             self.jobs = []
 
-        def submit(self, kernel, problems, configs, device):
+        def submit(self, kernel, problems, configs, device, priority):
             self.jobs += [(tuple(problems), c.key()) for c in configs]
 
     seen = [problem(1000), problem(950), problem(900)]
@@ -813,8 +813,8 @@ class Queued(Replay):
         super().__init__(*a, **k)
         self.events = []
 
-    def prefetch(self, spec, job, configs):
-        self.events.append(("prefetch", job.label, [c.key() for c in configs]))
+    def prefetch(self, spec, job, configs, later=False):
+        self.events.append(("later" if later else "prefetch", job.label, [c.key() for c in configs]))
 
     def start_seat(self, spec, job, configs=()):
         self.events.append(("start", job.label, [c.key() for c in configs]))
@@ -842,6 +842,8 @@ def test_a_census_queues_the_next_seats_first_configs_while_this_one_is_tuned(db
     SeatTuner(store, PROFILE, DEVICE, ex, get_strategy("pruned")).run(lines, None, None, run_id)
     starts = [e for e in ex.events if e[0] == "start"]
     assert [e[1] for e in starts] == labels
+    # The first seat's own configs are queued before the next seats' (it starts on them).
+    assert ex.events[0][:2] == ("prefetch", labels[0]) and ex.events[0][2] == starts[0][2][:5]
     whole = 0
     for i, (_, label, first) in enumerate(starts[1:], 1):
         # Queued once, before the seat ahead of it started: the configs it starts on, as
@@ -851,7 +853,7 @@ def test_a_census_queues_the_next_seats_first_configs_while_this_one_is_tuned(db
         assert 2 <= len(first) < len(CONFIGS)
         whole += queued[0] == first
     assert whole >= 1
-    assert not any(e[0] == "prefetch" and e[1] == labels[0] for e in ex.events)  # its own start queues it
+    assert not any(e[0] == "later" for e in ex.events)  # every seat re-certified: no audit is due
     store.close()
 
 
@@ -870,12 +872,13 @@ def test_a_census_audits_a_kernels_last_seat_and_compiles_its_space_while_the_se
     rows = last(db_url, "SELECT search, shortcut_loss FROM tunings ORDER BY id")
     assert [r[0] for r in rows] == ["full", "ranked", "ranked", "audit"]
     assert rows[-1][1] == 0.0 and all(r[1] is None for r in rows[:-1])
-    # Its whole space was queued once the kernel's first seat had queued its own, before the
-    # seats between were timed.
+    # Its whole space was queued, at the lowest priority, as the kernel's first seat started,
+    # behind that seat's own configs: it compiles while the seats between are timed.
     starts = {e[1]: ex.events.index(e) for e in ex.events if e[0] == "start"}
-    ahead = [e for e in ex.events[starts[labels[0]]:starts[labels[2]]] if e[0] == "prefetch" and e[1] == labels[3]]
-    assert {k for e in ahead for k in e[2]} == {c.key() for c in CONFIGS}
-    assert not any(e[0] == "prefetch" and e[1] == labels[3] for e in ex.events[:starts[labels[0]]])
+    later = [i for i, e in enumerate(ex.events) if e[0] == "later"]
+    assert [ex.events[i][1] for i in later] == [labels[3]] and later[0] < starts[labels[0]]
+    assert {*ex.events[later[0]][2]} == {c.key() for c in CONFIGS}
+    assert ex.events[0][:2] == ("prefetch", labels[0])
     # A census whose kernel has an audit on record audits only where the label's hash draws one.
     run_id, more = plan_seats(store, [1400, 1500])
     ex = Queued(base_times())

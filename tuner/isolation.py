@@ -263,16 +263,19 @@ class Isolated:
             raise SeatPrepareError(f"making the seat's inputs and oracle failed: {failure[1]}")
 
     # -- the executor interface
-    def _precompile(self, spec, job: SeatJob, configs, confirm: bool = False) -> None:
+    def _precompile(self, spec, job: SeatJob, configs, confirm: bool = False, priority: int = 0) -> None:
         if self.precompiler is not None and configs:
             more = job.confirm_problems if confirm else ()
             problems = tuple(dict.fromkeys((*job.screen_problems, job.time_problem, *more)))
-            self.precompiler.submit(spec.name, problems, configs, job.device)
+            self.precompiler.submit(spec.name, problems, configs, job.device, priority)
 
-    def prefetch(self, spec, job: SeatJob, configs) -> None:
+    def prefetch(self, spec, job: SeatJob, configs, later: bool = False) -> None:
         """Queue a seat's first configs before its turn (tuner/runner.py): compiled while
-        the seats before it are screened and timed."""
-        self._precompile(spec, job, configs, job.compile_confirm)
+        the seats before it are screened and timed; `later` (a deferred audit's whole
+        space) only where no seat nearer its turn waits for a compile."""
+        from nbx_tune.tuner.precompile import LATER, NEXT
+
+        self._precompile(spec, job, configs, job.compile_confirm, LATER if later else NEXT)
 
     def precompile(self, configs) -> None:
         """Queue more of this seat's configs (a search that widens: tuner/recertify.py)."""

@@ -8,18 +8,29 @@ on empty tensors of the seat's shapes, so every specialization the worker will n
 already in Triton's on-disk cache when it gets there. A compile that crashes or fails here
 costs nothing: the worker compiles that config itself and the tuner refuses it there, with
 the error text. Nothing compiled here is trusted for anything but speed.
+
+Jobs go out by priority, not in the order queued: the seat being tuned (NOW) before the
+next seats' first configs (NEXT) before a later audit's whole space (LATER). This process
+hands the pool a job only as a process frees up, so a seat's own configs never wait
+behind a queue of background compiles, and LATER keeps RESERVED processes free for them.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import heapq
+import itertools
 import multiprocessing as mp
 import os
 import tempfile
+import threading
 
 
 COMPILE_PROCS_ENV = "NBX_TUNE_COMPILE_PROCS"
+NOW, NEXT, LATER = 0, 1, 2  # job priorities: the seat being tuned, the next seats, a later audit
+RESERVED = 3  # processes a LATER job never takes (of pools larger than that)
+DONE_POLL_S = 0.25  # how soon the thread counting done jobs sees the pool stopped
 
 from nbx_tune.errors import NbxError
 
@@ -95,7 +106,7 @@ def _lock_path(kernel: str, problems, config) -> str:
     return os.path.join(root, name)
 
 
-def _serve_compiles(jobs, plugins) -> None:
+def _serve_compiles(jobs, done, done_lock, plugins) -> None:
     try:
         _init(plugins)
     except NbxError:  # a plugin that cannot be imported: the census says so on one line
@@ -104,31 +115,81 @@ def _serve_compiles(jobs, plugins) -> None:
         job = jobs.get()
         if job is None:
             return
-        _take(jobs, job)
+        try:
+            finished = _take(jobs, job)
+        except Exception:  # a job this process cannot even start: the worker meets it again
+            finished = True
+        if finished:
+            with done_lock:
+                done.send(job[:4])
 
 
-def _take(jobs, job) -> None:
-    """Compile one job under its host-wide lock. While another worker's pool on this host
-    compiles the same binary, the job goes back to the queue once (this process compiles
-    something else meanwhile) and then waits for the lock: the compile is then a hit in
-    Triton's cache."""
+def _take(jobs, job) -> bool:
+    """Compile one job under its host-wide lock; whether it is done. While another
+    worker's pool on this host compiles the same binary, the job goes back to the queue
+    once (this process compiles something else meanwhile) and then waits for the lock: the
+    compile is then a hit in Triton's cache."""
     kernel, problems, config, device, deferred = (*job, False)[:5]
     with open(_lock_path(kernel, problems, config), "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | (0 if deferred else fcntl.LOCK_NB))
         except BlockingIOError:
             jobs.put((kernel, problems, config, device, True))
-            return
+            return False
         try:
             _compile(kernel, problems, config, device)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+    return True
+
+
+class Schedule:
+    """Which compile jobs go to the pool next: the most urgent first, first queued first
+    among equals, no more in flight than the pool has processes, and a LATER job only
+    while RESERVED of them stay free for seats that may come to need one."""
+
+    def __init__(self, procs: int):
+        self.procs = procs
+        self.waiting: list = []  # heap of (priority, order, job); an entry outranked since is skipped
+        self.rank: dict = {}  # job -> its best priority while it waits
+        self.flying: dict = {}  # job -> priority: handed out and not done
+        self.seen: set = set()
+        self.order = itertools.count()
+
+    def add(self, job, priority: int) -> bool:
+        """Queue `job`, or raise a waiting one to a more urgent priority; False where it
+        was queued before at this priority or a more urgent one, or handed out."""
+        if job in self.seen and (job not in self.rank or self.rank[job] <= priority):
+            return False
+        self.seen.add(job)
+        self.rank[job] = priority
+        heapq.heappush(self.waiting, (priority, next(self.order), job))
+        return True
+
+    def take(self) -> list:
+        """The jobs to hand out now, marked in flight."""
+        out = []
+        while self.waiting and len(self.flying) < self.procs:
+            priority, _, job = self.waiting[0]
+            if self.rank.get(job) != priority:
+                heapq.heappop(self.waiting)
+                continue
+            if priority == LATER and self.procs > RESERVED and len(self.flying) >= self.procs - RESERVED:
+                break
+            heapq.heappop(self.waiting)
+            del self.rank[job]
+            self.flying[job] = priority
+            out.append(job)
+        return out
+
+    def finished(self, job) -> None:
+        self.flying.pop(job, None)
 
 
 class Precompiler:
     """Processes that compile configs ahead of the worker; one set per census. They start
-    (and import torch and Triton) when it is made, take compile jobs in the order they are
-    queued, and are killed when it is closed: a compile cut short costs nothing (Triton
+    (and import torch and Triton) when it is made, take compile jobs as `Schedule` hands
+    them out, and are killed when it is closed: a compile cut short costs nothing (Triton
     writes its cache entries whole), and nothing waits on a job's result."""
 
     def __init__(self, plugins, workers: int | None = None):
@@ -137,23 +198,52 @@ class Precompiler:
         n = workers or int(os.environ.get(COMPILE_PROCS_ENV, 0)) or max(1, min(16, (os.cpu_count() or 2) - 1))
         ctx = mp.get_context("spawn")
         self.jobs = ctx.SimpleQueue()
-        self.procs = [ctx.Process(target=_serve_compiles, args=(self.jobs, plugins), daemon=True)
-                      for _ in range(n)]
+        # Done jobs come back on a pipe only the processes write: this process never takes
+        # its lock, which a process killed mid-write would hold for good.
+        self.done, done = ctx.Pipe(duplex=False)
+        self.done_lock = ctx.Lock()  # kept: its semaphore goes with the object
+        self.procs = [ctx.Process(target=_serve_compiles, args=(self.jobs, done, self.done_lock, plugins),
+                                  daemon=True) for _ in range(n)]
         for proc in self.procs:
             proc.start()
-        self.submitted = set()
+        done.close()
+        self.schedule = Schedule(n)
         self.stopped = False
+        self.lock = threading.Lock()
+        threading.Thread(target=self._count_done, daemon=True).start()
 
-    def submit(self, kernel: str, problems, configs, device: str) -> None:
-        """Queue compiles behind those already queued; a (kernel, problems, config) already
-        submitted in this census is not queued again. Nothing is queued once stopped."""
+    @property
+    def submitted(self) -> set:
+        return self.schedule.seen
+
+    def submit(self, kernel: str, problems, configs, device: str, priority: int = NOW) -> None:
+        """Queue compiles at `priority`; a (kernel, problems, config) already submitted in
+        this census is not queued again, only raised to a more urgent priority while it
+        waits. Nothing is queued once stopped."""
         if self.stopped:
             return
-        for c in configs:
-            job = (kernel, tuple(problems), c, device)
-            if job not in self.submitted:
-                self.submitted.add(job)
+        with self.lock:
+            for c in configs:
+                self.schedule.add((kernel, tuple(problems), c, device), priority)
+            self._hand_out()
+
+    def _hand_out(self) -> None:  # under the lock
+        if not self.stopped:
+            for job in self.schedule.take():
                 self.jobs.put(job)
+
+    def _count_done(self) -> None:
+        try:
+            while not self.stopped:
+                if self.done.poll(DONE_POLL_S):
+                    job = self.done.recv()
+                    with self.lock:
+                        self.schedule.finished(job)
+                        self._hand_out()
+        except Exception:  # every process gone (EOF), or one killed mid-write: nothing more comes
+            pass
+        finally:
+            self.done.close()
 
     def stop(self) -> None:
         """Kill every process, without waiting for them to go (see join)."""
@@ -166,7 +256,10 @@ class Precompiler:
         """Wait until every process is gone (after stop())."""
         for proc in self.procs:
             proc.join()
-        self.jobs.close()
+        self._close_queues()
+
+    def _close_queues(self) -> None:
+        self.jobs.close()  # the counting thread sees `stopped` and closes its pipe
 
     def close(self) -> None:
         """Kill every process and wait for none: a killed process that held a GPU context
@@ -175,7 +268,7 @@ class Precompiler:
         self.stop()
         for proc in self.procs:
             let_go(proc)
-        self.jobs.close()
+        self._close_queues()
 
 
 def let_go(proc) -> None:

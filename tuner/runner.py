@@ -9,7 +9,6 @@ one transaction that also releases the claim. A claim whose holder died expires.
 from __future__ import annotations
 
 import math
-from collections import Counter
 import threading
 import time
 from datetime import datetime, timezone
@@ -18,6 +17,7 @@ from nbx_tune.kernels.registry import get_spec
 from nbx_tune.tuner import provenance, seat_search
 from nbx_tune.tuner.recertify import from_sibling
 from nbx_tune.tuner.status import seat_status
+from nbx_tune.tuner.strategies.search import Full
 from nbx_tune.tuner.store import holder_id
 from nbx_tune.kernels.spec import Config
 from nbx_tune.tuner.tune import NullReporter, first_compiles, renewed, screen_configs, tune_seat
@@ -77,17 +77,16 @@ class SeatTuner:
         todo = [ln for ln in lines if ln.id is not None]
         # A kernel with no audit on record is audited at its last seat of this census, not
         # its first: the whole space then compiles while the seats before it are timed, and
-        # is queued (once) when the kernel's second seat starts, after the first seat has
-        # queued its own configs (the pool's queue is first in, first out).
+        # is queued at the pool's lowest priority when the kernel's first seat starts.
         last = {ln.kernel: ln.id for ln in todo}
         unaudited = {k for k in last if not self.store.shortcut_losses(self.profile.name, k)}
         self.audit_later = {ln.id for ln in todo if ln.kernel in unaudited and last[ln.kernel] != ln.id}
-        started = Counter()
+        started = set()
         held_elsewhere = []
         for i, ln in enumerate(todo):
-            second = started[ln.kernel] == 1 and ln.kernel in unaudited
-            self.prefetch(todo[i + 1:], last[ln.kernel] if second else None)
-            started[ln.kernel] += 1
+            first = ln.kernel not in started and ln.kernel in unaudited
+            self.prefetch(ln, todo[i + 1:], last[ln.kernel] if first else None)
+            started.add(ln.kernel)
             if not self._tune_one(ln, i, len(todo), run_id, reporter):
                 held_elsewhere.append(ln)
         # Seats another process was tuning: wait for it to finish them, or to die (its
@@ -138,14 +137,17 @@ class SeatTuner:
             self.store.release(seat_id, self.holder)
             raise
 
-    def prefetch(self, upcoming, whole=None) -> None:
-        """Queue the first configs of the seats coming next, at most PREFETCH_CONFIGS ahead
-        (each seat once; a seat timing the whole space has the rest queued at its start, so
-        a fallback here does not wait behind it); then, behind them, all of seat `whole`'s
-        (a deferred audit: run). Only for speed: a seat whose search turns out other than
-        planned here (an earlier seat informed it) compiles what it needs."""
+    def prefetch(self, current, upcoming, whole=None) -> None:
+        """Queue the first configs of the seat about to start (unless queued ahead) and of
+        the seats coming next, at most PREFETCH_CONFIGS ahead (each seat once; a seat timing
+        the whole space has the rest queued at its start, so a fallback here does not wait
+        behind it); then, at the lowest priority, all of seat `whole`'s (a deferred audit:
+        run). Only for speed: a seat whose search turns out other than planned here (an
+        earlier seat informed it) compiles what it needs."""
         if not hasattr(self.executor, "prefetch"):
             return
+        if current.id not in self.prefetched:
+            self.prefetched[current.id] = self._queue(current, PREFETCH_CONFIGS)
         ahead = 0
         for ln in upcoming:
             if ahead >= PREFETCH_CONFIGS:
@@ -156,8 +158,11 @@ class SeatTuner:
         ln = next((ln for ln in upcoming if ln.id == whole), None)
         if ln is not None:
             # All of them, whatever the window queued: its order may have changed since, and
-            # the pool queues a config of a seat once.
-            self.prefetched[whole] = max(self.prefetched.get(whole, 0), self._queue(ln, None, audit_only=True))
+            # the pool queues a config of a seat once. A seat that turns out no audit (its
+            # history re-certifies it) is left to the window.
+            n = self._queue(ln, None, audit_only=True)
+            if n:
+                self.prefetched[whole] = max(self.prefetched.get(whole, 0), n)
 
     def _queue(self, ln, limit: int | None, audit_only: bool = False) -> int:
         """Queue seat `ln`'s first configs for compiling, at most `limit` (and only for an
@@ -168,12 +173,12 @@ class SeatTuner:
             if seat_status(rec, spec, self.profile).status in ("pending", "stale") \
                     or from_sibling(rec.cert_tuning, self.device):
                 search = seat_search.for_seat(self.store, rec, spec, self.profile, ln.id in self.audit_later)
-                if audit_only and not getattr(search, "audit", False):
-                    return 0
+                if audit_only and not (isinstance(search, Full) or getattr(search, "audit", False)):
+                    return 0  # planned now, it times no whole space (a full tuning would, too)
                 job, first = first_compiles(spec, self.profile, ln.label, rec.problems, self.torch_device, search)
                 first = first[:limit]
                 if job is not None and first:
-                    self.executor.prefetch(spec, job, first)
+                    self.executor.prefetch(spec, job, first, later=audit_only)
                     return len(first)
         except Exception:  # planning ahead never costs the census anything
             pass
