@@ -3,5 +3,4 @@
 # profile (the census's timeline, its worker under cProfile, the profile kept under $OUT),
 # then stage recert (48 stale shipped seats re-certified against a fresh census of them).
 set -u
-bash bench/gpu_session.sh pycache
 PROFILE_S=90 RECERT_S=400 bash bench/gpu_session.sh pycache profile recert
