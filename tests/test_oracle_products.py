@@ -131,3 +131,50 @@ def test_an_operand_viewing_a_resident_input_is_read_from_its_device_copy():
         assert screen._view_of(x, arr, dev) is None
         assert np.array_equal(screen.on_device(x, resident, "cpu").numpy(), x)
     assert screen._view_of(arr, arr, dev.reshape(7, 3, 5)) is None  # not the same layout
+
+
+def test_a_gpu_product_that_is_the_oracles_output_is_judged_against_its_copy_on_the_device(monkeypatch):
+    """The downloaded product an oracle returns as it is (a matmul with alpha 1) keeps its
+    device copy as the reference; one the oracle changed (alpha 0.5), or numpy's after a
+    failed check, is uploaded. Either way the screen's verdict is the same. (A CPU stand-in
+    for the GPU: the same code path with torch CPU tensors.)"""
+    import torch
+
+    from nbx_tune.kernels.matmul import SPEC
+    from nbx_tune.kernels.spec import Problem
+
+    wrong = []
+
+    def fake_device_product(device, resident=(), downloaded=None):
+        def product(a, b):
+            out = torch.matmul(torch.from_numpy(a), torch.from_numpy(b))
+            if wrong:
+                out[0, 0, 0] += 1.0
+            host = out.numpy().copy()
+            host.flags.writeable = False
+            downloaded[:] = [(host, out)]
+            return host
+        return product
+
+    monkeypatch.setattr(screen, "device_product", fake_device_product)
+    flags = (("aligned", "0"), ("bias", "0"))
+
+    def case(alpha):
+        p = Problem("matmul", ("float32",), flags, (1, 37, 45, 29), (("alpha", alpha),))
+        return screen.make_case(SPEC, p, "cpu", 11, True)
+
+    like = torch.empty(1, 37, 45)
+    c = case(1.0)
+    assert set(c.twins) == {"c"} and not c.ref["c"].flags.writeable
+    ref = c.reference("c", like)
+    assert ref.values is c.twins["c"] and np.array_equal(ref.values.numpy(), c.ref["c"])
+    out = torch.from_numpy(c.ref["c"].astype(np.float32))
+    ok = screen.compare("c", out, ref, 1e-6, c.problem)
+    assert ok.ok and ok.err == screen.compare("c", out, c.ref["c"], 1e-6, c.problem).err
+    bad = out.clone()
+    bad[0, 5, 5] += 1.0
+    assert screen.compare("c", bad, ref, 1e-6, c.problem).reason == "wrong_answer"
+    assert case(0.5).twins == {}  # the oracle scaled the product: a new array, uploaded
+    wrong.append(True)
+    c = case(1.0)  # the product fails Freivalds' test: numpy's is the oracle, no twin
+    assert c.twins == {} and c.ref["c"].flags.writeable

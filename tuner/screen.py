@@ -63,11 +63,12 @@ class Case:
     inputs: dict  # name -> torch tensor on the device
     ref: dict | None  # name -> fp64 numpy array; None when only timed
     on_device: dict = field(default_factory=dict)  # (name, dtype, device) -> Reference, made on first use
+    twins: dict = field(default_factory=dict)  # name -> the same fp64 values already on the device
 
     def reference(self, name: str, like: torch.Tensor) -> "Reference":
         key = (name, like.dtype, like.device)
         if key not in self.on_device:
-            self.on_device[key] = Reference.of(self.ref[name], like)
+            self.on_device[key] = Reference.of(self.ref[name], like, self.twins.get(name))
         return self.on_device[key]
 
 
@@ -81,12 +82,19 @@ class Reference:
     holds_poison: bool = False  # an integer oracle that itself contains the poison bits
 
     @classmethod
-    def of(cls, ref: np.ndarray, like: torch.Tensor) -> "Reference":
+    def of(cls, ref: np.ndarray, like: torch.Tensor, twin: torch.Tensor | None = None) -> "Reference":
+        """`twin`: ref's values in float64 where they already are on some device (a GPU
+        product downloaded for the oracle), used instead of uploading ref again."""
         if like.dtype == torch.bool or not like.is_floating_point():
             bits = POISON[like.dtype][1]
             values = torch.from_numpy(np.ascontiguousarray(ref)).to(like.dtype).to(like.device)
             return cls(values, None, 0.0, bool(np.any(ref == bits)))
-        values = torch.from_numpy(np.ascontiguousarray(ref, dtype=np.float64)).to(like.device)
+        if twin is not None and twin.device == like.device and twin.dtype == torch.float64 \
+                and tuple(twin.shape) == np.shape(ref):
+            values = twin
+        else:
+            host = np.ascontiguousarray(ref, dtype=np.float64)
+            values = torch.from_numpy(host if host.flags.writeable else host.copy()).to(like.device)
         finite = torch.isfinite(values)
         everywhere = bool(finite.all())
         kept = values if everywhere else values[finite]
@@ -206,13 +214,18 @@ def make_case(spec: KernelSpec, problem: Problem, device: str, seed: int, with_o
                 rounded[name] = _widened(t, slot) if t.is_floating_point() else t.numpy()
         with clock("move"):
             inputs[name] = t.to(device)
-    ref = None
+    ref, twins = None, {}
     if with_oracle:
         resident = [(rounded[n], inputs[n]) for n in rounded if inputs[n].is_floating_point()]
-        with clock("oracle"), products.faster(device_product(device, resident)):
+        downloaded = []
+        with clock("oracle"), products.faster(device_product(device, resident, downloaded)):
             ref = spec.oracle(problem, rounded)
         ref = {k: _unshared(v) for k, v in ref.items()}
-    return Case(problem, inputs, ref)
+        # An output that is a GPU product itself, as downloaded (it passed the product's
+        # check: a product that failed it is numpy's, another array), is judged against the
+        # copy still on the GPU: uploading it again cost as much as the download.
+        twins = {k: dev for k, v in ref.items() for host, dev in downloaded if v is host}
+    return Case(problem, inputs, ref, twins=twins)
 
 
 class _Clock:
@@ -259,18 +272,24 @@ def _unshared(ref):
     return ref
 
 
-def device_product(device: str, resident=()):
+def device_product(device: str, resident=(), downloaded: list | None = None):
     """The oracles' large float64 products on a GPU (`oracles/products.py` checks each
     against numpy's), or None on the CPU, where numpy's is the product. `resident`: [(a
     float64 array, the same values on the device in their own dtype)], a case's rounded
-    inputs: an operand that is a view of one is read there, not uploaded."""
+    inputs: an operand that is a view of one is read there, not uploaded. `downloaded`,
+    where given, holds the last product made: (as returned, on the device)."""
     if not str(device).startswith("cuda"):
         return None
 
     def product(a: np.ndarray, b: np.ndarray):
         try:
             ta, tb = (on_device(x, resident, device) for x in (a, b))
-            return torch.matmul(ta, tb).cpu().numpy()
+            out = torch.matmul(ta, tb)
+            host = out.cpu().numpy()
+            host.flags.writeable = False  # an oracle that returns it has not changed it since
+            if downloaded is not None:  # the last one only: an oracle of many (a conv's taps) sums them
+                downloaded[:] = [(host, out)]
+            return host
         except torch.cuda.OutOfMemoryError:
             return None
     return product
