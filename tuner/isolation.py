@@ -23,7 +23,7 @@ import traceback
 
 from nbx_tune.tuner.executor import (ContextPoisoned, Outcome, SeatJob, SeatPrepareError, CandidateRunner, WorkerLost,
                                       classify_exception, is_fatal)
-from nbx_tune.tuner.precompile import let_go
+from nbx_tune.tuner.precompile import LATER, NEXT, NOW, let_go
 
 PREPARE_TIMEOUT_FACTOR = 10  # making a seat's inputs and fp64 oracles may take longer than one candidate
 STOP_WAIT_S = 10  # a stopped worker writes its profile, if asked, then says so
@@ -263,7 +263,7 @@ class Isolated:
             raise SeatPrepareError(f"making the seat's inputs and oracle failed: {failure[1]}")
 
     # -- the executor interface
-    def _precompile(self, spec, job: SeatJob, configs, confirm: bool = False, priority: int = 0) -> None:
+    def _precompile(self, spec, job: SeatJob, configs, confirm: bool = False, priority: int = NOW) -> None:
         if self.precompiler is not None and configs:
             more = job.confirm_problems if confirm else ()
             problems = tuple(dict.fromkeys((*job.screen_problems, job.time_problem, *more)))
@@ -273,8 +273,6 @@ class Isolated:
         """Queue a seat's first configs before its turn (tuner/runner.py): compiled while
         the seats before it are screened and timed; `later` (a deferred audit's whole
         space) only where no seat nearer its turn waits for a compile."""
-        from nbx_tune.tuner.precompile import LATER, NEXT
-
         self._precompile(spec, job, configs, job.compile_confirm, LATER if later else NEXT)
 
     def precompile(self, configs) -> None:

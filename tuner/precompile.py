@@ -152,7 +152,7 @@ class Schedule:
         self.procs = procs
         self.waiting: list = []  # heap of (priority, order, job); an entry outranked since is skipped
         self.rank: dict = {}  # job -> its best priority while it waits
-        self.flying: dict = {}  # job -> priority: handed out and not done
+        self.flying: set = set()  # handed out and not done
         self.seen: set = set()
         self.order = itertools.count()
 
@@ -178,12 +178,12 @@ class Schedule:
                 break
             heapq.heappop(self.waiting)
             del self.rank[job]
-            self.flying[job] = priority
+            self.flying.add(job)
             out.append(job)
         return out
 
     def finished(self, job) -> None:
-        self.flying.pop(job, None)
+        self.flying.discard(job)
 
 
 class Precompiler:
@@ -256,9 +256,6 @@ class Precompiler:
         """Wait until every process is gone (after stop())."""
         for proc in self.procs:
             proc.join()
-        self._close_queues()
-
-    def _close_queues(self) -> None:
         self.jobs.close()  # the counting thread sees `stopped` and closes its pipe
 
     def close(self) -> None:
@@ -268,7 +265,7 @@ class Precompiler:
         self.stop()
         for proc in self.procs:
             let_go(proc)
-        self._close_queues()
+        self.jobs.close()
 
 
 def let_go(proc) -> None:

@@ -160,25 +160,26 @@ class SeatTuner:
             # All of them, whatever the window queued: its order may have changed since, and
             # the pool queues a config of a seat once. A seat that turns out no audit (its
             # history re-certifies it) is left to the window.
-            n = self._queue(ln, None, audit_only=True)
+            n = self._queue(ln, None, whole_only=True)
             if n:
                 self.prefetched[whole] = max(self.prefetched.get(whole, 0), n)
 
-    def _queue(self, ln, limit: int | None, audit_only: bool = False) -> int:
-        """Queue seat `ln`'s first configs for compiling, at most `limit` (and only for an
-        audit if `audit_only`); how many."""
+    def _queue(self, ln, limit: int | None, whole_only: bool = False) -> int:
+        """Queue seat `ln`'s first configs for compiling, at most `limit` (with `whole_only`,
+        only where its search times the whole space: an audit or a full tuning, then at the
+        pool's lowest priority); how many."""
         try:
             spec = get_spec(ln.kernel)
             rec = self.store.seat_records(seat_ids=[ln.id])[0]
             if seat_status(rec, spec, self.profile).status in ("pending", "stale") \
                     or from_sibling(rec.cert_tuning, self.device):
                 search = seat_search.for_seat(self.store, rec, spec, self.profile, ln.id in self.audit_later)
-                if audit_only and not (isinstance(search, Full) or getattr(search, "audit", False)):
-                    return 0  # planned now, it times no whole space (a full tuning would, too)
+                if whole_only and not (isinstance(search, Full) or getattr(search, "audit", False)):
+                    return 0
                 job, first = first_compiles(spec, self.profile, ln.label, rec.problems, self.torch_device, search)
                 first = first[:limit]
                 if job is not None and first:
-                    self.executor.prefetch(spec, job, first, later=audit_only)
+                    self.executor.prefetch(spec, job, first, later=whole_only)
                     return len(first)
         except Exception:  # planning ahead never costs the census anything
             pass
