@@ -286,9 +286,28 @@ def test_a_closed_precompiler_and_worker_are_left_to_exit_and_reaped_without_a_j
     worker = ex.proc
     ex.close()
     pool.close()
+    pool.starter.join()  # a process it started after the close is killed and let go too
     procs = [*pool.procs, worker]
     assert not set(procs) & set(multiprocessing.active_children())
     deadline = time.monotonic() + 30
     while any(p._popen.returncode is None for p in procs) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(p._popen.returncode is not None for p in procs)  # reaped by the daemon threads
+
+
+def test_the_compile_pools_fork_server_preloads_the_kernels_and_touches_no_gpu():
+    """The pool's processes are forked from a server that imported tuner/preload.py: it must
+    load torch, Triton and the kernels, and leave the GPU alone (a process forked after a
+    GPU context is made cannot use the GPU)."""
+    import subprocess
+    import sys
+
+    from nbx_tune.tuner import precompile
+
+    ctx = precompile._context()
+    assert ctx.get_start_method() == "forkserver"
+    code = ("import sys, nbx_tune.tuner.preload, torch; "
+            "assert 'nbx_tune.kernels.matmul' in sys.modules and 'triton' in sys.modules; "
+            "assert not torch.cuda.is_initialized()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]

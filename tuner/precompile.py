@@ -54,7 +54,10 @@ def _compile_only():
     JITFunction.__getitem__ = getitem
 
 
-def _init(plugins):
+def _init(plugins, environ):
+    # The census's environment as it is now (the fork server's dates from its own start).
+    os.environ.clear()
+    os.environ.update(environ)
     # Compiling is background work: the worker timing candidates on the same cores must not
     # wait for a compile to be descheduled (a late launch is counted in its timing).
     try:
@@ -64,15 +67,21 @@ def _init(plugins):
     _compile_only()
     from nbx_tune.kernels.registry import all_specs, load_plugin
 
-    # Torch, Triton and the kernels imported now, while nothing waits for this process (a
-    # broken plugin is the census's to report: the job that needs it fails here silently).
-    import torch  # noqa: F401
+    # Torch, Triton and the kernels imported now (where the fork server has not), while
+    # nothing waits for this process (a broken plugin is the census's to report: the job
+    # that needs it fails here silently); the GPU's context made before the first job.
+    import torch
     try:
         all_specs()
     except Exception:
         pass
     for p in plugins:
         load_plugin(p)
+    try:
+        if torch.cuda.is_available():
+            torch.cuda.init()
+    except Exception:
+        pass
 
 
 def _compile(kernel: str, problems, config, device: str) -> str | None:
@@ -106,9 +115,9 @@ def _lock_path(kernel: str, problems, config) -> str:
     return os.path.join(root, name)
 
 
-def _serve_compiles(jobs, done, done_lock, plugins) -> None:
+def _serve_compiles(jobs, done, done_lock, plugins, environ) -> None:
     try:
-        _init(plugins)
+        _init(plugins, environ)
     except NbxError:  # a plugin that cannot be imported: the census says so on one line
         return
     while True:
@@ -196,21 +205,39 @@ class Precompiler:
         # One core is left to the worker that screens and times; workers sharing a host
         # share its cores (COMPILE_PROCS_ENV, set by fleet.spawn_workers).
         n = workers or int(os.environ.get(COMPILE_PROCS_ENV, 0)) or max(1, min(16, (os.cpu_count() or 2) - 1))
-        ctx = mp.get_context("spawn")
+        ctx = _context()
         self.jobs = ctx.SimpleQueue()
         # Done jobs come back on a pipe only the processes write: this process never takes
         # its lock, which a process killed mid-write would hold for good.
         self.done, done = ctx.Pipe(duplex=False)
         self.done_lock = ctx.Lock()  # kept: its semaphore goes with the object
-        self.procs = [ctx.Process(target=_serve_compiles, args=(self.jobs, done, self.done_lock, plugins),
-                                  daemon=True) for _ in range(n)]
-        for proc in self.procs:
-            proc.start()
-        done.close()
+        self.procs: list = []
         self.schedule = Schedule(n)
         self.stopped = False
         self.lock = threading.Lock()
+        args = (self.jobs, done, self.done_lock, plugins, dict(os.environ))
+        # Started on a thread: a fork server answers only once it has imported what it
+        # preloads, and this process has its own imports to make meanwhile.
+        self.starter = threading.Thread(target=self._start, args=(ctx, n, args, done), daemon=True)
+        self.starter.start()
         threading.Thread(target=self._count_done, daemon=True).start()
+
+    def _start(self, ctx, n: int, args, done) -> None:
+        try:
+            for _ in range(n):
+                proc = ctx.Process(target=_serve_compiles, args=args, daemon=True)
+                with self.lock:
+                    if self.stopped:
+                        break
+                    self.procs.append(proc)
+                proc.start()
+                if self.stopped:  # stopped while it started: stop() may have missed it
+                    proc.kill()
+                    let_go(proc)
+        except Exception:  # no compile process: the worker compiles what it needs itself
+            pass
+        finally:
+            done.close()
 
     @property
     def submitted(self) -> set:
@@ -247,15 +274,19 @@ class Precompiler:
 
     def stop(self) -> None:
         """Kill every process, without waiting for them to go (see join)."""
-        self.stopped = True
-        for proc in self.procs:
-            if proc.is_alive():
+        with self.lock:
+            self.stopped = True
+            procs = list(self.procs)
+        for proc in procs:
+            if getattr(proc, "_popen", None) is not None and proc.is_alive():
                 proc.kill()
 
     def join(self) -> None:
         """Wait until every process is gone (after stop())."""
+        self.starter.join()
         for proc in self.procs:
-            proc.join()
+            if getattr(proc, "_popen", None) is not None:
+                proc.join()
         self.jobs.close()  # the counting thread sees `stopped` and closes its pipe
 
     def close(self) -> None:
@@ -263,9 +294,22 @@ class Precompiler:
         is gone only once the driver has torn the context down (0.8 s at a census's end),
         and nothing here needs it gone."""
         self.stop()
-        for proc in self.procs:
+        for proc in list(self.procs):
             let_go(proc)
         self.jobs.close()
+
+
+PRELOAD = "nbx_tune.tuner.preload"
+
+
+def _context():
+    """The pool's processes are forked from a server that imported PRELOAD once, where the
+    platform has one; else each is spawned and imports what it needs."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([PRELOAD])  # taken when this process's server starts, once
+    return ctx
 
 
 def let_go(proc) -> None:
