@@ -121,7 +121,7 @@ def test_the_compile_pool_leaves_a_broken_plugin_to_the_census_one_line(tmp_path
     (tmp_path / "fh_broken_plugin.py").write_text("raise RuntimeError('plugin bug')\n")
     code = ("from nbx_tune.tuner.precompile import _serve_compiles\n"
             "import os\nos.nice = lambda n: 0\n"  # not the test's business
-            "_serve_compiles(None, None, None, ['fh_broken_plugin'])\n")
+            "_serve_compiles(None, None, None, ['fh_broken_plugin'], dict(os.environ))\n")
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
