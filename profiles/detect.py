@@ -36,6 +36,9 @@ class DeviceInfo:
 def current_target() -> str:
     if interpreter_enabled():
         return INTERPRETER
+    target = _torch_cuda_target()
+    if target is not None:
+        return target
     try:
         from triton.runtime import driver
 
@@ -46,6 +49,25 @@ def current_target() -> str:
             "set TRITON_INTERPRET=1 to run on the CPU interpreter"
         ) from None
     return f"{t.backend}:{t.arch}"
+
+
+def _torch_cuda_target() -> str | None:
+    """An NVIDIA GPU's target as Triton's CUDA driver derives it (from torch's compute
+    capability), without that driver: a census's parent launches nothing, and the driver's
+    first use (its C module built on a cold cache, Triton's source hashed) would be start-up
+    time spent for nothing. None where torch is not a CUDA build or sees no GPU: Triton
+    is asked."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    try:
+        if torch.version.hip is not None or not torch.version.cuda or not torch.cuda.is_available():
+            return None
+        major, minor = torch.cuda.get_device_capability()
+    except Exception:
+        return None
+    return f"cuda:{major * 10 + minor}"
 
 
 def gpu_available() -> bool:

@@ -8,7 +8,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nbx_tune.errors import ProfileError
+from nbx_tune.errors import DeviceError, ProfileError
 from nbx_tune.profiles import builtin_profiles, get_profile, load_profile_file, match_profile
 from nbx_tune.profiles.ladder import Ladder, LadderRow
 
@@ -65,6 +65,33 @@ def test_detect_interpreter_from_environment_without_a_driver(monkeypatch):
     assert current_target() == "interpreter"
     assert current_profile().name == "interpreter"
 
+
+def test_an_nvidia_target_comes_from_torch_without_tritons_driver(monkeypatch):
+    import torch
+
+    from nbx_tune.profiles import current_target, detect
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+
+    class NoDriver:  # any use of Triton's driver fails the test
+        def __getattr__(self, name):
+            raise AssertionError(f"Triton's driver was asked for {name}")
+
+    import triton.runtime
+
+    monkeypatch.setattr(triton.runtime, "driver", NoDriver())
+    assert current_target() == "cuda:90"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 1))
+    assert current_target() == "cuda:121"
+    # A ROCm build, or no GPU seen: Triton's driver decides (here: it fails as it would).
+    monkeypatch.setattr(torch.version, "hip", "7.0")
+    assert detect._torch_cuda_target() is None
+    with pytest.raises(DeviceError, match="no GPU found by Triton"):
+        current_target()
 
 def test_ladder_math_matches_the_definition():
     lad = builtin_profiles()["hopper"].ladder("default")
