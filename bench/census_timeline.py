@@ -72,12 +72,20 @@ def main() -> None:
     wrap(precompile.Precompiler, "join", "compile pool join")
     import atexit
 
-    atexit.register(mark, "atexit (interpreter shutting down)")
+    # Registered first, run last: the exit handlers are done; then `nbx-tune`'s own exit
+    # (cli.main: os._exit, no module teardown).
+    atexit.register(mark, "exit handlers done")
+    app = cli.app
+
+    def returning(*args, **kwargs):
+        try:
+            return app(*args, **kwargs)
+        finally:
+            mark("CLI returned")
+
+    cli.app = returning
     sys.argv = ["nbx-tune", *sys.argv[1:]]
-    try:
-        cli.app()
-    finally:
-        mark("CLI returned")
+    cli.main()
 
 
 if __name__ == "__main__":
