@@ -2,7 +2,8 @@
 censused by two package trees in turn (A, B, A, B, ...), each with a fresh database and an
 empty Triton cache, bytecode warmed first for both. Prints each run's wall time and where
 its seats' seconds went. Usage: python3 census_ab.py ROOT_A ROOT_B [PAIRS]
-(ROOT_*: a directory holding the package as nbx_tune/)."""
+(ROOT_*: a directory holding the package as nbx_tune/); more trees: AB_ROOTS="ROOT_C ..." are
+censused after A and B in each round."""
 
 import json
 import os
@@ -13,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-roots = sys.argv[1:3]
+roots = sys.argv[1:3] + os.environ.get("AB_ROOTS", "").split()
 pairs = int(sys.argv[3]) if len(sys.argv) > 3 else 2
 work = Path(tempfile.mkdtemp(prefix="nbx-ab-"))
 out_dir = Path(os.environ.get("OUT", "."))
@@ -49,7 +50,7 @@ with e.connect() as c:
 """
 results = {r: [] for r in roots}
 for i in range(pairs):
-    for side, root in zip("AB", roots):
+    for side, root in zip("ABCDEF", roots):
         tag = f"{side}{i}"
         db = f"sqlite:///{work / (tag + '.db')}"
         env = env_for(root, NBX_TUNE_DB=db, NBX_TUNE_SEARCH="ranked", TRITON_CACHE_DIR=str(work / f"cache_{tag}"))
@@ -66,7 +67,7 @@ for i in range(pairs):
         print(f"{tag} {root}: census {wall:.1f} s; " + "; ".join(
             f"{s} x{n}: {t:.1f} s in seats (screen {sc:.1f}, timing {b:.1f}, rest {t - sc - b:.1f})"
             for s, n, t, sc, b in br), flush=True)
-for side, root in zip("AB", roots):
+for side, root in zip("ABCDEF", roots):
     xs = results[root]
     if xs:
         print(f"{side} {root}: median {statistics.median(xs):.1f} s over {len(xs)}: {', '.join(f'{x:.1f}' for x in xs)}")
