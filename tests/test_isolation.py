@@ -2,9 +2,11 @@
 with reason crash / timeout, the tuner replaces the worker and goes on, and what the dead
 worker passed is screened again before anything is certified."""
 
+import os
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import yaml
 
 import planted
@@ -311,3 +313,29 @@ def test_the_compile_pools_fork_server_preloads_the_kernels_and_touches_no_gpu()
             "assert not torch.cuda.is_initialized()")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_the_compile_pools_fork_server_holds_none_of_the_census_output():
+    """The fork server outlives the census by its own shut-down: it must not hold the
+    census's stdout or stderr, or a pipe reading them stays open that long."""
+    import time
+
+    from nbx_tune.tuner import precompile
+
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc")
+    pool = precompile.Precompiler((), workers=1)
+    try:
+        pool.starter.join(timeout=120)
+        import multiprocessing.forkserver as fs
+
+        pid = fs._forkserver._forkserver_pid
+        assert pid
+        deadline = time.monotonic() + 60
+        while os.readlink(f"/proc/{pid}/fd/1") != os.devnull and time.monotonic() < deadline:
+            time.sleep(0.1)  # the preload runs as the server starts
+        assert os.readlink(f"/proc/{pid}/fd/1") == os.devnull
+        assert os.readlink(f"/proc/{pid}/fd/2") == os.devnull
+        assert os.readlink("/proc/self/fd/1") != os.devnull  # this process's own are untouched
+    finally:
+        pool.close()
