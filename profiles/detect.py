@@ -59,13 +59,11 @@ def _torch_cuda_target() -> str | None:
     is asked."""
     try:
         import torch
-    except ImportError:
-        return None
-    try:
+
         if torch.version.hip is not None or not torch.version.cuda or not torch.cuda.is_available():
             return None
         major, minor = torch.cuda.get_device_capability()
-    except Exception:
+    except Exception:  # no torch, or no usable driver
         return None
     return f"cuda:{major * 10 + minor}"
 
