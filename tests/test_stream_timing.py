@@ -313,3 +313,20 @@ def test_a_seat_times_each_config_on_its_kept_rig_over_shared_operand_sets(strea
         runner.time(c, "quick")
     assert made == []  # the seat's sets were made once, at its first timing
     assert len(runner._rigs) == RIGS and a not in runner._rigs  # the least recent left
+
+
+@pytest.mark.parametrize("seconds, steps", [(2e-5, timing.ESTIMATE_STEPS), (2e-3, 1)])
+def test_a_rig_is_estimated_over_one_burst_where_a_burst_is_long_enough(seconds, steps, monkeypatch):
+    # 12 launches of 20 us (a host's sleep: 1 ms or so a burst) are estimated over four
+    # bursts; of 2 ms (24 ms a burst) over one.
+    monkeypatch.setattr(timing, "ESTIMATE_MS", 5.0)
+    fake = _fake_torch()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    taken = []
+    real = timing._estimate
+    monkeypatch.setattr(timing, "_estimate", lambda torch, sleep, step, n: taken.append(n) or real(torch, sleep, step, n))
+    fns, log = _launchers(fake.cuda, 2, seconds)
+    rig = timing.Rig(fns)
+    med = timing.stream_time(rig, warmup_ms=1, rep_ms=4)[0]
+    assert taken == [steps] and seconds * 1e3 * 0.8 <= med < seconds * 1e3 * 5
+    assert rig.first_ms >= seconds * 1e3

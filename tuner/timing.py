@@ -178,6 +178,7 @@ class Rig(list):
 
     bursts: tuple | None = None
     estimate: tuple[float, float] | None = None
+    first_ms: float = 0.0  # a launch's GPU time on the first call, before the bursts were captured
 
 
 def stream_time(fns: list, warmup_ms: float, rep_ms: float, quantiles=(0.5, 0.2, 0.8)) -> list[float]:
@@ -193,17 +194,26 @@ def stream_time(fns: list, warmup_ms: float, rep_ms: float, quantiles=(0.5, 0.2,
 
     rig = fns if isinstance(fns, Rig) else Rig(fns)
     if rig.bursts is None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         for f in fns:
             f()
+        end.record()
         torch.cuda.synchronize()
+        rig.first_ms = start.elapsed_time(end) / len(fns)
         rig.bursts = _bursts(torch, fns)
     warm, rot, launches, queued = rig.bursts
     sleep = _sleeper(torch)
+    warmed_ms = 0.0
     if rig.estimate is None:
-        rig.estimate = _estimate(torch, sleep, rot, 4)
+        # A burst of ESTIMATE_MS or more is estimate enough on its own (four of a 4096^3 GEMM's
+        # took 12 ms a config); shorter ones are estimated over four.
+        steps = 1 if rig.first_ms * launches >= ESTIMATE_MS else ESTIMATE_STEPS
+        rig.estimate = _estimate(torch, sleep, rot, steps)
+        warmed_ms = steps * rig.estimate[1]  # the estimate's bursts warmed the GPU just now
     host_ms, gpu_ms = rig.estimate
     pace = max(gpu_ms, host_ms)  # a call of a burst function, whichever is the slower
-    for _ in range(max(1, int(warmup_ms / pace))):
+    for _ in range(max(0 if warmed_ms else 1, int((warmup_ms - warmed_ms) / pace))):
         rot()
     # The bursts together about rep_ms, and no more launches queued at once than the
     # driver queues without blocking the host (a blocked host would be timed instead).
@@ -226,6 +236,10 @@ def stream_time(fns: list, warmup_ms: float, rep_ms: float, quantiles=(0.5, 0.2,
 
 # Launches in one captured burst: a whole number of rotations of 1 to MAX_SETS sets.
 GRAPH_LAUNCHES = 12
+# A rig's first estimate of a burst's host and GPU time: ESTIMATE_STEPS bursts, or one where
+# a burst holds ESTIMATE_MS of GPU time (events read it to far better than 1 %).
+ESTIMATE_STEPS = 4
+ESTIMATE_MS = 0.5
 
 
 def _bursts(torch, fns: list):
