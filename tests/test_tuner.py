@@ -255,4 +255,19 @@ def test_strategy_pruned_stops_once_two_rounds_agree_when_asked_to_settle():
 
     get_strategy("pruned")(CANDS, flipping, settle=True)
     assert len([b for b, m in calls if m == "round:4"]) == 12
-    assert pruned.settled([1, 1]) and not pruned.settled([1]) and not pruned.settled([1, 2, 2])
+    # Near-equals (B=2 a fraction of a percent ahead in the second round) settle in two.
+    calls.clear()
+
+    def near_tie(c, mode):
+        calls.append((c["B"], mode))
+        t = replay(c, mode)
+        second = c["B"] == 2 and sum(1 for b, m in calls if b == 2 and m == mode) == 2
+        best = RECORDED["B=1"]["full"]  # B=2 half a tie ahead of it in the second round
+        return _t(best * (1 - pruned.NEAR_TIE / 2)) if mode.startswith("round:") and second else t
+
+    get_strategy("pruned")(CANDS, near_tie, settle=True)
+    assert len([b for b, m in calls if m == "round:4"]) == 6
+    a, b = {1: 1.0, 2: 1.1}, {1: 1.0, 2: 1.05}
+    assert pruned.settled([a, b]) and not pruned.settled([a]) and not pruned.settled([a, {1: 1.1, 2: 1.0}])
+    assert pruned.settled([{1: 1.0, 2: 1.1}, {1: 1.0 + pruned.NEAR_TIE / 2, 2: 1.0}])
+    assert not pruned.settled([{1: 1.0, 2: 1.1}, {1: 1.0 + 2 * pruned.NEAR_TIE, 2: 1.0}])

@@ -14,8 +14,8 @@ measured:
        pick at half torch's speed that way, split-KV never timed);
     2. they are screened at every screen shape of the seat and timed, like any candidate,
        though in turned rounds with no quick estimates first (they are few and all near
-       the top), stopping where the census's rounds stop (`pruned.settled`: every round so
-       far put the same contender first) once the old ranking holds on what they measured
+       the top), stopping where the census's rounds stop (`pruned.settled`: one contender
+       first, or nearly, in every round so far) once the old ranking holds on what they measured
        (a fallback is worth the rounds that confirm it: `time_contenders`);
     3. the old ranking holds unless the new measurements say otherwise (`judge`), read
        against what this run's timings cannot tell apart: each config's noise (half its
@@ -253,19 +253,19 @@ class Recertify:
         its quick estimates, until the rounds settle the first (`pruned.settled`) and the old
         ranking holds on them (`judge`). As there, after the first round only the contenders `within`
         reach of the best go on; the others stay on record with that round's time."""
-        firsts, behind, so_far = [], [], []
+        seen, behind, so_far = [], [], []
 
         def after(r, this, alive, got):
             self.rounds = r + 1
             if this:
-                firsts.append(min(this, key=this.get))
+                seen.append(this)
             if r == 0 and len(alive) > MIN_K:
                 keep = within(this)
                 behind.extend(Measured(c, got.pop(c)[0], False) for c in alive if c not in keep)
                 alive = [c for c in alive if c in keep]
             so_far[:] = behind + [Measured(c, combine(ts), True) for c, ts in got.items() if ts]
             verdict = judge(self.seed, so_far)
-            return alive, verdict.settled or (settled(firsts) and verdict.holds)
+            return alive, verdict.settled or (settled(seen) and verdict.holds)
 
         turned_rounds(list(candidates), measure, rounds, after)
         return so_far

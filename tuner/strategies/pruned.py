@@ -8,9 +8,10 @@ times every contender for a 1/ROUNDS share of the profile's full timing, the ord
 by one each round, and a contender's time is the median of its rounds.
 
 With `settle` (a search's shortlist: strategies/ranked.py), the rounds stop after
-MIN_ROUNDS once every round so far put the same contender first (`settled`): more rounds
-would refine medians that already agree on the winner; rounds that disagree (a near tie,
-or a drift) go on to ROUNDS. A tuning of the whole space (a full tuning, an audit) runs
+MIN_ROUNDS once one contender was first, or within NEAR_TIE of the first, in every round so
+far (`settled`): more rounds would refine medians that already agree on the winner, or
+choose between near-equals; rounds that disagree more (a drift, a neighbour's burst) go on
+to ROUNDS. A tuning of the whole space (a full tuning, an audit) runs
 every round: its times rank the configs for the seats after it (their scores), not only
 its winner, and an audit's winner is the truth the shortcut is measured against.
 """
@@ -34,12 +35,20 @@ ROUNDS = 4
 # contender first on a neighbour's burst; two that agree leave at most a near tie to
 # refine, which costs less than the rounds would.
 MIN_ROUNDS = 2
+# Contenders this close in every round are near-equals: the rounds that would tell them
+# apart cost more than the pick could lose (GEMM tiles a fraction of a percent apart took
+# all four rounds where two put a different one of them first).
+NEAR_TIE = 0.01
 
 
-def settled(firsts: list) -> bool:
-    """Whether the rounds so far (each round's fastest config, in order) settle the winner:
-    at least MIN_ROUNDS of them, all with the same config first."""
-    return len(firsts) >= MIN_ROUNDS and len(set(firsts)) == 1
+def settled(rounds: list) -> bool:
+    """Whether the rounds so far ({config: ms} each, in order) settle the winner: at least
+    MIN_ROUNDS of them, and a config first or within NEAR_TIE of the first in each."""
+    if len(rounds) < MIN_ROUNDS or not all(rounds):
+        return False
+    bests = [min(r.values()) for r in rounds]
+    return any(all(c in r and r[c] <= best * (1 + NEAR_TIE) for r, best in zip(rounds, bests))
+               for c in rounds[0])
 
 
 def within(times: dict, slack: float = SLACK, top_k: int = TOP_K) -> list:
@@ -84,12 +93,12 @@ def run(candidates, measure, slack: float = SLACK, top_k: int = TOP_K, rounds: i
         return []
     alive = within({c: t.median_ms for c, t in quick.items()}, slack, top_k)
     out = [Measured(c, t, False) for c, t in sorted(quick.items(), key=lambda ct: ct[1].median_ms) if c not in alive]
-    firsts = []
+    seen = []
 
     def after(r, this, alive, got):
         if this:
-            firsts.append(min(this, key=this.get))
-        return alive, settled(firsts)
+            seen.append(this)
+        return alive, settled(seen)
 
     got = turned_rounds(alive, measure, rounds, after if settle else None)
     out += [Measured(c, combine(ts), True) for c, ts in got.items()]
