@@ -14,7 +14,8 @@ rows), with torch.matmul (cuBLAS) beside them; and where the census's seconds we
                                                       no shipped table at all, the votes' baseline)
     python bench/tuning_cost.py TRACE --profile DIR   census only: its phases on a timeline
                                                       (bench/census_timeline.py), the worker
-                                                      under cProfile
+                                                      under cProfile (BENCH_WORKER_PROFILE=0:
+                                                      the timeline alone, at full speed)
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def main(trace: str, profile_dir: str | None = None) -> None:
         # the worker under cProfile.
         prof = Path(profile_dir)
         prof.mkdir(parents=True, exist_ok=True)
-        env["NBX_TUNE_WORKER_PROFILE"] = str(prof)
+        if os.environ.get("BENCH_WORKER_PROFILE", "1") != "0":
+            env["NBX_TUNE_WORKER_PROFILE"] = str(prof)
         prefix = [sys.executable, str(HERE / "census_timeline.py")]
     print(f"bytecode warmed for both sides: {warm_bytecode(base_env):.1f} s", flush=True)
     started = time.time()
