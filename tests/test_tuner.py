@@ -146,6 +146,9 @@ def test_large_draws_are_sampled_in_blocks_alike_on_any_number_of_threads(monkey
     assert b.dtype == np.float32 and 0 <= b.min() and b.max() < 1
     assert 0.5 <= c.min() and c.max() < 2.0 and d.min() == -7 and d.max() == 7 and set(np.unique(e)) == {-1.0, 1.0}
     assert len(np.unique(a)) == a.size  # no block repeats another
+    # Written in place (random, standard_normal), each block holds its own generator's draw.
+    assert np.array_equal(b, np.concatenate([np.random.default_rng([11, 2, i]).random(1000, dtype=np.float32)
+                                             for i in range(5)]))
     np.testing.assert_array_equal(small, np.random.default_rng(11).standard_normal(10))
     # The case a screen is made of: the same inputs and oracle from the same seed.
     p = problem(5000)

@@ -127,6 +127,7 @@ def seed_for(label: str, problem: Problem) -> int:
 # number of threads; smaller draws are the seeded generator's own.
 PARALLEL_MIN = 1 << 22
 BLOCK = 1 << 20
+IN_PLACE = ("random", "standard_normal")  # the generator's methods that fill an `out` array
 
 
 def _cores() -> int:
@@ -154,16 +155,22 @@ class Sampler:
         self._draws += 1
         draw, starts = self._draws, range(0, n, BLOCK)
 
-        def block(i):
+        def block(i, into=None):
             gen = np.random.default_rng([self._seed, draw, i])
+            if into is not None:  # the same values, written in place: no block to copy
+                return getattr(gen, method)(*args, out=into, **kw)
             return getattr(gen, method)(*args, size=min(BLOCK, n - starts[i]), **kw)
 
         first = block(0)
         out = np.empty(n, dtype=first.dtype)
         out[:BLOCK] = first
+        in_place = method in IN_PLACE
 
         def fill(i):
-            out[starts[i]:starts[i] + BLOCK] = block(i)
+            if in_place:
+                block(i, out[starts[i]:starts[i] + BLOCK])
+            else:
+                out[starts[i]:starts[i] + BLOCK] = block(i)
 
         with ThreadPoolExecutor(self.threads) as pool:  # numpy draws without the GIL
             list(pool.map(fill, range(1, len(starts))))
