@@ -339,3 +339,20 @@ def test_the_compile_pools_fork_server_holds_none_of_the_census_output():
         assert os.readlink("/proc/self/fd/1") != os.devnull  # this process's own are untouched
     finally:
         pool.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="reads a process's environment in /proc")
+def test_the_worker_starts_with_quiet_thread_pools_and_the_parents_environment_is_left_as_it_was(monkeypatch):
+    from nbx_tune.tuner.isolation import QUIET_THREADS
+
+    monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # a user's own setting wins
+    ex = Isolated(builtin_profiles()["interpreter"], precompile=False)
+    try:
+        with open(f"/proc/{ex.proc.pid}/environ") as f:
+            env = dict(kv.split("=", 1) for kv in f.read().split("\0") if "=" in kv)
+    finally:
+        ex.close()
+    assert env["OPENBLAS_THREAD_TIMEOUT"] == QUIET_THREADS["OPENBLAS_THREAD_TIMEOUT"]
+    assert env["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert "OPENBLAS_THREAD_TIMEOUT" not in os.environ and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
