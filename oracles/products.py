@@ -14,6 +14,7 @@ product, summed in some order.
 from __future__ import annotations
 
 import contextlib
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -25,6 +26,7 @@ LARGE_FLOPS = 1 << 30
 MIN_INTENSITY = 128
 CHECK_RTOL = 1e-9
 CHUNK_ROWS = 512
+MAX_THREADS = 8  # the check's passes over the operands, in row blocks: memory-bound past a few cores
 
 _fast = None  # (a, b) -> ndarray | None, set by `faster`
 
@@ -68,19 +70,44 @@ def _check_vectors(n: int) -> np.ndarray:
 
 
 def _expected(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(a @ (b @ x), |a| @ (|b| @ |x|)) for the check's vectors x."""
+    """(a @ (b @ x), |a| @ (|b| @ |x|)) for the check's vectors x, a block of rows at a time
+    on threads (numpy's abs runs on one core; its products and abs release the GIL): 2.3x
+    faster over a census's GEMM cases in its worker, whose thread pools do not spin
+    (tuner/isolation.py); where numpy's OpenBLAS threads spin, a fifth slower."""
     x = _check_vectors(b.shape[-1])
-    # b @ x and |b| @ |x| a block of b's rows at a time, |block| in one buffer: |b| whole
-    # would be a copy of b, and a fresh |block| each time pays its page faults again.
-    bx = np.empty(b.shape[:-1] + (2,))
-    abs_bx = np.empty_like(bx)
-    buf = np.empty(b[..., :CHUNK_ROWS, :].shape)
-    for k in range(0, b.shape[-2], CHUNK_ROWS):
-        block = b[..., k:k + CHUNK_ROWS, :]
-        bx[..., k:k + CHUNK_ROWS, :] = np.matmul(block, x)
-        abs_block = np.abs(block, out=buf[..., :block.shape[-2], :])
-        abs_bx[..., k:k + CHUNK_ROWS, :] = np.matmul(abs_block, np.abs(x))
-    return np.matmul(a, bx), np.matmul(np.abs(a), abs_bx)
+    bx, abs_bx = _rows_times(b, x)
+    return _rows_times(a, bx, abs_bx)
+
+
+def _rows_times(m: np.ndarray, v: np.ndarray, abs_v: np.ndarray | None = None):
+    """(m @ v, |m| @ |v|), or |m| @ abs_v where given. |block| is written into one buffer a
+    thread, reused block after block: |m| whole would be a copy of m, and a fresh |block|
+    each time pays its page faults again."""
+    abs_v = np.abs(v) if abs_v is None else abs_v
+    shape = np.broadcast_shapes(m.shape[:-2], v.shape[:-2]) + (m.shape[-2], v.shape[-1])
+    out, abs_out = np.empty(shape), np.empty(shape)
+    starts = range(0, m.shape[-2], CHUNK_ROWS)
+    threads = max(1, min(MAX_THREADS, _cores(), len(starts)))
+
+    def run(t: int) -> None:
+        buf = np.empty(m[..., :CHUNK_ROWS, :].shape)
+        for k in starts[t::threads]:
+            block = m[..., k:k + CHUNK_ROWS, :]
+            out[..., k:k + CHUNK_ROWS, :] = np.matmul(block, v)
+            abs_block = np.abs(block, out=buf[..., :block.shape[-2], :])
+            abs_out[..., k:k + CHUNK_ROWS, :] = np.matmul(abs_block, abs_v)
+
+    if threads == 1:
+        run(0)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(run, range(threads)))
+    return out, abs_out
+
+
+def _cores() -> int:
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; macOS has only cpu_count
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
 
 
 def _agrees(out: np.ndarray, want: np.ndarray, bound: np.ndarray) -> bool:

@@ -178,3 +178,16 @@ def test_a_gpu_product_that_is_the_oracles_output_is_judged_against_its_copy_on_
     wrong.append(True)
     c = case(1.0)  # the product fails Freivalds' test: numpy's is the oracle, no twin
     assert c.twins == {} and c.ref["c"].flags.writeable
+
+
+def test_the_checks_row_blocks_on_threads_give_what_one_thread_gives(monkeypatch):
+    a, b = operands((3, 45, 61), (61, 29), seed=4)  # several blocks of CHUNK_ROWS each way
+    monkeypatch.setattr(products, "MAX_THREADS", 1)
+    one = products._expected(a, b)
+    monkeypatch.setattr(products, "MAX_THREADS", 8)
+    monkeypatch.setattr(products, "_cores", lambda: 4)
+    many = products._expected(a, b)
+    x = products._check_vectors(29)
+    assert all(np.array_equal(p, q) for p, q in zip(one, many))
+    np.testing.assert_allclose(one[0], a @ (b @ x), rtol=1e-12)
+    np.testing.assert_allclose(one[1], np.abs(a) @ (np.abs(b) @ np.abs(x)), rtol=1e-12)

@@ -1,13 +1,12 @@
 """Where a census seat's inputs and oracles go (call 12's timeline: 0.5-1.3 s a seat, 5.4 s of
 a 15.5 s census): the screen and confirm cases of the Llama-2-7B example's six matmul
 seats, made as the worker makes them (screen.make_case, with its phases), then the
-Freivalds check's host side at each case's operands as `products._expected` makes it (one
-thread) and with its row blocks on threads (tried here; call 14 of 2026-12-06 found it
-slower on the H100's host, and it was not kept). Usage: python3 case_probe.py (on a GPU)."""
+Freivalds check's host side at each case's operands on one thread (as `products._expected`
+made it until 2026-12-06) and with its row blocks on threads (`products._expected` since:
+slower where numpy's OpenBLAS threads spin, calls 14, 18 and 21; 2.3x faster where they do
+not, call 21). Usage: python3 case_probe.py (on a GPU)."""
 
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -24,34 +23,20 @@ ROWS = [("bfloat16", (512, 4096), (4096, 4096)), ("bfloat16", (512, 4096), (4096
         ("float16", (4096, 4096), (4096, 4096)), ("bfloat16", (4096, 4096), (4096, 4096))]
 
 
-one_thread = products._expected
-
-
-def on_threads(a, b):
-    """products._expected with its row blocks on up to 8 threads."""
+def one_thread(a, b):
+    """products._expected before its row blocks went to threads."""
     x = products._check_vectors(b.shape[-1])
-    bx, abs_bx = _rows_times(b, x)
-    return _rows_times(a, bx, abs_bx)
+    bx, abs_bx = np.empty(b.shape[:-1] + (2,)), np.empty(b.shape[:-1] + (2,))
+    buf = np.empty(b[..., :products.CHUNK_ROWS, :].shape)
+    for k in range(0, b.shape[-2], products.CHUNK_ROWS):
+        block = b[..., k:k + products.CHUNK_ROWS, :]
+        bx[..., k:k + products.CHUNK_ROWS, :] = np.matmul(block, x)
+        abs_block = np.abs(block, out=buf[..., :block.shape[-2], :])
+        abs_bx[..., k:k + products.CHUNK_ROWS, :] = np.matmul(abs_block, np.abs(x))
+    return np.matmul(a, bx), np.matmul(np.abs(a), abs_bx)
 
 
-def _rows_times(m, v, abs_v=None):
-    abs_v = np.abs(v) if abs_v is None else abs_v
-    shape = np.broadcast_shapes(m.shape[:-2], v.shape[:-2]) + (m.shape[-2], v.shape[-1])
-    out, abs_out = np.empty(shape), np.empty(shape)
-    starts = range(0, m.shape[-2], products.CHUNK_ROWS)
-    threads = max(1, min(8, len(os.sched_getaffinity(0)), len(starts)))
-
-    def run(t):
-        buf = np.empty(m[..., :products.CHUNK_ROWS, :].shape)
-        for k in starts[t::threads]:
-            block = m[..., k:k + products.CHUNK_ROWS, :]
-            out[..., k:k + products.CHUNK_ROWS, :] = np.matmul(block, v)
-            abs_block = np.abs(block, out=buf[..., :block.shape[-2], :])
-            abs_out[..., k:k + products.CHUNK_ROWS, :] = np.matmul(abs_block, abs_v)
-
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(run, range(threads)))
-    return out, abs_out
+on_threads = products._expected
 
 
 def main() -> None:
