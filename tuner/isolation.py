@@ -30,7 +30,7 @@ PREPARE_TIMEOUT_FACTOR = 10  # making a seat's inputs and fp64 oracles may take 
 STOP_WAIT_S = 10  # a stopped worker writes its profile, if asked, then says so
 # The worker's thread pools (numpy's OpenBLAS, torch's OpenMP) sleep as soon as they are
 # idle instead of spinning for a while: spinning, they held the cores on which a seat's next
-# case drew its inputs, and its cases took half again as long. A setting of the user's wins.
+# case drew its inputs on its own threads. A setting of the user's wins.
 QUIET_THREADS = {"OPENBLAS_THREAD_TIMEOUT": "4", "OMP_WAIT_POLICY": "PASSIVE"}
 
 

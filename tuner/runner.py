@@ -77,7 +77,8 @@ class SeatTuner:
         todo = [ln for ln in lines if ln.id is not None]
         # A kernel with no audit on record is audited at its last seat of this census, not
         # its first: the whole space then compiles while the seats before it are timed, and
-        # is queued at the pool's lowest priority when the kernel's first seat starts.
+        # is queued at the pool's lowest priority when the kernel's first seat starts. That
+        # last seat is made its pending seat of the smallest shape (`_audited_last`).
         unaudited = {ln.kernel for ln in todo if not self.store.shortcut_losses(self.profile.name, ln.kernel)}
         todo = self._audited_last(todo, unaudited)
         last = {ln.kernel: ln.id for ln in todo}
@@ -102,7 +103,7 @@ class SeatTuner:
     def _audited_last(self, todo: list, unaudited: set) -> list:
         """`todo` with each unaudited kernel's pending seat of the smallest timed shape moved
         to that kernel's last place, where its audit falls: an audit times every candidate,
-        and at a 4096^3 GEMM each quick estimate cost three times one at 512 x 4096 x 4096."""
+        and each timing costs less the smaller the shape."""
         mine = [ln.id for ln in todo if ln.kernel in unaudited]
         recs = {r.seat.id: r for r in self.store.seat_records(seat_ids=mine)} if mine else {}
         # Pending as the database has it now (a line's status dates from the census's plan).

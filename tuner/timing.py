@@ -206,8 +206,8 @@ def stream_time(fns: list, warmup_ms: float, rep_ms: float, quantiles=(0.5, 0.2,
     sleep = _sleeper(torch)
     warmed_ms = 0.0
     if rig.estimate is None:
-        # A burst of ESTIMATE_MS or more is estimate enough on its own (four of a 4096^3 GEMM's
-        # took 12 ms a config); shorter ones are estimated over four.
+        # A burst of ESTIMATE_MS or more is estimate enough on its own (four of a large GEMM's
+        # are milliseconds of GPU time every config pays); shorter ones are estimated over four.
         steps = 1 if rig.first_ms * launches >= ESTIMATE_MS else ESTIMATE_STEPS
         rig.estimate = _estimate(torch, sleep, rot, steps)
         warmed_ms = steps * rig.estimate[1]  # the estimate's bursts warmed the GPU just now
