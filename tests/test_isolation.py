@@ -3,6 +3,7 @@ with reason crash / timeout, the tuner replaces the worker and goes on, and what
 worker passed is screened again before anything is certified."""
 
 import os
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -349,6 +350,11 @@ def test_the_worker_starts_with_quiet_thread_pools_and_the_parents_environment_i
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # a user's own setting wins
     ex = Isolated(builtin_profiles()["interpreter"], precompile=False)
     try:
+        # /proc shows a process's environment as its program started: read it once the
+        # worker runs its own (until then a forked copy shows this process's).
+        deadline = time.monotonic() + 30
+        while b"spawn_main" not in Path(f"/proc/{ex.proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
         with open(f"/proc/{ex.proc.pid}/environ") as f:
             env = dict(kv.split("=", 1) for kv in f.read().split("\0") if "=" in kv)
     finally:
