@@ -3,7 +3,9 @@ pool): a Precompiler started as the census starts it, handed 30 configs of one s
 once (512 x 4096 x 11008 bf16: two jobs a process), each process's steps on one clock:
 forked (its first line), `_init` done (nice, kernels, the GPU's context), each job started
 and done; then a process's first compile against its second. Usage: python3
-pool_probe.py [JOBS] (on a GPU; run it twice: the first run pays Python's bytecode)."""
+pool_probe.py [JOBS] (on a GPU; run it twice: the first run pays Python's bytecode; with
+POOL_PROBE_CONTEXT=1 each process makes its GPU context right after its init, timed
+apart, to tell that cost from the rest of a first job's; not run yet)."""
 
 import os
 import statistics
@@ -29,6 +31,12 @@ def timed_serve(jobs, done, done_lock, plugins, environ):
     mark("forked")
     precompile._init(plugins, environ)
     mark("init done")
+    if environ.get("POOL_PROBE_CONTEXT") == "1":  # the GPU context and a first allocation, timed alone
+        import torch
+
+        torch.empty(1, device="cuda")
+        torch.cuda.synchronize()
+        mark("context made")
     from triton.runtime.jit import JITFunction
 
     def getitem(self, grid):  # precompile._compile_only's, its two steps timed apart
@@ -93,8 +101,13 @@ def main() -> None:
              if any(w == "init done" for _, w in s)]
     jobs = [b - a for s in steps.values() for (a, w), (b, w2) in zip(s, s[1:]) if w == "job starts" and w2 == "job done"]
     first_job = [next(a for a, w in s if w == "job starts") for s in steps.values() if any(w == "job starts" for _, w in s)]
-    print(f"{len(steps)} processes forked from {forked[0]:.2f} to {forked[-1]:.2f} s; init (context) median "
+    print(f"{len(steps)} processes forked from {forked[0]:.2f} to {forked[-1]:.2f} s; init median "
           f"{statistics.median(inits):.2f} s, max {max(inits):.2f} s")
+    made = [next(a for a, w in s if w == "context made") - next(a for a, w in s if w == "init done")
+            for s in steps.values() if any(w == "context made" for _, w in s)]
+    if made:
+        print(f"GPU context and first allocation after init: median {statistics.median(made):.2f} s, "
+              f"max {max(made):.2f} s")
     print(f"{len(jobs)} jobs: first started at {min(first_job):.2f} s; compile median {statistics.median(jobs):.2f} s, "
           f"max {max(jobs):.2f} s")
     nth = {}
