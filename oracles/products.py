@@ -87,7 +87,7 @@ def _rows_times(m: np.ndarray, v: np.ndarray, abs_v: np.ndarray | None = None):
     shape = np.broadcast_shapes(m.shape[:-2], v.shape[:-2]) + (m.shape[-2], v.shape[-1])
     out, abs_out = np.empty(shape), np.empty(shape)
     starts = range(0, m.shape[-2], CHUNK_ROWS)
-    threads = max(1, min(MAX_THREADS, _cores(), len(starts)))
+    threads = max(1, min(MAX_THREADS, cores(), len(starts)))
 
     def run(t: int) -> None:
         buf = np.empty(m[..., :CHUNK_ROWS, :].shape)
@@ -105,7 +105,8 @@ def _rows_times(m: np.ndarray, v: np.ndarray, abs_v: np.ndarray | None = None):
     return out, abs_out
 
 
-def _cores() -> int:
+def cores() -> int:
+    """The CPU cores this process may run on (the screen's draws size their threads by it too)."""
     affinity = getattr(os, "sched_getaffinity", None)  # Linux; macOS has only cpu_count
     return len(affinity(0)) if affinity else os.cpu_count() or 1
 

@@ -185,7 +185,7 @@ def test_the_checks_row_blocks_on_threads_give_what_one_thread_gives(monkeypatch
     monkeypatch.setattr(products, "MAX_THREADS", 1)
     one = products._expected(a, b)
     monkeypatch.setattr(products, "MAX_THREADS", 8)
-    monkeypatch.setattr(products, "_cores", lambda: 4)
+    monkeypatch.setattr(products, "cores", lambda: 4)
     many = products._expected(a, b)
     x = products._check_vectors(29)
     assert all(np.array_equal(p, q) for p, q in zip(one, many))

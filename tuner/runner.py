@@ -104,8 +104,8 @@ class SeatTuner:
         """`todo` with each unaudited kernel's pending seat of the smallest timed shape moved
         to that kernel's last place, where its audit falls: an audit times every candidate,
         and each timing costs less the smaller the shape."""
-        mine = [ln.id for ln in todo if ln.kernel in unaudited]
-        recs = {r.seat.id: r for r in self.store.seat_records(seat_ids=mine)} if mine else {}
+        ids = [ln.id for ln in todo if ln.kernel in unaudited]
+        recs = {r.seat.id: r for r in self.store.seat_records(seat_ids=ids)} if ids else {}
         # Pending as the database has it now (a line's status dates from the census's plan).
         pending = [ln for ln in todo if ln.id in recs and seat_status(
             recs[ln.id], get_spec(ln.kernel), self.profile).status == "pending"]

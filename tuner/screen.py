@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -130,11 +129,6 @@ BLOCK = 1 << 20
 IN_PLACE = ("random", "standard_normal")  # the generator's methods that fill an `out` array
 
 
-def _cores() -> int:
-    affinity = getattr(os, "sched_getaffinity", None)  # Linux; macOS has only cpu_count
-    return len(affinity(0)) if affinity else os.cpu_count() or 1
-
-
 class Sampler:
     """What `KernelSpec.make_inputs` is handed: a seeded numpy Generator whose large
     draws of i.i.d. values (standard_normal, random, uniform, integers, choice with scalar
@@ -142,7 +136,7 @@ class Sampler:
 
     def __init__(self, seed: int, threads: int | None = None):
         self._seed, self._rng, self._draws = seed, np.random.default_rng(seed), 0
-        self.threads = threads or max(1, min(16, _cores()))
+        self.threads = threads or max(1, min(16, products.cores()))
         self.blocks = 0  # blocks drawn so far (the tests read it)
 
     def __getattr__(self, name):
