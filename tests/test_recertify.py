@@ -293,20 +293,26 @@ def recertify_job(spec, seen):
     return seat_job(spec, PROFILE, "double", seen, "cpu")
 
 
-def test_the_compile_pool_loads_what_it_compiles(monkeypatch):
-    # Loading builds Triton's per-signature launcher where it has one: in the pool, so the
-    # worker's first launch of a contender finds it cached.
+def test_the_compile_pool_builds_launchers_and_loads_nothing(monkeypatch):
+    # The pool builds Triton's per-signature launcher where it has one (cached, so the
+    # worker's first launch of a contender finds it) but loads no binary and asks for no
+    # stream: either makes a GPU context, which costs a process more than its first compile.
+    from triton.runtime import driver
     from triton.runtime.jit import JITFunction
 
     from nbx_tune.tuner import precompile
 
-    loaded = []
+    loaded, built, warmups = [], [], []
 
     class Compiled:
+        src, metadata = "the source", "its metadata"
+
         def _init_handles(self):
             loaded.append(self)
 
-    warmups = []
+    class Driver:
+        def launcher_cls(self, src, metadata):
+            built.append((src, metadata))
 
     def run(self, *args, grid, warmup, **kwargs):
         warmups.append(warmup)
@@ -317,9 +323,43 @@ def test_the_compile_pool_loads_what_it_compiles(monkeypatch):
 
     monkeypatch.setattr(JITFunction, "__getitem__", JITFunction.__getitem__)  # restored after the test
     monkeypatch.setattr(JITFunction, "run", run)
+    fake = Driver()
+    fake.get_current_stream = lambda device: 1234  # torch's: asking makes the GPU's context
+    monkeypatch.setattr(driver, "_active", fake, raising=False)
+    monkeypatch.setattr(type(driver), "active", property(lambda self: self._active), raising=False)
     precompile._compile_only()
     got = JITFunction(kernel)[(4,)](1)
-    assert warmups == [True] and isinstance(got, Compiled) and loaded == [got]
+    assert warmups == [True] and isinstance(got, Compiled)
+    assert built == [("the source", "its metadata")] and loaded == []
+    assert fake.get_current_stream(0) == 0  # nothing launches, so no stream is asked for
+
+
+def test_the_compile_pool_puts_a_gpu_seat_on_meta_tensors(monkeypatch):
+    # Triton specializes on dtypes and alignments, which meta tensors carry: no GPU memory,
+    # and no GPU context, is needed to compile a GPU seat's configs.
+    import torch
+
+    from nbx_tune.kernels import registry
+    from nbx_tune.tuner import precompile
+
+    seen = []
+
+    class Spec:
+        def input_shapes(self, p):
+            return {"a": ((3, 5), "float16")}
+
+        def output_specs(self, p):
+            return {"c": ((3,), "float32")}
+
+        def launch(self, config, p, inputs, outputs):
+            seen.append({k: (t.device.type, tuple(t.shape), t.dtype) for k, t in {**inputs, **outputs}.items()})
+
+    monkeypatch.setattr(registry, "get_spec", lambda name: Spec())
+    assert precompile._compile("k", ["p"], None, "cuda") is None
+    assert precompile._compile("k", ["p"], None, "cpu") is None
+    want = {"a": ((3, 5), torch.float16), "c": ((3,), torch.float32)}
+    assert [{k: v[0] for k, v in s.items()} for s in seen] == [{"a": "meta", "c": "meta"}, {"a": "cpu", "c": "cpu"}]
+    assert all({k: v[1:] for k, v in s.items()} == want for s in seen)
 
 
 def test_ranking_broken_falls_back_to_every_candidate():

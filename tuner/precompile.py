@@ -4,8 +4,8 @@ screens and times them.
 Triton compiles a config on its first launch, one at a time, while the GPU waits: for a
 GEMM config space that is most of a seat's tuning time. Here a pool of processes runs each
 candidate's launcher with Triton's launches turned into warm-ups (compile, do not launch),
-on empty tensors of the seat's shapes, so every specialization the worker will need is
-already in Triton's on-disk cache when it gets there. A compile that crashes or fails here
+on meta tensors of the seat's shapes, so every specialization the worker will need is
+already in Triton's on-disk cache when it gets there. These processes never touch the GPU. A compile that crashes or fails here
 costs nothing: the worker compiles that config itself and the tuner refuses it there, with
 the error text. Nothing compiled here is trusted for anything but speed.
 
@@ -36,22 +36,30 @@ from nbx_tune.errors import NbxError
 
 
 def _compile_only():
-    """Make every `kernel[grid](...)` in this process compile without launching, and load
-    what it compiled: where Triton builds a launcher per signature on a kernel's first
-    load (a C compile), that is built and cached here too, not in the worker."""
+    """Make every `kernel[grid](...)` in this process compile without launching, and build
+    its launcher (a C compile where Triton makes one per signature, cached for the worker),
+    without loading the binary: loading needs a GPU context, and 15 processes making theirs
+    at once spent 1.8 s each before their first compile."""
+    from triton.runtime import driver
     from triton.runtime.jit import JITFunction
 
     def getitem(self, grid):
         def compile_(*args, **kwargs):
+            # Nothing is launched on a stream, and asking torch for one makes the context.
+            driver.active.get_current_stream = _no_stream
             kernel = self.run(*args, grid=grid, warmup=True, **kwargs)
-            load = getattr(kernel, "_init_handles", None)
-            if load is not None:
-                load()
+            make_launcher = getattr(driver.active, "launcher_cls", None)
+            if make_launcher is not None and hasattr(kernel, "metadata"):
+                make_launcher(kernel.src, kernel.metadata)
             return kernel
 
         return compile_
 
     JITFunction.__getitem__ = getitem
+
+
+def _no_stream(device=None) -> int:
+    return 0
 
 
 def _init(plugins, environ):
@@ -69,7 +77,8 @@ def _init(plugins, environ):
 
     # Torch, Triton and the kernels imported now (where the fork server has not), while
     # nothing waits for this process (a broken plugin is the census's to report: the job
-    # that needs it fails here silently); the GPU's context made before the first job.
+    # that needs it fails here silently); torch's CUDA state set up (no context: see
+    # _compile) before the first job.
     import torch
     try:
         all_specs()
@@ -91,11 +100,15 @@ def _compile(kernel: str, problems, config, device: str) -> str | None:
     from nbx_tune.tuner.screen import TORCH_DTYPES
 
     spec = get_spec(kernel)
+    # A GPU seat's tensors live on the meta device: Triton specializes on dtypes, constexprs
+    # and the alignment of sizes and addresses (a meta tensor's is 0), and compiling needs no
+    # GPU context, which would cost each process more than its first compile.
+    where = "meta" if device.startswith("cuda") else device
     try:
         for p in problems:
-            inputs = {n: torch.empty(s, dtype=TORCH_DTYPES[d], device=device)
+            inputs = {n: torch.empty(s, dtype=TORCH_DTYPES[d], device=where)
                       for n, (s, d) in spec.input_shapes(p).items()}
-            outputs = {n: torch.empty(s, dtype=TORCH_DTYPES[d], device=device)
+            outputs = {n: torch.empty(s, dtype=TORCH_DTYPES[d], device=where)
                        for n, (s, d) in spec.output_specs(p).items()}
             spec.launch(config, p, inputs, outputs)
     except Exception as e:  # the worker meets it again and refuses the config there
@@ -290,9 +303,9 @@ class Precompiler:
         self.jobs.close()  # the counting thread sees `stopped` and closes its pipe
 
     def close(self) -> None:
-        """Kill every process and wait for none: a killed process that held a GPU context
-        is gone only once the driver has torn the context down (0.8 s at a census's end),
-        and nothing here needs it gone."""
+        """Kill every process and wait for none: nothing here needs them gone (one that
+        holds a GPU context, as a plugin's launch may make, goes only once the driver has
+        torn it down)."""
         self.stop()
         for proc in list(self.procs):
             let_go(proc)
