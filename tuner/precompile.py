@@ -243,7 +243,12 @@ class Precompiler:
                     if self.stopped:
                         break
                     self.procs.append(proc)
-                proc.start()
+                try:
+                    proc.start()
+                except Exception:  # never started (stopped meanwhile: its queue closed)
+                    with self.lock:
+                        self.procs.remove(proc)
+                    raise
                 if self.stopped:  # stopped while it started: stop() may have missed it
                     proc.kill()
                     let_go(proc)
