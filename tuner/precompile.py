@@ -5,9 +5,10 @@ Triton compiles a config on its first launch, one at a time, while the GPU waits
 GEMM config space that is most of a seat's tuning time. Here a pool of processes runs each
 candidate's launcher with Triton's launches turned into warm-ups (compile, do not launch),
 on meta tensors of the seat's shapes, so every specialization the worker will need is
-already in Triton's on-disk cache when it gets there. These processes never touch the GPU. A compile that crashes or fails here
-costs nothing: the worker compiles that config itself and the tuner refuses it there, with
-the error text. Nothing compiled here is trusted for anything but speed.
+already in Triton's on-disk cache when it gets there; no process makes a GPU context. A
+compile that crashes or fails here costs nothing: the worker compiles that config itself
+and the tuner refuses it there, with the error text. Nothing compiled here is trusted for
+anything but speed.
 
 Jobs go out by priority, not in the order queued: the seat being tuned (NOW) before the
 next seats' first configs (NEXT) before a later audit's whole space (LATER). This process
@@ -59,6 +60,7 @@ def _compile_only():
 
 
 def _no_stream(device=None) -> int:
+    """The stream a compile-only launch is given: the null one (none is ever used)."""
     return 0
 
 
@@ -77,8 +79,8 @@ def _init(plugins, environ):
 
     # Torch, Triton and the kernels imported now (where the fork server has not), while
     # nothing waits for this process (a broken plugin is the census's to report: the job
-    # that needs it fails here silently); torch's CUDA state set up (no context: see
-    # _compile) before the first job.
+    # that needs it fails here silently); torch's CUDA state set up before the first job
+    # (which makes no context: see _compile_only and _compile).
     import torch
     try:
         all_specs()
