@@ -328,5 +328,7 @@ def test_a_rig_is_estimated_over_one_burst_where_a_burst_is_long_enough(seconds,
     fns, log = _launchers(fake.cuda, 2, seconds)
     rig = timing.Rig(fns)
     med = timing.stream_time(rig, warmup_ms=1, rep_ms=4)[0]
-    assert taken == [steps] and seconds * 1e3 * 0.8 <= med < seconds * 1e3 * 5
+    # A host's 20 us sleep overshoots by 0.1 ms or so on a loaded machine: the bound above
+    # is the longer of 5x the sleep and 0.5 ms.
+    assert taken == [steps] and seconds * 1e3 * 0.8 <= med < max(seconds * 1e3 * 5, 0.5)
     assert rig.first_ms >= seconds * 1e3
