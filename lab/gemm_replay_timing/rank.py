@@ -8,7 +8,7 @@ space (what the hopper profile admits) is timed three ways:
   replay  bench/torch_compare.py's measure: a graph of 20 calls over rotating operand sets,
           side by side with torch.mm and the served op (the shipped table's pick)
 and the pick of each of the first two is read under the third. Usage (GPU):
-    python3 lab/gemm_replay_timing/rank.py [--budget-s 420]
+    python3 lab/gemm_replay_timing/rank.py [--budget-s 420] [--rows M,K,N,LAYOUT ...]
 writes $OUT/gemm_replay_timing.json and prints a table.
 """
 
@@ -85,7 +85,10 @@ def one_row(m, k, n, layout, bench, deadline):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=420)
+    ap.add_argument("--rows", nargs="*", metavar="M,K,N,LAYOUT",
+                    help="rows to time instead of ROWS, e.g. 512,4096,32000,nn")
     args = ap.parse_args()
+    rows = ROWS if not args.rows else [(*map(int, r.split(",")[:3]), r.split(",")[3]) for r in args.rows]
     from _common import environment, save
 
     from nbx_tune.profiles import get_profile
@@ -95,7 +98,7 @@ def main() -> int:
     t0 = time.time()
     deadline = t0 + args.budget_s
     out, lines = {"env": environment(), "rows": []}, []
-    for m, k, n, layout in ROWS:
+    for m, k, n, layout in rows:
         if time.time() > deadline:
             break
         r = one_row(m, k, n, layout, bench, deadline)
