@@ -39,8 +39,8 @@ from nbx_tune.errors import NbxError
 def _compile_only():
     """Make every `kernel[grid](...)` in this process compile without launching, and build
     its launcher (a C compile where Triton makes one per signature, cached for the worker),
-    without loading the binary: loading needs a GPU context, and 15 processes making theirs
-    at once spent 1.8 s each before their first compile."""
+    without loading the binary: loading needs a GPU context, which costs a process more than
+    its first compile when the whole pool makes one at once (lab/certify_cost/NOTES.md)."""
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
 
