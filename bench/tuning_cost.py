@@ -36,6 +36,9 @@ from torch_compare import graph_times, n_sets  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MATMUL_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
+# ms each pick is replayed in one side-by-side repeat, in 4 alternating rounds: long enough
+# that the same binary reads close to itself (lab/certify_cost/pick_noise.py; BENCH_PICK_REP_MS)
+PICK_REP_MS = float(os.environ.get("BENCH_PICK_REP_MS", "300"))
 
 
 def timed_process(cmd, env) -> tuple[float, str, str]:
@@ -164,11 +167,15 @@ def main(trace: str, profile_dir: str | None = None) -> None:
         c = [torch.empty(B, M, N, device="cuda", dtype=dt) for _ in range(k)]
         cert = certified.config_for(SPEC, p.dtypes, p.flags, p.dims)
         at = Config.parse(pick["config"])
-        # The loss is the median of three repeats: each a side-by-side timing.
-        reps = [graph_times({"cert": lambda i: launch_matmul(a[i % k], b[i % k], c[i % k], None, 1.0, 0.0, cert),
-                             "auto": lambda i: launch_matmul(a[i % k], b[i % k], c[i % k], None, 1.0, 0.0, at),
-                             "blas": lambda i: torch.matmul(a[i % k], b[i % k], out=c[i % k])}, 60)
-                for _ in range(3)]
+        # The loss is the median of three repeats: each a side-by-side timing, with
+        # the census's pick a second time beside it ("again", the same binary): how far the
+        # measure itself moves a config, against which a loss is read.
+        fns = {"cert": lambda i: launch_matmul(a[i % k], b[i % k], c[i % k], None, 1.0, 0.0, cert),
+               "auto": lambda i: launch_matmul(a[i % k], b[i % k], c[i % k], None, 1.0, 0.0, at),
+               "again": lambda i: launch_matmul(a[i % k], b[i % k], c[i % k], None, 1.0, 0.0, cert),
+               "blas": lambda i: torch.matmul(a[i % k], b[i % k], out=c[i % k])}
+        reps = [graph_times(fns, PICK_REP_MS) for _ in range(3)]
+        same = statistics.median(abs(r["again"] / r["cert"] - 1) for r in reps)
         t_cert, t_auto, t_blas = (statistics.median(r[n] for r in reps) for n in ("cert", "auto", "blas"))
         ratios.append(t_auto / t_cert)
         # The same config is the same binary: a difference between its two timings is the
@@ -177,7 +184,7 @@ def main(trace: str, profile_dir: str | None = None) -> None:
         seen = census_times(db, p, (cert, at))
         lines.append([f"B={B} M={M} N={N} K={K} {p.dtypes[0]}", f"{t_cert:.4f}", f"{t_auto:.4f}",
                       f"{t_blas:.4f}", f"{t_auto / t_cert:.3f}", f"{t_blas / t_cert:.3f}",
-                      f"{100 * losses[-1]:.2f} %", seen, str(cert), str(at)])
+                      f"{100 * losses[-1]:.2f} %", seen, str(cert), str(at), f"{100 * same:.2f} %"])
     misses = certified.launch_stats()["misses"]
     from sqlalchemy import create_engine, text
 
@@ -204,9 +211,10 @@ def main(trace: str, profile_dir: str | None = None) -> None:
     print(table([[f"{census_s:.1f}", f"{auto_s:.1f}", f"{auto_s / census_s:.2f}x", len(rows), len(rep["seats"])]],
                 ["census s (screens every candidate)", "triton.autotune s", "census faster by",
                  "matmul rows", "seats"]))
-    print(table([ln[:8] for ln in lines], ["shape", "certified ms (graphs)", "autotune pick ms", "cuBLAS ms",
-                                           "autotune/cert", "cuBLAS/cert", "loss vs autotune (median of 3)",
-                                           "census ms: its pick / autotune's"]))
+    print(table([ln[:8] + ln[10:] for ln in lines],
+                ["shape", "certified ms (graphs)", "autotune pick ms", "cuBLAS ms", "autotune/cert", "cuBLAS/cert",
+                 "loss vs autotune (median of 3)", "census ms: its pick / autotune's",
+                 "certified against itself (median of 3)"]))
     print("\n".join(f"{ln[0]}: certified {ln[8]}; autotune {ln[9]}" for ln in lines))
     print(table([[srch, n, f"{tot:.1f}", f"{sc:.1f}", f"{bn:.1f}", f"{tot - sc - bn:.1f}"]
                  for srch, n, tot, sc, bn in spent],
