@@ -53,6 +53,9 @@ from _common import (breakdown, environment, query, save, side_by_side, table, t
 TRACES = tuple(sorted(str(p) for p in (Path(__file__).resolve().parent.parent / "examples" / "traces")
                      .glob("*_bf16.tsv")))  # every real-scale example: all the shipped seats
 SEATS = 48  # the default sample: a fresh census of it and the rest fit one ~5 minute call
+# ms each pick is timed in one side-by-side repeat: long enough that one binary reads close
+# to itself (lab/certify_cost/pick_noise.py); a third timing, the fresh pick again, shows how close
+PICK_REP_MS = 300
 SMOKE_TRACE = ("# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
                + "".join(f"aten.mm\tfloat32,float32\t{m}x16;16x{n}\t\t1\n" for m, n in ((17, 24), (33, 40), (65, 24)))
                + "aten.add.Tensor\tfloat32,float32\t1000;1000\t\t1\n")
@@ -206,9 +209,10 @@ def stream_timer(fns: list, rep: float) -> float:
 
 
 def pick_losses(fresh: dict, recert: dict, problems: dict, smoke: bool) -> list:
-    """[(seat, loss)]: the re-certified pick against the fresh census's pick, timed side by
-    side at the seat's largest shape as the census times the kernel (over operand sets
-    where it is timed as a stream), median of three."""
+    """[(seat, loss, same)]: the re-certified pick against the fresh census's pick, timed side
+    by side at the seat's largest shape as the census times the kernel (over operand sets
+    where it is timed as a stream), median of three; `same`: the fresh pick against a
+    second copy of itself in the same timings, how far the measure moves one binary."""
     from nbx_tune.kernels.registry import get_spec
     from nbx_tune.kernels.spec import Config
     from nbx_tune.tuner import screen, timing
@@ -218,26 +222,28 @@ def pick_losses(fresh: dict, recert: dict, problems: dict, smoke: bool) -> list:
     out = []
     for k in sorted(fresh.keys() & recert.keys()):
         if fresh[k] == recert[k]:
-            out.append((k, 0.0))
+            out.append((k, 0.0, None))
             continue
         spec, p = get_spec(k[0]), problems[k]
         case = screen.make_case(spec, p, device, 1, False)
         outs = screen.alloc_outputs(spec, p, device)
         a, b = Config.parse(fresh[k]), Config.parse(recert[k])
         fns = {"fresh": lambda: spec.launch(a, p, case.inputs, outs),
-               "recert": lambda: spec.launch(b, p, case.inputs, outs)}
+               "recert": lambda: spec.launch(b, p, case.inputs, outs),
+               "again": lambda: spec.launch(a, p, case.inputs, outs)}
         how = timer
         if spec.timing == "stream" and not smoke:  # timed as the census timed it: over operand sets
             sets = [(screen.fresh_inputs(case), screen.alloc_outputs(spec, p, device))
                     for _ in range(timing.n_sets(spec.operand_bytes(p)))]
             fns = {name: [(lambda c=c, i=i, o=o: spec.launch(c, p, i, o)) for i, o in sets]
-                   for name, c in (("fresh", a), ("recert", b))}
+                   for name, c in (("fresh", a), ("recert", b), ("again", a))}
             how = stream_timer
-        losses = []
+        losses, same = [], []
         for _ in range(3):
-            t = side_by_side(fns, rep_ms=60, timer=how)
+            t = side_by_side(fns, rep_ms=PICK_REP_MS, timer=how)
             losses.append(t["recert"] / t["fresh"] - 1)
-        out.append((k, statistics.median(losses)))
+            same.append(abs(t["again"] / t["fresh"] - 1))
+        out.append((k, statistics.median(losses), statistics.median(same)))
     return out
 
 
@@ -334,7 +340,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
     regret = [x for (x,) in query(fresh_db, "SELECT shortcut_loss FROM tunings WHERE search = 'audit' "
                                             "AND shortcut_loss IS NOT NULL")]
     losses = pick_losses(fresh, recert, largest_problems(fresh_db), smoke)
-    ls = [x for _, x in losses]
+    ls = [x for _, x, _ in losses]
     med = statistics.median(ls) if ls else float("nan")
     worst = max(ls) if ls else float("nan")
     spent = {"recert": breakdown(recert_db), "fresh": breakdown(fresh_db)}
@@ -349,8 +355,8 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
               "fresh_searches": fresh_searches, "fresh_audit_losses": regret,
               "loss_median": med, "loss_max": worst, "spent": spent, "fallback_reasons": reasons,
               "slowest": slow, "parallel": parallel, "compiled": built, "recert_rounds": recert_rounds,
-              "losses": [{"seat": "|".join(k), "fresh": fresh[k], "recert": recert[k], "loss": x}
-                         for k, x in losses]}
+              "losses": [{"seat": "|".join(k), "fresh": fresh[k], "recert": recert[k], "loss": x,
+                          "fresh_against_itself": same} for k, x, same in losses]}
     save("recertify_cost-smoke.json" if smoke else "recertify_cost.json", result)
     print(f"{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}")
     print(table([[len(recert), f"{fresh_s:.1f}", f"{recert_s:.1f}", f"{fresh_s / recert_s:.1f}x",
@@ -373,9 +379,11 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
                 ["side", "slowest seats", "search", "s", "screening s", "timing s"]))
     if reasons:
         print("fallbacks: " + "; ".join(f"{n} x {why}" for why, n in sorted(reasons.items(), key=lambda x: -x[1])))
-    differ = [[("|".join(k))[:60], fresh[k], recert[k], f"{100 * x:+.2f} %"] for k, x in losses if fresh[k] != recert[k]]
+    differ = [[("|".join(k))[:60], fresh[k], recert[k], f"{100 * x:+.2f} %", f"{100 * same:.2f} %"]
+              for k, x, same in losses if fresh[k] != recert[k]]
     if differ:
-        print(table(differ, ["seat (picks differ)", "fresh pick", "re-certified pick", "loss"]))
+        print(table(differ, ["seat (picks differ)", "fresh pick", "re-certified pick", "loss",
+                             "fresh pick against itself"]))
     print(f"fresh census: searches {fresh_searches}; audited shortcut losses "
           + (", ".join(f"{100 * x:.2f} %" for x in regret) or "none"))
     shutil.rmtree(work, ignore_errors=True)
