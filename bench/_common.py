@@ -11,6 +11,11 @@ from pathlib import Path
 
 from nbx_tune.tuner.timing import side_by_side  # noqa: F401 (the bench scripts' import of it)
 
+# ms each of two picks is timed in one side-by-side repeat when a bench reads one's loss
+# against the other: long enough that the same binary reads close to itself
+# (lab/certify_cost/pick_noise.py; BENCH_PICK_REP_MS)
+PICK_REP_MS = float(os.environ.get("BENCH_PICK_REP_MS", "300"))
+
 
 def out_dir(default: str = "bench_out") -> Path:
     d = Path(os.environ.get("OUT") or default)

@@ -47,15 +47,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (breakdown, environment, query, save, side_by_side, table, timed_rounds, wall_ms,  # noqa: E402
+from _common import (PICK_REP_MS, breakdown, environment, query, save, side_by_side, table, timed_rounds, wall_ms,  # noqa: E402
                      warm_bytecode)
 
 TRACES = tuple(sorted(str(p) for p in (Path(__file__).resolve().parent.parent / "examples" / "traces")
                      .glob("*_bf16.tsv")))  # every real-scale example: all the shipped seats
 SEATS = 48  # the default sample: a fresh census of it and the rest fit one ~5 minute call
-# ms each pick is timed in one side-by-side repeat: long enough that one binary reads close
-# to itself (lab/certify_cost/pick_noise.py); a third timing, the fresh pick again, shows how close
-PICK_REP_MS = 300
 SMOKE_TRACE = ("# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
                + "".join(f"aten.mm\tfloat32,float32\t{m}x16;16x{n}\t\t1\n" for m, n in ((17, 24), (33, 40), (65, 24)))
                + "aten.add.Tensor\tfloat32,float32\t1000;1000\t\t1\n")

@@ -31,14 +31,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import breakdown, environment, epoch, save, table, timed_rounds, warm_bytecode  # noqa: E402
+from _common import (PICK_REP_MS, breakdown, environment, epoch, save, table, timed_rounds,  # noqa: E402
+                     warm_bytecode)
 from torch_compare import graph_times, n_sets  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MATMUL_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
-# ms each pick is replayed in one side-by-side repeat, in 4 alternating rounds: long enough
-# that the same binary reads close to itself (lab/certify_cost/pick_noise.py; BENCH_PICK_REP_MS)
-PICK_REP_MS = float(os.environ.get("BENCH_PICK_REP_MS", "300"))
 
 
 def timed_process(cmd, env) -> tuple[float, str, str]:
