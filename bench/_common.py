@@ -122,13 +122,13 @@ if __name__ == "__main__":
     combined_trace(sys.argv[2:], sys.argv[1])
 
 
-def query(db: str, sql: str):
+def query(db: str, sql: str, params: dict | None = None):
     from sqlalchemy import create_engine, text
 
     engine = create_engine(db)
     try:
         with engine.connect() as c:
-            return c.execute(text(sql)).fetchall()
+            return c.execute(text(sql), params or {}).fetchall()
     finally:
         engine.dispose()
 

@@ -180,6 +180,19 @@ def fallback_reasons(db: str) -> dict:
     return out
 
 
+def seat_timings(db: str, key: tuple) -> dict:
+    """What one side measured at a seat: its certificate's reason (search_detail) and each
+    config's full-timing median (ms), read where the two sides' picks differ."""
+    where = "s.kernel = :k AND s.dtypes = :d AND s.flags = :f AND s.bucket = :b AND t.kind = 'tune'"
+    args = dict(zip("kdfb", key))
+    ms = {c: m for c, m in query(db, "SELECT m.config, m.median_ms FROM measurements m JOIN tunings t "
+                                     "ON t.id = m.tuning_id JOIN seats s ON s.id = t.seat_id "
+                                     f"WHERE m.final AND {where}", args)}
+    why = query(db, "SELECT c.search_detail FROM certificates c JOIN seats s ON s.id = c.seat_id JOIN tunings t "
+                    f"ON t.id = c.tuning_id WHERE c.superseded_at IS NULL AND {where}", args)
+    return {"why": why[0][0] if why else None, "ms": ms}
+
+
 CURRENT = ("SELECT s.kernel, s.dtypes, s.flags, s.bucket, c.config, t.search FROM certificates c "
            "JOIN seats s ON s.id = c.seat_id JOIN tunings t ON t.id = c.tuning_id WHERE c.superseded_at IS NULL")
 
@@ -337,6 +350,9 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
     regret = [x for (x,) in query(fresh_db, "SELECT shortcut_loss FROM tunings WHERE search = 'audit' "
                                             "AND shortcut_loss IS NOT NULL")]
     losses = pick_losses(fresh, recert, largest_problems(fresh_db), smoke)
+    # Where the picks differ, what each side measured and why the re-certification held.
+    seen = {"|".join(k): {"recert": seat_timings(recert_db, k), "fresh": seat_timings(fresh_db, k)}
+            for k, _, _ in losses if fresh[k] != recert[k]}
     ls = [x for _, x, _ in losses]
     med = statistics.median(ls) if ls else float("nan")
     worst = max(ls) if ls else float("nan")
@@ -353,7 +369,8 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
               "loss_median": med, "loss_max": worst, "spent": spent, "fallback_reasons": reasons,
               "slowest": slow, "parallel": parallel, "compiled": built, "recert_rounds": recert_rounds,
               "losses": [{"seat": "|".join(k), "fresh": fresh[k], "recert": recert[k], "loss": x,
-                          "fresh_against_itself": same} for k, x, same in losses]}
+                          "fresh_against_itself": same, **({"seen": seen["|".join(k)]} if "|".join(k) in seen else {})}
+                         for k, x, same in losses]}
     save("recertify_cost-smoke.json" if smoke else "recertify_cost.json", result)
     print(f"{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}")
     print(table([[len(recert), f"{fresh_s:.1f}", f"{recert_s:.1f}", f"{fresh_s / recert_s:.1f}x",
@@ -381,6 +398,14 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
     if differ:
         print(table(differ, ["seat (picks differ)", "fresh pick", "re-certified pick", "loss",
                              "fresh pick against itself"]))
+    for k, x, _ in losses:
+        if fresh[k] != recert[k] and x > 0.01:  # a loss worth reading: why the old ranking held
+            r, f = seen["|".join(k)]["recert"], seen["|".join(k)]["fresh"]
+            print(f"{'|'.join(k)[:90]}: +{100 * x:.2f} %; re-certified because: {r['why']}")
+            for side, got in (("re-certification", r["ms"]), ("fresh census", f["ms"])):
+                print(f"  {side} timed {len(got)}: " + ", ".join(
+                    f"{c} {m:.4f}" + (" *" if c in (fresh[k], recert[k]) else "")
+                    for c, m in sorted(got.items(), key=lambda cm: cm[1])[:8]))
     print(f"fresh census: searches {fresh_searches}; audited shortcut losses "
           + (", ".join(f"{100 * x:.2f} %" for x in regret) or "none"))
     shutil.rmtree(work, ignore_errors=True)
