@@ -351,7 +351,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
                                             "AND shortcut_loss IS NOT NULL")]
     losses = pick_losses(fresh, recert, largest_problems(fresh_db), smoke)
     # Where the picks differ, what each side measured and why the re-certification held.
-    seen = {"|".join(k): {"recert": seat_timings(recert_db, k), "fresh": seat_timings(fresh_db, k)}
+    seen = {k: {"recert": seat_timings(recert_db, k), "fresh": seat_timings(fresh_db, k)}
             for k, _, _ in losses if fresh[k] != recert[k]}
     ls = [x for _, x, _ in losses]
     med = statistics.median(ls) if ls else float("nan")
@@ -369,7 +369,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
               "loss_median": med, "loss_max": worst, "spent": spent, "fallback_reasons": reasons,
               "slowest": slow, "parallel": parallel, "compiled": built, "recert_rounds": recert_rounds,
               "losses": [{"seat": "|".join(k), "fresh": fresh[k], "recert": recert[k], "loss": x,
-                          "fresh_against_itself": same, **({"seen": seen["|".join(k)]} if "|".join(k) in seen else {})}
+                          "fresh_against_itself": same, **({"seen": seen[k]} if k in seen else {})}
                          for k, x, same in losses]}
     save("recertify_cost-smoke.json" if smoke else "recertify_cost.json", result)
     print(f"{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}")
@@ -400,7 +400,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
                              "fresh pick against itself"]))
     for k, x, _ in losses:
         if fresh[k] != recert[k] and x > 0.01:  # a loss worth reading: why the old ranking held
-            r, f = seen["|".join(k)]["recert"], seen["|".join(k)]["fresh"]
+            r, f = seen[k]["recert"], seen[k]["fresh"]
             print(f"{'|'.join(k)[:90]}: +{100 * x:.2f} %; re-certified because: {r['why']}")
             for side, got in (("re-certification", r["ms"]), ("fresh census", f["ms"])):
                 print(f"  {side} timed {len(got)}: " + ", ".join(
