@@ -645,7 +645,9 @@ def test_a_shortlists_ranking_is_recertified_beside_what_won_at_near_seats(db_ur
     # shortlist missed the best config, re-timing its pair would keep the miss for ever.
     from nbx_tune.tuner import seat_search
 
-    times = {**base_times(), key(16): 0.5}  # BLOCK=16 wins everywhere, the entry never saw it
+    # BLOCK=16 wins everywhere, the entry never saw it; it is only a little ahead, so the
+    # ranking is kept, with it (far ahead, the seat is tuned in full: the judge's tests).
+    times = {**base_times(), key(16): 0.995}
     entry = {"config": key(256), "median_ms": 1.0, "runner_up": key(256, 1), "runner_up_ms": 1.02,
              "margin": 0.02,
              "provenance": {"device_name": "a sibling", "triton_version": "0.0", "kernel_source_hash": "x",
@@ -782,6 +784,29 @@ def test_moves_beyond_noise_still_bound_what_a_config_left_out_could_gain():
     # Nothing comparable timed (the old pair failed its screen): no verdict but a full tune.
     v = recertify.judge(seed, [timed(key(64), 1.0)])
     assert not v.holds and "no old contender survived" in v.why
+
+
+def test_an_explored_config_well_ahead_says_the_old_ranking_missed_configs():
+    # A shortlist ranked elsewhere: W and R 0.1 % apart then, and still level here; a near
+    # seat's winner X, which the old ranking left out, now reads 5 % ahead of them. Configs
+    # it left out can move that far: others may be as far ahead again.
+    seed = shipped_seed(1.0, 1.001, band=0.002)
+    pair = [timed(key(256), 1.0, 0.002), timed(key(128), 1.0, 0.002)]
+    ahead = pair + [timed(key(64), 0.95, 0.002)]
+    v = recertify.judge(seed, ahead, explored=(key(64),))
+    assert not v.holds and v.bound > 0.04 and "a config left out" in v.why
+    # A config the space gained (not explored) says nothing of the old ranking: it is picked.
+    assert recertify.judge(seed, ahead).holds
+    # X ahead within tolerance: picked, and the bound says how far the old ranking moved.
+    v = recertify.judge(seed, pair + [timed(key(64), 0.98, 0.002)], explored=(key(64),))
+    assert v.holds and 0.005 < v.bound <= recertify.TOLERANCE and key(64) in v.why
+    # X behind: how far behind it was then is not known, so it bounds nothing.
+    behind = pair + [timed(key(64), 1.5, 0.002)]
+    assert recertify.judge(seed, behind, explored=(key(64),)).bound == pytest.approx(recertify.judge(seed, behind).bound)
+    # X 5 % ahead but timed +-4 % on a microsecond seat: within what the timer can tell apart.
+    seed = shipped_seed(0.0040, 0.004004, band=0.04)
+    noisy = [timed(key(256), 0.0040, 0.04), timed(key(128), 0.0040, 0.04), timed(key(64), 0.0038, 0.04)]
+    assert recertify.judge(seed, noisy, explored=(key(64),)).holds
 
 
 def test_a_noisy_seat_is_recertified_and_the_certificate_says_why(db_url):

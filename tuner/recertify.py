@@ -32,7 +32,12 @@ measured:
                new best / (old best x (1 + gap) x pace x lo^2 / hi) - 1  <=  TOLERANCE
 
            with pace the new/old time of the fastest contender with an old time, and lo,
-           hi the lowest and highest move against it (1 for itself);
+           hi the lowest and highest move against it (1 for itself). An explored config
+           is a config left out, timed: it was at least `gap` behind then, so a move that
+           brings it ahead of that counts in lo (not in hi: how far behind it was is not
+           known). A shortlist ranked on another device misses configs this one ranks
+           first (a bf16 mul seat ranked on an H200 lost 4-5 % on an H100 three times):
+           an explored config well ahead says so;
     4. else every candidate is screened and timed; so too after the first round where the
        old ranking was timed by another method family than this run's (a kernel now timed
        as a stream, tuner/timing.py): its margins say nothing about the new ranking.
@@ -161,12 +166,14 @@ def seed_from_entry(e: dict, source: str) -> Seed:
                 e.get("margin"), family(e["timing_method"]) if e.get("timing_method") else None)
 
 
-def loss_bound(seed: Seed, finals: dict, timed: dict | None = None, noise: dict | None = None) -> float | None:
+def loss_bound(seed: Seed, finals: dict, timed: dict | None = None, noise: dict | None = None,
+               explored=()) -> float | None:
     """The most a config left out could beat the new pick by (see the module's rule), or
     None when no contender with an old time was timed in full again. `timed` adds the
     quick estimates of contenders the strategy left behind: their pace counts too.
     `noise` (config key -> relative noise of its new timing) shrinks each move by what
-    the timings cannot tell apart; without it every move counts in full."""
+    the timings cannot tell apart; without it every move counts in full. `explored`: the
+    config keys timed that the old ranking left out (`Recertify.explore`)."""
     timed = {**(timed or {}), **finals}
     old = {k: t for k, t in timed.items() if seed.old_ms.get(k, 0) > 0}
     with_old = [k for k in finals if k in old]
@@ -188,7 +195,13 @@ def loss_bound(seed: Seed, finals: dict, timed: dict | None = None, noise: dict 
         move = move / (1 + n) if move > 1 + n else move * (1 + n) if move < 1 / (1 + n) else 1.0
         lo, hi = min(lo, move), max(hi, move)
     best_old = min(seed.old_ms.values())
-    return min(finals.values()) / (best_old * (1 + seed.gap) * pace * lo * lo / hi) - 1
+    floor = best_old * (1 + seed.gap)  # the least an explored config was behind then
+    for k in explored:
+        if k in timed and k not in seed.old_ms:
+            move = timed[k] / (floor * pace)
+            n = (band(k) ** 2 + band(ref) ** 2) ** 0.5
+            lo = min(lo, move * (1 + n))
+    return min(finals.values()) / (floor * pace * lo * lo / hi) - 1
 
 
 @dataclass(frozen=True)
@@ -199,9 +212,10 @@ class Verdict:
     settled: bool = False  # no further timing can change it (another method's ranking)
 
 
-def judge(seed: Seed, measured) -> Verdict:
+def judge(seed: Seed, measured, explored=()) -> Verdict:
     """Whether the old ranking holds after re-timing its contenders (`measured`: the
-    strategy's `Measured`), and why (the module's rule)."""
+    strategy's `Measured`; `explored`: the config keys timed beside them that the old
+    ranking left out), and why (the module's rule)."""
     finals = {m.config.key(): m.timing for m in measured if m.final}
     timed = {m.config.key(): m.timing for m in measured}
     now = {family(t.method) for t in timed.values()}
@@ -222,7 +236,7 @@ def judge(seed: Seed, measured) -> Verdict:
                 return Verdict(False, f"the old ranking no longer holds: {k} is now {tw / t.median_ms - 1:.1%} "
                                       f"faster than the old winner {w} (noise {n:.1%}, tolerance {TOLERANCE:.0%})")
     bound = loss_bound(seed, {k: t.median_ms for k, t in finals.items()},
-                       {k: t.median_ms for k, t in timed.items()}, noise)
+                       {k: t.median_ms for k, t in timed.items()}, noise, explored)
     worst = max(noise[k] for k in finals)
     if bound > TOLERANCE:
         return Verdict(False, f"the old ranking no longer holds: a config left out could be up to {bound:.1%} "
@@ -264,7 +278,7 @@ class Recertify:
                 behind.extend(Measured(c, got.pop(c)[0], False) for c in alive if c not in keep)
                 alive = [c for c in alive if c in keep]
             so_far[:] = behind + [Measured(c, combine(ts), True) for c, ts in got.items() if ts]
-            verdict = judge(self.seed, so_far)
+            verdict = judge(self.seed, so_far, self.explore)
             return alive, verdict.settled or (settled(seen) and verdict.holds)
 
         turned_rounds(list(candidates), measure, rounds, after)
@@ -295,7 +309,7 @@ class Recertify:
         seed = self.seed
         first, why = self.plan(candidates)
         if why is None:
-            verdict = judge(seed, evaluate(first, self.time_contenders))
+            verdict = judge(seed, evaluate(first, self.time_contenders), self.explore)
             if verdict.holds:
                 return SearchNote("recertified", seed.tuning_id, seed.source, None,
                                   f"re-certified from {seed.source}: {len(first)} contender(s) timed in "
