@@ -803,6 +803,12 @@ def test_an_explored_config_well_ahead_says_the_old_ranking_missed_configs():
     # X behind: how far behind it was then is not known, so it bounds nothing.
     behind = pair + [timed(key(64), 1.5, 0.002)]
     assert recertify.judge(seed, behind, explored=(key(64),)).bound == pytest.approx(recertify.judge(seed, behind).bound)
+    # The old runner-up 50 % behind, X 1 % behind the old winner: the shortlist never
+    # timed X, so the old gap says nothing of it, and X has not moved ahead.
+    wide = shipped_seed(1.0, 1.5, band=0.002)
+    v = recertify.judge(wide, [timed(key(256), 1.0, 0.002), timed(key(128), 1.5, 0.002),
+                               timed(key(64), 1.01, 0.002)], explored=(key(64),))
+    assert v.holds and v.bound <= 0
     # X 5 % ahead but timed +-4 % on a microsecond seat: within what the timer can tell apart.
     seed = shipped_seed(0.0040, 0.004004, band=0.04)
     noisy = [timed(key(256), 0.0040, 0.04), timed(key(128), 0.0040, 0.04), timed(key(64), 0.0038, 0.04)]

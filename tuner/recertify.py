@@ -33,11 +33,11 @@ measured:
 
            with pace the new/old time of the fastest contender with an old time, and lo,
            hi the lowest and highest move against it (1 for itself). An explored config
-           is a config left out, timed: it was at least `gap` behind then, so a move that
-           brings it ahead of that counts in lo (not in hi: how far behind it was is not
-           known). A shortlist ranked on another device misses configs this one ranks
-           first (a bf16 mul seat ranked on an H200 lost 4-5 % on an H100 three times):
-           an explored config well ahead says so;
+           is a config left out, timed: the old ranking put it behind its winner, so
+           where it is now ahead, that move counts in lo (not in hi: how far behind it
+           was is not known, nor is it `gap`, which the shortlist measured only among
+           the configs it timed). A shortlist ranked on another device can miss what
+           this one ranks first: an explored config well ahead says so;
     4. else every candidate is screened and timed; so too after the first round where the
        old ranking was timed by another method family than this run's (a kernel now timed
        as a stream, tuner/timing.py): its margins say nothing about the new ranking.
@@ -195,13 +195,11 @@ def loss_bound(seed: Seed, finals: dict, timed: dict | None = None, noise: dict 
         move = move / (1 + n) if move > 1 + n else move * (1 + n) if move < 1 / (1 + n) else 1.0
         lo, hi = min(lo, move), max(hi, move)
     best_old = min(seed.old_ms.values())
-    floor = best_old * (1 + seed.gap)  # the least an explored config was behind then
     for k in explored:
         if k in timed and k not in seed.old_ms:
-            move = timed[k] / (floor * pace)
             n = (band(k) ** 2 + band(ref) ** 2) ** 0.5
-            lo = min(lo, move * (1 + n))
-    return min(finals.values()) / (floor * pace * lo * lo / hi) - 1
+            lo = min(lo, timed[k] / (best_old * pace) * (1 + n))
+    return min(finals.values()) / (best_old * (1 + seed.gap) * pace * lo * lo / hi) - 1
 
 
 @dataclass(frozen=True)
