@@ -24,7 +24,8 @@ measured:
          - it does not hold where a contender the old ranking timed is now faster than
            the old winner by more than TOLERANCE beyond their noise (the old ranking's
            pick would lose that), or where no contender survives the screen and a full
-           timing (a new or explored config that wins is simply picked);
+           timing (a new config that wins is simply picked; an explored one too, its
+           lead counted as below);
          - else the contenders' moves against the pick, each shrunk by the noise of the
            ratio (so a move within noise counts as none), bound what a config left out
            (at least `gap` behind then) could gain, moving as much again:
