@@ -180,6 +180,15 @@ def fallback_reasons(db: str) -> dict:
     return out
 
 
+def by_origin(losses, origin: dict) -> dict:
+    """{device the seat's shipped entry was certified on: {seats, median, max}} of `losses`
+    ([(seat key, loss, control)])."""
+    groups: dict = {}
+    for k, x, _ in losses:
+        groups.setdefault(origin.get(k, "?"), []).append(x)
+    return {dev: {"seats": len(xs), "median": statistics.median(xs), "max": max(xs)} for dev, xs in groups.items()}
+
+
 def seat_timings(db: str, key: tuple) -> dict:
     """What one side measured at a seat: its certificate's reason (search_detail) and each
     config's full-timing median (ms), read where the two sides' picks differ."""
@@ -294,8 +303,10 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
 
         table_src = TABLE_DIR / f"{profile.name}.json"
     entries = current_table(table_src, work / "table.json", profile)
-    shipped = {(e["kernel"], e["dtypes"], e["flags"], e["bucket"])
-               for e in table_format.read(work / "table.json")["entries"]}
+    # Each seat's device of origin: a seed from a sibling device ranks configs as that one did.
+    origin = {(e["kernel"], e["dtypes"], e["flags"], e["bucket"]): e["provenance"]["device_name"]
+              for e in table_format.read(work / "table.json")["entries"]}
+    shipped = set(origin)
     _, held = seat_rows(traces, profile, shipped)
     chosen = set(sample(held, seats, seed))
     rows, keys = seat_rows(traces, profile, chosen)
@@ -354,6 +365,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
     seen = {k: {"recert": seat_timings(recert_db, k), "fresh": seat_timings(fresh_db, k)}
             for k, _, _ in losses if fresh[k] != recert[k]}
     ls = [x for _, x, _ in losses]
+    per_origin = by_origin(losses, origin)
     med = statistics.median(ls) if ls else float("nan")
     worst = max(ls) if ls else float("nan")
     spent = {"recert": breakdown(recert_db), "fresh": breakdown(fresh_db)}
@@ -366,7 +378,8 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
               "seats_fresh": len(fresh), "seats_recert": len(recert), "fresh_s": fresh_s,
               "recert_s": recert_s, "speedup": fresh_s / recert_s, "recert_searches": searches,
               "fresh_searches": fresh_searches, "fresh_audit_losses": regret,
-              "loss_median": med, "loss_max": worst, "spent": spent, "fallback_reasons": reasons,
+              "loss_median": med, "loss_max": worst, "loss_by_origin": per_origin, "spent": spent,
+              "fallback_reasons": reasons,
               "slowest": slow, "parallel": parallel, "compiled": built, "recert_rounds": recert_rounds,
               "losses": [{"seat": "|".join(k), "fresh": fresh[k], "recert": recert[k], "loss": x,
                           "fresh_against_itself": same, **({"seen": seen[k]} if k in seen else {})}
@@ -391,6 +404,9 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
     print(table([[side, label[:70], search, f"{tot:.1f}", f"{scr:.1f}", f"{bch:.1f}"]
                  for side, rows_ in slow.items() for label, search, tot, scr, bch in rows_],
                 ["side", "slowest seats", "search", "s", "screening s", "timing s"]))
+    print("pick loss by where the shipped entry was certified: " + "; ".join(
+        f"{dev}{' (this GPU)' if dev == env['gpu'] else ''} {o['seats']} seats, median {100 * o['median']:.2f} %, "
+        f"max {100 * o['max']:.2f} %" for dev, o in sorted(per_origin.items())))
     if reasons:
         print("fallbacks: " + "; ".join(f"{n} x {why}" for why, n in sorted(reasons.items(), key=lambda x: -x[1])))
     differ = [[("|".join(k))[:60], fresh[k], recert[k], f"{100 * x:+.2f} %", f"{100 * same:.2f} %"]

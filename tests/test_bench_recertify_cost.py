@@ -38,3 +38,13 @@ def test_the_rows_hold_the_chosen_shipped_seats_with_all_their_shapes():
     whole = plan(Trace("all", tuple(every)), "", profile).seats
     part = plan(Trace("part", tuple(rows)), "", profile).seats
     assert set(part) == chosen and all(part[k].problems == whole[k].problems for k in chosen)
+
+
+def test_losses_are_grouped_by_the_device_each_seed_was_certified_on():
+    a, b, c = ("k", "", "", "b0"), ("k", "", "", "b1"), ("k", "", "", "b2")
+    origin = {a: "H100", b: "H200", c: "H200"}
+    got = rc.by_origin([(a, 0.01, None), (b, 0.0, None), (c, 0.05, 0.0)], origin)
+    assert got == {"H100": {"seats": 1, "median": 0.01, "max": 0.01},
+                   "H200": {"seats": 2, "median": 0.025, "max": 0.05}}
+    # The shipped table names a device for every entry: a seat missing from it is kept, as "?".
+    assert rc.by_origin([(("x", "", "", "b"), 0.0, None)], origin) == {"?": {"seats": 1, "median": 0.0, "max": 0.0}}
