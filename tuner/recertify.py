@@ -167,6 +167,11 @@ def seed_from_entry(e: dict, source: str) -> Seed:
                 e.get("margin"), family(e["timing_method"]) if e.get("timing_method") else None)
 
 
+def _within_noise(move: float, n: float) -> float:
+    """A move shrunk by the noise `n` of its ratio: one within noise counts as none."""
+    return move / (1 + n) if move > 1 + n else move * (1 + n) if move < 1 / (1 + n) else 1.0
+
+
 def loss_bound(seed: Seed, finals: dict, timed: dict | None = None, noise: dict | None = None,
                explored=()) -> float | None:
     """The most a config left out could beat the new pick by (see the module's rule), or
@@ -193,13 +198,12 @@ def loss_bound(seed: Seed, finals: dict, timed: dict | None = None, noise: dict 
     for k in old:
         move = (old[k] / seed.old_ms[k]) / pace
         n = (band(k) ** 2 + band(ref) ** 2) ** 0.5 if k != ref else 0.0
-        move = move / (1 + n) if move > 1 + n else move * (1 + n) if move < 1 / (1 + n) else 1.0
+        move = _within_noise(move, n)
         lo, hi = min(lo, move), max(hi, move)
     best_old = min(seed.old_ms.values())
-    for k in explored:
+    for k in explored:  # moves ahead only: how far behind it was is not known
         if k in timed and k not in seed.old_ms:
-            n = (band(k) ** 2 + band(ref) ** 2) ** 0.5
-            lo = min(lo, timed[k] / (best_old * pace) * (1 + n))
+            lo = min(lo, _within_noise(timed[k] / (best_old * pace), (band(k) ** 2 + band(ref) ** 2) ** 0.5))
     return min(finals.values()) / (best_old * (1 + seed.gap) * pace * lo * lo / hi) - 1
 
 
