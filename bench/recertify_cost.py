@@ -21,6 +21,12 @@ timed side by side, three times, and the loss is the median.
     python bench/recertify_cost.py --traces A.tsv B.tsv   the seats of these traces
     python bench/recertify_cost.py --smoke         the interpreter, tiny shapes: the table
                                                    is made by a census first
+    python bench/recertify_cost.py --control       also a second fresh census of the same
+                                                   seats (its own database and cold cache),
+                                                   its picks timed against the first's as
+                                                   the re-certification's are: the loss two
+                                                   fresh censuses read between themselves,
+                                                   the floor of the loss measure
 
 Besides the table it prints where each side's time went: per search, the seconds in seats,
 of which screening (compiles the worker waited for included), timing, and the rest (making
@@ -266,7 +272,14 @@ def pick_losses(fresh: dict, recert: dict, problems: dict, smoke: bool) -> list:
     return out
 
 
-def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = False) -> None:
+def summary(losses) -> tuple[float, float]:
+    """(median, max) of the losses, NaN where there are none."""
+    ls = [x for _, x, _ in losses]
+    return (statistics.median(ls), max(ls)) if ls else (float("nan"), float("nan"))
+
+
+def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = False,
+         control: bool = False) -> None:
     work = Path(tempfile.mkdtemp(prefix="nbx-rc-"))
     base = {**os.environ}
     if smoke:
@@ -346,6 +359,11 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
         fresh_s, _ = run(*sides[1])
     print(f"re-certification after a source change: {recert_s:.1f} s, fresh census: {fresh_s:.1f} s "
           f"(cold Triton caches{', side by side on two GPUs' if parallel else ''})", flush=True)
+    control_db = f"sqlite:///{work / 'control.db'}"
+    if control:  # a second fresh census, as the first: how far two of them pick apart
+        control_s, _ = run(sides[1][0], {**sides[1][1], "NBX_TUNE_DB": control_db,
+                                         "TRITON_CACHE_DIR": str(work / "cache_control")})
+        print(f"second fresh census (the control): {control_s:.1f} s", flush=True)
     built = {"recert": compiled(work / "cache_recert"), "fresh": compiled(work / "cache_fresh")}
 
     fresh = {r[:4]: r[4] for r in query(fresh_db, CURRENT)}
@@ -364,10 +382,17 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
     # Where the picks differ, what each side measured and why the re-certification held.
     seen = {k: {"recert": seat_timings(recert_db, k), "fresh": seat_timings(fresh_db, k)}
             for k, _, _ in losses if fresh[k] != recert[k]}
-    ls = [x for _, x, _ in losses]
     per_origin = by_origin(losses, origin)
-    med = statistics.median(ls) if ls else float("nan")
-    worst = max(ls) if ls else float("nan")
+    med, worst = summary(losses)
+    against = None
+    if control:
+        twin = {r[:4]: r[4] for r in query(control_db, CURRENT)}
+        c_losses = pick_losses(fresh, twin, largest_problems(fresh_db), smoke)
+        c_med, c_worst = summary(c_losses)
+        against = {"fresh2_s": control_s, "loss_median": c_med, "loss_max": c_worst,
+                   "loss_by_origin": by_origin(c_losses, origin),
+                   "losses": [{"seat": "|".join(k), "fresh": fresh[k], "fresh2": twin[k], "loss": x,
+                               "fresh_against_itself": same} for k, x, same in c_losses]}
     spent = {"recert": breakdown(recert_db), "fresh": breakdown(fresh_db)}
     reasons = fallback_reasons(recert_db)
     recert_rounds = timed_rounds(recert_db, "recertified")
@@ -381,6 +406,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
               "loss_median": med, "loss_max": worst, "loss_by_origin": per_origin, "spent": spent,
               "fallback_reasons": reasons,
               "slowest": slow, "parallel": parallel, "compiled": built, "recert_rounds": recert_rounds,
+              "control": against,
               "losses": [{"seat": "|".join(k), "fresh": fresh[k], "recert": recert[k], "loss": x,
                           "fresh_against_itself": same, **({"seen": seen[k]} if k in seen else {})}
                          for k, x, same in losses]}
@@ -407,6 +433,13 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
     print("pick loss by where the shipped entry was certified: " + "; ".join(
         f"{dev}{' (this GPU)' if dev == env['gpu'] else ''} {o['seats']} seats, median {100 * o['median']:.2f} %, "
         f"max {100 * o['max']:.2f} %" for dev, o in sorted(per_origin.items())))
+    if against:
+        print(f"the control, a second fresh census ({against['fresh2_s']:.1f} s) against the first: "
+              f"{sum(1 for x in against['losses'] if x['fresh'] != x['fresh2'])} seats pick apart, loss median "
+              f"{100 * against['loss_median']:.2f} %, max {100 * against['loss_max']:.2f} % (re-certification: "
+              f"{100 * med:.2f} %, {100 * worst:.2f} %); seats over 3 %: " + (", ".join(
+                  f"{x['seat'][:60]} {100 * x['loss']:+.2f} %" for x in against["losses"] if x["loss"] > 0.03)
+                  or "none"))
     if reasons:
         print("fallbacks: " + "; ".join(f"{n} x {why}" for why, n in sorted(reasons.items(), key=lambda x: -x[1])))
     differ = [[("|".join(k))[:60], fresh[k], recert[k], f"{100 * x:+.2f} %", f"{100 * same:.2f} %"]
@@ -432,7 +465,8 @@ if __name__ == "__main__":
     if "-h" in args or "--help" in args:
         print(__doc__)
         sys.exit(0)
-    unknown = [a for a in args if a.startswith("-") and a not in {"--smoke", "--traces", "--seats", "--seed", "--parallel"}]
+    unknown = [a for a in args if a.startswith("-") and a not in {"--smoke", "--traces", "--seats", "--seed", "--parallel",
+                                                     "--control"}]
     if unknown:
         sys.exit(f"bench/recertify_cost.py: unknown option {unknown[0]} (--help lists them)")
 
@@ -445,4 +479,5 @@ if __name__ == "__main__":
         rest = args[args.index("--traces") + 1:]
         traces = tuple(rest[:next((i for i, a in enumerate(rest) if a.startswith("--")), len(rest))])
     n = opt("--seats", "all" if ("--traces" in args or smoke) else str(SEATS))
-    main(traces, smoke, None if n == "all" else int(n), int(opt("--seed", "0")), "--parallel" in args)
+    main(traces, smoke, None if n == "all" else int(n), int(opt("--seed", "0")), "--parallel" in args,
+         "--control" in args)

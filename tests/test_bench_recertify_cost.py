@@ -48,3 +48,10 @@ def test_losses_are_grouped_by_the_device_each_seed_was_certified_on():
                    "H200": {"seats": 2, "median": 0.025, "max": 0.05}}
     # The shipped table names a device for every entry: a seat missing from it is kept, as "?".
     assert rc.by_origin([(("x", "", "", "b"), 0.0, None)], origin) == {"?": {"seats": 1, "median": 0.0, "max": 0.0}}
+
+
+def test_a_summary_is_the_median_and_the_worst_loss_and_nan_where_none_differ():
+    losses = [(("a",), 0.0, None), (("b",), 0.05, 0.01), (("c",), -0.01, 0.0)]
+    assert rc.summary(losses) == (0.0, 0.05)
+    med, worst = rc.summary([])
+    assert med != med and worst != worst
