@@ -28,7 +28,8 @@
 # Llama-3-8B, Llama-2-7B and GPT-2 prefill shapes: bench/attention_prefill.py),
 # recert (the shipped hopper table made stale by a source change, then a seeded sample of 48 of its
 # seats, every kernel in it, re-certified against a fresh census of them, cold caches, about 5 min;
-# RECERT_ARGS="--seats all --parallel" for all 148 on a two-GPU host, the sides side by side),
+# RECERT_ARGS="--seats all --parallel" for all 148 on a two-GPU host, the sides side by side;
+# RECERT_ARGS=--control adds a second fresh census timed against the first, the loss measure's floor, about 100 s),
 # fused (the rotary, rotary_qk, rope_cos_sin, silu_mul, add_rms_norm, add_layer_norm and cat_kv families against fp64 in every dtype, then bench/fused_ops.py: each
 # against the torch pattern it replaces at Llama-7B's shapes, device and eager time), serve (transformers' Llama at 7B's dims, 2 layers: the timed prefill and decode traced, their
 # census into the session database (SERVE_ARGS="--census-budget-s N", default 180; --no-census
