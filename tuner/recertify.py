@@ -194,16 +194,17 @@ def loss_bound(seed: Seed, finals: dict, timed: dict | None = None, noise: dict 
         new = noise.get(k, 0.0)
         return (new ** 2 + seed.old_noise.get(k, new) ** 2) ** 0.5
 
+    def against_ref(k):  # the noise of k's move measured against ref's
+        return (band(k) ** 2 + band(ref) ** 2) ** 0.5
+
     lo = hi = 1.0
     for k in old:
-        move = (old[k] / seed.old_ms[k]) / pace
-        n = (band(k) ** 2 + band(ref) ** 2) ** 0.5 if k != ref else 0.0
-        move = _within_noise(move, n)
+        move = _within_noise((old[k] / seed.old_ms[k]) / pace, against_ref(k) if k != ref else 0.0)
         lo, hi = min(lo, move), max(hi, move)
     best_old = min(seed.old_ms.values())
     for k in explored:  # moves ahead only: how far behind it was is not known
         if k in timed and k not in seed.old_ms:
-            lo = min(lo, _within_noise(timed[k] / (best_old * pace), (band(k) ** 2 + band(ref) ** 2) ** 0.5))
+            lo = min(lo, _within_noise(timed[k] / (best_old * pace), against_ref(k)))
     return min(finals.values()) / (best_old * (1 + seed.gap) * pace * lo * lo / hi) - 1
 
 

@@ -10,7 +10,7 @@ import statistics
 import sys
 from pathlib import Path
 
-TABLE = Path(__file__).resolve().parents[2] / "kernels" / "tables" / "hopper.json"
+from nbx_tune.kernels.certified import TABLE_DIR
 
 
 def replay(run: dict, old: dict, lead: float) -> dict:
@@ -33,7 +33,7 @@ def replay(run: dict, old: dict, lead: float) -> dict:
 
 def main(paths) -> None:
     old = {"|".join((e["kernel"], e["dtypes"], e["flags"], e["bucket"])): e["config"]
-           for e in json.loads(TABLE.read_text())["entries"]}
+           for e in json.loads((TABLE_DIR / "hopper.json").read_text())["entries"]}
     print(f"{'file':28s} {'lead':>5s} {'kept':>4s} {'max loss: as run / kept':>24s} {'over 3 %':>9s} {'mean loss':>16s}")
     for p in paths:
         run = json.loads(Path(p).read_text())
