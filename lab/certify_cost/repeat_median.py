@@ -1,6 +1,7 @@
 """The goal's losses "taken as the median of three repeats", read from runs already made: each
-seat's loss is the median over three re-certification runs of the same seeded sample (their
-recertify_cost.json files), then the median and the maximum over seats. One run's maximum is
+seat's loss is the median over three runs of the same seats (recertify_cost.json files of one
+seeded sample, or tuning_cost.json files, whose rows are the trace's matmul shapes), then the
+median and the maximum over seats. One run's maximum is
 one draw of each seat's pick noise; a seat that loses in most repeats keeps its loss here.
 No GPU. Usage: python3 repeat_median.py RUN.json RUN.json RUN.json [...] (every three-run
 combination of the files given is read; they must share the sample: same seats)."""
@@ -12,9 +13,16 @@ import sys
 from pathlib import Path
 
 
+def losses(run: dict) -> dict:
+    """{seat: loss} of one run: a re-certification's seats, or the stage cost's rows."""
+    if "losses" in run:
+        return {x["seat"]: x["loss"] for x in run["losses"]}
+    return {row[0]: float(row[6].rstrip(" %")) / 100 for row in run["picks"]}  # bench/tuning_cost.py's line
+
+
 def per_seat(paths) -> dict:
     """{seat: [loss per run]} over the seats every run has."""
-    runs = [{x["seat"]: x["loss"] for x in json.loads(Path(p).read_text())["losses"]} for p in paths]
+    runs = [losses(json.loads(Path(p).read_text())) for p in paths]
     seats = set.intersection(*(set(r) for r in runs))
     return {s: [r[s] for r in runs] for s in sorted(seats)}
 
