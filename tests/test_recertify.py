@@ -128,9 +128,12 @@ class Rounds(Replay):
 
     def __init__(self, times, series=None):
         super().__init__(times)
-        self.series, self.modes = series or {}, []
+        self.series, self.modes, self.warmed = series or {}, [], []
 
     def time(self, config, mode="full"):
+        if mode == "warm":  # thrown away: kept apart, it takes no reading of the series
+            self.warmed.append((config.key(), len(self.modes)))
+            return super().time(config, mode)
         self.modes.append((config.key(), mode))
         out = super().time(config, mode)
         n = sum(1 for k, _ in self.modes if k == config.key()) - 1
@@ -139,13 +142,15 @@ class Rounds(Replay):
 
 
 def test_contenders_are_timed_in_rounds_that_stop_once_two_agree():
-    # No quick estimates; two rounds each when both put the same contender first.
+    # No quick estimates: one warm-up of the first contender, then two rounds each when
+    # both put the same contender first.
     old = base_times()
     seed = seed_of(old, [key(256), key(128)], gap=0.2)
     ex = Rounds(base_times())
     res = tune_seat(SPEC, PROFILE, "s", PROBLEMS, ex, get_strategy("pruned"), "cpu",
                     search=Recertify(seed, SPEC.config_space_hash))
     assert res.note.search == "recertified" and "in 2 round(s)" in res.note.detail
+    assert ex.warmed == [(key(256), 0)]  # the first contender, before the first round
     assert sorted(ex.modes) == sorted([(k, f"round:{recertify.ROUNDS}") for k in (key(256), key(128))] * 2)
     assert res.winner.timing.method.endswith("x2 rounds")
     # Rounds that disagree on the first (by more than a near tie) go on to ROUNDS, and the

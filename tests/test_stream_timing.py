@@ -332,3 +332,17 @@ def test_a_rig_is_estimated_over_one_burst_where_a_burst_is_long_enough(seconds,
     # is the longer of 5x the sleep and 0.5 ms.
     assert taken == [steps] and seconds * 1e3 * 0.8 <= med < max(seconds * 1e3 * 5, 0.5)
     assert rig.first_ms >= seconds * 1e3
+
+
+def test_each_mode_warms_and_times_for_its_own_share_of_the_profile():
+    bench = timing.DoBench(warmup_ms=25.0, rep_ms=100.0)
+    assert bench._budget("full") == (25.0, 100.0)
+    assert bench._budget("quick") == (2.0, 10.0)
+    assert bench._budget("round:4") == (2.0, 25.0)
+    assert bench._budget("warm") == (25.0, 10.0)  # the whole warm-up: the GPU is idle before it
+    calls = []
+    wall = timing.WallClock(repeats=3)
+    for mode, launches in (("full", 4), ("quick", 2), ("warm", 2)):
+        calls.clear()
+        wall(lambda: calls.append(1), mode)
+        assert len(calls) == launches, mode

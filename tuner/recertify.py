@@ -14,7 +14,7 @@ measured:
        pick at half torch's speed that way, split-KV never timed);
     2. they are screened at every screen shape of the seat and timed, like any candidate,
        though in turned rounds with no quick estimates first (they are few and all near
-       the top), stopping where the census's rounds stop (`pruned.settled`: one contender
+       the top; one warm-up, thrown away, loads the GPU the screen left idle), stopping where the census's rounds stop (`pruned.settled`: one contender
        first, or nearly, in every round so far) once the old ranking holds on what they measured
        (a fallback is worth the rounds that confirm it: `time_contenders`);
     3. the old ranking holds unless the new measurements say otherwise (`judge`), read
@@ -272,6 +272,12 @@ class Recertify:
         ranking holds on them (`judge`). As there, after the first round only the contenders `within`
         reach of the best go on; the others stay on record with that round's time."""
         seen, behind, so_far = [], [], []
+        if candidates:
+            # The rounds' warm-ups are short, made for a GPU the contender before has loaded.
+            # The first follows the screen, on an idle GPU at its boost clock: a long GEMM
+            # timed there reads faster than under the load a model puts on it, and ranks
+            # ahead of one timed later (lab/certify_cost/NOTES.md, call 42).
+            measure(candidates[0], "warm")
 
         def after(r, this, alive, got):
             self.rounds = r + 1

@@ -2,9 +2,11 @@
 pass a fake and the interpreter a wall clock.
 
 A benchmarker is `bench(fn, mode) -> Timing`, mode "quick" (a short first estimate, used
-to drop candidates far behind), "full" (the profile's timing settings) or "round:N" (one
+to drop candidates far behind), "full" (the profile's timing settings), "round:N" (one
 of N interleaved shares of a full timing: strategies/pruned.py times every contender once
-per round, so a drift of the GPU's clocks over a seat reaches all of them alike).
+per round, so a drift of the GPU's clocks over a seat reaches all of them alike) or "warm"
+(the profile's whole warm-up before a short timing, to be thrown away: it brings an idle GPU
+to the clocks and power it holds under load before rounds whose own warm-ups are short).
 
 On a GPU the timing is `gpu_time`: triton.testing.do_bench's method (CUDA/HIP events
 around each launch, L2 flushed by a 256 MB memset before it, median of the repeats) with
@@ -282,6 +284,8 @@ class DoBench:
             # Only to drop what is far behind (strategies/pruned.py): a tenth of a full
             # timing's cost. Shorter estimates were too noisy to rank short GEMMs by.
             warmup, rep = min(self.warmup_ms, 2.0), min(self.rep_ms, 10.0)
+        elif mode == "warm":
+            warmup, rep = self.warmup_ms, min(self.rep_ms, 10.0)
         elif mode.startswith("round:"):
             # The GPU is already warm from the contender timed just before; a short warm-up
             # covers this kernel's own first launches.
@@ -318,7 +322,7 @@ class WallClock:
             # The quick estimate ran it already: no warm-up, and the repeats shared out.
             n = max(1, self.repeats // rounds_of(mode))
         else:
-            n = 1 if mode == "quick" else self.repeats
+            n = 1 if mode in ("quick", "warm") else self.repeats
             fn()
             self.sync()
         times = []

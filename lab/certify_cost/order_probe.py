@@ -2,17 +2,20 @@
 (calls 36, 38, 39: the re-certification's own timings put 128 x 128 TMA, nw 4, 5 stages ahead
 of 128 x 256 TMA, nw 8, 3 stages; every fresh census put them the other way, 2.4-4.1 % apart,
 and the bench's 300 ms replays 4.9-7.0 %). The same six configs at 1024 x 4096 -> 128256 bf16,
-timed by the census's own runner (tuner/executor.CandidateRunner) in three ways, each with
-fresh rigs (graphs captured anew), alternating, twice:
+timed by the census's own runner (tuner/executor.CandidateRunner) in four ways, each with
+fresh rigs (graphs captured anew), alternating, REPEATS times:
   recert:    four turned rounds, no quick estimates first, in the re-certification's order
              (the shipped pair first, then the explored configs);
+  warm:      the same after one "warm" timing of the first, thrown away (since call 43, as
+             the re-certification now does);
   census:    a quick estimate of each, then the same four rounds;
   sustained: the bench's measure, A against B, 300 ms a repeat, three repeats.
 Each pass notes the SM clock, power and temperature (nvidia-smi) before and after.
-Usage: python3 order_probe.py (on a GPU); the table goes to stdout."""
+Usage: python3 order_probe.py [REPEATS] (on a GPU; 2 by default); the table goes to stdout."""
 
 import statistics
 import subprocess
+import sys
 import time
 
 import torch
@@ -68,8 +71,8 @@ def main() -> None:
         print(f"screen {'ok' if out.ok else out.reason}: {c.key()}", flush=True)
     torch.cuda.synchronize()
     rows = []
-    for rep in range(2):
-        for how in ("recert", "census", "sustained"):
+    for rep in range(int(sys.argv[1]) if len(sys.argv) > 1 else 2):
+        for how in ("recert", "warm", "census", "sustained"):
             runner._rigs.clear()  # fresh graphs and estimates, as a new seat has
             time.sleep(1.0)  # the GPU idle a moment, as after a seat's screen
             before = gpu_state()
@@ -77,6 +80,8 @@ def main() -> None:
             if how == "census":
                 for c in configs:
                     runner.time(c, "quick")
+            if how == "warm":
+                runner.time(configs[0], "warm")
             if how == "sustained":
                 ins, outs = runner._operands(runner.time_case)  # as bench/recertify_cost.pick_losses times them
                 fns = {"A": [lambda: SPEC.launch(a, p, ins, outs)], "B": [lambda: SPEC.launch(b, p, ins, outs)]}
@@ -90,10 +95,10 @@ def main() -> None:
             rows.append((rep, how, ratio, ms, before, gpu_state(), time.perf_counter() - t0))
             print(f"{rep} {how:9s} A/B {ratio:.4f}  {time.perf_counter() - t0:5.1f} s  before {before}  "
                   f"after {rows[-1][5]}", flush=True)
-    print("\nper config (ms), recert and census passes:")
+    print("\nper config (ms), the passes in order but the sustained ones:")
     for c in configs:
         print(f"{c.key()[:86]:86s} " + " ".join(f"{r[3][c]:.4f}" for r in rows if r[3].get(c) is not None))
-    for how in ("recert", "census", "sustained"):
+    for how in ("recert", "warm", "census", "sustained"):
         rs = [r[2] for r in rows if r[1] == how]
         print(f"{how:9s} A/B (128x128 over 128x256): " + ", ".join(f"{x:.4f}" for x in rs))
 
