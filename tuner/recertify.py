@@ -14,9 +14,10 @@ measured:
        pick at half torch's speed that way, split-KV never timed);
     2. they are screened at every screen shape of the seat and timed, like any candidate,
        though in turned rounds with no quick estimates first (they are few and all near
-       the top; one warm-up, thrown away, loads the GPU the screen left idle), stopping where the census's rounds stop (`pruned.settled`: one contender
-       first, or nearly, in every round so far) once the old ranking holds on what they measured
-       (a fallback is worth the rounds that confirm it: `time_contenders`);
+       the top; one warm-up, thrown away, loads the GPU the screen left idle), stopping
+       where the census's rounds stop (`pruned.settled`: one contender first, or nearly,
+       in every round so far) once the old ranking holds on what they measured (a
+       fallback is worth the rounds that confirm it: `time_contenders`);
     3. the old ranking holds unless the new measurements say otherwise (`judge`), read
        against what this run's timings cannot tell apart: each config's noise (half its
        launches' p20..p80 band, half the range of its rounds, at least the timer's
