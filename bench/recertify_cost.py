@@ -190,9 +190,9 @@ def by_origin(losses, origin: dict) -> dict:
     """{device the seat's shipped entry was certified on: {seats, median, max}} of `losses`
     ([(seat key, loss, control)])."""
     groups: dict = {}
-    for k, x, _ in losses:
-        groups.setdefault(origin.get(k, "?"), []).append(x)
-    return {dev: {"seats": len(xs), "median": statistics.median(xs), "max": max(xs)} for dev, xs in groups.items()}
+    for row in losses:
+        groups.setdefault(origin.get(row[0], "?"), []).append(row)
+    return {dev: {"seats": len(rows), **dict(zip(("median", "max"), summary(rows)))} for dev, rows in groups.items()}
 
 
 def seat_timings(db: str, key: tuple) -> dict:
