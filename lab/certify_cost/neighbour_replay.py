@@ -15,12 +15,13 @@ from pathlib import Path
 
 from nbx_tune.kernels.certified import TABLE_DIR
 from nbx_tune.kernels.registry import get_spec
+from nbx_tune.kernels.spec import Config
 
 MIN_LOSS = 0.01
 
 
 def parse(text: str) -> dict:
-    return {k: int(v) for k, v in (kv.split("=") for kv in text.split(","))}
+    return Config.parse(text).kwargs
 
 
 def neighbours(winner: str, space: list[str]) -> set[str]:
