@@ -133,6 +133,16 @@ def query(db: str, sql: str, params: dict | None = None):
         engine.dispose()
 
 
+def stale_everything(db: str) -> None:
+    """What a kernel source change does to every certificate: its tuning's hash no longer matches."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db)
+    with engine.begin() as c:
+        c.execute(text("UPDATE tunings SET kernel_source_hash = 'was-' || kernel_source_hash"))
+    engine.dispose()
+
+
 def timed_rounds(db: str, search: str | None = None) -> dict:
     """{rounds: seats}: how many turned rounds each tuned seat's winner was timed in (its
     final timing's method, "... xN rounds"), of every search or only `search`; seats timed
@@ -149,7 +159,9 @@ def timed_rounds(db: str, search: str | None = None) -> dict:
     return out
 
 
-def breakdown(db: str) -> list:
-    """[(search, seats, seconds in seats, screening, timing)] of a census's tunings."""
+def breakdown(db: str, after: int = 0) -> list:
+    """[(search, seats, seconds in seats, screening, timing)] of a census's tunings (those of
+    id above `after`: a census into a database that held others)."""
     return [tuple(r) for r in query(db, "SELECT search, count(*), sum(total_s), sum(screen_s), sum(bench_s) "
-                                        "FROM tunings WHERE kind = 'tune' GROUP BY search ORDER BY search")]
+                                        "FROM tunings WHERE kind = 'tune' AND id > :after GROUP BY search "
+                                        "ORDER BY search", {"after": after})]

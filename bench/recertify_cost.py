@@ -53,8 +53,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (PICK_REP_MS, breakdown, environment, query, save, side_by_side, table, timed_rounds, wall_ms,  # noqa: E402
-                     warm_bytecode)
+from _common import (PICK_REP_MS, breakdown, environment, query, save, side_by_side, stale_everything, table,  # noqa: E402
+                     timed_rounds, wall_ms, warm_bytecode)
 
 TRACES = tuple(sorted(str(p) for p in (Path(__file__).resolve().parent.parent / "examples" / "traces")
                      .glob("*_bf16.tsv")))  # every real-scale example: all the shipped seats
@@ -113,16 +113,6 @@ def current_table(src: Path, dst: Path, profile) -> int:
                                profile_hash=validity.profile_hash(profile, spec), triton_version=triton.__version__)
     dst.write_text(table_format.dumps(doc["profile"], doc["architecture"], profile.hash, entries))
     return len(entries)
-
-
-def stale_everything(db: str) -> None:
-    """What a kernel source change does to every certificate: its tuning's hash no longer matches."""
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(db)
-    with engine.begin() as c:
-        c.execute(text("UPDATE tunings SET kernel_source_hash = 'was-' || kernel_source_hash"))
-    engine.dispose()
 
 
 def sample(keys, n: int | None, seed: int) -> list:

@@ -4,6 +4,11 @@ process with an empty Triton cache. Then the configs each picked are timed side 
 under CUDA-graph replay over rotating operands (as bench/torch_compare.py times a model's
 rows), with torch.matmul (cuBLAS) beside them; and where the census's seconds went, by search.
 
+Then what a user's upgrade costs each side: the census's table is made stale as a kernel source
+change makes it (the stand-in for a Triton upgrade) and re-certified from its own history by a
+census in a new process with an empty Triton cache, where triton.autotune would tune the whole
+space again (its time above, again). The re-certification's picks are timed beside the others.
+
     python bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv
     BENCH_STRATEGY=exhaustive python bench/tuning_cost.py TRACE    the census with another strategy
     BENCH_SEARCH=full python bench/tuning_cost.py TRACE     every candidate at every seat (the
@@ -31,8 +36,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (PICK_REP_MS, breakdown, environment, epoch, save, table, timed_rounds,  # noqa: E402
-                     warm_bytecode)
+from _common import (PICK_REP_MS, breakdown, environment, epoch, query, save, stale_everything, table,  # noqa: E402
+                     timed_rounds, warm_bytecode)
 from torch_compare import graph_times, n_sets  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -138,6 +143,17 @@ def main(trace: str, profile_dir: str | None = None) -> None:
             print_profile(p, "candidate worker")
         return
 
+    # The upgrade: the census's own table staled, then re-certified from its history.
+    recert_db = f"sqlite:///{work / 'recert.db'}"
+    shutil.copyfile(work / "census.db", work / "recert.db")
+    stale_everything(recert_db)
+    (census_last,) = query(recert_db, "SELECT coalesce(max(id), 0) FROM tunings")[0]
+    recert_s, _, _ = timed_process([*prefix, "census", "--model", str(mm_trace), "--json", "--strategy", strategy],
+                                   {**env, "NBX_TUNE_DB": recert_db, "NBX_TUNE_SEARCH": "auto",
+                                    "TRITON_CACHE_DIR": str(work / "cache_recert")})
+    print(f"re-certification of the census's table after a source change: {recert_s:.1f} s (cold Triton cache)",
+          flush=True)
+
     env = {**base_env, "TRITON_CACHE_DIR": str(work / "cache_autotune")}
     auto_s, _, _ = timed_process([sys.executable, str(HERE / "autotune_baseline.py"), str(mm_trace),
                                str(work / "autotune.json")], env)
@@ -152,11 +168,14 @@ def main(trace: str, profile_dir: str | None = None) -> None:
     from nbx_tune.kernels.spec import Config, Problem
     from nbx_tune.tuner.screen import TORCH_DTYPES
 
+    problems = [Problem.from_json(pick["problem"]) for pick in auto["picks"]]
+    os.environ["NBX_TUNE_DB"] = recert_db
+    certified.reload()
+    recert_picks = [certified.config_for(SPEC, p.dtypes, p.flags, p.dims) for p in problems]
     os.environ["NBX_TUNE_DB"] = db
     certified.reload()
-    lines, ratios, losses = [], [], []
-    for pick in auto["picks"]:
-        p = Problem.from_json(pick["problem"])
+    lines, ratios, losses, recert_losses = [], [], [], []
+    for pick, p, re_cert in zip(auto["picks"], problems, recert_picks):
         B, M, N, K = p.dims
         dt = TORCH_DTYPES[p.dtypes[0]]
         k = n_sets((M * K + K * N + M * N) * B * dt.itemsize, "cuda")
@@ -171,6 +190,7 @@ def main(trace: str, profile_dir: str | None = None) -> None:
         fns = {"cert": lambda i: launch_matmul(a[i % k], b[i % k], c[i % k], None, 1.0, 0.0, cert),
                "auto": lambda i: launch_matmul(a[i % k], b[i % k], c[i % k], None, 1.0, 0.0, at),
                "again": lambda i: launch_matmul(a[i % k], b[i % k], c[i % k], None, 1.0, 0.0, cert),
+               "recert": lambda i: launch_matmul(a[i % k], b[i % k], c[i % k], None, 1.0, 0.0, re_cert),
                "blas": lambda i: torch.matmul(a[i % k], b[i % k], out=c[i % k])}
         reps = [graph_times(fns, PICK_REP_MS) for _ in range(3)]
         same = statistics.median(abs(r["again"] / r["cert"] - 1) for r in reps)
@@ -179,10 +199,13 @@ def main(trace: str, profile_dir: str | None = None) -> None:
         # The same config is the same binary: a difference between its two timings is the
         # timing's noise, not a loss of the pick.
         losses.append(0.0 if cert == at else statistics.median(max(0.0, r["cert"] / r["auto"] - 1) for r in reps))
+        recert_losses.append(0.0 if re_cert == at else
+                             statistics.median(max(0.0, r["recert"] / r["auto"] - 1) for r in reps))
         seen = census_times(db, p, (cert, at))
         lines.append([f"B={B} M={M} N={N} K={K} {p.dtypes[0]}", f"{t_cert:.4f}", f"{t_auto:.4f}",
                       f"{t_blas:.4f}", f"{t_auto / t_cert:.3f}", f"{t_blas / t_cert:.3f}",
-                      f"{100 * losses[-1]:.2f} %", seen, str(cert), str(at), f"{100 * same:.2f} %"])
+                      f"{100 * losses[-1]:.2f} %", seen, str(cert), str(at), f"{100 * same:.2f} %",
+                      f"{100 * recert_losses[-1]:.2f} %", str(re_cert)])
     misses = certified.launch_stats()["misses"]
     from sqlalchemy import create_engine, text
 
@@ -193,6 +216,7 @@ def main(trace: str, profile_dir: str | None = None) -> None:
                                                  "AND shortcut_loss IS NOT NULL"))]
     engine.dispose()
     spent = breakdown(db)
+    recert_spent = breakdown(recert_db, census_last)
     rounds = timed_rounds(db)
     env_info = environment()
     result = {"env": env_info, "strategy": strategy, "trace": trace, "matmul_rows": len(rows),
@@ -201,7 +225,12 @@ def main(trace: str, profile_dir: str | None = None) -> None:
               "census_coverage": rep["coverage"], "picks": lines, "misses": misses, "search": search,
               "searches": searches, "audit_losses": audits, "seconds_by_search": spent,
               "timed_rounds": rounds, "loss_median": statistics.median(losses) if losses else None,
-              "loss_max": max(losses) if losses else None}
+              "loss_max": max(losses) if losses else None,
+              # The upgrade: the census's table re-certified, against autotune's tune of the whole space.
+              "recert_s": recert_s, "recert_vs_autotune": auto_s / recert_s, "recert_vs_census": census_s / recert_s,
+              "recert_seconds_by_search": recert_spent,
+              "recert_loss_median": statistics.median(recert_losses) if recert_losses else None,
+              "recert_loss_max": max(recert_losses) if recert_losses else None}
     save("tuning_cost.json" if (strategy, search) == ("pruned", "ranked") else
          f"tuning_cost-{strategy}-{search}.json", result)
     print(f"{env_info['date']} {env_info['gpu']} driver {env_info['driver']} Triton {env_info['triton']} "
@@ -209,11 +238,15 @@ def main(trace: str, profile_dir: str | None = None) -> None:
     print(table([[f"{census_s:.1f}", f"{auto_s:.1f}", f"{auto_s / census_s:.2f}x", len(rows), len(rep["seats"])]],
                 ["census s (screens every candidate)", "triton.autotune s", "census faster by",
                  "matmul rows", "seats"]))
-    print(table([ln[:8] + ln[10:] for ln in lines],
+    print(table([ln[:8] + ln[10:12] for ln in lines],
                 ["shape", "certified ms (graphs)", "autotune pick ms", "cuBLAS ms", "autotune/cert", "cuBLAS/cert",
                  "loss vs autotune (median of 3)", "census ms: its pick / autotune's",
-                 "certified against itself (median of 3)"]))
-    print("\n".join(f"{ln[0]}: certified {ln[8]}; autotune {ln[9]}" for ln in lines))
+                 "certified against itself (median of 3)", "re-certified pick's loss vs autotune"]))
+    print("\n".join(f"{ln[0]}: certified {ln[8]}; autotune {ln[9]}; re-certified {ln[12]}" for ln in lines))
+    print(table([[f"{recert_s:.1f}", f"{auto_s:.1f}", f"{auto_s / recert_s:.1f}x", f"{census_s:.1f}",
+                  f"{census_s / recert_s:.1f}x"] + [", ".join(f"{srch} {n}" for srch, n, *_ in recert_spent)]],
+                ["after an upgrade: re-certification s", "triton.autotune s", "re-certification faster by",
+                 "fresh census s", "than the fresh census by", "re-certification searches"]))
     print(table([[srch, n, f"{tot:.1f}", f"{sc:.1f}", f"{bn:.1f}", f"{tot - sc - bn:.1f}"]
                  for srch, n, tot, sc, bn in spent],
                 ["census search", "seats", "s in seats", "screening s", "timing s", "inputs, oracles, rest s"]))
@@ -222,6 +255,8 @@ def main(trace: str, profile_dir: str | None = None) -> None:
         print(f"pick loss against autotune's exhaustive pick: median {100 * statistics.median(losses):.2f} %, "
               f"max {100 * max(losses):.2f} %; census searches {searches}; audited shortcut losses "
               + (", ".join(f"{100 * x:.2f} %" for x in audits) or "none"))
+        print(f"re-certified picks' loss against autotune's: median {100 * statistics.median(recert_losses):.2f} %, "
+              f"max {100 * max(recert_losses):.2f} %")
     shutil.rmtree(work, ignore_errors=True)
 
 
