@@ -33,7 +33,7 @@ from nbx_tune.tuner.trace import Trace  # noqa: E402
 from nbx_tune.tuner.tune import seat_job  # noqa: E402
 
 
-def cases_of(spec, job) -> list:
+def cases_of(job) -> list:
     """(problem, with an oracle) of each case the worker makes for the seat."""
     out = [(p, True) for p in job.screen_problems] + [(p, True) for p in job.confirm_problems]
     if job.time_problem not in job.screen_problems:
@@ -62,12 +62,13 @@ def main(seats: int, seed: int, device: str) -> None:
         spec = specs[sp.kernel]
         label = "|".join(key)
         job, _ = seat_job(spec, profile, label, list(sp.problems), device)
+        cases = cases_of(job)
         walls = []
         for attempt in range(2):
             phases: dict = {}
             t0 = time.perf_counter()
             made = [screen.make_case(spec, p, device, screen.seed_for(job.label, p), oracle, phases)
-                    for p, oracle in cases_of(spec, job)]
+                    for p, oracle in cases]
             sync()
             walls.append(time.perf_counter() - t0)
             del made
@@ -81,8 +82,8 @@ def main(seats: int, seed: int, device: str) -> None:
         k[0] += 1
         k[1] += walls[0]
         k[2] += walls[1]
-        k[3] += len(cases_of(spec, job))
-        per_seat.append((walls[0], walls[1], len(cases_of(spec, job)), label, seat_phases))
+        k[3] += len(cases)
+        per_seat.append((walls[0], walls[1], len(cases), label, seat_phases))
     print(f"{len(planned)} seats; cases made first {first_total:.2f} s, again {second_total:.2f} s")
     print("by phase (second making): " + ", ".join(f"{k} {v:.2f} s" for k, v in by_phase.items()))
     print(f"{'kernel':20s} {'seats':>5s} {'cases':>5s} {'first s':>8s} {'again s':>8s}")
