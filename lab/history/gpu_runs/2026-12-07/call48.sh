@@ -13,7 +13,7 @@ cost() {  # $1: the run's tag
   mv "$OUT/session.log" "$OUT/$1-session.log" 2>/dev/null
 }
 case "$gpu" in
-  *H200*) for r in a b c; do cost "48$r"; done ;;
+  *H200*) for r in ${H200_RUNS:-a b c}; do cost "48$r"; done ;;
   *) python3 lab/certify_cost/case_phases.py > "$OUT/48-case_phases.log" 2>&1
      tail -40 "$OUT/48-case_phases.log"
      cost 48a ;;
