@@ -101,6 +101,10 @@ def arange_plan(start, end, step, dtype: str | None) -> tuple[str, int] | str:
     """(output dtype, count), or why it is not served."""
     if step == 0:
         return "arange with step 0"
+    if not all(math.isfinite(v) for v in (start, end, step)):
+        return "arange with a non-finite bound or step"
+    if (end - start) * step < 0:  # torch refuses it ("inconsistent with step sign"): its error
+        return "arange bounds inconsistent with the step's sign"
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end, step))
     dt = dtype or ("int64" if ints else "float32")
     if dt not in EXACT_INT or dt == "bool":
