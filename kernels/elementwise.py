@@ -973,9 +973,12 @@ def pow(x: torch.Tensor, exponent: float) -> torch.Tensor:
     if isinstance(exponent, torch.Tensor) or not math.isfinite(float(exponent)):
         raise KernelError("pow: the exponent must be a finite Python number")
     params = pow_params(exponent)
+    # exp2/log2 of |x| loses the sign of -0.0 for odd exponents (pow(-0.0, -1) is -inf) and
+    # makes NaN of pow(-inf, 1.5) (torch: inf); torch's ±0.5 keep -0.0's sign (its sqrt). The
+    # fix is in the kernel, which the shipped table certifies: torch runs these meanwhile.
+    if not params[1]:
+        raise KernelError("pow: a non-integer exponent is not served (pow(-inf, 1.5), pow(-0.0, 0.5))")
     if params[2] and not small_int_pow("pow", params):
-        # exp2/log2 of |x| loses the sign of -0.0 (pow(-0.0, -1) is -inf, pow(-0.0, 5) -0.0);
-        # the fix is in the kernel, which a shipped table certifies: torch runs these meanwhile.
         raise KernelError("pow: an odd integer exponent outside 1..3 is not served (the sign of -0.0)")
     return _unary("pow", x, params)
 
