@@ -75,3 +75,18 @@ def test_exiting_a_serve_object_twice_is_a_no_op_that_leaves_no_state():
     with serve(fuse=True):
         assert fusions._active == 1 and serve_mod.active()
     assert fusions._active == 0 and not serve_mod.active()
+
+
+@pytest.mark.parametrize("args", [(0.0, -8.000001, -4.0), (3.1,), (0, -3, 2)])
+def test_arange_in_int64_with_float_bounds_or_a_contrary_step_is_torchs(args):
+    # found by the full OpInfo run (NBX_TUNE_OPINFO_FULL=1): shapes (3,) and (4,) for torch's (2,) and (3,)
+    try:
+        ref, err = torch.arange(*args, dtype=torch.int64), None
+    except RuntimeError as e:
+        ref, err = None, e
+    with serve(fuse=False):
+        if err is not None:
+            with pytest.raises(RuntimeError):
+                torch.arange(*args, dtype=torch.int64)
+        else:
+            assert torch.equal(torch.arange(*args, dtype=torch.int64), ref)
