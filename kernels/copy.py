@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch
+from nbx_tune.kernels import launch, semantics
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags, wide_range_inputs
@@ -680,6 +680,7 @@ def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
     """aten.copy_: src (broadcast to self's shape) into self, cast to self's dtype."""
     if src.device != self.device:
         raise KernelError(f"copy_: a copy from {src.device} to {self.device} is not served")
+    semantics.check_writable("copy_", self, src)
     try:
         src = src.expand(self.shape)
     except RuntimeError:

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch
+from nbx_tune.kernels import launch, semantics
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.copy import block_start, contiguous_strides, copy_plan, dense, stream_launch, strided_offsets
 from nbx_tune.kernels.rows import format_shape, numel
@@ -972,20 +972,30 @@ def pow(x: torch.Tensor, exponent: float) -> torch.Tensor:
     """x ** exponent for a Python-number exponent (torch.pow(Tensor, Scalar))."""
     if isinstance(exponent, torch.Tensor) or not math.isfinite(float(exponent)):
         raise KernelError("pow: the exponent must be a finite Python number")
-    return _unary("pow", x, pow_params(exponent))
+    params = pow_params(exponent)
+    # exp2/log2 of |x| loses the sign of -0.0 for odd exponents (pow(-0.0, -1) is -inf) and
+    # makes NaN of pow(-inf, 1.5) (torch: inf); torch's ±0.5 keep -0.0's sign (its sqrt). The
+    # fix is in the kernel, which the shipped table certifies: torch runs these meanwhile.
+    if not params[1]:
+        raise KernelError("pow: a non-integer exponent is not served (pow(-inf, 1.5), pow(-0.0, 0.5))")
+    if params[2] and not small_int_pow("pow", params):
+        raise KernelError("pow: an odd integer exponent outside 1..3 is not served (the sign of -0.0)")
+    return _unary("pow", x, params)
 
 
-# Plans of binary launches by operand signature: the broadcast/merge math runs once per
-# distinct (dtypes, shapes, strides), after that a launch is dict lookups.
+# Plans of binary launches by op and operand signature: the broadcast/merge math and the
+# checks (integer true division) run once per distinct (fn, dtypes, shapes, strides), after
+# that a launch is dict lookups. fn is in the key: a plan made for an int64 add must never
+# serve an int64 div (tests/test_serve_semantics.py).
 _BINARY_PLANS: dict = {}
 
 
 def _binary_plan_for(fn, a, b, b_is_value, b_dt, python_number):
     a_dt = _dtype_name(a, fn)
     if b_is_value:
-        key = (a_dt, tuple(a.shape), a.stride(), b_dt, python_number)
+        key = (fn, a_dt, tuple(a.shape), a.stride(), b_dt, python_number)
     else:
-        key = (a_dt, tuple(a.shape), a.stride(), b_dt, tuple(b.shape), b.stride())
+        key = (fn, a_dt, tuple(a.shape), a.stride(), b_dt, tuple(b.shape), b.stride())
     hit = _BINARY_PLANS.get(key)
     if hit is not None:
         return hit
@@ -1117,9 +1127,16 @@ def _serve_unary() -> dict:
 
 def _inplace(fn):
     """An in-place op on the out-of-place kernel: the result is copied into self (cast as
-    torch's in-place ops cast it)."""
+    torch's in-place ops cast it). Where torch refuses the in-place op (overlap; a result
+    that broadcasts past self or would be cast down to its kind) torch runs and refuses it."""
     def run(a, b, *args, **kwargs):
-        return a.copy_(fn(a, b, *args, **kwargs))
+        if isinstance(a, torch.Tensor):
+            semantics.check_writable("in-place", a, b)
+        out = fn(a, b, *args, **kwargs)
+        if out.shape != a.shape or not torch.can_cast(out.dtype, a.dtype):
+            raise KernelError(f"in-place: a {out.dtype} result of shape {tuple(out.shape)} "
+                              f"into {a.dtype} {tuple(a.shape)} (torch refuses it)")
+        return a.copy_(out)
     return run
 
 

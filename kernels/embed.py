@@ -6,8 +6,9 @@ with each other (a slice of a larger table) needs no copy. Launch key: the numbe
 indices T (the `default` ladder: 1 for a decode step, the sequence for a prefill) and the
 row length D (the `row` ladder). Exact: a gather, checked bit for bit.
 
-Indices must lie in [0, V): torch checks that on the device with an assert; this kernel
-does not check (an index out of range reads outside the table).
+Indices must lie in [0, V): the kernel does not check, `embedding` does before each launch
+(a replay too: kernels/semantics.py), on the host under the interpreter, with a device
+assert on a GPU as torch's CUDA embedding does.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch
+from nbx_tune.kernels import launch, semantics
 from nbx_tune.kernels.certified import config_for
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags, uniform_inputs
@@ -156,6 +157,8 @@ def embedding(weight: torch.Tensor, indices: torch.Tensor, padding_idx: int = -1
         key = (SPEC, *launch.tensor_key(weight), *launch.tensor_key(indices))
     except AttributeError:
         raise KernelError("embedding: weight and indices must be tensors") from None
+    if weight.dim() == 2 and indices.dtype in (torch.int64, torch.int32):  # before any replay
+        semantics.check_indices("embedding", indices, weight.shape[0])
     hit = REMEMBERED.get(key)
     if hit is not None:
         return hit(weight, indices)

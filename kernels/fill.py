@@ -101,10 +101,16 @@ def arange_plan(start, end, step, dtype: str | None) -> tuple[str, int] | str:
     """(output dtype, count), or why it is not served."""
     if step == 0:
         return "arange with step 0"
+    if not all(math.isfinite(v) for v in (start, end, step)):
+        return "arange with a non-finite bound or step"
+    if (end - start) * step < 0:  # torch refuses it ("inconsistent with step sign"): its error
+        return "arange bounds inconsistent with the step's sign"
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end, step))
     dt = dtype or ("int64" if ints else "float32")
     if dt not in EXACT_INT or dt == "bool":
         return f"arange in {dt} is not served"
+    if dt in ("int32", "int64") and not ints:  # torch truncates bounds its own way
+        return f"arange in {dt} with a float bound or step is not served"
     if not all(float(v).is_integer() for v in (start, step)):
         return "arange with a fractional start or step is not served (it would not be exact)"
     n = arange_count(start, end, step)

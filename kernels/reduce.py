@@ -551,6 +551,8 @@ def _reduce(fn: str, x: torch.Tensor, dims, keepdim: bool, dtype) -> torch.Tenso
             raise KernelError(f"{fn}: {out_dt.reason}")
         if isinstance(dims, int):
             dims = (dims,)
+        if x.dim() > 64:  # torch's reductions refuse these: its error, not a result
+            raise KernelError(f"{fn}: a tensor of {x.dim()} dims (torch reduces up to 64)")
         red = normalize_dims(dims, x.dim())
         if isinstance(red, str):
             raise KernelError(f"{fn}: {red}")

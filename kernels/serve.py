@@ -227,6 +227,7 @@ class serve(contextlib.ContextDecorator):
 
     def __init__(self, fuse: bool | None = None):
         self.fuse = fusions.enabled_by_default() if fuse is None else fuse
+        self._depth = 0  # this object's entries not yet exited (a decorator re-enters it)
 
     def __enter__(self):
         global _active
@@ -234,12 +235,18 @@ class serve(contextlib.ContextDecorator):
             if _active == 0:
                 _install()
             _active += 1
+            self._depth += 1
         if self.fuse:
             fusions.acquire()
         return self
 
     def __exit__(self, *exc):
         global _active
+        with _lock:
+            if self._depth == 0:  # exited more often than entered: a no-op, nothing to undo
+                log.warning("nbx-tune: serve() exited without a matching enter: ignored")
+                return False
+            self._depth -= 1
         if self.fuse:
             fusions.release()
         with _lock:

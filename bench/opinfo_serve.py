@@ -1,0 +1,63 @@
+"""serve() against torch on PyTorch's OpInfo samples, on a GPU at fp16 and bf16 (the CPU
+interpreter's CI test, tests/test_serve_opinfo.py, covers fp32, integers and bool).
+
+    python bench/opinfo_serve.py                 # cuda, float16 and bfloat16, every sample
+    python bench/opinfo_serve.py --smoke         # CPU interpreter, float32, 1 sample per op
+
+Prints `dtype  ops  samples  served  to-torch  mismatches` per dtype and every mismatch;
+writes opinfo_serve.json under $OUT when set. Exit 1 on any mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="CPU interpreter, float32, 1 sample per OpInfo")
+    ap.add_argument("--dtypes", default="float16,bfloat16")
+    ap.add_argument("--max-samples", type=int, default=None, help="samples per OpInfo and dtype")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+
+    from nbx_tune.testing import opinfo
+
+    device = "cpu" if args.smoke else "cuda"
+    dtypes = ["float32"] if args.smoke else args.dtypes.split(",")
+    max_samples = 1 if args.smoke else args.max_samples
+    rows, total = [], opinfo.Report()
+    for name in dtypes:
+        dt = getattr(torch, name)
+        rep = opinfo.run_opinfo(device, [dt], max_samples=max_samples)
+        opinfo.run_extra(device, [dt], report=rep)
+        rows.append((name, rep))
+        total.merge(rep)
+    print(f"{'dtype':<9} {'ops':>4} {'samples':>8} {'served':>7} {'to-torch':>8} {'mismatches':>10}")
+    for name, rep in rows:
+        print(f"{name:<9} {len(rep.ops):>4} {rep.samples:>8} {rep.served:>7} {rep.fell_through:>8} "
+              f"{len(rep.mismatches):>10}")
+    print("total:", total.line())
+    for m in total.mismatches:
+        known = " (known)" if m.op in opinfo.KNOWN else ""
+        print(f"MISMATCH{known} {m.op} {m.dtype}: {m.why} | {m.sample}")
+    if os.environ.get("OUT"):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from _common import environment, out_dir
+
+        doc = {"environment": environment(), "device": device,
+               "per_dtype": {n: {"ops": len(r.ops), "samples": r.samples, "served": r.served,
+                                 "to_torch": r.fell_through, "mismatches": len(r.mismatches)}
+                             for n, r in rows},
+               "mismatches": [vars(m) for m in total.mismatches]}
+        (out_dir() / "opinfo_serve.json").write_text(json.dumps(doc, indent=1, default=str))
+    return 1 if any(m.op not in opinfo.KNOWN for m in total.mismatches) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
