@@ -972,10 +972,17 @@ def pow(x: torch.Tensor, exponent: float) -> torch.Tensor:
     """x ** exponent for a Python-number exponent (torch.pow(Tensor, Scalar))."""
     if isinstance(exponent, torch.Tensor) or not math.isfinite(float(exponent)):
         raise KernelError("pow: the exponent must be a finite Python number")
+    return _unary("pow", x, pow_params(exponent))
+
+
+def _served_pow(x: torch.Tensor, exponent: float) -> torch.Tensor:
+    """pow under serve(), which promises torch's values at every input: exp2/log2 of |x|
+    loses the sign of -0.0 for odd exponents (pow(-0.0, -1) is -inf) and makes NaN of
+    pow(-inf, 1.5) (torch: inf), so torch runs those exponents until the kernel, which the
+    shipped table certifies, is fixed. The public op keeps them (values within tolerance)."""
+    if isinstance(exponent, torch.Tensor) or not math.isfinite(float(exponent)):
+        raise KernelError("pow: the exponent must be a finite Python number")
     params = pow_params(exponent)
-    # exp2/log2 of |x| loses the sign of -0.0 for odd exponents (pow(-0.0, -1) is -inf) and
-    # makes NaN of pow(-inf, 1.5) (torch: inf); torch's ±0.5 keep -0.0's sign (its sqrt). The
-    # fix is in the kernel, which the shipped table certifies: torch runs these meanwhile.
     if not params[1]:
         raise KernelError("pow: a non-integer exponent is not served (pow(-inf, 1.5), pow(-0.0, 0.5))")
     if params[2] and not small_int_pow("pow", params):
@@ -1122,6 +1129,7 @@ def _serve_unary() -> dict:
     ops = {op: globals()[fn] if fn in ("gelu", "pow") else functools.partial(_unary, fn)
            for op, fn in _UNARY_OPS.items()}
     ops["aten.gelu"] = lambda x, approximate="none": gelu(x, approximate)
+    ops["aten.pow.Tensor_Scalar"] = _served_pow
     return ops
 
 

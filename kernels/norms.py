@@ -623,6 +623,8 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
 def _layer_norm(x, normalized_shape, weight, bias, eps):
     dtypes = _dtype_of("layer_norm", x, weight, bias)
     N, ns = _trailing("layer_norm", x, normalized_shape)
+    if N == 1:  # x - mean is 0 there, and the kernel's 0 * w + b keeps a sign torch's does not
+        raise KernelError("layer_norm over one element: torch's signed zero")
     _check_affine("layer_norm", weight, ns)
     _check_affine("layer_norm", bias, ns)
     x, weight, bias = _contig(x), _contig(weight), _contig(bias)
@@ -689,6 +691,8 @@ def _serve_native_layer_norm(x, normalized_shape, weight, bias, eps):
     shaped as torch's (x's leading dims, then ones)."""
     dtypes = _dtype_of("layer_norm", x, weight, bias)
     N, ns = _trailing("layer_norm", x, normalized_shape)
+    if N == 1:  # x - mean is 0 there, and the kernel's 0 * w + b keeps a sign torch's does not
+        raise KernelError("layer_norm over one element: torch's signed zero")
     _check_affine("layer_norm", weight, ns)
     _check_affine("layer_norm", bias, ns)
     x, weight, bias = _contig(x), _contig(weight), _contig(bias)
