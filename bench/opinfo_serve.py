@@ -16,6 +16,29 @@ import os
 import sys
 
 
+# An out-of-range embedding index under serve() on a GPU: the device-side assert must end
+# the child (as torch's own kernel does) with no value printed; run apart, since a failed
+# assert ends the CUDA context of the process it fires in.
+_ASSERT_CHILD = """
+import torch, torch.nn.functional as F
+from nbx_tune.kernels.serve import serve
+table = torch.randn(5, 4, device="cuda", dtype=torch.float16)
+with serve(fuse=False):
+    y = F.embedding(torch.tensor([0, 5], device="cuda"), table)
+    torch.cuda.synchronize()
+print("VALUE", y.tolist())
+"""
+
+
+def device_assert_check() -> dict:
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-c", _ASSERT_CHILD], capture_output=True, text=True, timeout=120)
+    text = p.stdout + p.stderr
+    ok = p.returncode != 0 and "VALUE" not in p.stdout and ("device-side assert" in text or "index out of range" in text)
+    return {"ok": ok, "returncode": p.returncode, "tail": text[-400:]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, float32, 1 sample per OpInfo")
@@ -43,6 +66,10 @@ def main(argv=None) -> int:
         print(f"{name:<9} {len(rep.ops):>4} {rep.samples:>8} {rep.served:>7} {rep.fell_through:>8} "
               f"{len(rep.mismatches):>10}")
     print("total:", total.line())
+    assert_check = None if args.smoke else device_assert_check()
+    if assert_check is not None:
+        print("embedding index out of range under serve():",
+              "device-side assert, no value" if assert_check["ok"] else f"NOT REFUSED: {assert_check['tail']}")
     for m in total.mismatches:
         known = " (known)" if m.op in opinfo.KNOWN else ""
         print(f"MISMATCH{known} {m.op} {m.dtype}: {m.why} | {m.sample}")
@@ -54,9 +81,10 @@ def main(argv=None) -> int:
                "per_dtype": {n: {"ops": len(r.ops), "samples": r.samples, "served": r.served,
                                  "to_torch": r.fell_through, "mismatches": len(r.mismatches)}
                              for n, r in rows},
-               "mismatches": [vars(m) for m in total.mismatches]}
+               "mismatches": [vars(m) for m in total.mismatches], "device_assert": assert_check}
         (out_dir() / "opinfo_serve.json").write_text(json.dumps(doc, indent=1, default=str))
-    return 1 if any(m.op not in opinfo.KNOWN for m in total.mismatches) else 0
+    failed = any(m.op not in opinfo.KNOWN for m in total.mismatches)
+    return 1 if failed or (assert_check is not None and not assert_check["ok"]) else 0
 
 
 if __name__ == "__main__":

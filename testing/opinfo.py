@@ -363,10 +363,13 @@ def extra_cases(device: str, dtype) -> list[tuple]:
         ("overlap.same_tensor", lambda t: t.add_(t), (base,)),  # allowed by torch
         ("overlap.disjoint_halves", lambda t: t[:6].add_(t[6:]), (base,)),  # allowed
     ]
-    # indices out of range: torch raises IndexError
+    # indices out of range: torch raises IndexError on the CPU. On a GPU torch's own kernel
+    # fails a device-side assert, which ends the process's context: no in-process case can
+    # follow it there (bench/opinfo_serve.py checks serve()'s assert in a child process).
     table = torch.arange(20, device=device).to(dtype).view(5, 4)
-    for name, idx in (("past_end", [0, 5]), ("negative", [-1, 2]), ("far", [1 << 40])):
-        cases.append((f"embedding.{name}", F.embedding, (torch.tensor(idx, device=device), table)))
+    if torch.device(device).type == "cpu":
+        for name, idx in (("past_end", [0, 5]), ("negative", [-1, 2]), ("far", [1 << 40])):
+            cases.append((f"embedding.{name}", F.embedding, (torch.tensor(idx, device=device), table)))
     cases.append(("embedding.in_range", F.embedding, (torch.tensor([[4, 0], [2, 2]], device=device), table)))
     # a served op must not depend on which op ran before it
     i1 = torch.tensor([7, -7, 5], device=device)
