@@ -61,17 +61,17 @@ def main(argv=None) -> int:
         opinfo.run_extra(device, [dt], report=rep)
         rows.append((name, rep))
         total.merge(rep)
-    print(f"{'dtype':<9} {'ops':>4} {'samples':>8} {'served':>7} {'to-torch':>8} {'mismatches':>10}")
+    print(f"{'dtype':<9} {'ops':>4} {'samples':>8} {'served':>7} {'to-torch':>8} {'nearer-fp64':>11} {'mismatches':>10}")
     for name, rep in rows:
         print(f"{name:<9} {len(rep.ops):>4} {rep.samples:>8} {rep.served:>7} {rep.fell_through:>8} "
-              f"{len(rep.mismatches):>10}")
+              f"{rep.nearer_exact:>11} {len(rep.mismatches):>10}")
     print("total:", total.line())
     assert_check = None if args.smoke else device_assert_check()
     if assert_check is not None:
         print("embedding index out of range under serve():",
               "device-side assert, no value" if assert_check["ok"] else f"NOT REFUSED: {assert_check['tail']}")
     for m in total.mismatches:
-        known = " (known)" if m.op in opinfo.KNOWN else ""
+        known = " (known)" if m.op in opinfo.known_for(device) else ""
         print(f"MISMATCH{known} {m.op} {m.dtype}: {m.why} | {m.sample}")
     if os.environ.get("OUT"):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -79,11 +79,12 @@ def main(argv=None) -> int:
 
         doc = {"environment": environment(), "device": device,
                "per_dtype": {n: {"ops": len(r.ops), "samples": r.samples, "served": r.served,
-                                 "to_torch": r.fell_through, "mismatches": len(r.mismatches)}
+                                 "to_torch": r.fell_through, "nearer_exact": r.nearer_exact,
+                                 "mismatches": len(r.mismatches)}
                              for n, r in rows},
                "mismatches": [vars(m) for m in total.mismatches], "device_assert": assert_check}
         (out_dir() / "opinfo_serve.json").write_text(json.dumps(doc, indent=1, default=str))
-    failed = any(m.op not in opinfo.KNOWN for m in total.mismatches)
+    failed = any(m.op not in opinfo.known_for(device) for m in total.mismatches)
     return 1 if failed or (assert_check is not None and not assert_check["ok"]) else 0
 
 

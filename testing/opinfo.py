@@ -121,6 +121,7 @@ class Report:
     served: int = 0  # ... of which a kernel launched
     fell_through: int = 0  # ... of which serve() handed the whole call to torch
     skipped: int = 0  # samples that reached no routed op
+    nearer_exact: int = 0  # ... off torch's values beyond tolerance, but no farther from fp64
     mismatches: list = field(default_factory=list)
 
     def merge(self, other: "Report") -> None:
@@ -129,6 +130,7 @@ class Report:
         self.served += other.served
         self.fell_through += other.fell_through
         self.skipped += other.skipped
+        self.nearer_exact += other.nearer_exact
         self.mismatches += other.mismatches
 
     def line(self) -> str:
@@ -266,8 +268,37 @@ def run_case(fn, args, kwargs, *, name: str, dtype: str, desc: str, report: Repo
             bad(f"torch: {type(ref_err).__name__}: {ref_err}; serve: {type(got_err).__name__}: {got_err}")
         return
     why = compare(got, ref, rtol_atol) or compare(got_args, ref_args, rtol_atol)
+    if why and "beyond rtol" in why and _nearer_exact(fn, args, kwargs, got, ref):
+        report.nearer_exact += 1  # off torch by rounding alone, and no farther from the exact value
+        return
     if why:
         bad(why)
+
+
+def _nearer_exact(fn, args, kwargs, got, ref) -> bool:
+    """True where every float output of serve() is at most as far from the op computed in
+    float64 (on the same inputs, widened) as torch's own result is, up to half an ulp of the
+    dtype: two roundings of one exact value, torch's no better than ours."""
+    def widen(t):
+        return t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+    try:
+        w_args, w_kwargs = pytree.tree_map(widen, _clone((args, kwargs)))
+        exact = fn(*w_args, **w_kwargs)
+    except Exception:
+        return False
+    g_leaves, r_leaves = pytree.tree_leaves(got), pytree.tree_leaves(ref)
+    e_leaves = pytree.tree_leaves(exact)
+    if not (len(g_leaves) == len(r_leaves) == len(e_leaves)):
+        return False
+    for g, r, e in zip(g_leaves, r_leaves, e_leaves):
+        if not isinstance(r, torch.Tensor) or not r.is_floating_point():
+            continue
+        g64, r64, e64 = (x.detach().cpu().double() for x in (g, r, e))
+        fin = torch.isfinite(r64) & torch.isfinite(e64)
+        half_ulp = torch.finfo(r.dtype).eps / 2 * e64.abs()
+        if ((g64 - e64).abs() > (r64 - e64).abs() + half_ulp)[fin].any():
+            return False
+    return True
 
 
 def _keep(key: str, fraction: float) -> bool:
@@ -398,3 +429,18 @@ KNOWN = {
     "special.tanh": "tanh(-0.0) is +0.0 (torch: -0.0): the kernel's where(x < 0, -t, t)",
     "special.gelu": "gelu(inf) is inf; torch's vectorized CPU gelu gives NaN, its scalar path inf",
 }
+# What the compiled kernels add on a GPU (bench/opinfo_serve.py, 2026-12-07, H100): Triton's
+# negation is 0 - x, which makes +0.0 of +0.0 (torch: -0.0), and its fp32 sqrt flushes a
+# subnormal input to zero, so a negative subnormal bf16 gives -0.0 / -inf (torch: NaN).
+# Both are kernel edits that stale the shipped table's unary seats (re-certified on a GPU).
+KNOWN_GPU = {
+    **KNOWN,
+    "special.neg": "neg(+0.0) is +0.0 (torch: -0.0): Triton's -x is 0 - x",
+    "special.sqrt": "sqrt of a negative subnormal is -0.0 (torch: NaN): fp32 sqrt flushes subnormals",
+    "special.rsqrt": "rsqrt of a negative subnormal is -inf (torch: NaN): fp32 sqrt flushes subnormals",
+}
+
+
+def known_for(device: str) -> dict:
+    """The known differences on `device`'s kind (the CPU interpreter's, or a GPU's)."""
+    return KNOWN if torch.device(device).type == "cpu" else KNOWN_GPU
