@@ -37,3 +37,18 @@ def test_the_harness_tells_a_wrong_answer_from_torchs():
     assert opinfo.compare(torch.tensor([3]), torch.tensor([3.0]))
     assert opinfo.compare(torch.tensor([1.0 + 1e-4]), torch.tensor([1.0]))
     assert opinfo.compare(torch.tensor([float("nan")]), torch.tensor([float("nan")])) is None
+
+
+def test_a_value_off_torch_counts_only_when_no_farther_from_fp64():
+    # The arbiter of tolerance-only differences: serve()'s value is accepted where it is no
+    # farther from the op computed in float64 than torch's own, and refused where it is.
+    x = torch.tensor([1.1, 2.3, -3.7], dtype=torch.float16)
+    fn = lambda t: t * 3.3  # noqa: E731
+    ref = fn(x)
+    assert opinfo._nearer_exact(fn, (x,), {}, ref.clone(), ref)
+    exact = fn(x.double())
+    nearer = exact.to(torch.float16)  # correctly rounded: never farther than torch's
+    assert opinfo._nearer_exact(fn, (x,), {}, nearer, ref)
+    worse = ref.clone()
+    worse[1] += 0.05
+    assert not opinfo._nearer_exact(fn, (x,), {}, worse, ref)
