@@ -55,7 +55,7 @@ def warm_bytecode(env: dict | None = None) -> float:
     import time
 
     code = "; ".join(f"import {m}" for m in WARM_IMPORTS) + \
-        "; import nbx_tune.kernels.registry as r; r.all_specs()"
+        "; import nbx_tune.kernels.runtime.registry as r; r.all_specs()"
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
     return time.perf_counter() - t0

@@ -172,7 +172,8 @@ def time_shape(profile, s, dt, device, broken, sweep_calls, final_calls):
     import torch
     import torch.nn.functional as F
 
-    from nbx_tune.kernels import attention as A, certified
+    from nbx_tune.kernels import attention as A
+    from nbx_tune.kernels.runtime import certified
     from speed_candidates import sweep_then_confirm
 
     B, Hq, Hkv, L, _, D, causal = s  # timed shapes are square (self-attention prefill)

@@ -57,7 +57,7 @@ def pointwise_rows(smoke: bool, dtype: str):
 
 def old_config(spec, profile, problem):
     """(config, certified?) of the row's old kind=gemm seat in the shipped hopper table."""
-    from nbx_tune.kernels import table_format
+    from nbx_tune.kernels.runtime import table_format
     from nbx_tune.kernels.spec import Config, bucket_of, encode_bucket, encode_flags
 
     flags = tuple(sorted((k, v) for k, v in {**dict(problem.flags), "kind": "gemm"}.items() if k != "aligned"))

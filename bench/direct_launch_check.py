@@ -1,4 +1,4 @@
-"""GPU proof of the direct launch (kernels/launch.py), every kernel family: a call's replay of
+"""GPU proof of the direct launch (kernels/runtime/launch.py), every kernel family: a call's replay of
 its compiled kernels is bit-identical to its launch through Triton, on the same data and on
 new data in the same buffers (and within the fp64 reference's tolerance), and a call that
 differs in anything Triton compiles for (dtype, strides, a pointer off 16-byte alignment,
@@ -152,7 +152,7 @@ def family_cases(torch, buf):
 def main() -> None:
     import torch
 
-    from nbx_tune.kernels import certified, launch
+    from nbx_tune.kernels.runtime import certified, launch
     from nbx_tune.kernels.matmul import _FLAGS, SPEC, alignment, extra_columns, uses_tma, vector_elems
 
     through = launch.through_triton

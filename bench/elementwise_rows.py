@@ -247,7 +247,7 @@ def run(args) -> int:
     import torch
 
     from _common import environment, save, table
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
     from nbx_tune.kernels import copy as cp
     from nbx_tune.profiles import current_profile
     from torch_compare import graph_times

@@ -75,7 +75,7 @@ def cases(torch, dev, dt):
 def certify(all_cases) -> None:
     """A census of the fused ops' seats, recorded from the torch ops, into a fresh database."""
     from nbx_tune import record
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
     from nbx_tune.tuner import api
 
     work = Path(tempfile.mkdtemp(prefix="nbx-fused-"))
@@ -105,7 +105,7 @@ def rel_err(out, ref) -> float:
 def main() -> None:
     import torch
 
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
     from nbx_tune.oracles import rope as rope_oracle
 
     dev = "cpu" if SMOKE else "cuda"

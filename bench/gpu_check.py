@@ -41,7 +41,7 @@ def _check_task(name: str, index: int, configs_per_row: int, deadline: float, sc
     """One example row in a pool process; None if the deadline passed before it started."""
     if time.monotonic() > deadline:
         return None
-    from nbx_tune.kernels.registry import get_spec
+    from nbx_tune.kernels.runtime.registry import get_spec
     from nbx_tune.profiles import current_profile
     from nbx_tune.tuner.selfcheck import check_row
 
@@ -60,7 +60,7 @@ def correctness(deadline: float, configs_per_row: int, jobs: int, scale: str = "
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime.registry import all_specs
 
     specs = {n: s for n, s in all_specs().items() if not n.startswith(("test_", "bench_"))}
     if kernels:  # --kernels copy,cat: only those families
@@ -183,7 +183,7 @@ def planted(profile, scale: str) -> tuple[list, bool]:
 def fault(profile) -> tuple[list, bool]:
     import faults
 
-    from nbx_tune.kernels.registry import register
+    from nbx_tune.kernels.runtime.registry import register
     from nbx_tune.tuner.isolation import Isolated
     from nbx_tune.tuner.strategies import get_strategy
     from nbx_tune.tuner.tune import tune_seat

@@ -55,7 +55,7 @@ def census_said(measurements: list[dict], config) -> str:
 def main(buckets_only: bool = False) -> None:
     import torch
 
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
     from nbx_tune.kernels.matmul import SPEC, _matmul_kernel, launch_matmul, matmul_args, tma_descriptors
     from nbx_tune.kernels.spec import Config, bucket_of, seat_label
     from nbx_tune.profiles import current_profile

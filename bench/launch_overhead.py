@@ -1,5 +1,5 @@
 """Host microseconds per eager call, one op of every kernel family at a small shape, side by
-side in one run: the certified call (a replay of its compiled kernel, kernels/launch.py),
+side in one run: the certified call (a replay of its compiled kernel, kernels/runtime/launch.py),
 its own Python work (the same call with the compiled kernel's launcher mocked), the floor
 (`CompiledKernel[grid]` called with prebuilt arguments: the addresses a replay passes, and
 tensors as Triton's own launch passes them), the compiled kernel's launcher called without
@@ -139,7 +139,7 @@ def leaner(torch, recorded, replayed):
 
 def certify(torch, all_cases) -> None:
     from nbx_tune import record
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
     from nbx_tune.tuner import api
 
     work = Path(tempfile.mkdtemp(prefix="nbx-lo-"))
@@ -155,7 +155,7 @@ def certify(torch, all_cases) -> None:
 def main() -> None:
     import torch
 
-    from nbx_tune.kernels import certified, launch
+    from nbx_tune.kernels.runtime import certified, launch
 
     dev = "cpu" if CPU else "cuda"
     dt = torch.float32 if CPU else torch.bfloat16

@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from nbx_tune.kernels import table_format
+from nbx_tune.kernels.runtime import table_format
 
 
 def seat(e: dict) -> tuple:
@@ -55,8 +55,8 @@ def main(argv=None) -> int:
             taken += 1
     dropped = 0
     if args.drop_stale:
-        from nbx_tune.kernels import validity
-        from nbx_tune.kernels.registry import all_specs
+        from nbx_tune.kernels.runtime import validity
+        from nbx_tune.kernels.runtime.registry import all_specs
         from nbx_tune.profiles import get_profile
 
         specs, profile = all_specs(), get_profile(new["profile"])

@@ -42,7 +42,7 @@ def main() -> int:
     import numpy as np
     import torch
 
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime.registry import all_specs
     from nbx_tune.profiles import get_profile
     from nbx_tune.tuner import screen as screening
     from nbx_tune.tuner.census import load_plan

@@ -101,8 +101,8 @@ def current_table(src: Path, dst: Path, profile) -> int:
     """The table with its provenance set to this checkout's code and Triton."""
     import triton
 
-    from nbx_tune.kernels import table_format, validity
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime import table_format, validity
+    from nbx_tune.kernels.runtime.registry import all_specs
 
     doc = table_format.read(src)
     specs = all_specs()
@@ -228,7 +228,7 @@ def pick_losses(fresh: dict, recert: dict, problems: dict, smoke: bool) -> list:
     by side at the seat's largest shape as the census times the kernel (over operand sets
     where it is timed as a stream), median of three; `same`: the fresh pick against a
     second copy of itself in the same timings, how far the measure moves one binary."""
-    from nbx_tune.kernels.registry import get_spec
+    from nbx_tune.kernels.runtime.registry import get_spec
     from nbx_tune.kernels.spec import Config
     from nbx_tune.tuner import screen, timing
 
@@ -282,7 +282,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
         os.environ["TRITON_INTERPRET"] = "1"
     else:
         os.environ.pop("TRITON_INTERPRET", None)
-    from nbx_tune.kernels import table_format
+    from nbx_tune.kernels.runtime import table_format
     from nbx_tune.profiles import get_profile
     from nbx_tune.tuner.trace import write_trace
 
@@ -302,7 +302,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
         run(census(work / "smoke.tsv"), {**base, "NBX_TUNE_DB": made, "NBX_TUNE_SEARCH": "full"})
         run([*cli, "export", "--profile", profile.name, "-o", str(table_src), "--db", made], base)
     else:
-        from nbx_tune.kernels.certified import TABLE_DIR
+        from nbx_tune.kernels.runtime.certified import TABLE_DIR
 
         table_src = TABLE_DIR / f"{profile.name}.json"
     entries = current_table(table_src, work / "table.json", profile)

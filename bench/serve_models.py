@@ -252,7 +252,8 @@ def main():
 
         run = Runner(cfg, model, ids, seq)
         run.fill()
-        from nbx_tune.kernels import certified, fusions
+        from nbx_tune.kernels.runtime import certified
+        from nbx_tune.kernels import fusions
         from nbx_tune.tuner.recorder import Recorder
         from nbx_tune.tuner.trace import write_trace
 

@@ -22,7 +22,7 @@ from _common import environment, out_dir  # noqa: E402
 
 
 def served(paths) -> tuple[int, Counter]:
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
 
     os.environ["NBX_TUNE_TABLE"] = os.pathsep.join(str(p) for p in paths)
     certified.reload()
@@ -31,7 +31,7 @@ def served(paths) -> tuple[int, Counter]:
 
 
 def doctored(doc: dict, edit, where: Path) -> Path:
-    from nbx_tune.kernels import table_format
+    from nbx_tune.kernels.runtime import table_format
 
     entries = [dict(e, provenance=dict(e["provenance"])) for e in doc["entries"]]
     for e in entries:
@@ -44,7 +44,7 @@ if __name__ == "__main__":
     from nbx_tune.tuner.api import ensure_device
 
     ensure_device(print)
-    from nbx_tune.kernels import certified, table_format
+    from nbx_tune.kernels.runtime import certified, table_format
     from nbx_tune.profiles import current_profile, current_target
 
     profile, target = current_profile(), current_target()

@@ -339,7 +339,8 @@ def sweep_then_confirm(fns, base, groups, calls_sweep, calls_final, device, fail
 def gemm_times(profile, bw, shapes, budget, dt="bfloat16", device="cuda", smoke=False, failed=frozenset()) -> list:
     import torch
 
-    from nbx_tune.kernels import certified, matmul as MM
+    from nbx_tune.kernels.runtime import certified
+    from nbx_tune.kernels import matmul as MM
 
     tdt = getattr(torch, dt)
     out = []
@@ -394,7 +395,8 @@ def attn_times(profile, shapes, budget, dt="bfloat16", device="cuda", failed=fro
     import torch
     import torch.nn.functional as F
 
-    from nbx_tune.kernels import attention as A, certified
+    from nbx_tune.kernels import attention as A
+    from nbx_tune.kernels.runtime import certified
 
     tdt = getattr(torch, dt)
     out = []

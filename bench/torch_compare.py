@@ -15,7 +15,7 @@ weight matrix is not served from the 50 MB L2 on the next call, as in a model; o
 allocated per call on both sides (the caching allocator hands back the block just freed).
 
 nbx side: the certified config of the row's seat (the DB named by NBX_TUNE_DB, tables,
-shipped tables: kernels/certified.py), through the public op where one takes the row as is
+shipped tables: kernels/runtime/certified.py), through the public op where one takes the row as is
 (mm, addmm, bmm, baddbmm, scaled_dot_product_attention), else the spec's launch. A seat
 with no certificate runs the declared default and the row says `default`. torch side: the
 row's aten op (torch.ops.aten.*) with its recorded params, on fresh tensors of its shapes.
@@ -26,7 +26,7 @@ Each row also says which GPU its certificate was timed on (`measured_on`: the sh
 table's entry, the session database, or none), and the summary counts the rows below 0.9
 whose pick was timed on another GPU (an H200's picks served on an H100 rank otherwise).
 What serve() runs: a row whose seat has a torch baseline on this GPU that is faster
-(`nbx-tune baseline`, kernels/baseline.py) runs torch's op under serve(): such rows say
+(`nbx-tune baseline`, kernels/runtime/torch_rule.py) runs torch's op under serve(): such rows say
 `torch`, and the summary's "served" total counts torch's time there (rows to torch, and the
 served rows still below 0.9, beside the kernels' own ratio).
 Output: a table per trace and a summary on stdout, JSON in $OUT/torch_compare.json.
@@ -89,7 +89,7 @@ def measured_on(spec, problem) -> str | None:
     """Where the certificate the launch serves was timed: the device named in the shipped
     table's entry, "database" for the session's own census, None for a declared default. A
     pick timed on a sibling device (an H200's on an H100) may rank otherwise here."""
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
     from nbx_tune.kernels.spec import bucket_of, encode_bucket, encode_dtypes, encode_flags
     from nbx_tune.tuner.seat_search import shipped
 
@@ -107,8 +107,8 @@ def measured_on(spec, problem) -> str | None:
 
 def deferred(spec, problem) -> bool:
     """Whether serve() runs torch at the row's seat: its torch baseline on this GPU is faster
-    (kernels/baseline.py; recorded by `nbx-tune baseline`). Read after nbx_call's lookup."""
-    from nbx_tune.kernels import certified
+    (kernels/runtime/torch_rule.py; recorded by `nbx-tune baseline`). Read after nbx_call's lookup."""
+    from nbx_tune.kernels.runtime import certified
 
     return certified.state().memo[(spec.name, problem.dtypes, problem.flags, problem.dims)][2] is not None
 
@@ -118,7 +118,7 @@ def nbx_call(spec, problem, row, device: str):
     the spec's shapes (uniform values; integers zero), rotating like torch's side."""
     import torch
 
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
 
     config = certified.config_for(spec, problem.dtypes, problem.flags, problem.dims)
     is_cert = certified.state().memo[(spec.name, problem.dtypes, problem.flags, problem.dims)][1] is None

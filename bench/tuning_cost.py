@@ -163,7 +163,7 @@ def main(trace: str, profile_dir: str | None = None) -> None:
     # The picks, timed side by side in this process.
     import torch
 
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
     from nbx_tune.kernels.matmul import SPEC, launch_matmul
     from nbx_tune.kernels.spec import Config, Problem
     from nbx_tune.tuner.screen import TORCH_DTYPES

@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import block_start, dense
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
@@ -49,7 +49,7 @@ def _batch_norm_kernel(x_ptr, y_ptr, mean_ptr, var_ptr, w_ptr, b_ptr, n, C, S, e
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-_batch_norm_kernel = launch.recorded(_batch_norm_kernel)  # its calls are replayed (kernels/launch.py)
+_batch_norm_kernel = launch.recorded(_batch_norm_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def launch_batch_norm(x, y, mean, var, weight, bias, eps: float, config: Config) -> None:
@@ -209,7 +209,7 @@ REMEMBERED = launch.REMEMBERED
 
 
 def _run(x, weight, bias, running_mean, running_var, eps, what, saved=False):
-    """The direct launch (kernels/launch.py) of `_call`; saved: return the empty saved
+    """The direct launch (kernels/runtime/launch.py) of `_call`; saved: return the empty saved
     statistics too."""
     tensors = (x, weight, bias, running_mean, running_var)
     try:

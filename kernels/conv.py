@@ -59,8 +59,9 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import copy, launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels import copy
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.matmul import grouped_tile
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags,
@@ -141,7 +142,7 @@ def _conv_gemm_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-_conv_gemm_kernel = launch.recorded(_conv_gemm_kernel)  # its calls are replayed (kernels/launch.py)
+_conv_gemm_kernel = launch.recorded(_conv_gemm_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 @triton.jit
@@ -190,7 +191,7 @@ def _conv_depthwise_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_in[:, None] & n_in[None, :])
 
 
-_conv_depthwise_kernel = launch.recorded(_conv_depthwise_kernel)  # its calls are replayed (kernels/launch.py)
+_conv_depthwise_kernel = launch.recorded(_conv_depthwise_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 @triton.jit
@@ -274,7 +275,7 @@ def _conv_pointwise_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-_conv_pointwise_kernel = launch.recorded(_conv_pointwise_kernel)  # its calls are replayed (kernels/launch.py)
+_conv_pointwise_kernel = launch.recorded(_conv_pointwise_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 @triton.jit
@@ -299,7 +300,7 @@ def _pointwise_reduce_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-_pointwise_reduce_kernel = launch.recorded(_pointwise_reduce_kernel)  # its calls are replayed (kernels/launch.py)
+_pointwise_reduce_kernel = launch.recorded(_pointwise_reduce_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def launch_conv_gemm(x, w, bias, y, stride, padding, dilation, groups: int, config: Config) -> None:
@@ -960,7 +961,7 @@ def _hashable(v):
 
 
 def _direct(x, w, bias, stride, padding, dilation, groups, nd):
-    # The direct launch (kernels/launch.py): a call whose key was seen replays its kernel.
+    # The direct launch (kernels/runtime/launch.py): a call whose key was seen replays its kernel.
     try:
         key = (SPEC, nd, _hashable(stride), _hashable(padding), _hashable(dilation), groups,
                x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, tensor_key(w),

@@ -17,8 +17,8 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags, uniform_inputs
 from nbx_tune.oracles import movement as oracle
@@ -42,7 +42,7 @@ def _embedding_kernel(w_ptr, idx_ptr, out_ptr, T, D, stride_w,
     tl.store(out_ptr + t.to(tl.int64)[:, None] * D + d[None, :], v, mask=m)
 
 
-_embedding_kernel = launch.recorded(_embedding_kernel)  # its calls are replayed (kernels/launch.py)
+_embedding_kernel = launch.recorded(_embedding_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def launch_embedding(weight, indices, out, config: Config) -> None:
@@ -152,7 +152,7 @@ SPECS = (SPEC,)
 def embedding(weight: torch.Tensor, indices: torch.Tensor, padding_idx: int = -1,
               scale_grad_by_freq: bool = False, sparse: bool = False) -> torch.Tensor:
     """aten.embedding: weight[indices] (padding_idx and the rest concern only the gradient)."""
-    try:  # the direct launch (kernels/launch.py)
+    try:  # the direct launch (kernels/runtime/launch.py)
         key = (SPEC, *launch.tensor_key(weight), *launch.tensor_key(indices))
     except AttributeError:
         raise KernelError("embedding: weight and indices must be tensors") from None

@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import block_start
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
@@ -46,7 +46,7 @@ def _fill_kernel(out_ptr, n, start, step, IOTA: tl.constexpr, INT64: tl.constexp
     tl.store(out_ptr + offs, v.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_fill_kernel = launch.recorded(_fill_kernel)  # its calls are replayed (kernels/launch.py)
+_fill_kernel = launch.recorded(_fill_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def value_in(value, dtype: str):
@@ -271,7 +271,7 @@ def arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pin
     """aten.arange (end), .start (start, end) and .start_step: exact values only."""
     key = (SPEC, "arange", type(start), start, type(end), end, type(step), step, dtype, device)
     hit = REMEMBERED.get(key)
-    if hit is not None:  # the direct launch (kernels/launch.py)
+    if hit is not None:  # the direct launch (kernels/runtime/launch.py)
         return hit()
     return launch.remember(key, (), _arange_call, start, end, step, dtype, device)
 

@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import strided_offsets
 from nbx_tune.kernels.rows import format_shape
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
@@ -149,7 +149,7 @@ def _reduce_kernel(x_ptr, out_ptr, O, R, r_chunk, out_stride, scale,
     tl.store(out_ptr + (o * out_stride + pid_s), res.to(out_ptr.dtype.element_ty), mask=o_mask)
 
 
-_reduce_kernel = launch.recorded(_reduce_kernel)  # its calls are replayed (kernels/launch.py)
+_reduce_kernel = launch.recorded(_reduce_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -527,7 +527,7 @@ _PLANS: dict = {}
 
 
 def _run(fn: str, x: torch.Tensor, dims, keepdim: bool, dtype) -> torch.Tensor:
-    # The direct launch (kernels/launch.py): a call whose key was seen replays its kernels.
+    # The direct launch (kernels/runtime/launch.py): a call whose key was seen replays its kernels.
     try:
         key = (SPEC, fn, dims, keepdim, dtype, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15)
     except AttributeError:

@@ -14,7 +14,7 @@ never reach Python. On leaving, the overrides are destroyed and torch's kernels 
 
 A call falls through to torch, counted with its reason, when the op's function raises
 `KernelError` (a dtype, layout or argument it does not serve; a seat whose torch baseline
-on this GPU is faster: kernels/baseline.py) or anything else. Torch ops
+on this GPU is faster: kernels/runtime/torch_rule.py) or anything else. Torch ops
 that a kernel calls itself (allocations, copies, a `.contiguous()`) go straight to torch.
 Per call the override costs a thread-local read and two writes, the miss tally read twice
 and one count (lab/serve_eager_profile/cpu_overhead.py measures it).
@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import torch
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import certified, fusions
+from nbx_tune.kernels.runtime import certified
+from nbx_tune.kernels import fusions
 
 log = logging.getLogger("nbx_tune")
 
@@ -85,7 +86,7 @@ def _overload(op: str):
 def routes() -> dict:
     """aten op -> (OpOverload, function, kernel): what serve() overrides, from the registry."""
     global _routes, _routes_from
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime.registry import all_specs
 
     specs = all_specs()
     if _routes is None or _routes_from != len(specs):

@@ -16,7 +16,7 @@ def isolated_env(tmp_path, monkeypatch):
     """Each test gets its own database and no exported tables, and a fresh launch-time read."""
     monkeypatch.setenv("NBX_TUNE_DB", f"sqlite:///{tmp_path / 'nbx.db'}")
     monkeypatch.delenv("NBX_TUNE_TABLE", raising=False)
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
 
     certified.reload()
     yield
@@ -82,7 +82,7 @@ from contextlib import contextmanager  # noqa: E402
 def registered_here(specs):
     """`specs` registered inside the block only: other tests (census, CLI) still see the
     registry as the package ships it."""
-    from nbx_tune.kernels import registry
+    from nbx_tune.kernels.runtime import registry
 
     registry.all_specs()
     saved = (dict(registry._specs), dict(registry._by_op))

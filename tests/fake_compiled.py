@@ -1,4 +1,4 @@
-"""A stand-in for Triton's compiled kernels, so that the direct launch (kernels/launch.py) runs
+"""A stand-in for Triton's compiled kernels, so that the direct launch (kernels/runtime/launch.py) runs
 on the CPU.
 
 The interpreter compiles nothing. `FakeTriton` takes the place of `launch.through_triton`:
@@ -16,7 +16,7 @@ import ctypes
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from nbx_tune.kernels import launch
+from nbx_tune.kernels.runtime import launch
 
 
 def specialization(v):

@@ -184,7 +184,7 @@ def fake(monkeypatch):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from fake_compiled import FakeTriton
 
-    from nbx_tune.kernels import launch
+    from nbx_tune.kernels.runtime import launch
 
     f = FakeTriton()
     monkeypatch.setattr(launch, "through_triton", f)
@@ -196,7 +196,7 @@ def test_a_tma_attention_call_replays_with_descriptors_of_each_calls_key_and_val
     # The public op under a TMA config (tests/fake_compiled.py stands in for the compiled
     # kernel): later calls with fresh tensors of the same key replay it, the descriptors made
     # around each call's K and V; a call whose K needs an aligned copy is never remembered.
-    from nbx_tune.kernels import certified, launch
+    from nbx_tune.kernels.runtime import certified, launch
 
     cfg = _cfg(TMA=1, FMA=1, LPT=1, PAIR=1)
     monkeypatch.setattr(SPEC, "default_configs", (cfg,))

@@ -1,7 +1,7 @@
 """Torch baselines: `nbx-tune baseline` times each certified seat of a trace against torch's
 op and records it; the export carries it, an import keeps it, and under serve() a seat whose
 baseline on this GPU says torch is faster runs torch, counted with the reason (the rule:
-kernels/baseline.py). Outside serve() the kernel always runs."""
+kernels/runtime/torch_rule.py). Outside serve() the kernel always runs."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import nbx_tune
 import nbx_tune.errors
 from nbx_tune.cli.app import app
 from nbx_tune.errors import TableError
-from nbx_tune.kernels import baseline, certified, launch, table_format
+from nbx_tune.kernels.runtime import torch_rule as baseline, certified, launch, table_format
 from nbx_tune.kernels import serve as serving
-from nbx_tune.kernels.registry import get_spec
+from nbx_tune.kernels.runtime.registry import get_spec
 from nbx_tune.kernels.spec import bucket_of, seat_flags
 from nbx_tune.profiles import device_info
 
@@ -310,7 +310,7 @@ def test_merge_table_takes_baselines_only_for_the_same_config(tmp_path):
 def test_the_baselines_view_reads_alike_on_each_engine(tmp_path, any_db):
     """The launch read takes baselines through the view on SQLite (stdlib) and PostgreSQL
     (SQLAlchemy): only the current certificates' ones."""
-    from nbx_tune.kernels import certified_view
+    from nbx_tune.kernels.runtime import certified_view
 
     trace = tmp_path / "t.tsv"
     trace.write_text(HEAD + "aten.relu\tfloat32\t4x40\t\t3\naten.neg\tfloat32\t300\t\t2\n")

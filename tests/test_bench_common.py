@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import planted
-from nbx_tune.kernels.registry import register
+from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.tuner import api
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))

@@ -10,7 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import recertify_cost as rc  # noqa: E402
 
-from nbx_tune.kernels.certified import TABLE_DIR  # noqa: E402
+from nbx_tune.kernels.runtime.certified import TABLE_DIR  # noqa: E402
 from nbx_tune.profiles import get_profile  # noqa: E402
 from nbx_tune.tuner.census import plan  # noqa: E402
 from nbx_tune.tuner.trace import Trace  # noqa: E402

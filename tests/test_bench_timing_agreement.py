@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import timing_agreement as ta  # noqa: E402
 
-from nbx_tune.kernels.registry import all_specs  # noqa: E402
+from nbx_tune.kernels.runtime.registry import all_specs  # noqa: E402
 
 
 def test_outputs_agree_within_the_dtypes_tolerance_and_exactly_where_exact():

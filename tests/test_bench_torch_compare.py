@@ -64,8 +64,8 @@ def test_a_picks_gpu_is_named_short():
 
 
 def test_a_shipped_entry_says_which_gpu_timed_it(monkeypatch):
-    from nbx_tune.kernels import certified
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime import certified
+    from nbx_tune.kernels.runtime.registry import all_specs
     from nbx_tune.kernels.spec import encode_bucket, encode_flags
     from nbx_tune.tuner import seat_search
 

@@ -10,8 +10,9 @@ import yaml
 import planted
 from conftest import db_count
 from nbx_tune.errors import TraceError
-from nbx_tune.kernels import certified, mm
-from nbx_tune.kernels.registry import register
+from nbx_tune.kernels.runtime import certified
+from nbx_tune.kernels import mm
+from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.profiles import builtin_profiles
 from nbx_tune.tuner import api
 
@@ -70,7 +71,7 @@ def test_census_certifies_then_the_second_tunes_nothing_and_launches_read_it(tmp
     stats = certified.launch_stats()
     assert stats["misses"] == {} and stats["certified_seats"] == 2 and stats["sources"] == ["database"]
     seat = [s for s in rep.seats if s.label.startswith("matmul|float32")][0]
-    from nbx_tune.kernels.registry import get_spec
+    from nbx_tune.kernels.runtime.registry import get_spec
 
     assert certified.config_for(get_spec("matmul"), ("float32",), (("aligned", "0"), ("bias", "0")), (1, 37, 45, 29)).key() == seat.config
     # A shape in no certified seat uses the default, and the miss is counted.
@@ -244,7 +245,7 @@ def test_the_launch_time_read_of_a_sqlite_database_needs_no_sqlalchemy(tmp_path,
     census(str(trace(tmp_path, "aten.mm\tfloat32,float32\t21x16;16x24\t\t1\n")), db_url)
     db = Path(db_url[len("sqlite:///"):])
     before = db.stat().st_mtime_ns
-    code = ("import sys; from nbx_tune.kernels import certified_view as v; "
+    code = ("import sys; from nbx_tune.kernels.runtime import certified_view as v; "
             "rows = v.read_view(sys.argv[1], 'interpreter'); "
             "print(len(rows), sorted(rows[0]), 'sqlalchemy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, db_url], capture_output=True, text=True,
@@ -256,7 +257,7 @@ def test_the_launch_time_read_of_a_sqlite_database_needs_no_sqlalchemy(tmp_path,
                 "config_space_hash", "profile_hash", "triton_version", "device_target"):
         assert repr(col) in out.stdout
     assert db.stat().st_mtime_ns == before
-    from nbx_tune.kernels import certified_view
+    from nbx_tune.kernels.runtime import certified_view
 
     assert certified_view.read_view(f"sqlite:///{tmp_path / 'absent.db'}", "interpreter") is None
     assert not (tmp_path / "absent.db").exists()

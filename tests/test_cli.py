@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 import planted
 from nbx_tune.cli.app import app
-from nbx_tune.kernels.registry import register
+from nbx_tune.kernels.runtime.registry import register
 
 register(planted.SPEC)
 HEAD = "# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"

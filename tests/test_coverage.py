@@ -47,7 +47,7 @@ def test_every_launch_of_the_example_traces_is_served(name):
 def test_census_certifies_every_new_seat_of_the_small_traces(tmp_path, db_url):
     """The rows of the small example traces served by the new families (copies, casts, cat,
     embedding, arange, batch norm, max pooling, integer adds), one census: all certified."""
-    from nbx_tune.kernels.registry import spec_for_op
+    from nbx_tune.kernels.runtime.registry import spec_for_op
 
     rows = []
     for name in SMALL:

@@ -1,4 +1,4 @@
-"""The direct launch (kernels/launch.py): the first call of a public op under a key goes through
+"""The direct launch (kernels/runtime/launch.py): the first call of a public op under a key goes through
 Triton and is recorded; later calls replay the compiled kernels Triton returned.
 
 The interpreter compiles nothing, so tests/fake_compiled.py stands in for Triton's compiled
@@ -20,8 +20,20 @@ import torch
 from fake_compiled import FakeTriton, lean_launcher
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import (addmm, baddbmm, bmm, certified, conv1d, conv2d, group_norm, launch, layer_norm,
-                              mm, mul, rms_norm, scaled_dot_product_attention, silu)
+from nbx_tune.kernels import (    addmm,
+    baddbmm,
+    bmm,
+    conv1d,
+    conv2d,
+    group_norm,
+    layer_norm,
+    mm,
+    mul,
+    rms_norm,
+    scaled_dot_product_attention,
+    silu,
+)
+from nbx_tune.kernels.runtime import certified, launch
 from nbx_tune.kernels import _to_copy, arange, batch_norm, cat, embedding, max_pool2d_with_indices
 from nbx_tune.kernels import add_layer_norm, add_rms_norm, cat_kv, rope_cos_sin, rotary, rotary_qk, silu_mul
 from nbx_tune.kernels import matmul as matmul_module

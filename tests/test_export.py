@@ -9,8 +9,8 @@ import pytest
 import planted
 from conftest import db_count
 from nbx_tune.errors import TableError
-from nbx_tune.kernels import certified, table_format
-from nbx_tune.kernels.registry import register
+from nbx_tune.kernels.runtime import certified, table_format
+from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.tuner import api
 
 register(planted.SPEC)
@@ -218,7 +218,7 @@ def test_an_import_claiming_to_beat_the_current_certificate_is_screened_first(tm
 
 def test_the_launch_read_serves_only_this_compile_target(tmp_path, table, monkeypatch):
     """Another compile target is never served; a sibling device of the same target is."""
-    from nbx_tune.kernels import validity
+    from nbx_tune.kernels.runtime import validity
     from nbx_tune.profiles import builtin_profiles
 
     monkeypatch.setenv("NBX_TUNE_DB", f"sqlite:///{tmp_path / 'absent.db'}")

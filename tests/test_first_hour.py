@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 import planted
 from nbx_tune.cli.app import app
 from nbx_tune.errors import StoreError, TraceError
-from nbx_tune.kernels.registry import register
+from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.tuner import api
 from nbx_tune.tuner.store import Store
 from nbx_tune.tuner.store.db import safe_url

@@ -90,7 +90,8 @@ def test_seats_show_who_holds_what(tmp_path, any_db):
 def test_the_launch_time_read_works_on_either_engine(tmp_path, any_db, monkeypatch):
     import torch
 
-    from nbx_tune.kernels import certified, mm
+    from nbx_tune.kernels.runtime import certified
+    from nbx_tune.kernels import mm
 
     t = tmp_path / "t.tsv"
     t.write_text(HEAD + "aten.mm\tfloat32,float32\t21x16;16x24\t\t1\n")

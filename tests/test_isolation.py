@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import planted
-from nbx_tune.kernels.registry import register
+from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.profiles import builtin_profiles, load_profile_file
 from nbx_tune.tuner import api
 from nbx_tune.tuner.isolation import Isolated

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import attention as A
 from nbx_tune.kernels.attention import EFFICIENT, FLASH, FLASH_CPU, SDPA, SPEC
-from nbx_tune.kernels.registry import register, spec_for_op
+from nbx_tune.kernels.runtime.registry import register, spec_for_op
 from nbx_tune.kernels.spec import Config, NotServable, Problem
 from nbx_tune.oracles import attention as oracle
 from nbx_tune.profiles import get_profile

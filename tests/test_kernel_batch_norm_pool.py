@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import batchnorm as bn
 from nbx_tune.kernels import pool
-from nbx_tune.kernels.registry import spec_for_op
+from nbx_tune.kernels.runtime.registry import spec_for_op
 from nbx_tune.kernels.spec import NotServable
 from nbx_tune.oracles import pool as pool_oracle
 from nbx_tune.profiles import get_profile

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import conv as cv
-from nbx_tune.kernels.registry import register, spec_for_op
+from nbx_tune.kernels.runtime.registry import register, spec_for_op
 from nbx_tune.kernels.spec import NotServable, Problem, bucket_of
 from nbx_tune.oracles import conv as oracle
 from nbx_tune.profiles import get_profile

@@ -12,7 +12,7 @@ import torch
 
 from conftest import registered_here
 from nbx_tune.kernels import elementwise as ew
-from nbx_tune.kernels.registry import spec_for_op
+from nbx_tune.kernels.runtime.registry import spec_for_op
 from nbx_tune.kernels.spec import Config, NotServable
 from nbx_tune.oracles import elementwise as oracle
 from nbx_tune.profiles import get_profile

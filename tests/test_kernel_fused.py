@@ -17,9 +17,10 @@ import torch
 
 import nbx_tune
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import certified, custom_ops, kv_cache, residual_norm, rope, swiglu
+from nbx_tune.kernels.runtime import certified
+from nbx_tune.kernels import custom_ops, kv_cache, residual_norm, rope, swiglu
 from nbx_tune.kernels import serve as serving
-from nbx_tune.kernels.registry import spec_for_op
+from nbx_tune.kernels.runtime.registry import spec_for_op
 from nbx_tune.kernels.spec import NotServable
 from nbx_tune.oracles import elementwise as ew_oracle
 from nbx_tune.oracles import norms as norm_oracle

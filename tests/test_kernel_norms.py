@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import norms
-from nbx_tune.kernels.registry import register, spec_for_op
+from nbx_tune.kernels.runtime.registry import register, spec_for_op
 from nbx_tune.kernels.spec import Config, NotServable, Problem, bucket_of
 from nbx_tune.oracles import norms as oracle
 from nbx_tune.profiles import get_profile

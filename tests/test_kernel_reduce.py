@@ -11,7 +11,7 @@ import torch
 from conftest import registered_here
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import reduce as rd
-from nbx_tune.kernels.registry import spec_for_op
+from nbx_tune.kernels.runtime.registry import spec_for_op
 from nbx_tune.kernels.spec import Config, NotServable, Problem, seat_flags
 from nbx_tune.profiles import get_profile
 from nbx_tune.tuner import screen as screening

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels.registry import register, spec_for_op
+from nbx_tune.kernels.runtime.registry import register, spec_for_op
 from nbx_tune.kernels.spec import Config, NotServable, Problem
 from nbx_tune.oracles import softmax as oracle
 from nbx_tune.profiles import get_profile

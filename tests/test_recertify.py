@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 import planted
-from nbx_tune.kernels.registry import register
+from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.kernels.spec import Config, Problem, seat_flags
 from nbx_tune.profiles import DeviceInfo, get_profile
 from nbx_tune.tuner import recertify
@@ -344,7 +344,7 @@ def test_the_compile_pool_puts_a_gpu_seat_on_meta_tensors(monkeypatch):
     # and no GPU context, is needed to compile a GPU seat's configs.
     import torch
 
-    from nbx_tune.kernels import registry
+    from nbx_tune.kernels.runtime import registry
     from nbx_tune.tuner import precompile
 
     seen = []

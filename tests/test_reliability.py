@@ -14,8 +14,8 @@ import pytest
 
 import planted
 from conftest import db_count
-from nbx_tune.kernels import certified
-from nbx_tune.kernels.registry import register
+from nbx_tune.kernels.runtime import certified
+from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.tuner import api
 
 register(planted.SPEC)

@@ -7,7 +7,7 @@ whose two launches on the same inputs differ. The faulty configs are the fastest
 import pytest
 
 import planted
-from nbx_tune.kernels.registry import register
+from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.kernels.spec import Problem, seat_flags
 from nbx_tune.profiles import get_profile
 from nbx_tune.tuner import api
@@ -149,7 +149,7 @@ def test_every_seat_of_every_example_trace_is_screened_on_hopper():
     import glob
     from pathlib import Path
 
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime.registry import all_specs
     from nbx_tune.tuner.census import load_plan
 
     hopper, specs = get_profile("hopper"), all_specs()
@@ -209,7 +209,7 @@ def test_a_row_seat_is_screened_at_its_row_length_edges_and_they_match_the_oracl
     """Row kernels (softmax, layer and RMS norm) mask a row against its length: their edges
     are rows of the bucket's bottom and top length, as many rows, and the kernel's default
     config is right there."""
-    from nbx_tune.kernels.registry import get_spec
+    from nbx_tune.kernels.runtime.registry import get_spec
     from nbx_tune.kernels.rows import make_row
     from nbx_tune.tuner.screen import make_case, output_rtols, screen
 
@@ -235,7 +235,7 @@ def test_a_row_seat_is_screened_at_its_row_length_edges_and_they_match_the_oracl
 @pytest.mark.parametrize("shapes, layout", [([(7, 50), (7, 50)], "same"), ([(7, 50), ()], "scalar"),
                                             ([(7, 50), (50,)], "bcast")])
 def test_a_binary_elementwise_seat_is_screened_at_its_edges_unless_it_broadcasts(shapes, layout):
-    from nbx_tune.kernels.registry import get_spec
+    from nbx_tune.kernels.runtime.registry import get_spec
     from nbx_tune.kernels.rows import make_row
     from nbx_tune.tuner.screen import make_case, output_rtols, screen
 

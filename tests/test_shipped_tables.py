@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from nbx_tune.kernels import table_format, validity
-from nbx_tune.kernels.registry import all_specs
+from nbx_tune.kernels.runtime import table_format, validity
+from nbx_tune.kernels.runtime.registry import all_specs
 from nbx_tune.profiles import get_profile
 
 TABLES = sorted((Path(__file__).resolve().parents[1] / "kernels" / "tables").glob("*.json"))

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nbx_tune.kernels.registry import get_spec
+from nbx_tune.kernels.runtime.registry import get_spec
 from nbx_tune.kernels.spec import Config, Problem, code_hash, seat_flags
 from nbx_tune.profiles import builtin_profiles
 from nbx_tune.tuner import timing

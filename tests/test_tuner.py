@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import planted
-from nbx_tune.kernels.registry import register
+from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.kernels.spec import Config, Problem, seat_flags
 from nbx_tune.profiles import get_profile
 from nbx_tune.tuner import screen as screening

@@ -52,7 +52,7 @@ def check_plugins(plugins) -> None:
 
 
 def load_plugins(plugins) -> None:
-    from nbx_tune.kernels.registry import load_plugin
+    from nbx_tune.kernels.runtime.registry import load_plugin
 
     for p in plugins or ():
         load_plugin(p)
@@ -66,7 +66,7 @@ def resolve_profile(name: str | None, for_tuning: bool):
     profile = get_profile(name)
     if for_tuning:
         target = current_target()
-        from nbx_tune.kernels.validity import claims
+        from nbx_tune.kernels.runtime.validity import claims
 
         if not claims(profile, target):
             raise ProfileError(f"profile {profile.name} does not claim this device ({target}); a census "
@@ -223,7 +223,7 @@ def _status_profile(name: str, profiles: dict):
 
 
 def seat_views(db=None, status=None, kernel=None, profile=None, plugins=()) -> list[SeatView]:
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime.registry import all_specs
     from nbx_tune.tuner.status import STATUSES, seat_status
     from nbx_tune.tuner.store import Store
 
@@ -252,7 +252,7 @@ def seat_views(db=None, status=None, kernel=None, profile=None, plugins=()) -> l
 
 
 def show_seat(ref: str, db=None, profile=None, plugins=()) -> dict:
-    from nbx_tune.kernels.baseline import defers
+    from nbx_tune.kernels.runtime.torch_rule import defers
     from nbx_tune.tuner.export import baseline_dict, iso_utc
 
     store = _existing_store(db, required=True)

@@ -9,7 +9,7 @@ sides in alternating rounds (tuner/timing.side_by_side). nbx side: the seat's cu
 certificate in the database, launched through the spec as the census timed it. torch side:
 the row's aten op (torch.ops.aten.*) with its recorded params. A seat's times are the
 launch-weighted means over its rows in the traces given. Where torch is faster, serve()
-runs torch at that seat (the rule: kernels/baseline.py). On the interpreter (no GPU) the
+runs torch at that seat (the rule: kernels/runtime/torch_rule.py). On the interpreter (no GPU) the
 sides are timed by wall clock: the record is made, and means nothing for speed.
 """
 
@@ -20,7 +20,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from nbx_tune.kernels import baseline as rule
+from nbx_tune.kernels.runtime import torch_rule as rule
 
 ROTATE_BYTES = 96 << 20
 MAX_SETS = 4
@@ -177,7 +177,7 @@ def spec_call(spec, problem, config, device: str):
 
 def served(row):
     """(spec, problem) when a kernel serves the row, else None."""
-    from nbx_tune.kernels.registry import spec_for_op
+    from nbx_tune.kernels.runtime.registry import spec_for_op
     from nbx_tune.kernels.spec import NotServable
 
     spec = spec_for_op(row.op)
@@ -337,7 +337,7 @@ def measure(rows, store, profile, device_info, on_seat=None, budget_s: float | N
     import torch
 
     from nbx_tune.kernels.spec import label_of
-    from nbx_tune.kernels.validity import config_index, declared_config
+    from nbx_tune.kernels.runtime.validity import config_index, declared_config
     from nbx_tune.tuner.provenance import FIELDS, stale_reason
     from nbx_tune.tuner.store.models import utcnow
 

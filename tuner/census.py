@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nbx_tune.errors import NbxError
-from nbx_tune.kernels.registry import spec_for_op
+from nbx_tune.kernels.runtime.registry import spec_for_op
 from nbx_tune.kernels.spec import (NotServable, bucket_of, encode_bucket, encode_dtypes, encode_flags, label_of,
                                    split_label)
 from nbx_tune.tuner.status import seat_status
@@ -194,7 +194,7 @@ class Report:
 
 def report_lines(store, pl: Plan, ids: dict | None) -> list[SeatLine]:
     """Each planned seat with its status now (from the store, if there is one)."""
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime.registry import all_specs
     from nbx_tune.tuner.store import SeatRecord
 
     specs = all_specs()
@@ -224,7 +224,7 @@ def predict(pl: Plan, lines: list[SeatLine]) -> list[SeatLine]:
     """A dry run says what the census would do to each seat it would tune: refuse it
     unlaunched (a dtype the profile cannot screen), or certify it unscreened (a shape over
     the screen's byte budget)."""
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime.registry import all_specs
     from nbx_tune.tuner.tune import seat_job, unscreenable
 
     specs = all_specs()

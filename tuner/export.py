@@ -20,8 +20,8 @@ from pathlib import Path
 from sqlalchemy import select
 
 from nbx_tune.errors import NbxError, TableError
-from nbx_tune.kernels import baseline, table_format, validity
-from nbx_tune.kernels.registry import all_specs
+from nbx_tune.kernels.runtime import torch_rule as baseline, table_format, validity
+from nbx_tune.kernels.runtime.registry import all_specs
 from nbx_tune.kernels.spec import Problem, label_of
 from nbx_tune.tuner import provenance
 from nbx_tune.tuner.files import write_atomic
@@ -82,7 +82,7 @@ def iso_utc(dt: datetime) -> str:
 
 def _code_stale(prov, spec, profile) -> str | None:
     """Stale for this code wherever it runs: Triton's version and the running device are
-    the reader's to judge (the rule: kernels/validity.py)."""
+    the reader's to judge (the rule: kernels/runtime/validity.py)."""
     return validity.stale_reason(prov, spec, profile)
 
 

@@ -78,7 +78,7 @@ def _serve(conn, plugins):
     # kernels and waits for its first seat.
     triton_imported = threading.Event()
     warming = warmup.start(triton_imported)
-    from nbx_tune.kernels.registry import all_specs, get_spec, load_plugin
+    from nbx_tune.kernels.runtime.registry import all_specs, get_spec, load_plugin
     from nbx_tune.tuner.timing import for_timing
 
     try:  # every kernel imported now (Triton with them), not when the first seat names one
@@ -147,7 +147,7 @@ class Isolated:
 
     def __init__(self, profile=None, timeout_s: float | None = None, precompile: bool | None = None,
                  plugins=()):
-        from nbx_tune.kernels.registry import plugin_modules
+        from nbx_tune.kernels.runtime.registry import plugin_modules
         from nbx_tune.profiles import interpreter_enabled
 
         self.timing = self.timeout = None

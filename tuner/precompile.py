@@ -75,7 +75,7 @@ def _init(plugins, environ):
     except OSError:
         pass
     _compile_only()
-    from nbx_tune.kernels.registry import all_specs, load_plugin
+    from nbx_tune.kernels.runtime.registry import all_specs, load_plugin
 
     # Torch, Triton and the kernels imported now (where the fork server has not), while
     # nothing waits for this process (a broken plugin is the census's to report: the job
@@ -98,7 +98,7 @@ def _init(plugins, environ):
 def _compile(kernel: str, problems, config, device: str) -> str | None:
     import torch
 
-    from nbx_tune.kernels.registry import get_spec
+    from nbx_tune.kernels.runtime.registry import get_spec
     from nbx_tune.tuner.screen import TORCH_DTYPES
 
     spec = get_spec(kernel)

@@ -34,7 +34,7 @@ try:
     import torch  # noqa: F401
     import triton  # noqa: F401
 
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime.registry import all_specs
 
     all_specs()
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from nbx_tune.kernels import validity
+from nbx_tune.kernels.runtime import validity
 from nbx_tune.kernels.spec import KernelSpec
 from nbx_tune.profiles import DeviceInfo, Profile
 
@@ -34,5 +34,5 @@ def current(spec: KernelSpec, profile: Profile, device: DeviceInfo) -> dict[str,
 
 def stale_reason(prov, spec: KernelSpec | None, profile: Profile) -> str | None:
     """Why a certificate with provenance `prov` (a mapping or a row with those attributes)
-    is no longer valid here, or None if it holds (the rule: kernels/validity.py)."""
+    is no longer valid here, or None if it holds (the rule: kernels/runtime/validity.py)."""
     return validity.stale_reason(prov, spec, profile, triton_version=triton.__version__)

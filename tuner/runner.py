@@ -13,7 +13,7 @@ import threading
 import time
 from datetime import datetime, timezone
 
-from nbx_tune.kernels.registry import get_spec
+from nbx_tune.kernels.runtime.registry import get_spec
 from nbx_tune.tuner import provenance, seat_search
 from nbx_tune.tuner.recertify import from_sibling
 from nbx_tune.tuner.status import seat_status
@@ -259,6 +259,6 @@ def seat_cost(spec, problems, profile) -> float:
 
 
 def _spec_or_none(kernel: str):
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime.registry import all_specs
 
     return all_specs().get(kernel)

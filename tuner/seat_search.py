@@ -84,8 +84,8 @@ def shipped(profile_name: str) -> dict:
     """(kernel, dtypes, flags, bucket) -> entry of the table shipped for a profile
     (kernels/tables/): read once; a missing or broken table seeds nothing."""
     from nbx_tune.errors import NbxError
-    from nbx_tune.kernels import table_format
-    from nbx_tune.kernels.certified import TABLE_DIR
+    from nbx_tune.kernels.runtime import table_format
+    from nbx_tune.kernels.runtime.certified import TABLE_DIR
 
     path = TABLE_DIR / f"{profile_name}.json"
     if not path.exists():

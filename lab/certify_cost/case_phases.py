@@ -23,9 +23,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import recertify_cost as rc  # noqa: E402
 
-from nbx_tune.kernels import table_format  # noqa: E402
-from nbx_tune.kernels.certified import TABLE_DIR  # noqa: E402
-from nbx_tune.kernels.registry import all_specs  # noqa: E402
+from nbx_tune.kernels.runtime import table_format  # noqa: E402
+from nbx_tune.kernels.runtime.certified import TABLE_DIR  # noqa: E402
+from nbx_tune.kernels.runtime.registry import all_specs  # noqa: E402
 from nbx_tune.oracles import products  # noqa: E402
 from nbx_tune.profiles import get_profile  # noqa: E402
 from nbx_tune.tuner import screen  # noqa: E402

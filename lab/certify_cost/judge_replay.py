@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 
 def main(paths) -> None:
-    from nbx_tune.kernels.certified import TABLE_DIR
+    from nbx_tune.kernels.runtime.certified import TABLE_DIR
     from nbx_tune.kernels.spec import Config
     from nbx_tune.tuner import recertify
     from nbx_tune.tuner.timing import Timing

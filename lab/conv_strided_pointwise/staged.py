@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     import torch.nn.functional as F
 
     from nbx_tune.kernels import conv as cv
-    from nbx_tune.kernels.certified import config_for
+    from nbx_tune.kernels.runtime.certified import config_for
     from nbx_tune.kernels.copy import dense
 
     device = "cpu" if args.smoke else "cuda"

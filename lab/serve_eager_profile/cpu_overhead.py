@@ -41,7 +41,7 @@ import torch  # noqa: E402
 
 class _Compiled:
     """A compiled kernel whose launcher does nothing. A replay reaches it as on the GPU
-    (kernels/launch.py's lean path: Triton's launch-hook check, then `run(grid, stream,
+    (kernels/runtime/launch.py's lean path: Triton's launch-hook check, then `run(grid, stream,
     function, metadata, ..., *arguments)`); only the C launch itself is missing."""
 
     function, packed_metadata = "function", "metadata"
@@ -137,7 +137,7 @@ def main() -> None:
     torch.set_num_threads(1)  # torch's column: no intra-op threads spinning on a shared host
 
     import nbx_tune
-    from nbx_tune.kernels import certified, launch
+    from nbx_tune.kernels.runtime import certified, launch
     from nbx_tune.kernels import serve as serving
 
     mock = MockTriton()

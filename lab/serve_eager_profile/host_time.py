@@ -75,7 +75,7 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     args = p.parse_args()
     import nbx_tune
-    from nbx_tune.kernels import launch
+    from nbx_tune.kernels.runtime import launch
 
     device = "cpu" if args.smoke else "cuda"
     dtype = torch.float32 if args.smoke else torch.bfloat16

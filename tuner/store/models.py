@@ -202,7 +202,7 @@ class Certificate(Base):
 class Baseline(Base):
     """One measurement of a certificate's config against torch's own op at the seat's
     shapes, on one GPU with one torch (`nbx-tune baseline`); under serve() a seat whose
-    applicable baseline says torch is faster runs torch (kernels/baseline.py)."""
+    applicable baseline says torch is faster runs torch (kernels/runtime/torch_rule.py)."""
 
     __tablename__ = "baselines"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

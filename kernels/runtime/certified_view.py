@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 VIEW = "certified_configs"
-BASELINES = "torch_baselines"  # the current certificates' torch baselines (kernels/baseline.py)
+BASELINES = "torch_baselines"  # the current certificates' torch baselines (kernels/runtime/torch_rule.py)
 SQLITE_PREFIX = "sqlite:///"
 
 

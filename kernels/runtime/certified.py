@@ -5,17 +5,17 @@ NBX_TUNE_TABLE, the database's `certified_configs` view (NBX_TUNE_DB or the defa
 file, only if it exists: a launch never creates a database), and the tables shipped in
 this package (`kernels/tables/<profile>.json`). An entry is served only if its provenance
 matches this process: kernel source hash, config-space hash, profile hash, Triton version
-and the device's compile target (kernels/validity.py); anything else is stale and is
+and the device's compile target (kernels/runtime/validity.py); anything else is stale and is
 never served.
 
 After loading, a launch is one dict lookup on (kernel, dtypes, flags, dims); the ladder
 math runs once per distinct shape. The public ops go further and replay the compiled
-kernels of each exact call (kernels/launch.py); `reload()` drops both memos, so a new
+kernels of each exact call (kernels/runtime/launch.py); `reload()` drops both memos, so a new
 certificate is served.
 A seat with no certificate gets the kernel's declared default config, the miss is counted
 (`launch_stats()`), and the log says so once per seat. Under serve() a seat whose torch
 baseline on this GPU is faster raises `TorchFaster`, and torch runs the op (the rule:
-kernels/baseline.py); a replay of such a call asks again.
+kernels/runtime/torch_rule.py); a replay of such a call asks again.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from nbx_tune import settings
 from nbx_tune.errors import KernelError, NbxError, TorchFaster
-from nbx_tune.kernels import baseline, certified_view, launch, table_format, validity
+from nbx_tune.kernels.runtime import torch_rule as baseline, certified_view, launch, table_format, validity
 from nbx_tune.kernels.spec import (Config, KernelSpec, Problem, bucket_of, decode_bucket,
                                    decode_flags, label_of, seat_label)
 
@@ -86,7 +86,7 @@ _lock = threading.Lock()
 
 def _add(state: LaunchState, source: str, kernel: str, dtypes: str, flags: str, bucket: str,
          config: str, prov: dict, spec: KernelSpec | None = None) -> None:
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime.registry import all_specs
 
     spec = spec or all_specs().get(kernel)
     if spec is None:
@@ -141,7 +141,7 @@ def _load_db(state: LaunchState) -> None:
     except Exception as e:  # a database made before baselines: none to apply
         log.info("nbx-tune: no torch baselines read from the database (%s)", str(e).splitlines()[0])
         return
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime.registry import all_specs
 
     for r in rows or ():
         spec = all_specs().get(r["kernel"])
@@ -154,7 +154,7 @@ def _load_db(state: LaunchState) -> None:
 
 
 def _defer(state: LaunchState) -> None:
-    """The seats whose served config torch beats on this GPU (kernels/baseline.py)."""
+    """The seats whose served config torch beats on this GPU (kernels/runtime/torch_rule.py)."""
     for seat, found in state.baselines.items():
         hit = state.entries.get(seat)
         if hit is None:
@@ -272,11 +272,11 @@ def config_for(spec: KernelSpec, dtypes: tuple, flags: tuple, dims: tuple) -> Co
 
 def launch_stats() -> dict:
     """Misses by seat, stale certificates skipped, where configs were loaded from, the
-    direct launches (calls remembered, and why others were not: kernels/launch.py), and per
+    direct launches (calls remembered, and why others were not: kernels/runtime/launch.py), and per
     aten op what `serve()` ran (certified, default, torch with reasons) once it was used."""
     import sys
 
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime.registry import all_specs
 
     st = state()
     specs = all_specs()

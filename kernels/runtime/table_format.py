@@ -15,7 +15,7 @@ recertified, fallback, ranked, audit), `recertified_from` (the tuning it was re-
 from, in words), `search_detail` (why it was or was not tuned in full) and
 `sampled_regret` (the kernel's audited losses of ranked searches: {"audits", "median",
 "max"}; an import keeps it, and the export after passes it on) and `torch_baselines`
-(the config against torch's op on named GPUs: kernels/baseline.py). Everything
+(the config against torch's op on named GPUs: kernels/runtime/torch_rule.py). Everything
 here is plain data checked field by field: a broken file is a `TableError` naming the file
 and the position, and no entry of it is used.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from nbx_tune.errors import TableError
-from nbx_tune.kernels import baseline
+from nbx_tune.kernels.runtime import torch_rule as baseline
 
 FORMAT = "nbx-tune certified table"
 FORMAT_VERSION = 1
