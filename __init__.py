@@ -8,8 +8,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "record": ("nbx_tune.tuner.recorder", "record"),
-    "serve": ("nbx_tune.kernels.serve", "serve"),
-    "serve_stats": ("nbx_tune.kernels.serve", "stats"),
+    "serve": ("nbx_tune.kernels.serving.serve", "serve"),
+    "serve_stats": ("nbx_tune.kernels.serving.serve", "stats"),
     "NbxError": ("nbx_tune.errors", "NbxError"),
 }
 

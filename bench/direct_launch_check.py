@@ -75,7 +75,7 @@ def family_cases(torch, buf):
     import torch.nn.functional as F
 
     from nbx_tune import kernels as K
-    from nbx_tune.kernels import custom_ops
+    from nbx_tune.kernels.serving import custom_ops
     from nbx_tune.kernels.softmax import softmax
 
     def t4(*shape):  # the last two dims' strides swapped

@@ -36,7 +36,7 @@ from _common import environment, per_call_ms, save, side_by_side, table, wall_ms
 def cases(torch, dev, dt):
     """(name, fused op, torch's pattern, args)."""
     from nbx_tune import kernels as K
-    from nbx_tune.kernels import custom_ops
+    from nbx_tune.kernels.serving import custom_ops
 
     def r(*shape):
         return torch.randn(*shape, device=dev, dtype=dt)

@@ -39,7 +39,7 @@ def cases(torch, dev, dt):
     import torch.nn.functional as F
 
     from nbx_tune import kernels as K
-    from nbx_tune.kernels import custom_ops
+    from nbx_tune.kernels.serving import custom_ops
     from nbx_tune.kernels.softmax import softmax
 
     def r(*shape):

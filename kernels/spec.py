@@ -144,7 +144,7 @@ def one_dtype(row, served: Sequence[str]) -> str | NotServable:
 
 def plain_row(row, op: str, tensors: int, served: Sequence[str]) -> str | NotServable:
     """The one dtype of a row of `op` that has `tensors` tensors and no params (the
-    library's own ops, kernels/custom_ops.py), if the kernel serves it."""
+    library's own ops, kernels/serving/custom_ops.py), if the kernel serves it."""
     if row.op.removesuffix(".default") != op:
         return NotServable(f"{row.op}: overload not served")
     if len(row.shapes) != tensors:

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import custom_ops  # noqa: F401  (defines the torch op serve_ops names)
+from nbx_tune.kernels.serving import custom_ops  # noqa: F401  (defines the torch op serve_ops names)
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import block_start, dense, stream_launch

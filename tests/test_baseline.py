@@ -17,7 +17,7 @@ import nbx_tune.errors
 from nbx_tune.cli.app import app
 from nbx_tune.errors import TableError
 from nbx_tune.kernels.runtime import torch_rule as baseline, certified, launch, table_format
-from nbx_tune.kernels import serve as serving
+from nbx_tune.kernels.serving import serve as serving
 from nbx_tune.kernels.runtime.registry import get_spec
 from nbx_tune.kernels.spec import bucket_of, seat_flags
 from nbx_tune.profiles import device_info

@@ -24,7 +24,7 @@ def test_every_launch_of_the_example_traces_is_served(name):
     kernels = {sp.kernel for sp in plan.seats.values()}
     if name.startswith(("llama", "gpt2", "qwen")):
         assert {"matmul", "attention", "embedding"} <= kernels
-        # a fused decode step's last add is the hand-off's (kernels/hand_off.py): none is left
+        # a fused decode step's last add is the hand-off's (kernels/serving/hand_off.py): none is left
         assert "elementwise_binary" in kernels or name.endswith("_fused")
         # the unfused rotary tables' cos and sin (GPT-2: gelu); fused Llamas have none left
         assert ("elementwise_unary" in kernels) == (not name.endswith("_fused") or name.startswith("gpt2"))
@@ -36,7 +36,7 @@ def test_every_launch_of_the_example_traces_is_served(name):
     if name.startswith("llama") and not name.endswith("_fused"):
         assert {"reduce", "copy"} <= kernels  # the RMS norm's mean, its float32 casts
     if name.endswith("_fused") and not name.startswith("gpt2"):
-        assert {"rms_norm", "rotary_qk", "silu_mul", "add_rms_norm", "rope_cos_sin"} <= kernels  # kernels/fusions.py
+        assert {"rms_norm", "rotary_qk", "silu_mul", "add_rms_norm", "rope_cos_sin"} <= kernels  # kernels/serving/fusions/engine.py
         assert "reduce" not in kernels
     if name.startswith("gpt2") and name.endswith("_fused"):
         assert "add_layer_norm" in kernels

@@ -1,4 +1,4 @@
-"""Fusions (kernels/fusions.py): model code that is exactly a known pattern runs as one op
+"""Fusions (kernels/serving/fusions/engine.py): model code that is exactly a known pattern runs as one op
 while serve() or the recorder is active, and only then; a variant is never swapped."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import nbx_tune
-from nbx_tune.kernels import fusions
-from nbx_tune.kernels import serve as serving
+from nbx_tune.kernels.serving.fusions import engine as fusions
+from nbx_tune.kernels.serving import serve as serving
 from nbx_tune.tuner.recorder import Recorder
 
 
@@ -558,7 +558,7 @@ def test_a_trace_says_which_fusions_it_was_recorded_with(tmp_path):
     from nbx_tune.tuner.recorder import record
 
     m = _norm()
-    for fuse, note in ((True, "# fusions: rms_norm x2 (kernels/fusions.py)"),
+    for fuse, note in ((True, "# fusions: rms_norm x2 (kernels/serving/fusions/engine.py)"),
                        (False, "# fusions: off (the model's own ops, as torch runs them)")):
         path = tmp_path / f"{fuse}.tsv"
         with torch.inference_mode(), record(path, ["a comment"], fuse=fuse):

@@ -2,7 +2,7 @@
 one tensor), `nbx_tune.silu_mul` (silu(gate) * up) and `nbx_tune.add_rms_norm` /
 `add_layer_norm` (a residual add and the norm of the sum), `nbx_tune.rope_cos_sin` (the rotary
 embedding's cos and sin tables), `nbx_tune.cat_kv` (a KV cache's two cats). Their kernels against the fp64
-oracles at odd shapes and strides; their torch ops (kernels/custom_ops.py) against
+oracles at odd shapes and strides; their torch ops (kernels/serving/custom_ops.py) against
 transformers' own code, bit for bit, and their backward; recorded rows (CPU and meta) to
 seats; a census of those seats; and serve() running the torch ops on the certified kernels."""
 
@@ -18,8 +18,9 @@ import torch
 import nbx_tune
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.runtime import certified
-from nbx_tune.kernels import custom_ops, kv_cache, residual_norm, rope, swiglu
-from nbx_tune.kernels import serve as serving
+from nbx_tune.kernels.serving import custom_ops
+from nbx_tune.kernels import kv_cache, residual_norm, rope, swiglu
+from nbx_tune.kernels.serving import serve as serving
 from nbx_tune.kernels.runtime.registry import spec_for_op
 from nbx_tune.kernels.spec import NotServable
 from nbx_tune.oracles import elementwise as ew_oracle
@@ -504,7 +505,7 @@ def test_decode_steps_on_a_growing_cache_are_served_with_every_fusion(transforme
     cache grows through nbx_tune.cat_kv, and no launch falls through to torch."""
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-    from nbx_tune.kernels import fusions
+    from nbx_tune.kernels.serving.fusions import engine as fusions
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=88, num_hidden_layers=2,

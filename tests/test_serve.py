@@ -15,7 +15,7 @@ import torch
 import nbx_tune
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.runtime import certified
-from nbx_tune.kernels import serve as serving
+from nbx_tune.kernels.serving import serve as serving
 from nbx_tune.kernels.runtime.registry import get_spec
 from nbx_tune.kernels.rows import make_row
 

@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, autograd_would_have_
 from torch.utils._pytree import tree_leaves
 
 from nbx_tune.errors import TraceError
-from nbx_tune.kernels import fusions
+from nbx_tune.kernels.serving.fusions import engine as fusions
 from nbx_tune.kernels.matmul import operand_major
 from nbx_tune.tuner.trace import Params, TraceRow, read_trace, write_trace
 
@@ -184,7 +184,7 @@ class Recorder:
         self._counts: dict[_Key, int] = {}  # insertion order: first launch first
         self._paused = 0
         self._modes = contextlib.ExitStack()
-        # The fusions serve() makes (kernels/fusions.py), so the trace holds the ops it serves.
+        # The fusions serve() makes (kernels/serving/fusions/engine.py), so the trace holds the ops it serves.
         self.fuse = fusions.enabled_by_default() if fuse is None else fuse
         self.fused: dict[str, int] = {}  # fusion -> calls swapped in while recording
 
@@ -212,7 +212,7 @@ class Recorder:
             return "fusions: off (the model's own ops, as torch runs them)"
         if not self.fused:
             return "fusions: on, none applied"
-        return "fusions: " + ", ".join(f"{k} x{n}" for k, n in self.fused.items()) + " (kernels/fusions.py)"
+        return "fusions: " + ", ".join(f"{k} x{n}" for k, n in self.fused.items()) + " (kernels/serving/fusions/engine.py)"
 
     def count(self, key: _Key) -> None:
         self._counts[key] = self._counts.get(key, 0) + 1
@@ -288,7 +288,7 @@ _WHOLE = {
     **_entry_points(torch.ops.aten.scaled_dot_product_attention, F.scaled_dot_product_attention),
     **_entry_points(torch.ops.aten.batch_norm, F.batch_norm),
     **_entry_points(torch.ops.aten.rms_norm, F.rms_norm, torch.rms_norm),
-    # the library's own composites (kernels/custom_ops.py): one row each, as serve() runs them
+    # the library's own composites (kernels/serving/custom_ops.py): one row each, as serve() runs them
     **_entry_points(torch.ops.nbx_tune.rotary),
     **_entry_points(torch.ops.nbx_tune.rotary_qk),
     **_entry_points(torch.ops.nbx_tune.silu_mul),

@@ -35,7 +35,7 @@ def run_command(argv: list[str], stats_json: Path | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from nbx_tune.kernels import serve as serving
+    from nbx_tune.kernels.serving import serve as serving
     from nbx_tune.tuner.recorder_main import _run
 
     argv = sys.argv[1:] if argv is None else argv

@@ -49,7 +49,7 @@ class MissTally(Counter):
 
 
 class Serving(threading.local):
-    busy = False  # inside serve()'s call of a kernel (kernels/serve.py sets it): seats defer to torch
+    busy = False  # inside serve()'s call of a kernel (kernels/serving/serve.py sets it): seats defer to torch
 
 
 SERVING = Serving()
@@ -280,7 +280,7 @@ def launch_stats() -> dict:
 
     st = state()
     specs = all_specs()
-    serving = sys.modules.get("nbx_tune.kernels.serve")
+    serving = sys.modules.get("nbx_tune.kernels.serving.serve")
     return {"profile": st.profile.name, "certified_seats": len(st.entries), "direct_launches": len(launch.REMEMBERED),
             "deferred_to_torch": sorted(seat_label(k, dt, fl, specs[k].key, bk) for k, dt, fl, bk in st.deferred),
             "baselines_not_here": len(st.unmeasured),

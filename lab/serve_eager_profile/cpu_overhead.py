@@ -138,7 +138,7 @@ def main() -> None:
 
     import nbx_tune
     from nbx_tune.kernels.runtime import certified, launch
-    from nbx_tune.kernels import serve as serving
+    from nbx_tune.kernels.serving import serve as serving
 
     mock = MockTriton()
     launch.through_triton, launch._lean_launcher = mock, lean_launcher

@@ -46,7 +46,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from nbx_tune.kernels import custom_ops, hand_off
+from nbx_tune.kernels.serving import custom_ops, hand_off
 
 ENV_FUSE = "NBX_TUNE_FUSE"
 
@@ -284,7 +284,7 @@ def _fusable(x, residual, *affine) -> bool:
 
 def _add_and_hand_off(layer, norm_attr: str, residual, out):
     """A layer's last residual add, `residual + out`, and where one op gives it, the norm
-    that reads the sum next, handed to it (kernels/hand_off.py): the next layer's first norm
+    that reads the sum next, handed to it (kernels/serving/hand_off.py): the next layer's first norm
     (`norm_attr` on it), or the model's final norm where its forward takes a hand-off."""
     after, norm = hand_off.successor(layer, norm_attr)
     if norm is None or not _called_plainly(layer) or (after is not None and not _called_plainly(after)) \

@@ -36,7 +36,7 @@ import torch
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.runtime import certified
-from nbx_tune.kernels import fusions
+from nbx_tune.kernels.serving.fusions import engine as fusions
 
 log = logging.getLogger("nbx_tune")
 
@@ -70,7 +70,7 @@ def dispatch_key() -> str:
 
 def _overload(op: str):
     """`aten.add.Tensor` -> torch.ops.aten.add.Tensor, `aten.mm` -> torch.ops.aten.mm.default;
-    any namespace alike (`nbx_tune.rotary`, the library's own ops: kernels/custom_ops.py)."""
+    any namespace alike (`nbx_tune.rotary`, the library's own ops: kernels/serving/custom_ops.py)."""
     parts = op.split(".")
     if len(parts) not in (2, 3):
         return None

@@ -1,0 +1,1 @@
+"""Fusions: the matching and swapping engine (`engine`) and the patterns it knows."""
