@@ -9,7 +9,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from nbx_tune.tuner.timing import side_by_side  # noqa: F401 (the bench scripts' import of it)
+from nbx_tune.tuner.timing.benchmarkers import side_by_side  # noqa: F401 (the bench scripts' import of it)
 
 # ms each of two picks is timed in one side-by-side repeat when a bench reads one's loss
 # against the other: long enough that the same binary reads close to itself
@@ -41,8 +41,8 @@ def environment() -> dict:
 
 
 WARM_IMPORTS = ("torch", "triton", "triton.compiler", "numpy", "sqlalchemy", "alembic", "nbx_tune.cli.app",
-                "nbx_tune.tuner.census", "nbx_tune.tuner.runner", "nbx_tune.tuner.isolation",
-                "nbx_tune.tuner.precompile", "nbx_tune.tuner.screen", "nbx_tune.tuner.recertify")
+                "nbx_tune.tuner.census.census", "nbx_tune.tuner.fleet.seat_tuner", "nbx_tune.tuner.execution.isolation",
+                "nbx_tune.tuner.execution.precompile", "nbx_tune.tuner.certify.screen", "nbx_tune.tuner.certify.recertify")
 
 
 def warm_bytecode(env: dict | None = None) -> float:
@@ -110,7 +110,7 @@ def epoch(value) -> float:
 def combined_trace(traces, path) -> None:
     """One trace holding the rows of several: one census certifies them all, sharing seats
     and the longest-first order (python bench/_common.py OUT.tsv A.tsv B.tsv ...)."""
-    from nbx_tune.tuner.trace import read_trace, write_trace
+    from nbx_tune.kernels.trace import read_trace, write_trace
 
     rows = [r for t in traces for r in read_trace(t).rows]
     write_trace(path, rows, comments=[f"rows of {', '.join(map(str, traces))}"])

@@ -55,7 +55,7 @@ def shape_name(s) -> str:
 
 def problem(s, dt):
     from nbx_tune.kernels import attention as A
-    from nbx_tune.tuner.trace import make_row
+    from nbx_tune.kernels.trace import make_row
 
     B, Hq, Hkv, Lq, Lk, D, causal = s
     params = {"attn_mask": "None", **({"is_causal": "True"} if causal else {}),

@@ -40,7 +40,7 @@ SMOKE_ROWS = (((2, 24, 7, 7), (40, 24, 1, 1), 1), ((2, 16, 9, 9), (24, 16, 1, 1)
 def pointwise_rows(smoke: bool, dtype: str):
     """(row, launches in the trace) for every 1x1 unpadded convolution, in the trace's order."""
     from nbx_tune.kernels.rows import make_row
-    from nbx_tune.tuner.trace import read_trace
+    from nbx_tune.kernels.trace import read_trace
 
     if smoke:
         return [(make_row("aten.convolution", [dtype] * 2, [x, w],
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
 
     from nbx_tune.kernels import conv as cv
     from nbx_tune.profiles import current_profile
-    from nbx_tune.tuner.tune import static_prune
+    from nbx_tune.tuner.certify.tune import static_prune
 
     t_start = time.monotonic()
     device = "cpu" if args.smoke else "cuda"

@@ -60,7 +60,7 @@ def timeline(url: str, t_launch: float, t_end: float) -> list[dict]:
         rows = c.execute(text("SELECT worker, started_at, finished_at, device_name FROM tunings "
                               "ORDER BY started_at")).all()
     eng.dispose()
-    from nbx_tune.tuner.fleet import worker_timeline
+    from nbx_tune.tuner.fleet.workers import worker_timeline
 
     return worker_timeline([(w, epoch(s), epoch(f), d) for w, s, f, d in rows], t_launch, t_end)
 

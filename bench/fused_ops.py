@@ -76,7 +76,7 @@ def certify(all_cases) -> None:
     """A census of the fused ops' seats, recorded from the torch ops, into a fresh database."""
     from nbx_tune import record
     from nbx_tune.kernels.runtime import certified
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     work = Path(tempfile.mkdtemp(prefix="nbx-fused-"))
     with record(work / "t.tsv"):

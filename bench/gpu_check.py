@@ -1,7 +1,7 @@
 """Every kernel against its fp64 oracle on the GPU, at the "gpu" example rows of each spec,
 in every dtype it claims (bfloat16 included: it cannot be checked on the interpreter), under
 several configs each, each launched twice (the outputs must agree bit for bit); no correct
-config may fall to the precision gate (tuner/tune.py: its error over 4 times the row's most
+config may fall to the precision gate (tuner/certify/tune.py: its error over 4 times the row's most
 accurate config's and over a floor). Then a candidate that writes
 out of bounds, tuned in a worker process, must cost only itself; and `--planted` tunes the
 planted GEMM of tests/planted.py: an interior-only mask bug, an fp16 accumulator and a racing
@@ -43,7 +43,7 @@ def _check_task(name: str, index: int, configs_per_row: int, deadline: float, sc
         return None
     from nbx_tune.kernels.runtime.registry import get_spec
     from nbx_tune.profiles import current_profile
-    from nbx_tune.tuner.selfcheck import check_row
+    from nbx_tune.tuner.certify.selfcheck import check_row
 
     spec = get_spec(name)
     row = spec.example_rows(scale)[index]
@@ -115,7 +115,7 @@ def gate(raw: list[dict]) -> None:
     failure (reason imprecise)."""
     import torch
 
-    from nbx_tune.tuner.tune import imprecise_limit
+    from nbx_tune.tuner.certify.tune import imprecise_limit
 
     rows = defaultdict(list)
     for c in raw:
@@ -139,10 +139,10 @@ def planted(profile, scale: str) -> tuple[list, bool]:
     import planted as pl
 
     from nbx_tune.kernels.spec import Problem, seat_flags
-    from nbx_tune.tuner.timing import Timing
-    from nbx_tune.tuner.executor import InProcess
-    from nbx_tune.tuner.strategies import get_strategy
-    from nbx_tune.tuner.tune import tune_seat
+    from nbx_tune.tuner.timing.benchmarkers import Timing
+    from nbx_tune.tuner.execution.executor import InProcess
+    from nbx_tune.tuner.timing.strategies import get_strategy
+    from nbx_tune.tuner.certify.tune import tune_seat
 
     def faulty_first(fn, mode="full"):
         before = dict(pl.LAUNCHES)
@@ -184,9 +184,9 @@ def fault(profile) -> tuple[list, bool]:
     import faults
 
     from nbx_tune.kernels.runtime.registry import register
-    from nbx_tune.tuner.isolation import Isolated
-    from nbx_tune.tuner.strategies import get_strategy
-    from nbx_tune.tuner.tune import tune_seat
+    from nbx_tune.tuner.execution.isolation import Isolated
+    from nbx_tune.tuner.timing.strategies import get_strategy
+    from nbx_tune.tuner.certify.tune import tune_seat
     from nbx_tune.kernels.spec import Problem, seat_flags
 
     register(faults.SPEC)

@@ -59,8 +59,8 @@ def main(buckets_only: bool = False) -> None:
     from nbx_tune.kernels.matmul import SPEC, _matmul_kernel, launch_matmul, matmul_args, tma_descriptors
     from nbx_tune.kernels.spec import Config, bucket_of, seat_label
     from nbx_tune.profiles import current_profile
-    from nbx_tune.tuner import api
-    from nbx_tune.tuner.trace import make_row, write_trace
+    from nbx_tune.tuner import commands as api
+    from nbx_tune.kernels.trace import make_row, write_trace
 
     work = Path(tempfile.mkdtemp(prefix="nbx-q-"))
     db = f"sqlite:///{work / 'quality.db'}"

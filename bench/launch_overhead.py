@@ -140,7 +140,7 @@ def leaner(torch, recorded, replayed):
 def certify(torch, all_cases) -> None:
     from nbx_tune import record
     from nbx_tune.kernels.runtime import certified
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     work = Path(tempfile.mkdtemp(prefix="nbx-lo-"))
     with record(work / "t.tsv"):

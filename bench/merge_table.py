@@ -73,7 +73,7 @@ def main(argv=None) -> int:
 
 
 def _baselines(args, new: dict, shipped: dict) -> int:
-    from nbx_tune.tuner.export import newest_baselines
+    from nbx_tune.tuner.store.export import newest_baselines
 
     taken = 0
     for e in new["entries"]:

@@ -44,9 +44,9 @@ def main() -> int:
 
     from nbx_tune.kernels.runtime.registry import all_specs
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner import screen as screening
-    from nbx_tune.tuner.census import load_plan
-    from nbx_tune.tuner.screen_shapes import screen_shapes
+    from nbx_tune.tuner.certify import screen as screening
+    from nbx_tune.tuner.census.census import load_plan
+    from nbx_tune.tuner.certify.screen_shapes import screen_shapes
 
     profile, specs = get_profile(args.profile), all_specs()
     if args.as_before:

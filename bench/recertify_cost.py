@@ -140,8 +140,8 @@ def sample(keys, n: int | None, seed: int) -> list:
 def seat_rows(traces, profile, wanted=None) -> tuple[list, set]:
     """(trace rows, their seat keys): the rows of `traces` whose seat is in `wanted` (all
     when None), each row mapped by the census's own planning."""
-    from nbx_tune.tuner.census import plan
-    from nbx_tune.tuner.trace import Trace, read_trace
+    from nbx_tune.tuner.census.census import plan
+    from nbx_tune.kernels.trace import Trace, read_trace
 
     rows, keys = [], set()
     for t in traces:
@@ -218,7 +218,7 @@ def largest_problems(db: str) -> dict:
 
 def stream_timer(fns: list, rep: float) -> float:
     """A streaming pick's median ms over its operand sets, as the census times it."""
-    from nbx_tune.tuner import timing
+    from nbx_tune.tuner.timing import benchmarkers as timing
 
     return timing.stream_time(fns, 2, rep, (0.5,))[0]
 
@@ -230,7 +230,8 @@ def pick_losses(fresh: dict, recert: dict, problems: dict, smoke: bool) -> list:
     second copy of itself in the same timings, how far the measure moves one binary."""
     from nbx_tune.kernels.runtime.registry import get_spec
     from nbx_tune.kernels.spec import Config
-    from nbx_tune.tuner import screen, timing
+    from nbx_tune.tuner.certify import screen
+    from nbx_tune.tuner.timing import benchmarkers as timing
 
     device = "cpu" if smoke else "cuda"
     timer = wall_ms if smoke else None
@@ -284,7 +285,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
         os.environ.pop("TRITON_INTERPRET", None)
     from nbx_tune.kernels.runtime import table_format
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner.trace import write_trace
+    from nbx_tune.kernels.trace import write_trace
 
     profile = get_profile("interpreter" if smoke else "hopper")
     trace = work / "seats.tsv"

@@ -254,8 +254,8 @@ def main():
         run.fill()
         from nbx_tune.kernels.runtime import certified
         from nbx_tune.kernels.serving.fusions import engine as fusions
-        from nbx_tune.tuner.recorder import Recorder
-        from nbx_tune.tuner.trace import write_trace
+        from nbx_tune.tuner.trace.recorder import Recorder
+        from nbx_tune.kernels.trace import write_trace
 
         # The trace: the very calls timed below, on this device (the decode on the filled cache).
         rows = []

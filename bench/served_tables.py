@@ -41,7 +41,7 @@ def doctored(doc: dict, edit, where: Path) -> Path:
 
 
 if __name__ == "__main__":
-    from nbx_tune.tuner.api import ensure_device
+    from nbx_tune.tuner.commands import ensure_device
 
     ensure_device(print)
     from nbx_tune.kernels.runtime import certified, table_format

@@ -104,14 +104,14 @@ def gemm_operands(m, n, k, transposed, tdt, device, copies=1, seed=0):
 
 def gemm_problem(m, n, k, dt):
     from nbx_tune.kernels import matmul as MM
-    from nbx_tune.tuner.trace import make_row
+    from nbx_tune.kernels.trace import make_row
 
     return MM.SPEC.problem_from_row(make_row("aten.mm", [dt, dt], [(m, k), (k, n)]))
 
 
 def attn_problem(shape, dt):
     from nbx_tune.kernels import attention as A
-    from nbx_tune.tuner.trace import make_row
+    from nbx_tune.kernels.trace import make_row
 
     B, Hq, Hkv, Lq, Lk, D, causal = shape
     params = {"attn_mask": "None", **({"is_causal": "True"} if causal else {}),

@@ -81,7 +81,7 @@ def agrees(spec, ref: dict, got: dict) -> bool:
 def time_row(row, spec, problem, profile, bench, device: str, max_configs: int | None, rep_ms: float) -> dict:
     import torch
 
-    from nbx_tune.tuner import timing
+    from nbx_tune.tuner.timing import benchmarkers as timing
 
     cfgs = [c for c in spec.configs() if spec.static_refusal(profile, c, problem) is None][:max_configs]
     sets = operand_sets(spec, problem, device)
@@ -139,8 +139,8 @@ def main(argv=None) -> int:
     import torch
 
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner import timing
-    from nbx_tune.tuner.trace import read_trace
+    from nbx_tune.tuner.timing import benchmarkers as timing
+    from nbx_tune.kernels.trace import read_trace
 
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     profile = get_profile("hopper" if device == "cuda" else "interpreter")

@@ -46,9 +46,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment, save, side_by_side, table  # noqa: E402
 
-from nbx_tune.tuner.baseline import (GRAPH_CALLS, capture, cpu_timer as _cpu_timer,  # noqa: E402,F401
-                                     cuda_timer as _cuda_timer, graph_times, n_sets, operand_sets,
-                                     row_text, served, tensor as _tensor, torch_call)
+from nbx_tune.tuner.timing.torch_baselines import (    GRAPH_CALLS,
+    capture,
+    cpu_timer as _cpu_timer,
+    cuda_timer as _cuda_timer,
+    graph_times,
+    n_sets,
+    operand_sets,
+    row_text,
+    served,
+    tensor as _tensor,
+    torch_call,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE_TRACES = ("llama_small.tsv", "gpt2_small.tsv")
@@ -91,7 +100,7 @@ def measured_on(spec, problem) -> str | None:
     pick timed on a sibling device (an H200's on an H100) may rank otherwise here."""
     from nbx_tune.kernels.runtime import certified
     from nbx_tune.kernels.spec import bucket_of, encode_bucket, encode_dtypes, encode_flags
-    from nbx_tune.tuner.seat_search import shipped
+    from nbx_tune.tuner.search.seat_search import shipped
 
     st = certified.state()
     bucket = bucket_of(st.profile, spec.key, problem.dims)
@@ -214,7 +223,7 @@ def main(argv=None) -> int:
 def run(args) -> int:
     import torch
 
-    from nbx_tune.tuner.trace import read_trace
+    from nbx_tune.kernels.trace import read_trace
 
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     traces = args.traces or ([str(ROOT / "examples/traces" / t) for t in SMOKE_TRACES] if args.smoke

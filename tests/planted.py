@@ -91,7 +91,7 @@ SPEC = DoubleSpec()
 
 
 # ----------------------------------------------------------------------------- process faults
-# Only ever run in worker processes (tuner/isolation.py): they kill or hang the process that
+# Only ever run in worker processes (tuner/execution/isolation.py): they kill or hang the process that
 # launches them. Every launch is logged to $NBX_TEST_LAUNCH_LOG so a test can see what ran.
 
 CRASH = cfg(16)  # dies by SIGSEGV, as a GPU fault takes a process down

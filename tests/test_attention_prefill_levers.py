@@ -18,7 +18,7 @@ from nbx_tune.kernels.attention import SDPA, SPEC
 from nbx_tune.kernels.spec import Config
 from nbx_tune.oracles import attention as oracle
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner.trace import make_row
+from nbx_tune.kernels.trace import make_row
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor

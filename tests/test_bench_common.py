@@ -8,7 +8,7 @@ from pathlib import Path
 
 import planted
 from nbx_tune.kernels.runtime.registry import register
-from nbx_tune.tuner import api
+from nbx_tune.tuner import commands as api
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from _common import breakdown, query, stale_everything  # noqa: E402

@@ -12,8 +12,8 @@ import recertify_cost as rc  # noqa: E402
 
 from nbx_tune.kernels.runtime.certified import TABLE_DIR  # noqa: E402
 from nbx_tune.profiles import get_profile  # noqa: E402
-from nbx_tune.tuner.census import plan  # noqa: E402
-from nbx_tune.tuner.trace import Trace  # noqa: E402
+from nbx_tune.tuner.census.census import plan  # noqa: E402
+from nbx_tune.kernels.trace import Trace  # noqa: E402
 
 
 def test_the_sample_is_seeded_holds_every_kernel_and_is_shared_by_size():

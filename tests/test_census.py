@@ -14,7 +14,7 @@ from nbx_tune.kernels.runtime import certified
 from nbx_tune.kernels import mm
 from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.profiles import builtin_profiles
-from nbx_tune.tuner import api
+from nbx_tune.tuner import commands as api
 
 register(planted.SPEC)
 
@@ -163,8 +163,8 @@ def test_planning_and_recording_a_long_trace_is_linear_and_says_what_it_does(tmp
     number of times (the old `p not in rec.problems` compared about n^2 / 2 times: 4.5
     million here), and a census over a long trace announces its planning and recording."""
     from nbx_tune.kernels.spec import Problem
-    from nbx_tune.tuner import census as census_mod
-    from nbx_tune.tuner.census import load_plan, run_census
+    from nbx_tune.tuner.census import census as census_mod
+    from nbx_tune.tuner.census.census import load_plan, run_census
     from nbx_tune.tuner.store import Store
 
     n = 3000
@@ -201,7 +201,7 @@ def test_planning_and_recording_a_long_trace_is_linear_and_says_what_it_does(tmp
 
 
 def test_an_interrupted_census_is_recorded_interrupted_never_left_running(tmp_path, db_url):
-    from nbx_tune.tuner.census import load_plan, run_census
+    from nbx_tune.tuner.census.census import load_plan, run_census
     from nbx_tune.tuner.store import Store
 
     t = trace(tmp_path, "test.double\tfloat32\t1000\t\t1\n")

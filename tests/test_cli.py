@@ -185,9 +185,9 @@ def test_after_a_census_it_says_where_the_results_are_and_what_next(trace_file, 
 
 
 def test_refusals_say_how_many_there_are_and_list_every_reason_in_help(tmp_path, db_url):
-    from nbx_tune.tuner.reasons import REFUSAL_REASONS
+    from nbx_tune.tuner.certify.reasons import REFUSAL_REASONS
 
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     p = tmp_path / "t.tsv"  # two seats of the planted kernel, each with its refusals
     p.write_text(HEAD + "test.double\tfloat32\t1000\t\t1\ntest.double\tfloat16\t77\t\t1\n")
@@ -202,7 +202,7 @@ def test_refusals_say_how_many_there_are_and_list_every_reason_in_help(tmp_path,
 
 
 def test_ctrl_c_says_what_was_kept_and_exits_130(monkeypatch, db_url):
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -221,8 +221,8 @@ def test_the_cli_reaches_the_tuner_only_through_its_api_and_catches_errors_once(
     for f in Path(cli.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nbx_tune.tuner"):
-                assert node.module == "nbx_tune.tuner.api" or (
-                    node.module == "nbx_tune.tuner" and [a.name for a in node.names] == ["api"]), (f, node.module)
+                assert node.module == "nbx_tune.tuner.commands" or (
+                    node.module == "nbx_tune.tuner" and [a.name for a in node.names] == ["commands"]), (f, node.module)
         assert f.read_text().count("render.error(") <= 1  # printed in one place: the root group
 
 

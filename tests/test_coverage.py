@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import api
-from nbx_tune.tuner.census import load_plan
-from nbx_tune.tuner.trace import read_trace, write_trace
+from nbx_tune.tuner import commands as api
+from nbx_tune.tuner.census.census import load_plan
+from nbx_tune.kernels.trace import read_trace, write_trace
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "traces"
 SMALL = ("llama_small", "gpt2_small", "convnet_small")

@@ -11,7 +11,7 @@ from conftest import db_count
 from nbx_tune.errors import TableError
 from nbx_tune.kernels.runtime import certified, table_format
 from nbx_tune.kernels.runtime.registry import register
-from nbx_tune.tuner import api
+from nbx_tune.tuner import commands as api
 
 register(planted.SPEC)
 def census(*args, isolate=False, **kwargs):
@@ -53,7 +53,7 @@ def test_export_is_deterministic_json_with_provenance(tmp_path, db_url, table):
     again = tmp_path / "again.json"
     api.export("interpreter", str(again), db_url)
     assert again.read_bytes() == table.read_bytes()
-    # Written whole through a temporary (tuner/files.py), with a new file's usual mode, not
+    # Written whole through a temporary (files.py), with a new file's usual mode, not
     # the temporary's 0600: a table is made to be shipped and read by others.
     mask = os.umask(0)
     os.umask(mask)
@@ -290,7 +290,7 @@ def test_a_0004_database_upgrades_with_its_certificates_and_no_regret_or_detail(
     from alembic import command
     from sqlalchemy import text
 
-    from nbx_tune.tuner.api import db_upgrade
+    from nbx_tune.tuner.commands import db_upgrade
     from nbx_tune.tuner.store.db import _alembic_config, make_engine
 
     engine = make_engine(any_db)

@@ -10,10 +10,10 @@ import planted
 from nbx_tune.cli.app import app
 from nbx_tune.errors import StoreError, TraceError
 from nbx_tune.kernels.runtime.registry import register
-from nbx_tune.tuner import api
+from nbx_tune.tuner import commands as api
 from nbx_tune.tuner.store import Store
 from nbx_tune.tuner.store.db import safe_url
-from nbx_tune.tuner.trace import parse_trace_text, read_trace
+from nbx_tune.kernels.trace import parse_trace_text, read_trace
 
 register(planted.SPEC)
 HEAD = "# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
@@ -119,7 +119,7 @@ def test_the_compile_pool_leaves_a_broken_plugin_to_the_census_one_line(tmp_path
     import sys
 
     (tmp_path / "fh_broken_plugin.py").write_text("raise RuntimeError('plugin bug')\n")
-    code = ("from nbx_tune.tuner.precompile import _serve_compiles\n"
+    code = ("from nbx_tune.tuner.execution.precompile import _serve_compiles\n"
             "import os\nos.nice = lambda n: 0\n"  # not the test's business
             "_serve_compiles(None, None, None, ['fh_broken_plugin'], dict(os.environ))\n")
     env = {**os.environ, "TRITON_INTERPRET": "1",

@@ -11,7 +11,7 @@ import time
 
 from conftest import db_count
 
-from nbx_tune.tuner import api
+from nbx_tune.tuner import commands as api
 
 HEAD = "# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
 # Eight matmul seats (M is bucketed one by one below 64), about a second each here.
@@ -123,7 +123,7 @@ def test_workers_take_the_longest_seats_first(tmp_path, any_db):
     """The queue hands out seats by their estimated cost, so the last ones are short and
     no GPU idles behind a long seat at the end."""
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner.runner import SeatTuner
+    from nbx_tune.tuner.fleet.seat_tuner import SeatTuner
     from nbx_tune.tuner.store import Store
 
     t = tmp_path / "t.tsv"
@@ -155,7 +155,7 @@ def test_one_host_compiles_a_binary_once(tmp_path, monkeypatch):
     import fcntl
 
     from nbx_tune.kernels.spec import Config, Problem
-    from nbx_tune.tuner import precompile
+    from nbx_tune.tuner.execution import precompile
 
     compiled = []
     monkeypatch.setattr(precompile, "_compile", lambda k, ps, c, d: compiled.append((k, c)))
@@ -181,7 +181,8 @@ def test_one_host_compiles_a_binary_once(tmp_path, monkeypatch):
 
 
 def test_spawned_workers_share_the_hosts_cores(monkeypatch):
-    from nbx_tune.tuner import fleet, precompile
+    from nbx_tune.tuner.fleet import workers as fleet
+    from nbx_tune.tuner.execution import precompile
 
     seen = []
 
@@ -198,7 +199,7 @@ def test_spawned_workers_share_the_hosts_cores(monkeypatch):
 
 
 def test_a_workers_timeline_splits_its_time():
-    from nbx_tune.tuner.fleet import worker_timeline
+    from nbx_tune.tuner.fleet.workers import worker_timeline
 
     rows = [("a", 12.0, 20.0, "H200"), ("b", 11.0, 15.0, "H200"), ("a", 21.0, 25.0, "H200"),
             ("b", 15.5, 16.0, "H200")]

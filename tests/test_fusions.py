@@ -14,7 +14,7 @@ from torch import nn
 import nbx_tune
 from nbx_tune.kernels.serving.fusions import engine as fusions
 from nbx_tune.kernels.serving import serve as serving
-from nbx_tune.tuner.recorder import Recorder
+from nbx_tune.tuner.trace.recorder import Recorder
 
 
 class PatternNorm(nn.Module):
@@ -430,7 +430,7 @@ def test_nbx_tune_run_fuses_a_class_the_program_defines(tmp_path):
     import inspect
     import json
 
-    from nbx_tune.tuner.serve_main import run_command
+    from nbx_tune.tuner.trace.serve_main import run_command
 
     script = tmp_path / "prog.py"
     script.write_text("import torch\nfrom torch import nn\n\n\n"
@@ -555,7 +555,7 @@ def test_a_module_imported_while_active_gets_its_functions_swapped(tmp_path, mon
 
 
 def test_a_trace_says_which_fusions_it_was_recorded_with(tmp_path):
-    from nbx_tune.tuner.recorder import record
+    from nbx_tune.tuner.trace.recorder import record
 
     m = _norm()
     for fuse, note in ((True, "# fusions: rms_norm x2 (kernels/serving/fusions/engine.py)"),
@@ -603,7 +603,7 @@ def test_nbx_tune_run_fuses_a_transformers_llama_the_program_imports(tmp_path):
     pytest.importorskip("transformers")
     import json
 
-    from nbx_tune.tuner.serve_main import run_command
+    from nbx_tune.tuner.trace.serve_main import run_command
 
     script = tmp_path / "llama_prog.py"
     script.write_text(

@@ -17,10 +17,10 @@ from nbx_tune.kernels.runtime.registry import register, spec_for_op
 from nbx_tune.kernels.spec import NotServable, Problem, bucket_of
 from nbx_tune.oracles import conv as oracle
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import screen as screening
-from nbx_tune.tuner.selfcheck import check_kernel
-from nbx_tune.tuner.trace import make_row
-from nbx_tune.tuner.tune import static_prune
+from nbx_tune.tuner.certify import screen as screening
+from nbx_tune.tuner.certify.selfcheck import check_kernel
+from nbx_tune.kernels.trace import make_row
+from nbx_tune.tuner.certify.tune import static_prune
 
 SPEC = cv.SPEC
 ROW_PARAMS = ("stride", "padding", "dilation", "transposed", "output_padding", "groups")
@@ -160,7 +160,7 @@ def test_public_ops_agree_with_torch_shapes_and_refuse_bad_calls():
 # ----------------------------------------------------------------------------- trace rows
 
 def test_rows_recorded_by_the_dispatcher_map_to_problems():
-    from nbx_tune.tuner.recorder import Recorder
+    from nbx_tune.tuner.trace.recorder import Recorder
 
     x = torch.randn(2, 3, 11, 13)
     with torch.inference_mode(), Recorder() as rec:
@@ -513,7 +513,7 @@ def test_pointwise_bench_smoke(tmp_path, monkeypatch, capsys):
     ((3, 21, 67), (10, 21, 1), "1"),
 ])
 def test_pointwise_seats_are_screened_at_tile_edges(interp, x, w, stride):
-    from nbx_tune.tuner.screen_shapes import edge_problems
+    from nbx_tune.tuner.certify.screen_shapes import edge_problems
 
     p = _problem("float16", x, w, True, stride, "0" if len(x) == 3 else "0x0", "1" if len(x) == 3 else "1x1")
     edges = edge_problems(SPEC, interp, p)

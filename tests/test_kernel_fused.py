@@ -27,8 +27,8 @@ from nbx_tune.oracles import elementwise as ew_oracle
 from nbx_tune.oracles import norms as norm_oracle
 from nbx_tune.oracles import rope as rope_oracle
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner.selfcheck import check_kernel
-from nbx_tune.tuner.trace import make_row
+from nbx_tune.tuner.certify.selfcheck import check_kernel
+from nbx_tune.kernels.trace import make_row
 
 PROFILE = get_profile("interpreter")
 SPECS = (rope.SPEC, rope.QK_SPEC, rope.COS_SIN_SPEC, swiglu.SPEC, residual_norm.RMS_SPEC, residual_norm.LAYER_SPEC,
@@ -147,7 +147,7 @@ def test_rotary_planted_swap_of_the_halves_is_caught():
 def test_the_screen_runs_rotary_on_a_models_layout_and_catches_a_kernel_that_ignores_it():
     """The screen lays x out as a model's q ((B, S, H, D) memory viewed as (B, H, S, D)): the
     kernel's launch passes it, a launch that reads x as if contiguous fails it."""
-    from nbx_tune.tuner import screen as screening
+    from nbx_tune.tuner.certify import screen as screening
 
     problem = rope.SPEC.problem_from_row(make_row("nbx_tune.rotary", ["float32"] * 3,
                                                   [(2, 3, 7, 10), (1, 7, 10), (1, 7, 10)]))
@@ -317,9 +317,9 @@ def test_meta_tensors_get_the_shape_dtype_and_layout_of_a_real_call():
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 def test_recorded_rows_map_to_the_seats(device):
     from nbx_tune.profiles import current_profile
-    from nbx_tune.tuner.census import plan
-    from nbx_tune.tuner.recorder import Recorder
-    from nbx_tune.tuner.trace import Trace
+    from nbx_tune.tuner.census.census import plan
+    from nbx_tune.tuner.trace.recorder import Recorder
+    from nbx_tune.kernels.trace import Trace
 
     x, cos, sin = (t.to(device) for t in rotary_inputs(torch.float16, cos_batch=1))
     gate = torch.randn(3, 37, 5, dtype=torch.float16, device=device)
@@ -358,8 +358,8 @@ def test_rows_not_served_say_why(row, why):
 
 
 def test_census_certifies_the_seats_and_serve_runs_the_torch_ops_on_them(tmp_path, db_url):
-    from nbx_tune.tuner import api
-    from nbx_tune.tuner.recorder import record
+    from nbx_tune.tuner import commands as api
+    from nbx_tune.tuner.trace.recorder import record
 
     x, cos, sin = rotary_inputs(torch.float32, cos_batch=1)
     gate, up = torch.randn(3, 37, 5), torch.randn(3, 37, 5)
@@ -387,8 +387,8 @@ def test_census_certifies_the_seats_and_serve_runs_the_torch_ops_on_them(tmp_pat
 
 
 def test_the_library_ops_are_recorded_certified_and_served_as_one_launch(tmp_path, db_url):
-    from nbx_tune.tuner import api
-    from nbx_tune.tuner.recorder import record
+    from nbx_tune.tuner import commands as api
+    from nbx_tune.tuner.trace.recorder import record
 
     x, r, w, b = _add_norm_inputs(torch.float32, (2, 5, 37))
     trace = tmp_path / "t.tsv"

@@ -18,9 +18,9 @@ from nbx_tune.kernels.runtime.registry import spec_for_op
 from nbx_tune.kernels.spec import Config, NotServable
 from nbx_tune.oracles import movement as oracle
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import screen as screening
-from nbx_tune.tuner.selfcheck import check_kernel
-from nbx_tune.tuner.trace import make_row
+from nbx_tune.tuner.certify import screen as screening
+from nbx_tune.tuner.certify.selfcheck import check_kernel
+from nbx_tune.kernels.trace import make_row
 
 PROFILE = get_profile("interpreter")
 SPECS = (*cp.SPECS, *emb.SPECS, *fill.SPECS)
@@ -242,7 +242,7 @@ def test_fill_value_rounds_as_torch_does(value):
 # ----------------------------------------------------------------------------- trace rows
 
 def _recorded_rows():
-    from nbx_tune.tuner.recorder import Recorder
+    from nbx_tune.tuner.trace.recorder import Recorder
 
     w = torch.randn(320, 64)
     ids = torch.randint(0, 320, (1, 24))

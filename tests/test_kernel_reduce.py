@@ -14,9 +14,9 @@ from nbx_tune.kernels import reduce as rd
 from nbx_tune.kernels.runtime.registry import spec_for_op
 from nbx_tune.kernels.spec import Config, NotServable, Problem, seat_flags
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import screen as screening
-from nbx_tune.tuner.selfcheck import check_kernel
-from nbx_tune.tuner.trace import make_row
+from nbx_tune.tuner.certify import screen as screening
+from nbx_tune.tuner.certify.selfcheck import check_kernel
+from nbx_tune.kernels.trace import make_row
 
 PROFILE = get_profile("interpreter")
 SPEC = rd.SPEC
@@ -162,7 +162,7 @@ def test_public_op_errors():
 # ----------------------------------------------------------------------------- trace rows
 
 def test_recorded_rows_map_to_the_public_ops_seats(monkeypatch):
-    from nbx_tune.tuner.recorder import Recorder
+    from nbx_tune.tuner.trace.recorder import Recorder
 
     x = torch.randn(4, 6, 5, 7, dtype=torch.float16)
     i = torch.randint(0, 5, (4, 5), dtype=torch.int32)

@@ -15,8 +15,8 @@ from nbx_tune.kernels.matmul import CONFIGS, SPEC, TORCH_DTYPES, launch_matmul
 from nbx_tune.kernels.spec import Config, NotServable
 from nbx_tune.oracles import matmul as oracle
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner.selfcheck import check_kernel
-from nbx_tune.tuner.trace import make_row
+from nbx_tune.tuner.certify.selfcheck import check_kernel
+from nbx_tune.kernels.trace import make_row
 
 INTERP = get_profile("interpreter")
 

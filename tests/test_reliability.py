@@ -16,7 +16,7 @@ import planted
 from conftest import db_count
 from nbx_tune.kernels.runtime import certified
 from nbx_tune.kernels.runtime.registry import register
-from nbx_tune.tuner import api
+from nbx_tune.tuner import commands as api
 
 register(planted.SPEC)
 TESTS = Path(__file__).resolve().parent
@@ -108,7 +108,7 @@ def test_a_dead_holders_claim_expires(db_url):
     api.census(str(t), db_url, dry_run=True)
     store = Store(db_url)
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner.census import load_plan
+    from nbx_tune.tuner.census.census import load_plan
 
     plan = load_plan(t, get_profile("interpreter"))
     _, ids = store.record_census(plan.trace, plan.sha256, "interpreter", {k: s.problems for k, s in plan.seats.items()})

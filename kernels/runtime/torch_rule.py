@@ -2,7 +2,7 @@
 
 A baseline is one measurement of a certificate's config against torch's own op at the
 seat's shapes from real traces, both sides timed the same way in alternating rounds
-(`nbx-tune baseline`, tuner/baseline.py). Where torch is the faster of the two on this GPU
+(`nbx-tune baseline`, tuner/timing/torch_baselines.py). Where torch is the faster of the two on this GPU
 with this torch, a model under serve() runs torch's op at that seat: a certified kernel
 never makes a served model slower than the torch it replaces. The kernel library's public
 ops (`nbx_tune.matmul`, ...) always run the kernel; only serve() defers.

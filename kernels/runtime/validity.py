@@ -12,8 +12,8 @@ A config read from a table or a database is served only if it is one of the kern
 declared configs: a hand-edited `BLOCK_M=0`, an unknown or missing constexpr or
 `num_warps=0` is never launched.
 
-Used by the launch-time read (kernels/runtime/certified.py), seat status (tuner/provenance.py) and
-export/import (tuner/export.py); it lives here because kernels/ never imports the tuner.
+Used by the launch-time read (kernels/runtime/certified.py), seat status (tuner/certify/provenance.py) and
+export/import (tuner/store/export.py); it lives here because kernels/ never imports the tuner.
 """
 
 from __future__ import annotations

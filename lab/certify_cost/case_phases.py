@@ -28,10 +28,10 @@ from nbx_tune.kernels.runtime.certified import TABLE_DIR  # noqa: E402
 from nbx_tune.kernels.runtime.registry import all_specs  # noqa: E402
 from nbx_tune.oracles import products  # noqa: E402
 from nbx_tune.profiles import get_profile  # noqa: E402
-from nbx_tune.tuner import screen  # noqa: E402
-from nbx_tune.tuner.census import plan  # noqa: E402
-from nbx_tune.tuner.trace import Trace  # noqa: E402
-from nbx_tune.tuner.tune import seat_job  # noqa: E402
+from nbx_tune.tuner.certify import screen  # noqa: E402
+from nbx_tune.tuner.census.census import plan  # noqa: E402
+from nbx_tune.kernels.trace import Trace  # noqa: E402
+from nbx_tune.tuner.certify.tune import seat_job  # noqa: E402
 
 
 def cases_of(job) -> list:

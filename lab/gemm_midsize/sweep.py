@@ -32,7 +32,7 @@ def main() -> int:
 
     from nbx_tune.kernels import matmul as MM
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner.trace import make_row
+    from nbx_tune.kernels.trace import make_row
 
     hopper = get_profile("hopper")
     new = candidates()

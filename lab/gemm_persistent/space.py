@@ -93,7 +93,7 @@ def run(shapes, family, name: str, twice: bool = False) -> int:
     """best_of_each over matmul's space (what the hopper profile admits) at each shape."""
     from nbx_tune.kernels import matmul as MM
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner.trace import make_row
+    from nbx_tune.kernels.trace import make_row
 
     hopper = get_profile("hopper")
     out = []

@@ -46,7 +46,7 @@ def one_row(m, k, n, layout, bench, deadline):
 
     from nbx_tune.kernels import matmul as MM
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner import timing
+    from nbx_tune.tuner.timing import benchmarkers as timing
     from nbx_tune.kernels.rows import make_row
 
     hopper = get_profile("hopper")
@@ -92,7 +92,7 @@ def main() -> int:
     from _common import environment, save
 
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner import timing
+    from nbx_tune.tuner.timing import benchmarkers as timing
 
     bench = timing.for_profile(get_profile("hopper"))
     t0 = time.time()

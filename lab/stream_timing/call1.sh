@@ -10,7 +10,7 @@ bash bench/gpu_session.sh pycache >/dev/null
 export PYTHONPATH=/tmp/pkgroot:/tmp/site PYTHONPYCACHEPREFIX=/tmp/pycache NBX_TUNE_DB=sqlite:////tmp/nbx-session.db PYTHONUNBUFFERED=1
 python3 - <<'PY' 2>&1 | tee $OUT/smoke.log
 import torch
-from nbx_tune.tuner.timing import DoBench
+from nbx_tune.tuner.timing.benchmarkers import DoBench
 b = DoBench(25, 100)
 for n in (65536, 4 << 20):
     xs = [torch.randn(n, device="cuda") for _ in range(4)]

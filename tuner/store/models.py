@@ -21,7 +21,7 @@ from sqlalchemy import text as sql_text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from nbx_tune.kernels.spec import label_of
-from nbx_tune.tuner.reasons import REFUSAL_REASONS, TRANSIENT_REASONS  # noqa: F401 (re-exported)
+from nbx_tune.tuner.certify.reasons import REFUSAL_REASONS, TRANSIENT_REASONS  # noqa: F401 (re-exported)
 
 
 def utcnow() -> datetime:
@@ -127,7 +127,7 @@ class Tuning(Base):
     screen_s: Mapped[float] = mapped_column(Float, default=0.0)
     bench_s: Mapped[float] = mapped_column(Float, default=0.0)
     total_s: Mapped[float] = mapped_column(Float, default=0.0)
-    # full | recertified | fallback | ranked | audit (tuner/recertify.py, strategies/ranked.py)
+    # full | recertified | fallback | ranked | audit (tuner/certify/recertify.py, strategies/ranked.py)
     search: Mapped[str] = mapped_column(String(16), default="full", server_default="full")
     seeded_from: Mapped[int | None] = mapped_column(Integer)  # the tuning a re-certification started from
     shortcut_loss: Mapped[float | None] = mapped_column(Float)  # audit: the ranked pick's loss against the best
