@@ -33,8 +33,7 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, table  # noqa: E402
+from nbx_tune.testing.bench import environment, save, table  # noqa: E402
 
 # (B, Hq, Hkv, Lq, Lk, D, causal)
 SHAPES = [(1, 32, 8, 1000, 1000, 128, True), (1, 32, 8, 1024, 1024, 128, True), (1, 32, 32, 512, 512, 128, True),
@@ -174,7 +173,7 @@ def time_shape(profile, s, dt, device, broken, sweep_calls, final_calls):
 
     from nbx_tune.kernels import attention as A
     from nbx_tune.kernels.runtime import certified
-    from speed_candidates import sweep_then_confirm
+    from nbx_tune.bench.speed_candidates import sweep_then_confirm
 
     B, Hq, Hkv, L, _, D, causal = s  # timed shapes are square (self-attention prefill)
     tdt = getattr(torch, dt)

@@ -10,7 +10,7 @@ torch (cuDNN), in one run, before and after the pointwise kernel:
   best timed again beside the others): what a census would choose from.
 
 Every launch is checked first against torch in fp32 (2e-2 of max|ref| in bf16/fp16: a sanity
-check; bench/gpu_check.py --kernels conv is the fp64 proof). Times are the census's (each
+check; proofs/gpu_check.py --kernels conv is the fp64 proof). Times are the census's (each
 launch after an L2 flush, tuner/timing.gpu_time), the sides in alternating rounds. Ratios are
 torch / ours (below 1: slower than torch); the total weights each row by its launches in the
 trace.
@@ -29,8 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, side_by_side, table, wall_ms  # noqa: E402
+from nbx_tune.testing.bench import environment, save, side_by_side, table, wall_ms  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "examples" / "traces" / "resnet50_b8_bf16.tsv"

@@ -21,8 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, epoch, save, table  # noqa: E402
+from nbx_tune.testing.bench import environment, epoch, save, table  # noqa: E402
 
 DEFAULT_TRACES = ["examples/traces/llama2_7b_seq512_bf16.tsv", "examples/traces/gpt2_seq1024_bf16.tsv",
                   "examples/traces/resnet50_b8_bf16.tsv"]

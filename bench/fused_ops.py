@@ -29,8 +29,7 @@ SMOKE = "--smoke" in sys.argv
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, per_call_ms, save, side_by_side, table, wall_ms  # noqa: E402
+from nbx_tune.testing.bench import environment, per_call_ms, save, side_by_side, table, wall_ms  # noqa: E402
 
 
 def cases(torch, dev, dt):

@@ -15,8 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, side_by_side, table  # noqa: E402
+from nbx_tune.testing.bench import environment, save, side_by_side, table  # noqa: E402
 
 BLAS_SHAPES = [(2048, 2048, 2048), (3072, 3072, 3072), (4096, 4096, 4096), (4096, 11008, 4096),
                (2048, 32000, 4096),

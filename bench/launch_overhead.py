@@ -27,8 +27,7 @@ CPU = "--cpu" in sys.argv
 if CPU:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, table  # noqa: E402
+from nbx_tune.testing.bench import environment, save, table  # noqa: E402
 
 CALLS, RUNS = (300, 5) if CPU else (1000, 7)
 
@@ -190,7 +189,7 @@ def main() -> None:
             call()
             res["  its own work (compiled kernel mocked)"] = host_us(call, sync)
             if not CPU:
-                if not torch.equal(first, second):  # bench/direct_launch_check.py is the proof
+                if not torch.equal(first, second):  # proofs/direct_launch_check.py is the proof
                     print(f"{name}: MISMATCH: the replay differs from Triton's launch")
                 if not torch.allclose(second.float(), ref(*args, **kw).float(), atol=5e-2, rtol=5e-2):
                     print(f"{name}: MISMATCH against torch's op")

@@ -22,9 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import environment, save, table  # noqa: E402
+from nbx_tune.testing.bench import environment, save, table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

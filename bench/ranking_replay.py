@@ -13,7 +13,7 @@ near seat in its database gets, `strategies/ranked.votes`); the table says how o
 seat's own winner, or its runner-up, is among the TOP most voted.
 
 Run it on a database whose seats were tuned in full (a census under NBX_TUNE_SEARCH=full,
-e.g. `NBX_TUNE_SEARCH=full bash bench/gpu_session.sh census`). Rankers side by side:
+e.g. `NBX_TUNE_SEARCH=full bash release/gpu_session.sh census`). Rankers side by side:
 `nearby` (tuner/search/ranked.py), `wins` (how often a config was within 2 % of the
 best at the other seats), `shipped` (the shipped table's votes, the seat's own entry left
 out), `declared` (the config space's own order) and `random`; each at
@@ -27,8 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import save, table  # noqa: E402
+from nbx_tune.testing.bench import save, table  # noqa: E402
 
 SIZES = ((4, 2), (6, 3), (8, 4), (12, 4))
 

@@ -52,8 +52,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (PICK_REP_MS, breakdown, environment, query, save, side_by_side, stale_everything, table,  # noqa: E402
+from nbx_tune.testing.bench import (PICK_REP_MS, breakdown, environment, query, save, side_by_side, stale_everything, table,  # noqa: E402
                      timed_rounds, wall_ms, warm_bytecode)
 
 TRACES = tuple(sorted(str(p) for p in (Path(__file__).resolve().parent.parent / "examples" / "traces")

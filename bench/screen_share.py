@@ -9,8 +9,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import save, table  # noqa: E402
+from nbx_tune.testing.bench import save, table  # noqa: E402
 
 
 def main() -> None:

@@ -41,8 +41,7 @@ if SMOKE:
 
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import environment, out_dir, per_call_ms, save, table  # noqa: E402
+from nbx_tune.testing.bench import environment, out_dir, per_call_ms, save, table  # noqa: E402
 
 # serve() leaves a copy between the host and a device to torch (kernels/copy.py says "a copy
 # to D from S is not served"): torch by design, not a miss. cuda from cuda:0 would be one.

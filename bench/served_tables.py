@@ -16,9 +16,8 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import environment, out_dir  # noqa: E402
+from nbx_tune.testing.bench import environment, out_dir  # noqa: E402
 
 
 def served(paths) -> tuple[int, Counter]:

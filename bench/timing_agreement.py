@@ -32,9 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, table  # noqa: E402
-from torch_compare import (SMOKE_TRACES, _tensor, graph_times, n_sets, row_text, served,  # noqa: E402
+from nbx_tune.testing.bench import environment, save, table  # noqa: E402
+from nbx_tune.bench.torch_compare import (SMOKE_TRACES, _tensor, graph_times, n_sets, row_text, served,  # noqa: E402
                            torch_call, weight)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -43,8 +43,7 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, side_by_side, table  # noqa: E402
+from nbx_tune.testing.bench import environment, save, side_by_side, table  # noqa: E402
 
 from nbx_tune.tuner.timing.torch_baselines import (    GRAPH_CALLS,
     capture,

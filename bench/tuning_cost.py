@@ -35,10 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (PICK_REP_MS, breakdown, environment, epoch, query, save, stale_everything, table,  # noqa: E402
+from nbx_tune.testing.bench import (PICK_REP_MS, breakdown, environment, epoch, query, save, stale_everything, table,  # noqa: E402
                      timed_rounds, warm_bytecode)
-from torch_compare import graph_times, n_sets  # noqa: E402
+from nbx_tune.bench.torch_compare import graph_times, n_sets  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MATMUL_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")

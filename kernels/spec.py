@@ -238,7 +238,7 @@ class KernelSpec:
         """Trace rows (`nbx_tune.kernels.rows.make_row`) that exercise the kernel in every
         dtype it claims, at deliberately odd shapes: scale "small" runs in seconds on the
         interpreter, "gpu" sits around real sizes. The self-check runs them against the
-        oracle (tests on the interpreter, bench/gpu_check.py on a GPU)."""
+        oracle (tests on the interpreter, proofs/gpu_check.py on a GPU)."""
         return []
 
     def serve_ops(self) -> Mapping[str, Callable]:

@@ -181,8 +181,7 @@ def fake(monkeypatch):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from fake_compiled import FakeTriton
+    from nbx_tune.testing.fake_compiled import FakeTriton
 
     from nbx_tune.kernels.runtime import launch
 
@@ -193,7 +192,7 @@ def fake(monkeypatch):
 
 @pytest.mark.skipif(TensorDescriptor is None, reason="Triton without host-side tensor descriptors")
 def test_a_tma_attention_call_replays_with_descriptors_of_each_calls_key_and_value(fake, monkeypatch):
-    # The public op under a TMA config (tests/fake_compiled.py stands in for the compiled
+    # The public op under a TMA config (testing/fake_compiled.py stands in for the compiled
     # kernel): later calls with fresh tensors of the same key replay it, the descriptors made
     # around each call's K and V; a call whose K needs an aligned copy is never remembered.
     from nbx_tune.kernels.runtime import certified, launch
@@ -286,8 +285,7 @@ def test_bench_smoke_checks_and_times_one_config_per_lever_set(tmp_path, monkeyp
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import attention_prefill as bench
+    from nbx_tune.bench import attention_prefill as bench
 
     monkeypatch.setenv("OUT", str(tmp_path))
     monkeypatch.setattr(bench, "SMOKE_SHAPES", [(1, 4, 2, 24, 24, 16, True)])

@@ -300,7 +300,7 @@ def test_merge_table_takes_baselines_only_for_the_same_config(tmp_path):
     shipped.write_text(table_format.dumps("interpreter", "interpreter", "x", [plain]))
     for e, expect in ((other, None), (same, [b])):
         export.write_text(table_format.dumps("interpreter", "interpreter", "x", [e]))
-        r = subprocess.run([sys.executable, str(ROOT / "bench/merge_table.py"), str(export), "--table", str(shipped),
+        r = subprocess.run([sys.executable, str(ROOT / "release/merge_table.py"), str(export), "--table", str(shipped),
                             "--baselines"], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         got = table_format.read(shipped)["entries"][0]["provenance"].get("torch_baselines")

@@ -6,8 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import elementwise_rows as er  # noqa: E402
+from nbx_tune.bench import elementwise_rows as er  # noqa: E402
 
 
 def test_smoke_rows_time_every_side_and_check_them(tmp_path, monkeypatch):

@@ -5,8 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import ranking_replay as rr  # noqa: E402
+from nbx_tune.bench import ranking_replay as rr  # noqa: E402
 
 from nbx_tune.tuner.search.seat_search import shipped, shipped_votes  # noqa: E402
 

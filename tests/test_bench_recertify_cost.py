@@ -7,8 +7,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import recertify_cost as rc  # noqa: E402
+from nbx_tune.bench import recertify_cost as rc  # noqa: E402
 
 from nbx_tune.kernels.runtime.certified import TABLE_DIR  # noqa: E402
 from nbx_tune.profiles import get_profile  # noqa: E402

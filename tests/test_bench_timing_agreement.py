@@ -7,8 +7,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import timing_agreement as ta  # noqa: E402
+from nbx_tune.bench import timing_agreement as ta  # noqa: E402
 
 from nbx_tune.kernels.runtime.registry import all_specs  # noqa: E402
 

@@ -10,8 +10,7 @@ import torch
 
 from nbx_tune.tuner.timing.torch_baselines import _WRAPPED
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import torch_compare as tc  # noqa: E402
+from nbx_tune.bench import torch_compare as tc  # noqa: E402
 
 from nbx_tune.kernels.trace import make_row  # noqa: E402
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-import planted
+from nbx_tune.testing import planted
 from conftest import db_count
 from nbx_tune.errors import TraceError
 from nbx_tune.kernels.runtime import certified

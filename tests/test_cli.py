@@ -7,7 +7,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-import planted
+from nbx_tune.testing import planted
 from nbx_tune.cli.app import app
 from nbx_tune.kernels.runtime.registry import register
 

@@ -1,12 +1,12 @@
 """The direct launch (kernels/runtime/launch.py): the first call of a public op under a key goes through
 Triton and is recorded; later calls replay the compiled kernels Triton returned.
 
-The interpreter compiles nothing, so tests/fake_compiled.py stands in for Triton's compiled
+The interpreter compiles nothing, so testing/fake_compiled.py stands in for Triton's compiled
 kernels: a replay's launch runs the real kernel under the interpreter on exactly the
 addresses and arguments the replay passes, and is refused if Triton would have compiled
 for other arguments. Every family is checked: a replay is bit-identical to Triton's launch
 on the same data, and a call that differs in strides, dtype, alignment or device is never
-served a replay recorded for another. The GPU half is bench/direct_launch_check.py.
+served a replay recorded for another. The GPU half is proofs/direct_launch_check.py.
 """
 
 import gc
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from fake_compiled import FakeTriton, lean_launcher
+from nbx_tune.testing.fake_compiled import FakeTriton, lean_launcher
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import (    addmm,

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-import planted
+from nbx_tune.testing import planted
 from conftest import db_count
 from nbx_tune.errors import TableError
 from nbx_tune.kernels.runtime import certified, table_format

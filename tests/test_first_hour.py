@@ -6,7 +6,7 @@ import sqlite3
 import pytest
 from typer.testing import CliRunner
 
-import planted
+from nbx_tune.testing import planted
 from nbx_tune.cli.app import app
 from nbx_tune.errors import StoreError, TraceError
 from nbx_tune.kernels.runtime.registry import register

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import planted
+from nbx_tune.testing import planted
 from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.profiles import builtin_profiles, load_profile_file
 from nbx_tune.tuner import commands as api

@@ -493,8 +493,7 @@ def test_pointwise_bench_smoke(tmp_path, monkeypatch, capsys):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import conv_pointwise
+    from nbx_tune.bench import conv_pointwise
 
     monkeypatch.setenv("OUT", str(tmp_path))
     assert conv_pointwise.main(["--smoke"]) == 0

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import create_engine, text
 
-import planted
+from nbx_tune.testing import planted
 from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.kernels.spec import Config, Problem, seat_flags
 from nbx_tune.profiles import DeviceInfo, get_profile

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import planted
+from nbx_tune.testing import planted
 from conftest import db_count
 from nbx_tune.kernels.runtime import certified
 from nbx_tune.kernels.runtime.registry import register

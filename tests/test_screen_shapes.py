@@ -6,7 +6,7 @@ whose two launches on the same inputs differ. The faulty configs are the fastest
 
 import pytest
 
-import planted
+from nbx_tune.testing import planted
 from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.kernels.spec import Problem, seat_flags
 from nbx_tune.profiles import get_profile

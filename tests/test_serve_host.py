@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fake_compiled import FakeTriton, lean_launcher
+from nbx_tune.testing.fake_compiled import FakeTriton, lean_launcher
 
 import nbx_tune
 from nbx_tune.kernels.runtime import certified, launch

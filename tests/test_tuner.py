@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-import planted
+from nbx_tune.testing import planted
 from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.kernels.spec import Config, Problem, seat_flags
 from nbx_tune.profiles import get_profile

@@ -34,7 +34,7 @@ from nbx_tune.kernels.spec import (Config, KernelSpec, Problem, bucket_of, decod
 
 log = logging.getLogger("nbx_tune")
 
-TABLE_DIR = Path(__file__).resolve().parent / "tables"
+TABLE_DIR = Path(__file__).resolve().parents[1] / "tables"  # kernels/tables/
 MEMO_LIMIT = 1 << 16  # distinct launch shapes remembered before the memo starts over
 
 class MissTally(Counter):

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import recertify_cost as rc  # noqa: E402
+from nbx_tune.bench import recertify_cost as rc  # noqa: E402
 
 from nbx_tune.kernels.runtime import table_format  # noqa: E402
 from nbx_tune.kernels.runtime.certified import TABLE_DIR  # noqa: E402

@@ -18,9 +18,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-from _common import environment, save, side_by_side, table, wall_ms  # noqa: E402
-from conv_pointwise import _setup, pointwise_rows  # noqa: E402
+from nbx_tune.testing.bench import environment, save, side_by_side, table, wall_ms  # noqa: E402
+from nbx_tune.bench.conv_pointwise import _setup, pointwise_rows  # noqa: E402
 
 
 def main(argv=None) -> int:

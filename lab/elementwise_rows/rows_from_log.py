@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-from torch_compare import row_text, served  # noqa: E402
+from nbx_tune.bench.torch_compare import row_text, served  # noqa: E402
 
 from nbx_tune.kernels.trace import read_trace  # noqa: E402
 

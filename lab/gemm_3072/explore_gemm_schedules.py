@@ -35,9 +35,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # bench/_common
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment as common_environment, save  # noqa: E402
+from nbx_tune.testing.bench import environment as common_environment, save  # noqa: E402
 
 
 def first_line(e: BaseException) -> str:
@@ -50,7 +48,6 @@ try:
 except ImportError:  # the repository root is the package: put a link named nbx_tune on the path
     _pkg = Path(tempfile.mkdtemp())
     (_pkg / "nbx_tune").symlink_to(Path(__file__).resolve().parents[2])
-    sys.path.insert(0, str(_pkg))
 try:
     from nbx_tune.kernels.matmul import CONFIGS, _c as matmul_config, _tma_copy, launch_matmul, tma_ready
     from nbx_tune.kernels.spec import Config

@@ -19,9 +19,7 @@ from pathlib import Path
 import torch
 import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # bench/_common
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save  # noqa: E402
+from nbx_tune.testing.bench import environment, save  # noqa: E402
 from explore_gemm_schedules import bench, ticket_launch  # noqa: E402
 
 # The 128x256 TMA tile, one program per SM; and 128x128 at 8 warps.

@@ -19,9 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # bench/_common
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, side_by_side, table  # noqa: E402
+from nbx_tune.testing.bench import environment, save, side_by_side, table  # noqa: E402
 
 SHAPES = [("float16", 2048, 2048, 2048), ("bfloat16", 2048, 2048, 2048)]
 

@@ -201,8 +201,7 @@ def main() -> None:
         print(f"{name:<24}{m['torch']:>7.2f}{m['serve']:>7.2f}{m['direct']:>7.2f}{m['floor']:>7.2f}"
               f"{m['launch']:>7.2f}{m['serve'] - m['direct']:>6.2f}{m['serve'] - m['floor']:>6.2f}"
               + (f"  FELL THROUGH: {fell}" if fell else ""))
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from _common import environment, out_dir
+    from nbx_tune.testing.bench import environment, out_dir
 
     path = Path(args.json) if args.json else out_dir() / "serve_cpu_overhead.json"
     path.write_text(json.dumps({"env": environment(), "calls": args.calls, "rounds": args.rounds,

@@ -30,8 +30,6 @@ if not GPU:
 import torch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parents[1] / "bench"))
 
 
 def main() -> None:
@@ -44,7 +42,7 @@ def main() -> None:
     logging.getLogger("nbx_tune").setLevel(logging.ERROR)
     import nbx_tune
     from nbx_tune.kernels.runtime import certified, launch
-    from serve_models import build
+    from nbx_tune.bench.serve_models import build
 
     if not GPU:
         from cpu_overhead import MockTriton, lean_launcher

@@ -28,9 +28,8 @@ if "--smoke" in sys.argv:
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-from _common import environment, out_dir  # noqa: E402
-from serve_models import Runner, build  # noqa: E402
+from nbx_tune.testing.bench import environment, out_dir  # noqa: E402
+from nbx_tune.bench.serve_models import Runner, build  # noqa: E402
 
 
 class OpTimes:

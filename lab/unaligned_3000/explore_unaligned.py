@@ -23,9 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # bench/_common
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, side_by_side, table  # noqa: E402
+from nbx_tune.testing.bench import environment, save, side_by_side, table  # noqa: E402
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -35,7 +33,6 @@ try:
 except ImportError:  # the repository root is the package: put a link named nbx_tune on the path
     _pkg = Path(tempfile.mkdtemp())
     (_pkg / "nbx_tune").symlink_to(Path(__file__).resolve().parents[2])
-    sys.path.insert(0, str(_pkg))
 
 # (name, S, row stride of A, of B, of C, stage): M = N = K = S. stage "torch" copies A and B
 # into zero-padded buffers of rows a multiple of 16 (what launch_matmul does for aligned=0);

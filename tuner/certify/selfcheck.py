@@ -1,6 +1,6 @@
 """Kernel self-check: every example row of a kernel against its fp64 oracle, through the
 same screen the tuner uses (two launches that must agree bit for bit), under several configs. The tests run it on the interpreter;
-bench/gpu_check.py runs it on a GPU, where bfloat16 is proven."""
+proofs/gpu_check.py runs it on a GPU, where bfloat16 is proven."""
 
 from __future__ import annotations
 

@@ -4,14 +4,14 @@ several configs each, each launched twice (the outputs must agree bit for bit); 
 config may fall to the precision gate (tuner/certify/tune.py: its error over 4 times the row's most
 accurate config's and over a floor). Then a candidate that writes
 out of bounds, tuned in a worker process, must cost only itself; and `--planted` tunes the
-planted GEMM of tests/planted.py: an interior-only mask bug, an fp16 accumulator and a racing
+planted GEMM of testing/planted.py: an interior-only mask bug, an fp16 accumulator and a racing
 split-K must each be refused with its reason, although the benchmarker calls them fastest.
 
-    python bench/gpu_check.py            (writes gpu_check.json under $OUT)
-    python bench/gpu_check.py --skip-fault --skip-correctness --planted          (a minute)
-    python bench/gpu_check.py --skip-fault --seconds 150 --configs-per-row 4 --jobs 12
+    python proofs/gpu_check.py            (writes gpu_check.json under $OUT)
+    python proofs/gpu_check.py --skip-fault --skip-correctness --planted          (a minute)
+    python proofs/gpu_check.py --skip-fault --seconds 150 --configs-per-row 4 --jobs 12
                                          (the gate over every kernel: under 4 minutes)
-    TRITON_INTERPRET=1 python bench/gpu_check.py --scale small ...    (a smoke run on the CPU)
+    TRITON_INTERPRET=1 python proofs/gpu_check.py --scale small ...    (a smoke run on the CPU)
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import environment, save, table  # noqa: E402
+from nbx_tune.testing.bench import environment, save, table  # noqa: E402
 
 
 # Families never proven on a GPU go first, so that a time limit cuts the proven ones.
@@ -135,8 +134,7 @@ def gate(raw: list[dict]) -> None:
 def planted(profile, scale: str) -> tuple[list, bool]:
     """The planted GEMM's subtle faults, tuned in this process with a benchmarker that calls
     every faulty config fastest: each must be refused with its reason."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    import planted as pl
+    from nbx_tune.testing import planted as pl
 
     from nbx_tune.kernels.spec import Problem, seat_flags
     from nbx_tune.tuner.timing.benchmarkers import Timing
@@ -181,7 +179,7 @@ def planted(profile, scale: str) -> tuple[list, bool]:
 
 
 def fault(profile) -> tuple[list, bool]:
-    import faults
+    from nbx_tune.proofs import faults
 
     from nbx_tune.kernels.runtime.registry import register
     from nbx_tune.tuner.execution.isolation import Isolated
@@ -212,7 +210,7 @@ def main() -> int:
     ap.add_argument("--configs-per-row", type=int, default=3)
     ap.add_argument("--skip-fault", action="store_true")
     ap.add_argument("--skip-correctness", action="store_true")
-    ap.add_argument("--planted", action="store_true", help="the planted GEMM's subtle faults (tests/planted.py)")
+    ap.add_argument("--planted", action="store_true", help="the planted GEMM's subtle faults (testing/planted.py)")
     ap.add_argument("--scale", default="gpu", help="example rows: gpu (default) or small (a local smoke run)")
     ap.add_argument("--jobs", type=int, default=8, help="processes sharing the GPU for the correctness rows")
     ap.add_argument("--kernels", help="comma-separated kernel names to check (default: all)")

@@ -6,8 +6,8 @@ integers equal to 1 or divisible by 16, a broadcast bias, integer alpha/beta) is
 served another call's replay: its first call goes through Triton. All cases run in one
 process, every dtype, so each replay is found among all the others.
 
-    python bench/direct_launch_check.py
-    python bench/direct_launch_check.py --device cpu     # a smoke run under the interpreter
+    python proofs/direct_launch_check.py
+    python proofs/direct_launch_check.py --device cpu     # a smoke run under the interpreter
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, table  # noqa: E402
+from nbx_tune.testing.bench import environment, save, table  # noqa: E402
 
 DEV = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda"  # cpu: a smoke run
 if DEV == "cpu":

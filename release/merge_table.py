@@ -1,7 +1,7 @@
 """Merge a re-certified export into the shipped table, keeping every other entry as shipped.
 
-    python3 bench/merge_table.py EXPORT.json [--table kernels/tables/hopper.json] [--kernels matmul,attention] [--drop-stale]
-    python3 bench/merge_table.py EXPORT.json --baselines     only the torch baselines (`nbx-tune baseline`)
+    python3 release/merge_table.py EXPORT.json [--table kernels/tables/hopper.json] [--kernels matmul,attention] [--drop-stale]
+    python3 release/merge_table.py EXPORT.json --baselines     only the torch baselines (`nbx-tune baseline`)
                                                               of the export's entries, onto the shipped
                                                               entries of the same seat and config
 

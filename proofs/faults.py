@@ -1,5 +1,5 @@
 """A kernel with a candidate that writes far out of bounds: on a GPU it raises an illegal
-memory access and poisons its process's CUDA context. Used by bench/gpu_check.py to show
+memory access and poisons its process's CUDA context. Used by proofs/gpu_check.py to show
 the tuner survives it (the candidate runs in a worker process)."""
 
 import triton

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device session, in stages, each under its own time limit so that a slow stage costs
 # only itself. Usage (on the GPU machine, from the repo root; outputs and logs under $OUT):
-#   bash bench/gpu_session.sh                 every stage, in this order
-#   bash bench/gpu_session.sh fault check     only those (one device call each fits 600 s:
+#   bash release/gpu_session.sh                 every stage, in this order
+#   bash release/gpu_session.sh fault check     only those (one device call each fits 600 s:
 #                                             "fault check", "census launch", "cost quality")
 # trust (planted subtle faults refused; no correct config of any kernel refused as imprecise or
 # nondeterministic), oracle (the fp64 oracle's cost at the largest example shapes), census8b (a
@@ -61,10 +61,10 @@ census() {  # census of one trace into the session database, its report kept
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$LOG"
 STAGES=${*:-fault check census launch cost quality}
 for s in $STAGES; do case $s in
-  fault) stage ${FAULT_S:-60} python3 bench/gpu_check.py --skip-correctness ;;
-  check) stage ${CHECK_S:-360} python3 bench/gpu_check.py --skip-fault --seconds ${CHECK_RUN_S:-300} \
+  fault) stage ${FAULT_S:-60} python3 proofs/gpu_check.py --skip-correctness ;;
+  check) stage ${CHECK_S:-360} python3 proofs/gpu_check.py --skip-fault --seconds ${CHECK_RUN_S:-300} \
            --configs-per-row 2 --jobs 12 ;;
-  coverage) stage ${COVERAGE_S:-240} python3 bench/gpu_check.py --skip-fault --seconds 200 --configs-per-row 3 \
+  coverage) stage ${COVERAGE_S:-240} python3 proofs/gpu_check.py --skip-fault --seconds 200 --configs-per-row 3 \
               --jobs 12 --kernels copy,cat,embedding,fill,batch_norm,max_pool2d,elementwise_binary ;;
   import) for t in bench_out/*.json; do  # tables of an earlier call (carry bench_out), so a census resumes
             [ -f "$t" ] && stage 30 python3 -m nbx_tune.cli.app import "$t"; done ;;
@@ -77,11 +77,11 @@ for s in $STAGES; do case $s in
           done
           stage 30 python3 bench/screen_share.py
           stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
-  census_all) python3 bench/_common.py /tmp/all_traces.tsv ${CENSUS_TRACES:-examples/traces/*_bf16.tsv}
+  census_all) python3 testing/bench.py /tmp/all_traces.tsv ${CENSUS_TRACES:-examples/traces/*_bf16.tsv}
               census ${CENSUS_TOTAL_S:-540} /tmp/all_traces.tsv
               stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
   refresh) stage ${IMPORT_S:-240} python3 -m nbx_tune.cli.app import kernels/tables/hopper.json
-           python3 bench/_common.py /tmp/all_traces.tsv ${CENSUS_TRACES:-examples/traces/*_bf16.tsv}
+           python3 testing/bench.py /tmp/all_traces.tsv ${CENSUS_TRACES:-examples/traces/*_bf16.tsv}
            census ${CENSUS_TOTAL_S:-300} /tmp/all_traces.tsv
            stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
   baseline_import) stage ${IMPORT_S:-240} python3 -m nbx_tune.cli.app import kernels/tables/hopper.json ;;
@@ -90,20 +90,20 @@ for s in $STAGES; do case $s in
               $(for t in ${BASELINE_TRACES:-examples/traces/*.tsv}; do printf -- '--model %s ' "$t"; done) --json > $OUT/baseline.json"
             stage 30 python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/hopper.json" ;;
   pointwise) stage ${POINTWISE_S:-300} python3 bench/conv_pointwise.py --budget-s 240 ;;
-  trust) stage ${TRUST_S:-240} python3 bench/gpu_check.py --skip-fault --planted --seconds 170 \
+  trust) stage ${TRUST_S:-240} python3 proofs/gpu_check.py --skip-fault --planted --seconds 170 \
            --configs-per-row 3 --jobs 12 ;;
   oracle) stage ${ORACLE_S:-240} python3 bench/oracle_cost.py ${ORACLE_ARGS:---budget-s 200} ;;
   census8b) census ${CENSUS8B_S:-500} examples/traces/llama3_8b_seq1024_bf16.tsv
             stage 30 python3 bench/screen_share.py
             stage 30 sh -c "python3 -m nbx_tune.cli.app unscreened --json > $OUT/unscreened.json; cat $OUT/unscreened.json | head -c 2000" ;;
   launch) stage ${LAUNCH_S:-150} python3 bench/launch_overhead.py ;;
-  fused) stage ${FUSED_S:-240} python3 bench/gpu_check.py --skip-fault --seconds 100 --configs-per-row 3 \
+  fused) stage ${FUSED_S:-240} python3 proofs/gpu_check.py --skip-fault --seconds 100 --configs-per-row 3 \
            --jobs 12 --kernels rotary,rotary_qk,silu_mul,add_rms_norm,add_layer_norm,rope_cos_sin,cat_kv
          stage ${FUSED_S:-240} python3 bench/fused_ops.py ;;
   served) stage ${SERVED_S:-60} python3 bench/served_tables.py ;;
-  direct) stage ${DIRECT_S:-300} python3 bench/direct_launch_check.py ;;
+  direct) stage ${DIRECT_S:-300} python3 proofs/direct_launch_check.py ;;
   fleet) stage ${FLEET_S:-500} python3 bench/fleet_scaling.py --gpus 0 0,1 ${FLEET_ARGS:-} ;;
-  tma) stage ${TMA_S:-200} python3 bench/tma_check.py ;;
+  tma) stage ${TMA_S:-200} python3 proofs/tma_check.py ;;
   profile) stage ${PROFILE_S:-150} python3 bench/tuning_cost.py examples/traces/llama2_7b_seq512_bf16.tsv \
              --profile "$OUT/profile" ;;
   speed) stage ${SPEED_S:-330} python3 bench/speed_candidates.py --budget-s ${SPEED_BUDGET_S:-270} ;;

@@ -48,7 +48,7 @@ WARM_IMPORTS = ("torch", "triton", "triton.compiler", "numpy", "sqlalchemy", "al
 def warm_bytecode(env: dict | None = None) -> float:
     """Import, in a child, what a census's processes import (every kernel module too), and
     return its seconds. Where the bytecode cache starts empty (the device image ships torch
-    without .pyc files: bench/gpu_session.sh's pycache stage), the first process a bench
+    without .pyc files: release/gpu_session.sh's pycache stage), the first process a bench
     times would otherwise compile it for every later one: one side of a comparison paid
     seconds the other did not (lab/history/gpu_runs/2026-12-05g/CALLS.md)."""
     import sys
@@ -109,7 +109,7 @@ def epoch(value) -> float:
 
 def combined_trace(traces, path) -> None:
     """One trace holding the rows of several: one census certifies them all, sharing seats
-    and the longest-first order (python bench/_common.py OUT.tsv A.tsv B.tsv ...)."""
+    and the longest-first order (python testing/bench.py OUT.tsv A.tsv B.tsv ...)."""
     from nbx_tune.kernels.trace import read_trace, write_trace
 
     rows = [r for t in traces for r in read_trace(t).rows]

@@ -4,7 +4,7 @@ place and rows it cannot (staged at aligned=0, or copied: a broadcast batch, a b
 bytes), with and without a bias. The interpreter proves the index math on the CPU
 (tests/test_matmul.py); this is the compiled kernel's proof, bf16 included.
 
-    python bench/tma_check.py            (writes tma_check.json under $OUT)
+    python proofs/tma_check.py            (writes tma_check.json under $OUT)
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import environment, save, table  # noqa: E402
+from nbx_tune.testing.bench import environment, save, table  # noqa: E402
 
 RTOL = {"float16": 2e-2, "bfloat16": 4e-2, "float32": 1e-4}
 
