@@ -50,11 +50,12 @@ except ImportError:  # Triton before 3.4: no host-side descriptors, so no TMA co
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.runtime.certified import config_for
+from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.rows import format_shape
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags
 from nbx_tune.oracles import attention as oracle
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+TORCH_DTYPES = torch_dtypes(*FLOATS)
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256

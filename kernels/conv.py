@@ -63,12 +63,13 @@ from nbx_tune.kernels import copy
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.matmul import grouped_tile
+from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags,
                                    uniform_inputs)
 from nbx_tune.oracles import conv as oracle
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+TORCH_DTYPES = torch_dtypes(*FLOATS)
 INT32_MAX = 2**31 - 1
 MAX_GRID_Y = 65535  # the grid's second axis
 

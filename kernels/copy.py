@@ -24,13 +24,14 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.runtime.certified import config_for
+from nbx_tune.kernels.helpers import FLOATS, contiguous_strides, torch_dtypes
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags, wide_range_inputs
 from nbx_tune.oracles import movement as oracle
 
-FLOAT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-INT_DTYPES = {"int32": torch.int32, "int64": torch.int64}
-TORCH_DTYPES = {**FLOAT_DTYPES, **INT_DTYPES, "bool": torch.bool}
+FLOAT_DTYPES = torch_dtypes(*FLOATS)
+INT_DTYPES = torch_dtypes("int32", "int64")
+TORCH_DTYPES = torch_dtypes(*FLOATS, "int32", "int64", "bool")
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 INDEX_LIMIT = 2**31 - 2**17  # beyond this offsets are computed in int64
 MAX_RANK = 4  # dims after merging
@@ -158,14 +159,6 @@ _cat2_kernel = launch.recorded(_cat2_kernel)
 
 
 # ----------------------------------------------------------------------------- launchers
-
-def contiguous_strides(shape) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for d in reversed(tuple(shape)):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
-
 
 def copy_plan(shape, x_strides, y_strides) -> tuple:
     """(n, flat, sizes, x_strides, y_strides): the shape's dims merged where both sides

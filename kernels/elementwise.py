@@ -33,14 +33,15 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.runtime.certified import config_for
-from nbx_tune.kernels.copy import block_start, contiguous_strides, copy_plan, dense, stream_launch, strided_offsets
+from nbx_tune.kernels.copy import block_start, copy_plan, dense, stream_launch, strided_offsets
+from nbx_tune.kernels.helpers import FLOATS, contiguous_strides, torch_dtypes
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import elementwise as oracle
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+TORCH_DTYPES = torch_dtypes(*FLOATS)
 # What a 0-d operand (or a Python number) may be: torch converts it to the other's dtype.
-SCALAR_DTYPES = {**TORCH_DTYPES, "float64": torch.float64, "int32": torch.int32, "int64": torch.int64}
+SCALAR_DTYPES = torch_dtypes(*FLOATS, "float64", "int32", "int64")
 _NAMES = {v: k for k, v in SCALAR_DTYPES.items()}
 INT_DTYPES = ("int32", "int64")
 INDEX_LIMIT = 2**31 - 2**17  # beyond this offsets are computed in int64

@@ -19,12 +19,13 @@ import triton.language as tl
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.runtime.certified import config_for
+from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags, uniform_inputs
 from nbx_tune.oracles import movement as oracle
 
-WEIGHT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-INDEX_DTYPES = {"int64": torch.int64, "int32": torch.int32}
+WEIGHT_DTYPES = torch_dtypes(*FLOATS)
+INDEX_DTYPES = torch_dtypes("int64", "int32")
 _NAMES = {v: k for k, v in {**WEIGHT_DTYPES, **INDEX_DTYPES}.items()}
 
 

@@ -22,12 +22,12 @@ from nbx_tune.errors import KernelError
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import block_start
+from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import movement as oracle
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-                "int32": torch.int32, "int64": torch.int64, "bool": torch.bool}
+TORCH_DTYPES = torch_dtypes(*FLOATS, "int32", "int64", "bool")
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 EXACT_INT = {"float32": 2**24, "float16": 2**11, "bfloat16": 2**8, "int32": 2**31 - 1, "int64": 2**63 - 1}
 INDEX_LIMIT = 2**31 - 2**17

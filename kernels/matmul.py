@@ -27,11 +27,12 @@ from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import STAGING, copy_plan, launch_copy_plan
 from nbx_tune.kernels.fill import DEFAULTS as FILL_DEFAULTS
 from nbx_tune.kernels.fill import launch_fill
+from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags,
                                    uniform_inputs)
 from nbx_tune.oracles import matmul as oracle
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+TORCH_DTYPES = torch_dtypes(*FLOATS)
 INT32_MAX = 2**31 - 1
 MAX_BATCH = 65535  # the grid's second axis
 

@@ -33,11 +33,12 @@ from nbx_tune.errors import KernelError
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import dense
+from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags
 from nbx_tune.oracles import norms as oracle
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+TORCH_DTYPES = torch_dtypes(*FLOATS)
 INT32_MAX = 2**31 - 1
 FP32_EPS = 1.1920928955078125e-07  # torch.finfo(torch.float32).eps: rms_norm's eps=None
 

@@ -29,14 +29,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from nbx_tune.kernels.helpers import DTYPES
 from nbx_tune.kernels.spec import KernelSpec, Problem
 from nbx_tune.oracles import products
 
-TORCH_DTYPES = {
-    "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-    "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16,
-    "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
-}
+TORCH_DTYPES = DTYPES
 
 # (integer view dtype, poison bits). Float poisons are NaNs with payloads that hardware
 # never generates (canonical NaNs are 0x7E00 / 0x7FC0 / 0x7FC00000 ...).
