@@ -53,3 +53,8 @@ def test_each_layer_imports_only_what_the_architecture_allows(folder):
 def test_the_tuner_never_imports_the_cli_and_the_kernels_never_the_tuner():
     assert [(m, f) for m, f, _ in imports("tuner") if m == "nbx_tune.cli"] == []
     assert [(m, f) for m, f, _ in imports("kernels") if m in ("nbx_tune.tuner", "nbx_tune.cli")] == []
+
+
+def test_no_product_layer_imports_the_testing_helpers():
+    product = ("", "oracles", "profiles", "kernels", "tuner", "cli", "migrations")
+    assert [(m, f) for folder in product for m, f, _ in imports(folder) if m == "nbx_tune.testing"] == []
