@@ -31,7 +31,6 @@ import os
 import sys
 import time
 import traceback
-from pathlib import Path
 
 from nbx_tune.testing.bench import environment, save, table  # noqa: E402
 

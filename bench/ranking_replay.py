@@ -25,7 +25,6 @@ from __future__ import annotations
 import random
 import statistics
 import sys
-from pathlib import Path
 
 from nbx_tune.testing.bench import save, table  # noqa: E402
 

@@ -4,8 +4,6 @@ a census recorded (NBX_TUNE_DB).
     python bench/screen_share.py
 """
 
-import sys
-from pathlib import Path
 
 from sqlalchemy import func, select
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 from collections import Counter
 from pathlib import Path

@@ -35,7 +35,6 @@ import os
 import sys
 import time
 import traceback
-from pathlib import Path
 
 import numpy as np
 

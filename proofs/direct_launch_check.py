@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
 from nbx_tune.testing.bench import environment, save, table  # noqa: E402
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 
 from nbx_tune.testing.bench import environment, save, table  # noqa: E402

@@ -10,7 +10,6 @@ bytes), with and without a bias. The interpreter proves the index math on the CP
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 
 from nbx_tune.testing.bench import environment, save, table  # noqa: E402

@@ -101,6 +101,7 @@ SHAPES = [  # (B, Hq, Hkv, Lq, Lk, D, Dv, causal)
 @pytest.mark.parametrize("flags", FLAG_SETS,
                          ids=lambda f: "+".join(f"{k}{v}" if k == "PACK" else k for k, v in f.items()))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}H{}/{}L{}x{}d{}/{}{}".format(*s[:7], "c" if s[7] else ""))
+@pytest.mark.slow
 def test_levers_match_the_oracle_and_repeat_bit_for_bit(monkeypatch, dtype, tol, flags, shape):
     B, Hq, Hkv, Lq, Lk, D, Dv, causal = shape
     q, k, v = _inputs(B, Hq, Hkv, Lq, Lk, D, Dv, dtype, seed=Lq * 100 + Lk)

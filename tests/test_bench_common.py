@@ -3,8 +3,6 @@ table made stale as a kernel source change makes it is re-certified by the next 
 and the breakdown after a given tuning counts that census's seats alone."""
 
 import shutil
-import sys
-from pathlib import Path
 
 from nbx_tune.testing import planted
 from nbx_tune.kernels.runtime.registry import register

@@ -2,8 +2,6 @@
 never by its own entry, and the counts it reports are of the seats it ranked."""
 
 import json
-import sys
-from pathlib import Path
 
 from nbx_tune.bench import ranking_replay as rr  # noqa: E402
 

@@ -3,9 +3,7 @@ table with every kernel in it, and the trace rows it hands both censuses hold ex
 seats, with every shape the full traces give them."""
 
 import json
-import sys
 from collections import Counter
-from pathlib import Path
 
 from nbx_tune.bench import recertify_cost as rc  # noqa: E402
 

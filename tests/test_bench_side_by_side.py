@@ -1,7 +1,5 @@
 """bench/_common.side_by_side: what the benchmarks compare is timed in turned rounds."""
 
-import sys
-from pathlib import Path
 
 from nbx_tune.testing.bench import side_by_side  # noqa: E402
 

@@ -2,7 +2,6 @@
 op's schema, params parsed by its types), and the script's smoke mode runs end to end."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest

@@ -45,6 +45,7 @@ MATMUL_TRACE = (
 )
 
 
+@pytest.mark.slow
 def test_census_certifies_then_the_second_tunes_nothing_and_launches_read_it(tmp_path, any_db, monkeypatch):
     db_url = any_db
     monkeypatch.setenv("NBX_TUNE_DB", db_url)
@@ -130,6 +131,7 @@ def test_over_the_byte_budget_the_screen_is_skipped_announced_and_the_seat_unscr
     assert seat.config in {c.key() for c in planted.GOOD}
 
 
+@pytest.mark.slow
 def test_a_new_shape_makes_the_seat_unscreened_until_its_winner_is_screened_there(tmp_path, db_url):
     census(str(trace(tmp_path, "test.double\tfloat32\t40000\t\t1\n", "a.tsv")), db_url)
     b = trace(tmp_path, "test.double\tfloat32\t60000\t\t1\n", "b.tsv")  # same elements bucket

@@ -44,6 +44,7 @@ def test_every_launch_of_the_example_traces_is_served(name):
         assert {"conv", "batch_norm", "max_pool2d"} <= kernels
 
 
+@pytest.mark.slow
 def test_census_certifies_every_new_seat_of_the_small_traces(tmp_path, db_url):
     """The rows of the small example traces served by the new families (copies, casts, cat,
     embedding, arange, batch norm, max pooling, integer adds), one census: all certified."""

@@ -119,6 +119,7 @@ REPLAYS_STRIDES = ("attention", "elementwise_binary", "reduce", "conv", "matmul"
 
 @pytest.mark.parametrize("lean", [False, True], ids=["runner", "lean"])
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_a_replay_is_bit_identical_to_the_launch_through_triton(fake, family, lean, monkeypatch):
     if lean:  # replays call the compiled launcher itself (launch._lean_launcher)
         monkeypatch.setattr(launch, "_lean_launcher", lean_launcher)
@@ -238,6 +239,7 @@ def _variants(family, make):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_a_changed_dtype_alignment_device_or_stride_is_never_served_another_replay(fake, family):
     op, make, kw = FAMILIES[family]
     base = make(buf)

@@ -95,6 +95,7 @@ def _edit(path, fn):
     (lambda p: _edit(p, lambda d: d.update(format="something else")), "not an nbx-tune certified table"),
     (lambda p: _edit(p, lambda d: d["entries"][0].pop("provenance")), r"entries\[0\].provenance: missing"),
 ])
+@pytest.mark.slow
 def test_broken_tables_are_refused_whole(table, damage, match, monkeypatch):
     damage(table)
     with pytest.raises(TableError, match=match) as e:
@@ -106,6 +107,7 @@ def test_broken_tables_are_refused_whole(table, damage, match, monkeypatch):
         certified.state()
 
 
+@pytest.mark.slow
 def test_import_merges_keeping_the_faster_certificate(tmp_path, db_url, table, any_db):
     other = any_db
     s = api.import_(str(table), other)
@@ -170,6 +172,7 @@ def _resigned(path, out, fn):
     (lambda d: d["entries"][0].update(spread_ms=[]), r"spread_ms: expected \[p20, p80\]"),
     (lambda d: d["entries"][0]["provenance"].update(certified_at="yesterday"), "certified_at: not an ISO"),
 ])
+@pytest.mark.slow
 def test_edited_and_resigned_tables_are_refused_at_import_and_never_served(tmp_path, table, edit, match,
                                                                            monkeypatch):
     bad = _resigned(table, tmp_path / "bad.json", edit)

@@ -111,6 +111,7 @@ def test_a_failing_migration_is_one_line_and_changes_nothing(tmp_path, monkeypat
     assert one_line(r) and "migrating to" in r.stderr and "disk on fire" in r.stderr
 
 
+@pytest.mark.slow
 def test_the_compile_pool_leaves_a_broken_plugin_to_the_census_one_line(tmp_path):
     """A plugin that raises on import: the compile pool's processes (on a GPU) used to print
     a traceback before the census's own one-line error."""

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import db_count
 
 from nbx_tune.tuner import commands as api
@@ -33,6 +35,7 @@ def enqueue(tmp_path, url):
     return t
 
 
+@pytest.mark.slow
 def test_several_workers_on_one_queue_tune_every_seat_once(tmp_path, any_db):
     enqueue(tmp_path, any_db)
     p = cli("worker", "--db", any_db, "--gpus", "0,0,0", "--no-isolate", "--json")
@@ -50,6 +53,7 @@ def test_several_workers_on_one_queue_tune_every_seat_once(tmp_path, any_db):
     assert all(r["holder"].endswith(":gpu0") for r in reports)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_seat_loses_its_lease_and_another_finishes(tmp_path, any_db):
     enqueue(tmp_path, any_db)
     # A worker on "another host" (its death cannot be seen from here): only its lease ends.

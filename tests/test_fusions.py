@@ -424,6 +424,7 @@ def test_transformers_patterns_are_swapped_and_their_variants_are_not(fused, mon
     assert all(torch.equal(a, b) for a, b in zip(got, want))  # outside serve: the pattern's own ops
 
 
+@pytest.mark.slow
 def test_nbx_tune_run_fuses_a_class_the_program_defines(tmp_path):
     """`nbx-tune run` enters serve() before the program imports its model code: the class is
     checked when created, and its norm is one served aten.rms_norm."""

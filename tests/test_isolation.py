@@ -30,6 +30,7 @@ def quick_timeout_profile(tmp_path, seconds=8):
     return p
 
 
+@pytest.mark.slow
 def test_crash_and_hang_are_refused_and_the_tuner_goes_on(tmp_path, monkeypatch):
     log = tmp_path / "launches.log"
     monkeypatch.setenv("NBX_TEST_LAUNCH_LOG", str(log))
@@ -61,6 +62,7 @@ def tune_isolated(profile, spec, n):
     return res, ex
 
 
+@pytest.mark.slow
 def test_census_with_isolation_records_crash_refusals(tmp_path, db_url):
     t = tmp_path / "t.tsv"
     t.write_text("# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\ntest.faulty\tfloat32\t333\t\t1\n")
@@ -105,6 +107,7 @@ def test_a_seat_whose_preparation_kills_the_worker_is_refused_and_the_next_seat_
     assert good.outcome == "certified" and good.winner.config in planted.GOOD
 
 
+@pytest.mark.slow
 def test_a_replacement_worker_that_cannot_prepare_the_seat_refuses_it_without_looping(tmp_path, monkeypatch):
     """A candidate kills the worker; its replacement dies preparing the seat again. The
     seat is refused (prepare_error) once, where the executor used to recurse forever."""
@@ -123,6 +126,7 @@ def test_a_replacement_worker_that_cannot_prepare_the_seat_refuses_it_without_lo
     assert len((tmp_path / "prepared.log").read_text().split()) == 2
 
 
+@pytest.mark.slow
 def test_a_worker_killed_from_outside_while_preparing_is_retried_by_the_next_census(tmp_path, db_url,
                                                                                      monkeypatch):
     """SIGKILL (the out-of-memory killer, kill -9) while the worker makes a seat's inputs:

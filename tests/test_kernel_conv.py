@@ -57,6 +57,7 @@ def _rel(out: torch.Tensor, ref: np.ndarray) -> float:
 
 # ----------------------------------------------------------------------------- correctness
 
+@pytest.mark.slow
 def test_selfcheck_small_rows(interp):
     checks = check_kernel(SPEC, interp, "cpu", "small", configs_per_row=3)
     bad = [c for c in checks if not c.ok]
@@ -85,6 +86,7 @@ def test_selfcheck_small_rows(interp):
     ((1, 1, 13, 11), (6, 1, 5, 5), "1x1", "2x2", "1x1", 1, False),   # C_in=1: direct kernel
     ((2, 8, 6, 7), (8, 2, 1, 3), "1x2", "0x1", "1x1", 4, False),     # grouped
 ])
+@pytest.mark.slow
 def test_each_config_class(interp, dtype, x, w, stride, padding, dilation, groups, bias):
     """Distinct tile shapes at awkward geometries, each against the oracle."""
     p = _problem(dtype, x, w, bias, stride, padding, dilation, groups)
@@ -397,6 +399,7 @@ def test_pointwise_seat_only_for_unpadded_ungrouped_1x1(interp, row, kind):
     ((2, 12, 7, 9), (5, 12, 1, 1), "1x3", False),     # anisotropic stride
     ((3, 21, 67), (10, 21, 1), "1", True),            # 1-D, kernel size 1
 ])
+@pytest.mark.slow
 def test_pointwise_configs_match_oracle(interp, dtype, x, w, stride, bias):
     """PW tiles of every shape class (narrow, wide, BLOCK_K over C_in), each against the
     fp64 oracle; the interpreter runs them whatever a device's shared memory admits."""
@@ -638,6 +641,7 @@ PADS = [c for c in cv.POINTWISE_CONFIGS if c.kwargs.get("PAD")]
     ((1, 130, 14, 14), (33, 130, 1, 1), "2x2", False),  # staged dense to 7 x 7, then padded
     ((2, 150, 3), (7, 150, 1), "1", True),              # 1-D, 3 pixels
 ])
+@pytest.mark.slow
 def test_padded_pixel_rows_match_oracle_bit_for_bit_twice(interp, dtype, x, w, stride, bias):
     p = _problem(dtype, x, w, bias, stride, "0" if len(x) == 3 else "0x0", "1" if len(x) == 3 else "1x1")
     assert dict(p.flags)["aligned"] == "1" and len(PADS) >= 3

@@ -69,6 +69,7 @@ def rotary_inputs(dt, B=2, H=3, S=7, D=10, cos_batch=None, seed=0):
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+@pytest.mark.slow
 def test_selfcheck_small_rows_pass_the_screen(spec):
     checks = check_kernel(spec, PROFILE, "cpu", "small", configs_per_row=3)
     bad = [(c.op, c.shapes, c.dtype, str(c.config), c.reason, c.detail) for c in checks if not c.ok]
@@ -499,6 +500,7 @@ def test_a_llama_with_its_patterns_swapped_for_the_ops_is_transformers_and_serve
     assert not any(s["torch"] for s in st.values()), st
 
 
+@pytest.mark.slow
 def test_decode_steps_on_a_growing_cache_are_served_with_every_fusion(transformers_llama):
     """A prefill and two decode steps of transformers' Llama on its DynamicCache, as
     generation runs them: the fused code's logits are torch's within the fp32 tolerance, the

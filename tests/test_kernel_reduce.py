@@ -36,6 +36,7 @@ def _err(got: torch.Tensor, ref) -> float:
 
 # ----------------------------------------------------------------------------- self-check
 
+@pytest.mark.slow
 def test_selfcheck_small_rows_pass_the_screen():
     checks = check_kernel(SPEC, PROFILE, "cpu", "small", configs_per_row=3)
     bad = [(c.op, c.shapes, c.dtype, str(c.config), c.reason, c.detail) for c in checks if not c.ok]

@@ -320,6 +320,7 @@ def _split(split, bm=16, bn=16, bk=16, tma=0, last=0):
 @pytest.mark.parametrize("batch,m,n,k,split", [(1, 1, 45, 200, 4), (1, 7, 33, 97, 3), (2, 19, 40, 130, 5),
                                                (1, 37, 24, 40, 4)])
 @pytest.mark.parametrize("tma", [0, 1])
+@pytest.mark.slow
 def test_split_k_matches_the_oracle_and_repeats_bit_for_bit(dt, batch, m, n, k, split, tma):
     # K = 97 over 3 splits of 16-blocks leaves a ragged last block; K = 40 over 4 splits
     # leaves the fourth split empty (it must write zeros, not leave its partial unwritten);

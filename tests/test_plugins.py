@@ -103,6 +103,7 @@ def test_a_plugin_registered_before_the_built_ins_is_still_the_one_blamed(on_pat
         registry.all_specs()
 
 
+@pytest.mark.slow
 def test_a_fresh_process_that_imports_a_plugin_gets_its_certified_configs(tmp_path, db_url, on_path):
     # Certified through --plugin; then a program that only imports the module and calls its
     # op (no entry point, no load_plugin) is served the certificate: the spec it hands

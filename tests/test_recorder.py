@@ -269,6 +269,7 @@ def one_line_failure(argv, out):
     return str(info.value)
 
 
+@pytest.mark.slow
 def test_trace_command_records_the_program(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     script(tmp_path, "model.py", """
@@ -337,6 +338,7 @@ def test_python_options_stay_with_the_interpreter():
 # ----------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_a_recorded_model_goes_through_a_census(tmp_path):
     """Record a transformer layer and a conv block, then certify what the trace needs."""
     from nbx_tune.tuner import commands as api

@@ -39,6 +39,7 @@ def q(db_url, sql):
         return c.execute(sql).fetchall()
 
 
+@pytest.mark.slow
 def test_two_censuses_at_once_tune_each_seat_once(tmp_path, any_db):
     db_url = any_db
     t = tmp_path / "t.tsv"
@@ -60,6 +61,7 @@ def test_two_censuses_at_once_tune_each_seat_once(tmp_path, any_db):
     assert db_count(db_url, "seats", "WHERE claimed_by IS NOT NULL") == 0
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_moments_loses_nothing_and_the_next_census_finishes(tmp_path, db_url):
     t = tmp_path / "t.tsv"
     t.write_text(HEAD + MANY_SEATS)

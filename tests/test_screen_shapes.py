@@ -68,6 +68,7 @@ def test_tile_edges_of_the_bucket_are_screened_even_if_no_census_saw_them():
     assert res.winner.config == planted.GEMM_GOOD[0]
 
 
+@pytest.mark.slow
 def test_an_fp16_accumulator_is_imprecise_and_a_racing_split_k_nondeterministic():
     spec = planted.GemmSpec((*planted.GEMM_GOOD, planted.ACC16, planted.SPLIT_K), edges=False)
     p = gemm(16, 24, 8192)
@@ -102,6 +103,7 @@ def _trace(tmp_path, name, Ns):
     return str(p)
 
 
+@pytest.mark.slow
 def test_a_shape_seen_later_has_the_winner_screened_there_and_a_failure_retunes(tmp_path, db_url, monkeypatch):
     import nbx_tune.tuner.timing.benchmarkers as bench
 

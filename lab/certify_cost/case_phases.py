@@ -14,9 +14,7 @@ first loads, numpy's thread pools) and the second is reported beside it.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 

@@ -14,7 +14,6 @@ staged pair under the best PW config of a sweep (copy included in its time).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]

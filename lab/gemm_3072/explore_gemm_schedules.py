@@ -48,6 +48,7 @@ try:
 except ImportError:  # the repository root is the package: put a link named nbx_tune on the path
     _pkg = Path(tempfile.mkdtemp())
     (_pkg / "nbx_tune").symlink_to(Path(__file__).resolve().parents[2])
+    sys.path.insert(0, str(_pkg))
 try:
     from nbx_tune.kernels.matmul import CONFIGS, _c as matmul_config, _tma_copy, launch_matmul, tma_ready
     from nbx_tune.kernels.spec import Config

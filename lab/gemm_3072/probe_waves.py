@@ -14,7 +14,6 @@ themselves are checked by explore_gemm_schedules.py. Writes $OUT/probe_waves.jso
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 import triton

@@ -7,7 +7,6 @@ $OUT/gemm_midsize.json."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 
 SHAPES = [(1000, 1024, 4096), (800, 1536, 1536), (800, 1536, 8960), (800, 8960, 1536), (1024, 768, 3072),

@@ -6,7 +6,6 @@ python3 lab/gemm_sum_last/study.py; writes $OUT/gemm_sum_last.json."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 
 # (M, N, K): decode rows of Llama-2-7B at batch 1 and 64, then the mid-size prefill rows

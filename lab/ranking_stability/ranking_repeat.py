@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path

@@ -6,7 +6,6 @@
 """
 
 import sys
-from pathlib import Path
 
 
 from nbx_tune.bench.torch_compare import served  # noqa: E402

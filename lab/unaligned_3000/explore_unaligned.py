@@ -33,6 +33,7 @@ try:
 except ImportError:  # the repository root is the package: put a link named nbx_tune on the path
     _pkg = Path(tempfile.mkdtemp())
     (_pkg / "nbx_tune").symlink_to(Path(__file__).resolve().parents[2])
+    sys.path.insert(0, str(_pkg))
 
 # (name, S, row stride of A, of B, of C, stage): M = N = K = S. stage "torch" copies A and B
 # into zero-padded buffers of rows a multiple of 16 (what launch_matmul does for aligned=0);
