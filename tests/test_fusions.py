@@ -1,4 +1,4 @@
-"""Fusions (kernels/serving/fusions/engine.py): model code that is exactly a known pattern runs as one op
+"""Fusions (kernels/serving/fusions/): model code that is exactly a known pattern runs as one op
 while serve() or the recorder is active, and only then; a variant is never swapped."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import nbx_tune
-from nbx_tune.kernels.serving.fusions import engine as fusions
+from nbx_tune.kernels.serving.fusions import engine as fusions, llama
 from nbx_tune.kernels.serving import serve as serving
 from nbx_tune.tuner.trace.recorder import Recorder
 
@@ -121,15 +121,15 @@ def test_a_variant_is_never_swapped(fused, cls):
 
 
 def test_torch_bound_to_something_else_is_not_the_pattern(tmp_path, monkeypatch):
-    assert fusions.RMS_NORM.pattern.matches(PATTERN_FORWARD)
-    (tmp_path / "other_torch.py").write_text("import torch.nn as torch\n" + fusions.RMS_NORM.pattern.source)
+    assert llama.RMS_NORM.pattern.matches(PATTERN_FORWARD)
+    (tmp_path / "other_torch.py").write_text("import torch.nn as torch\n" + llama.RMS_NORM.pattern.source)
     monkeypatch.syspath_prepend(str(tmp_path))
     import other_torch
 
-    assert not fusions.RMS_NORM.pattern.matches(other_torch.forward)
+    assert not llama.RMS_NORM.pattern.matches(other_torch.forward)
     namespace = {"torch": torch}  # the very pattern, but no source to read: never swapped
-    exec(compile(fusions.RMS_NORM.pattern.source, "<no file>", "exec"), namespace)
-    assert not fusions.RMS_NORM.pattern.matches(namespace["forward"])
+    exec(compile(llama.RMS_NORM.pattern.source, "<no file>", "exec"), namespace)
+    assert not llama.RMS_NORM.pattern.matches(namespace["forward"])
 
 
 def test_a_class_defined_while_active_is_swapped_and_the_hook_leaves_after():
@@ -559,7 +559,7 @@ def test_a_trace_says_which_fusions_it_was_recorded_with(tmp_path):
     from nbx_tune.tuner.trace.recorder import record
 
     m = _norm()
-    for fuse, note in ((True, "# fusions: rms_norm x2 (kernels/serving/fusions/engine.py)"),
+    for fuse, note in ((True, "# fusions: rms_norm x2 (kernels/serving/fusions/)"),
                        (False, "# fusions: off (the model's own ops, as torch runs them)")):
         path = tmp_path / f"{fuse}.tsv"
         with torch.inference_mode(), record(path, ["a comment"], fuse=fuse):

@@ -224,7 +224,7 @@ class serve(contextlib.ContextDecorator):
     """Run the body's aten ops on the certified kernels (a context manager and a decorator).
     Nested and repeated uses share one set of overrides; the last to leave removes them.
     With `fuse` (default: on unless NBX_TUNE_FUSE=0) model code that is a known pattern of
-    several ops runs as the one op a kernel serves (`fusions.py`: transformers' RMS norm)."""
+    several ops runs as the one op a kernel serves (`fusions/`: transformers' RMS norm)."""
 
     def __init__(self, fuse: bool | None = None):
         self.fuse = fusions.enabled_by_default() if fuse is None else fuse

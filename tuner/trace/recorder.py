@@ -184,7 +184,7 @@ class Recorder:
         self._counts: dict[_Key, int] = {}  # insertion order: first launch first
         self._paused = 0
         self._modes = contextlib.ExitStack()
-        # The fusions serve() makes (kernels/serving/fusions/engine.py), so the trace holds the ops it serves.
+        # The fusions serve() makes (kernels/serving/fusions/), so the trace holds the ops it serves.
         self.fuse = fusions.enabled_by_default() if fuse is None else fuse
         self.fused: dict[str, int] = {}  # fusion -> calls swapped in while recording
 
@@ -212,7 +212,7 @@ class Recorder:
             return "fusions: off (the model's own ops, as torch runs them)"
         if not self.fused:
             return "fusions: on, none applied"
-        return "fusions: " + ", ".join(f"{k} x{n}" for k, n in self.fused.items()) + " (kernels/serving/fusions/engine.py)"
+        return "fusions: " + ", ".join(f"{k} x{n}" for k, n in self.fused.items()) + " (kernels/serving/fusions/)"
 
     def count(self, key: _Key) -> None:
         self._counts[key] = self._counts.get(key, 0) + 1
