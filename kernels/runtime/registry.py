@@ -12,26 +12,12 @@ import importlib
 from importlib.metadata import entry_points
 
 from nbx_tune.errors import KernelError
+from nbx_tune.kernels import _OPS
 from nbx_tune.kernels.spec import KernelSpec
 
-BUILTIN_MODULES = (
-    "nbx_tune.kernels.matmul",
-    "nbx_tune.kernels.attention",
-    "nbx_tune.kernels.conv",
-    "nbx_tune.kernels.softmax",
-    "nbx_tune.kernels.norms",
-    "nbx_tune.kernels.elementwise",
-    "nbx_tune.kernels.reduce",
-    "nbx_tune.kernels.copy",
-    "nbx_tune.kernels.embed",
-    "nbx_tune.kernels.fill",
-    "nbx_tune.kernels.batchnorm",
-    "nbx_tune.kernels.pool",
-    "nbx_tune.kernels.rope",
-    "nbx_tune.kernels.swiglu",
-    "nbx_tune.kernels.residual_norm",
-    "nbx_tune.kernels.kv_cache",
-)
+# The built-in families: the modules that hold the public ops (kernels/__init__.py), in
+# that order; one list, so a new family is registered by adding its ops there.
+BUILTIN_MODULES = tuple(dict.fromkeys(_OPS.values()))
 ENTRY_POINT_GROUP = "nbx_tune.kernels"
 
 _specs: dict[str, KernelSpec] = {}
