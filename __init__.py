@@ -7,9 +7,9 @@ public names below are resolved on first use.
 __version__ = "0.1.0"
 
 _LAZY = {
-    "record": ("nbx_tune.tuner.recorder", "record"),
-    "serve": ("nbx_tune.kernels.serve", "serve"),
-    "serve_stats": ("nbx_tune.kernels.serve", "stats"),
+    "record": ("nbx_tune.tuner.trace.recorder", "record"),
+    "serve": ("nbx_tune.kernels.serving.serve", "serve"),
+    "serve_stats": ("nbx_tune.kernels.serving.serve", "stats"),
     "NbxError": ("nbx_tune.errors", "NbxError"),
 }
 

@@ -36,4 +36,4 @@ class KernelError(NbxError):
 
 class TorchFaster(KernelError):
     """Under serve(), a seat whose torch baseline is faster: torch runs the op
-    (kernels/baseline.py)."""
+    (kernels/runtime/torch_rule.py)."""

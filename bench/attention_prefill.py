@@ -31,10 +31,8 @@ import os
 import sys
 import time
 import traceback
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, table  # noqa: E402
+from nbx_tune.testing.bench import environment, save, table  # noqa: E402
 
 # (B, Hq, Hkv, Lq, Lk, D, causal)
 SHAPES = [(1, 32, 8, 1000, 1000, 128, True), (1, 32, 8, 1024, 1024, 128, True), (1, 32, 32, 512, 512, 128, True),
@@ -55,7 +53,7 @@ def shape_name(s) -> str:
 
 def problem(s, dt):
     from nbx_tune.kernels import attention as A
-    from nbx_tune.tuner.trace import make_row
+    from nbx_tune.kernels.trace import make_row
 
     B, Hq, Hkv, Lq, Lk, D, causal = s
     params = {"attn_mask": "None", **({"is_causal": "True"} if causal else {}),
@@ -172,8 +170,9 @@ def time_shape(profile, s, dt, device, broken, sweep_calls, final_calls):
     import torch
     import torch.nn.functional as F
 
-    from nbx_tune.kernels import attention as A, certified
-    from speed_candidates import sweep_then_confirm
+    from nbx_tune.kernels import attention as A
+    from nbx_tune.kernels.runtime import certified
+    from nbx_tune.bench.speed_candidates import sweep_then_confirm
 
     B, Hq, Hkv, L, _, D, causal = s  # timed shapes are square (self-attention prefill)
     tdt = getattr(torch, dt)

@@ -18,8 +18,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nbx_tune.kernels.matmul import CONFIGS, SPEC, _matmul_kernel, schedule, split_k
 from nbx_tune.kernels.spec import NotServable
-from nbx_tune.tuner.screen import TORCH_DTYPES
-from nbx_tune.tuner.trace import read_trace
+from nbx_tune.tuner.certify.screen import TORCH_DTYPES
+from nbx_tune.kernels.trace import read_trace
 
 
 

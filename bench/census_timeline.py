@@ -38,7 +38,9 @@ def wrap(owner, name: str, label: str | None = None) -> None:
 def wrap_heavy() -> None:
     """The phases in modules that import torch and Triton: wrapped once the census has
     looked for the GPU (importing them earlier would decide the interpreter question)."""
-    from nbx_tune.tuner import census, runner, store
+    from nbx_tune.tuner.census import census
+    from nbx_tune.tuner.fleet import seat_tuner as runner
+    from nbx_tune.tuner import store
 
     wrap(census, "load_plan")
     wrap(store.Store, "__init__", "Store (database, migrations)")
@@ -52,7 +54,8 @@ def main() -> None:
     from nbx_tune.cli import app as cli
 
     mark("CLI imported")
-    from nbx_tune.tuner import api, isolation, precompile  # none of them imports torch
+    from nbx_tune.tuner import commands as api
+    from nbx_tune.tuner.execution import isolation, precompile  # none of them imports torch
 
     wrap(api, "_early_executor", "worker and compile pool start")
     wrap(api, "ensure_device", "ensure_device (imports torch)")

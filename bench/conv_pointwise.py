@@ -10,7 +10,7 @@ torch (cuDNN), in one run, before and after the pointwise kernel:
   best timed again beside the others): what a census would choose from.
 
 Every launch is checked first against torch in fp32 (2e-2 of max|ref| in bf16/fp16: a sanity
-check; bench/gpu_check.py --kernels conv is the fp64 proof). Times are the census's (each
+check; proofs/gpu_check.py --kernels conv is the fp64 proof). Times are the census's (each
 launch after an L2 flush, tuner/timing.gpu_time), the sides in alternating rounds. Ratios are
 torch / ours (below 1: slower than torch); the total weights each row by its launches in the
 trace.
@@ -29,8 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, side_by_side, table, wall_ms  # noqa: E402
+from nbx_tune.testing.bench import environment, save, side_by_side, table, wall_ms  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "examples" / "traces" / "resnet50_b8_bf16.tsv"
@@ -40,7 +39,7 @@ SMOKE_ROWS = (((2, 24, 7, 7), (40, 24, 1, 1), 1), ((2, 16, 9, 9), (24, 16, 1, 1)
 def pointwise_rows(smoke: bool, dtype: str):
     """(row, launches in the trace) for every 1x1 unpadded convolution, in the trace's order."""
     from nbx_tune.kernels.rows import make_row
-    from nbx_tune.tuner.trace import read_trace
+    from nbx_tune.kernels.trace import read_trace
 
     if smoke:
         return [(make_row("aten.convolution", [dtype] * 2, [x, w],
@@ -57,7 +56,7 @@ def pointwise_rows(smoke: bool, dtype: str):
 
 def old_config(spec, profile, problem):
     """(config, certified?) of the row's old kind=gemm seat in the shipped hopper table."""
-    from nbx_tune.kernels import table_format
+    from nbx_tune.kernels.runtime import table_format
     from nbx_tune.kernels.spec import Config, bucket_of, encode_bucket, encode_flags
 
     flags = tuple(sorted((k, v) for k, v in {**dict(problem.flags), "kind": "gemm"}.items() if k != "aligned"))
@@ -139,7 +138,7 @@ def main(argv=None) -> int:
 
     from nbx_tune.kernels import conv as cv
     from nbx_tune.profiles import current_profile
-    from nbx_tune.tuner.tune import static_prune
+    from nbx_tune.tuner.certify.tune import static_prune
 
     t_start = time.monotonic()
     device = "cpu" if args.smoke else "cuda"

@@ -28,7 +28,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ROTATE_BYTES = 96 << 20
 MAX_SETS = 4
@@ -246,11 +245,11 @@ def main(argv=None) -> int:
 def run(args) -> int:
     import torch
 
-    from _common import environment, save, table
-    from nbx_tune.kernels import certified
+    from nbx_tune.testing.bench import environment, save, table
+    from nbx_tune.kernels.runtime import certified
     from nbx_tune.kernels import copy as cp
     from nbx_tune.profiles import current_profile
-    from torch_compare import graph_times
+    from nbx_tune.bench.torch_compare import graph_times
 
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     rep_ms = args.rep_ms or (1.0 if device == "cpu" else 16.0)

@@ -21,8 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, epoch, save, table  # noqa: E402
+from nbx_tune.testing.bench import environment, epoch, save, table  # noqa: E402
 
 DEFAULT_TRACES = ["examples/traces/llama2_7b_seq512_bf16.tsv", "examples/traces/gpt2_seq1024_bf16.tsv",
                   "examples/traces/resnet50_b8_bf16.tsv"]
@@ -60,7 +59,7 @@ def timeline(url: str, t_launch: float, t_end: float) -> list[dict]:
         rows = c.execute(text("SELECT worker, started_at, finished_at, device_name FROM tunings "
                               "ORDER BY started_at")).all()
     eng.dispose()
-    from nbx_tune.tuner.fleet import worker_timeline
+    from nbx_tune.tuner.fleet.workers import worker_timeline
 
     return worker_timeline([(w, epoch(s), epoch(f), d) for w, s, f, d in rows], t_launch, t_end)
 

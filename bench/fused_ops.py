@@ -29,14 +29,13 @@ SMOKE = "--smoke" in sys.argv
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, per_call_ms, save, side_by_side, table, wall_ms  # noqa: E402
+from nbx_tune.testing.bench import environment, per_call_ms, save, side_by_side, table, wall_ms  # noqa: E402
 
 
 def cases(torch, dev, dt):
     """(name, fused op, torch's pattern, args)."""
     from nbx_tune import kernels as K
-    from nbx_tune.kernels import custom_ops
+    from nbx_tune.kernels.serving import custom_ops
 
     def r(*shape):
         return torch.randn(*shape, device=dev, dtype=dt)
@@ -75,8 +74,8 @@ def cases(torch, dev, dt):
 def certify(all_cases) -> None:
     """A census of the fused ops' seats, recorded from the torch ops, into a fresh database."""
     from nbx_tune import record
-    from nbx_tune.kernels import certified
-    from nbx_tune.tuner import api
+    from nbx_tune.kernels.runtime import certified
+    from nbx_tune.tuner import commands as api
 
     work = Path(tempfile.mkdtemp(prefix="nbx-fused-"))
     with record(work / "t.tsv"):
@@ -105,7 +104,7 @@ def rel_err(out, ref) -> float:
 def main() -> None:
     import torch
 
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
     from nbx_tune.oracles import rope as rope_oracle
 
     dev = "cpu" if SMOKE else "cuda"

@@ -15,8 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, side_by_side, table  # noqa: E402
+from nbx_tune.testing.bench import environment, save, side_by_side, table  # noqa: E402
 
 BLAS_SHAPES = [(2048, 2048, 2048), (3072, 3072, 3072), (4096, 4096, 4096), (4096, 11008, 4096),
                (2048, 32000, 4096),
@@ -55,12 +54,12 @@ def census_said(measurements: list[dict], config) -> str:
 def main(buckets_only: bool = False) -> None:
     import torch
 
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
     from nbx_tune.kernels.matmul import SPEC, _matmul_kernel, launch_matmul, matmul_args, tma_descriptors
     from nbx_tune.kernels.spec import Config, bucket_of, seat_label
     from nbx_tune.profiles import current_profile
-    from nbx_tune.tuner import api
-    from nbx_tune.tuner.trace import make_row, write_trace
+    from nbx_tune.tuner import commands as api
+    from nbx_tune.kernels.trace import make_row, write_trace
 
     work = Path(tempfile.mkdtemp(prefix="nbx-q-"))
     db = f"sqlite:///{work / 'quality.db'}"

@@ -1,5 +1,5 @@
 """Host microseconds per eager call, one op of every kernel family at a small shape, side by
-side in one run: the certified call (a replay of its compiled kernel, kernels/launch.py),
+side in one run: the certified call (a replay of its compiled kernel, kernels/runtime/launch.py),
 its own Python work (the same call with the compiled kernel's launcher mocked), the floor
 (`CompiledKernel[grid]` called with prebuilt arguments: the addresses a replay passes, and
 tensors as Triton's own launch passes them), the compiled kernel's launcher called without
@@ -27,8 +27,7 @@ CPU = "--cpu" in sys.argv
 if CPU:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, table  # noqa: E402
+from nbx_tune.testing.bench import environment, save, table  # noqa: E402
 
 CALLS, RUNS = (300, 5) if CPU else (1000, 7)
 
@@ -39,7 +38,7 @@ def cases(torch, dev, dt):
     import torch.nn.functional as F
 
     from nbx_tune import kernels as K
-    from nbx_tune.kernels import custom_ops
+    from nbx_tune.kernels.serving import custom_ops
     from nbx_tune.kernels.softmax import softmax
 
     def r(*shape):
@@ -139,8 +138,8 @@ def leaner(torch, recorded, replayed):
 
 def certify(torch, all_cases) -> None:
     from nbx_tune import record
-    from nbx_tune.kernels import certified
-    from nbx_tune.tuner import api
+    from nbx_tune.kernels.runtime import certified
+    from nbx_tune.tuner import commands as api
 
     work = Path(tempfile.mkdtemp(prefix="nbx-lo-"))
     with record(work / "t.tsv"):
@@ -155,7 +154,7 @@ def certify(torch, all_cases) -> None:
 def main() -> None:
     import torch
 
-    from nbx_tune.kernels import certified, launch
+    from nbx_tune.kernels.runtime import certified, launch
 
     dev = "cpu" if CPU else "cuda"
     dt = torch.float32 if CPU else torch.bfloat16
@@ -190,7 +189,7 @@ def main() -> None:
             call()
             res["  its own work (compiled kernel mocked)"] = host_us(call, sync)
             if not CPU:
-                if not torch.equal(first, second):  # bench/direct_launch_check.py is the proof
+                if not torch.equal(first, second):  # proofs/direct_launch_check.py is the proof
                     print(f"{name}: MISMATCH: the replay differs from Triton's launch")
                 if not torch.allclose(second.float(), ref(*args, **kw).float(), atol=5e-2, rtol=5e-2):
                     print(f"{name}: MISMATCH against torch's op")

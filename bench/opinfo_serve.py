@@ -21,7 +21,7 @@ import sys
 # assert ends the CUDA context of the process it fires in.
 _ASSERT_CHILD = """
 import torch, torch.nn.functional as F
-from nbx_tune.kernels.serve import serve
+from nbx_tune.kernels.serving.serve import serve
 table = torch.randn(5, 4, device="cuda", dtype=torch.float16)
 with serve(fuse=False):
     y = F.embedding(torch.tensor([0, 5], device="cuda"), table)
@@ -74,8 +74,7 @@ def main(argv=None) -> int:
         known = " (known)" if m.op in opinfo.known_for(device) else ""
         print(f"MISMATCH{known} {m.op} {m.dtype}: {m.why} | {m.sample}")
     if os.environ.get("OUT"):
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from _common import environment, out_dir
+        from nbx_tune.testing.bench import environment, out_dir
 
         doc = {"environment": environment(), "device": device,
                "per_dtype": {n: {"ops": len(r.ops), "samples": r.samples, "served": r.served,

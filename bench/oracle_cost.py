@@ -22,9 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import environment, save, table  # noqa: E402
+from nbx_tune.testing.bench import environment, save, table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,11 +41,11 @@ def main() -> int:
     import numpy as np
     import torch
 
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime.registry import all_specs
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner import screen as screening
-    from nbx_tune.tuner.census import load_plan
-    from nbx_tune.tuner.screen_shapes import screen_shapes
+    from nbx_tune.tuner.certify import screen as screening
+    from nbx_tune.tuner.census.census import load_plan
+    from nbx_tune.tuner.certify.screen_shapes import screen_shapes
 
     profile, specs = get_profile(args.profile), all_specs()
     if args.as_before:

@@ -13,8 +13,8 @@ near seat in its database gets, `strategies/ranked.votes`); the table says how o
 seat's own winner, or its runner-up, is among the TOP most voted.
 
 Run it on a database whose seats were tuned in full (a census under NBX_TUNE_SEARCH=full,
-e.g. `NBX_TUNE_SEARCH=full bash bench/gpu_session.sh census`). Rankers side by side:
-`nearby` (tuner/strategies/ranked.py), `wins` (how often a config was within 2 % of the
+e.g. `NBX_TUNE_SEARCH=full bash release/gpu_session.sh census`). Rankers side by side:
+`nearby` (tuner/search/ranked.py), `wins` (how often a config was within 2 % of the
 best at the other seats), `shipped` (the shipped table's votes, the seat's own entry left
 out), `declared` (the config space's own order) and `random`; each at
 a few shortlist sizes, TOP best-ranked plus SAMPLE seeded others.
@@ -25,10 +25,8 @@ from __future__ import annotations
 import random
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import save, table  # noqa: E402
+from nbx_tune.testing.bench import save, table  # noqa: E402
 
 SIZES = ((4, 2), (6, 3), (8, 4), (12, 4))
 
@@ -50,8 +48,8 @@ def _pct(x: float) -> str:
 
 
 def table_only(profile: str) -> None:
-    from nbx_tune.tuner.seat_search import shipped, shipped_votes
-    from nbx_tune.tuner.strategies.ranked import Ranked
+    from nbx_tune.tuner.search.seat_search import shipped, shipped_votes
+    from nbx_tune.tuner.search.ranked import Ranked
 
     entries = shipped(profile)
     rows, result = [], {}
@@ -79,8 +77,8 @@ def table_only(profile: str) -> None:
 def main(db: str | None, profile: str, kernel: str | None) -> None:
     from nbx_tune.kernels.spec import Config
     from nbx_tune.tuner.store import Store
-    from nbx_tune.tuner.seat_search import shipped_votes
-    from nbx_tune.tuner.strategies.ranked import STATIC, Ranked
+    from nbx_tune.tuner.search.seat_search import shipped_votes
+    from nbx_tune.tuner.search.ranked import STATIC, Ranked
 
     store = Store(db)
     kernels = [kernel] if kernel else sorted({r.seat.kernel for r in store.seat_records(profile=profile)})

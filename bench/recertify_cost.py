@@ -52,8 +52,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (PICK_REP_MS, breakdown, environment, query, save, side_by_side, stale_everything, table,  # noqa: E402
+from nbx_tune.testing.bench import (PICK_REP_MS, breakdown, environment, query, save, side_by_side, stale_everything, table,  # noqa: E402
                      timed_rounds, wall_ms, warm_bytecode)
 
 TRACES = tuple(sorted(str(p) for p in (Path(__file__).resolve().parent.parent / "examples" / "traces")
@@ -101,8 +100,8 @@ def current_table(src: Path, dst: Path, profile) -> int:
     """The table with its provenance set to this checkout's code and Triton."""
     import triton
 
-    from nbx_tune.kernels import table_format, validity
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime import table_format, validity
+    from nbx_tune.kernels.runtime.registry import all_specs
 
     doc = table_format.read(src)
     specs = all_specs()
@@ -140,8 +139,8 @@ def sample(keys, n: int | None, seed: int) -> list:
 def seat_rows(traces, profile, wanted=None) -> tuple[list, set]:
     """(trace rows, their seat keys): the rows of `traces` whose seat is in `wanted` (all
     when None), each row mapped by the census's own planning."""
-    from nbx_tune.tuner.census import plan
-    from nbx_tune.tuner.trace import Trace, read_trace
+    from nbx_tune.tuner.census.census import plan
+    from nbx_tune.kernels.trace import Trace, read_trace
 
     rows, keys = [], set()
     for t in traces:
@@ -218,7 +217,7 @@ def largest_problems(db: str) -> dict:
 
 def stream_timer(fns: list, rep: float) -> float:
     """A streaming pick's median ms over its operand sets, as the census times it."""
-    from nbx_tune.tuner import timing
+    from nbx_tune.tuner.timing import benchmarkers as timing
 
     return timing.stream_time(fns, 2, rep, (0.5,))[0]
 
@@ -228,9 +227,10 @@ def pick_losses(fresh: dict, recert: dict, problems: dict, smoke: bool) -> list:
     by side at the seat's largest shape as the census times the kernel (over operand sets
     where it is timed as a stream), median of three; `same`: the fresh pick against a
     second copy of itself in the same timings, how far the measure moves one binary."""
-    from nbx_tune.kernels.registry import get_spec
+    from nbx_tune.kernels.runtime.registry import get_spec
     from nbx_tune.kernels.spec import Config
-    from nbx_tune.tuner import screen, timing
+    from nbx_tune.tuner.certify import screen
+    from nbx_tune.tuner.timing import benchmarkers as timing
 
     device = "cpu" if smoke else "cuda"
     timer = wall_ms if smoke else None
@@ -282,9 +282,9 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
         os.environ["TRITON_INTERPRET"] = "1"
     else:
         os.environ.pop("TRITON_INTERPRET", None)
-    from nbx_tune.kernels import table_format
+    from nbx_tune.kernels.runtime import table_format
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner.trace import write_trace
+    from nbx_tune.kernels.trace import write_trace
 
     profile = get_profile("interpreter" if smoke else "hopper")
     trace = work / "seats.tsv"
@@ -302,7 +302,7 @@ def main(traces, smoke: bool, seats: int | None, seed: int, parallel: bool = Fal
         run(census(work / "smoke.tsv"), {**base, "NBX_TUNE_DB": made, "NBX_TUNE_SEARCH": "full"})
         run([*cli, "export", "--profile", profile.name, "-o", str(table_src), "--db", made], base)
     else:
-        from nbx_tune.kernels.certified import TABLE_DIR
+        from nbx_tune.kernels.runtime.certified import TABLE_DIR
 
         table_src = TABLE_DIR / f"{profile.name}.json"
     entries = current_table(table_src, work / "table.json", profile)

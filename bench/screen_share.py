@@ -4,13 +4,10 @@ a census recorded (NBX_TUNE_DB).
     python bench/screen_share.py
 """
 
-import sys
-from pathlib import Path
 
 from sqlalchemy import func, select
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import save, table  # noqa: E402
+from nbx_tune.testing.bench import save, table  # noqa: E402
 
 
 def main() -> None:

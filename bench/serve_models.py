@@ -12,7 +12,7 @@ serve_models_trace.tsv, and `nbx-tune census` of that trace runs in a child proc
 database of NBX_TUNE_DB (--smoke: a fresh temporary one), stopped with Ctrl-C's effect after
 --census-budget-s (what it certified by then is kept). Then the timing.
 
-Variants: torch, torch with serve()'s fusions alone (kernels/fusions.py: the RMS norm as
+Variants: torch, torch with serve()'s fusions alone (kernels/serving/fusions/engine.py: the RMS norm as
 torch's one-launch F.rms_norm; rotary and SwiGLU as the library's ops, which outside serve()
 run torch's own pattern), and serve(). Prints one row per variant: wall time per call (ms,
 the host's launch path included, which is what eager serving costs), torch's time over it (>= 1: serve is as fast), and each
@@ -41,8 +41,7 @@ if SMOKE:
 
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import environment, out_dir, per_call_ms, save, table  # noqa: E402
+from nbx_tune.testing.bench import environment, out_dir, per_call_ms, save, table  # noqa: E402
 
 # serve() leaves a copy between the host and a device to torch (kernels/copy.py says "a copy
 # to D from S is not served"): torch by design, not a miss. cuda from cuda:0 would be one.
@@ -198,13 +197,13 @@ class _fused:
     by calling F.rms_norm (rotary and SwiGLU have no torch op: they run their pattern)."""
 
     def __enter__(self):
-        from nbx_tune.kernels import fusions
+        from nbx_tune.kernels.serving.fusions import engine as fusions
 
         fusions.acquire()
         return self
 
     def __exit__(self, *exc):
-        from nbx_tune.kernels import fusions
+        from nbx_tune.kernels.serving.fusions import engine as fusions
 
         fusions.release()
         return False
@@ -226,7 +225,7 @@ def main():
         os.environ["NBX_TUNE_DB"] = f"sqlite:///{db}"
 
     import nbx_tune
-    from nbx_tune.kernels import serve as serving
+    from nbx_tune.kernels.serving import serve as serving
 
     device = "cpu" if args.smoke else "cuda"
     dtype = torch.float32 if args.smoke else torch.bfloat16
@@ -252,9 +251,10 @@ def main():
 
         run = Runner(cfg, model, ids, seq)
         run.fill()
-        from nbx_tune.kernels import certified, fusions
-        from nbx_tune.tuner.recorder import Recorder
-        from nbx_tune.tuner.trace import write_trace
+        from nbx_tune.kernels.runtime import certified
+        from nbx_tune.kernels.serving.fusions import engine as fusions
+        from nbx_tune.tuner.trace.recorder import Recorder
+        from nbx_tune.kernels.trace import write_trace
 
         # The trace: the very calls timed below, on this device (the decode on the filled cache).
         rows = []

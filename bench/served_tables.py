@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import environment, out_dir  # noqa: E402
+from nbx_tune.testing.bench import environment, out_dir  # noqa: E402
 
 
 def served(paths) -> tuple[int, Counter]:
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
 
     os.environ["NBX_TUNE_TABLE"] = os.pathsep.join(str(p) for p in paths)
     certified.reload()
@@ -31,7 +29,7 @@ def served(paths) -> tuple[int, Counter]:
 
 
 def doctored(doc: dict, edit, where: Path) -> Path:
-    from nbx_tune.kernels import table_format
+    from nbx_tune.kernels.runtime import table_format
 
     entries = [dict(e, provenance=dict(e["provenance"])) for e in doc["entries"]]
     for e in entries:
@@ -41,10 +39,10 @@ def doctored(doc: dict, edit, where: Path) -> Path:
 
 
 if __name__ == "__main__":
-    from nbx_tune.tuner.api import ensure_device
+    from nbx_tune.tuner.commands import ensure_device
 
     ensure_device(print)
-    from nbx_tune.kernels import certified, table_format
+    from nbx_tune.kernels.runtime import certified, table_format
     from nbx_tune.profiles import current_profile, current_target
 
     profile, target = current_profile(), current_target()

@@ -35,12 +35,10 @@ import os
 import sys
 import time
 import traceback
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, table  # noqa: E402
+from nbx_tune.testing.bench import environment, save, table  # noqa: E402
 
 DECODE_GEMMS = [(m, n, k, False) for m in (1, 8, 32, 64)
                 for n, k in ((4096, 4096), (11008, 4096), (4096, 11008), (32000, 4096))]
@@ -104,14 +102,14 @@ def gemm_operands(m, n, k, transposed, tdt, device, copies=1, seed=0):
 
 def gemm_problem(m, n, k, dt):
     from nbx_tune.kernels import matmul as MM
-    from nbx_tune.tuner.trace import make_row
+    from nbx_tune.kernels.trace import make_row
 
     return MM.SPEC.problem_from_row(make_row("aten.mm", [dt, dt], [(m, k), (k, n)]))
 
 
 def attn_problem(shape, dt):
     from nbx_tune.kernels import attention as A
-    from nbx_tune.tuner.trace import make_row
+    from nbx_tune.kernels.trace import make_row
 
     B, Hq, Hkv, Lq, Lk, D, causal = shape
     params = {"attn_mask": "None", **({"is_causal": "True"} if causal else {}),
@@ -296,7 +294,7 @@ def copy_bandwidth() -> float:
     """Device-to-device copy bandwidth (bytes read + written per second) of 1 GiB buffers."""
     import torch
 
-    from torch_compare import graph_times
+    from nbx_tune.bench.torch_compare import graph_times
 
     src = torch.empty(1 << 29, dtype=torch.float16, device="cuda").uniform_()
     dst = torch.empty_like(src)
@@ -308,8 +306,8 @@ def copy_bandwidth() -> float:
 def sweep_times(fns, calls, device, failed):
     """`torch_compare.graph_times` at short rounds, except that a fn whose capture raises is
     left out (named in `failed`) instead of costing the whole shape."""
-    from _common import side_by_side
-    from torch_compare import _cuda_timer, capture, graph_times
+    from nbx_tune.testing.bench import side_by_side
+    from nbx_tune.bench.torch_compare import _cuda_timer, capture, graph_times
 
     if device == "cpu":
         return graph_times(fns, 2, calls=calls, device=device)
@@ -326,7 +324,7 @@ def sweep_times(fns, calls, device, failed):
 def sweep_then_confirm(fns, base, groups, calls_sweep, calls_final, device, failed=None):
     """Every fn timed coarsely (graph replay, short rounds), then `base` (torch, default) and
     the best of each group timed again side by side, longer. Returns (sweep, final, best per group)."""
-    from torch_compare import graph_times
+    from nbx_tune.bench.torch_compare import graph_times
 
     sweep = sweep_times(fns, calls_sweep, device, {} if failed is None else failed)
     groups = {g: [s for s in names if s in sweep] for g, names in groups.items()}
@@ -339,7 +337,8 @@ def sweep_then_confirm(fns, base, groups, calls_sweep, calls_final, device, fail
 def gemm_times(profile, bw, shapes, budget, dt="bfloat16", device="cuda", smoke=False, failed=frozenset()) -> list:
     import torch
 
-    from nbx_tune.kernels import certified, matmul as MM
+    from nbx_tune.kernels.runtime import certified
+    from nbx_tune.kernels import matmul as MM
 
     tdt = getattr(torch, dt)
     out = []
@@ -394,7 +393,8 @@ def attn_times(profile, shapes, budget, dt="bfloat16", device="cuda", failed=fro
     import torch
     import torch.nn.functional as F
 
-    from nbx_tune.kernels import attention as A, certified
+    from nbx_tune.kernels import attention as A
+    from nbx_tune.kernels.runtime import certified
 
     tdt = getattr(torch, dt)
     out = []

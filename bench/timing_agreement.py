@@ -32,9 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, table  # noqa: E402
-from torch_compare import (SMOKE_TRACES, _tensor, graph_times, n_sets, row_text, served,  # noqa: E402
+from nbx_tune.testing.bench import environment, save, table  # noqa: E402
+from nbx_tune.bench.torch_compare import (SMOKE_TRACES, _tensor, graph_times, n_sets, row_text, served,  # noqa: E402
                            torch_call, weight)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +80,7 @@ def agrees(spec, ref: dict, got: dict) -> bool:
 def time_row(row, spec, problem, profile, bench, device: str, max_configs: int | None, rep_ms: float) -> dict:
     import torch
 
-    from nbx_tune.tuner import timing
+    from nbx_tune.tuner.timing import benchmarkers as timing
 
     cfgs = [c for c in spec.configs() if spec.static_refusal(profile, c, problem) is None][:max_configs]
     sets = operand_sets(spec, problem, device)
@@ -139,8 +138,8 @@ def main(argv=None) -> int:
     import torch
 
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner import timing
-    from nbx_tune.tuner.trace import read_trace
+    from nbx_tune.tuner.timing import benchmarkers as timing
+    from nbx_tune.kernels.trace import read_trace
 
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     profile = get_profile("hopper" if device == "cuda" else "interpreter")

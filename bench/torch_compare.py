@@ -15,7 +15,7 @@ weight matrix is not served from the 50 MB L2 on the next call, as in a model; o
 allocated per call on both sides (the caching allocator hands back the block just freed).
 
 nbx side: the certified config of the row's seat (the DB named by NBX_TUNE_DB, tables,
-shipped tables: kernels/certified.py), through the public op where one takes the row as is
+shipped tables: kernels/runtime/certified.py), through the public op where one takes the row as is
 (mm, addmm, bmm, baddbmm, scaled_dot_product_attention), else the spec's launch. A seat
 with no certificate runs the declared default and the row says `default`. torch side: the
 row's aten op (torch.ops.aten.*) with its recorded params, on fresh tensors of its shapes.
@@ -26,7 +26,7 @@ Each row also says which GPU its certificate was timed on (`measured_on`: the sh
 table's entry, the session database, or none), and the summary counts the rows below 0.9
 whose pick was timed on another GPU (an H200's picks served on an H100 rank otherwise).
 What serve() runs: a row whose seat has a torch baseline on this GPU that is faster
-(`nbx-tune baseline`, kernels/baseline.py) runs torch's op under serve(): such rows say
+(`nbx-tune baseline`, kernels/runtime/torch_rule.py) runs torch's op under serve(): such rows say
 `torch`, and the summary's "served" total counts torch's time there (rows to torch, and the
 served rows still below 0.9, beside the kernels' own ratio).
 Output: a table per trace and a summary on stdout, JSON in $OUT/torch_compare.json.
@@ -43,12 +43,20 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, side_by_side, table  # noqa: E402
+from nbx_tune.testing.bench import environment, save, side_by_side, table  # noqa: E402
 
-from nbx_tune.tuner.baseline import (GRAPH_CALLS, capture, cpu_timer as _cpu_timer,  # noqa: E402,F401
-                                     cuda_timer as _cuda_timer, graph_times, n_sets, operand_sets,
-                                     row_text, served, tensor as _tensor, torch_call)
+from nbx_tune.tuner.timing.torch_baselines import (    GRAPH_CALLS,
+    capture,
+    cpu_timer as _cpu_timer,
+    cuda_timer as _cuda_timer,
+    graph_times,
+    n_sets,
+    operand_sets,
+    row_text,
+    served,
+    tensor as _tensor,
+    torch_call,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE_TRACES = ("llama_small.tsv", "gpt2_small.tsv")
@@ -89,9 +97,9 @@ def measured_on(spec, problem) -> str | None:
     """Where the certificate the launch serves was timed: the device named in the shipped
     table's entry, "database" for the session's own census, None for a declared default. A
     pick timed on a sibling device (an H200's on an H100) may rank otherwise here."""
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
     from nbx_tune.kernels.spec import bucket_of, encode_bucket, encode_dtypes, encode_flags
-    from nbx_tune.tuner.seat_search import shipped
+    from nbx_tune.tuner.search.seat_search import shipped
 
     st = certified.state()
     bucket = bucket_of(st.profile, spec.key, problem.dims)
@@ -107,8 +115,8 @@ def measured_on(spec, problem) -> str | None:
 
 def deferred(spec, problem) -> bool:
     """Whether serve() runs torch at the row's seat: its torch baseline on this GPU is faster
-    (kernels/baseline.py; recorded by `nbx-tune baseline`). Read after nbx_call's lookup."""
-    from nbx_tune.kernels import certified
+    (kernels/runtime/torch_rule.py; recorded by `nbx-tune baseline`). Read after nbx_call's lookup."""
+    from nbx_tune.kernels.runtime import certified
 
     return certified.state().memo[(spec.name, problem.dtypes, problem.flags, problem.dims)][2] is not None
 
@@ -118,7 +126,7 @@ def nbx_call(spec, problem, row, device: str):
     the spec's shapes (uniform values; integers zero), rotating like torch's side."""
     import torch
 
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
 
     config = certified.config_for(spec, problem.dtypes, problem.flags, problem.dims)
     is_cert = certified.state().memo[(spec.name, problem.dtypes, problem.flags, problem.dims)][1] is None
@@ -214,7 +222,7 @@ def main(argv=None) -> int:
 def run(args) -> int:
     import torch
 
-    from nbx_tune.tuner.trace import read_trace
+    from nbx_tune.kernels.trace import read_trace
 
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     traces = args.traces or ([str(ROOT / "examples/traces" / t) for t in SMOKE_TRACES] if args.smoke

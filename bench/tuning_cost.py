@@ -35,10 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (PICK_REP_MS, breakdown, environment, epoch, query, save, stale_everything, table,  # noqa: E402
+from nbx_tune.testing.bench import (PICK_REP_MS, breakdown, environment, epoch, query, save, stale_everything, table,  # noqa: E402
                      timed_rounds, warm_bytecode)
-from torch_compare import graph_times, n_sets  # noqa: E402
+from nbx_tune.bench.torch_compare import graph_times, n_sets  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MATMUL_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
@@ -91,10 +90,10 @@ def census_times(db: str, problem, configs) -> str:
 
 
 def main(trace: str, profile_dir: str | None = None) -> None:
-    from nbx_tune.tuner.trace import read_trace, write_trace
+    from nbx_tune.kernels.trace import read_trace, write_trace
 
     work = Path(tempfile.mkdtemp(prefix="nbx-tc-"))
-    from nbx_tune.tuner.trace import make_row
+    from nbx_tune.kernels.trace import make_row
 
     rows = [r for r in read_trace(trace).rows if r.base_op in MATMUL_OPS]
     # Beside the model's shapes, one square size >= 2048 per half dtype for the cuBLAS goal.
@@ -163,10 +162,10 @@ def main(trace: str, profile_dir: str | None = None) -> None:
     # The picks, timed side by side in this process.
     import torch
 
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
     from nbx_tune.kernels.matmul import SPEC, launch_matmul
     from nbx_tune.kernels.spec import Config, Problem
-    from nbx_tune.tuner.screen import TORCH_DTYPES
+    from nbx_tune.tuner.certify.screen import TORCH_DTYPES
 
     problems = [Problem.from_json(pick["problem"]) for pick in auto["picks"]]
     os.environ["NBX_TUNE_DB"] = recert_db

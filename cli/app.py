@@ -1,6 +1,6 @@
 """`nbx-tune`: census, queries, export/import, profiles, database, trace.
 
-Commands are thin: they parse options, call `nbx_tune.tuner.api` (or the profiles
+Commands are thin: they parse options, call `nbx_tune.tuner.commands` (or the profiles
 module), and draw the result. A user error is an `NbxError`, printed on one line with the
 next step to take, exit code 1; misuse (a bad option) is exit code 2.
 """
@@ -20,7 +20,7 @@ from typer.core import TyperGroup
 
 from nbx_tune.cli import render
 from nbx_tune.errors import NbxError
-from nbx_tune.tuner import api
+from nbx_tune.tuner import commands as api
 
 
 class _Boundary(TyperGroup):
@@ -81,7 +81,7 @@ def census(
     plugin: Optional[List[str]] = PluginOpt,
 ):
     """Map a trace to seats, report coverage, and certify what is pending."""
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     if baseline and (dry_run or enqueue):
         raise NbxError("--baseline times the seats this census certifies: not with --dry-run or --enqueue")
@@ -129,7 +129,7 @@ def worker(
     plugin: Optional[List[str]] = PluginOpt,
 ):
     """Tune queued seats of this device's profile until none is left (a fleet shares one --db)."""
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     if gpus:
         ids = [g.strip() for g in gpus.split(",") if g.strip()]
@@ -160,7 +160,7 @@ def seats(
     plugin: Optional[List[str]] = PluginOpt,
 ):
     """List seats with their status, certified config and who holds them."""
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     views = api.seat_views(db, status, kernel, profile, plugin or ())
     if json_out:
@@ -178,7 +178,7 @@ def show(
     plugin: Optional[List[str]] = PluginOpt,
 ):
     """One seat whole: its certificate, history, measurements and refusals."""
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     d = api.show_seat(seat, db, profile, plugin or ())
     if json_out:
@@ -197,7 +197,7 @@ def refusals(
     json_out: bool = JsonOpt,
 ):
     """Every rejected config with its reason, detail and the versions it was made under."""
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     rows, total = api.refusal_rows(db, kernel, reason, profile, limit or None, with_total=True)
     if json_out:
@@ -214,7 +214,7 @@ def unscreened(
     plugin: Optional[List[str]] = PluginOpt,
 ):
     """Seats served by a config never screened at some of their shapes, and why."""
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     views = api.seat_views(db, ["unscreened"], None, profile, plugin or ())
     if json_out:
@@ -232,7 +232,7 @@ def export(
     plugin: Optional[List[str]] = PluginOpt,
 ):
     """Write a profile's certified configs as a deterministic certified table."""
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     s = api.export(profile, str(output), db, plugin or ())
     if json_out:
@@ -253,7 +253,7 @@ def import_cmd(
 ):
     """Merge a certified table into the database (the faster certificate of a seat wins,
     once screened here when it would replace a valid one)."""
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     s = api.import_(str(table), db, plugin or (), notice=lambda text: err.print(f"note: {text}", highlight=False))
     if json_out:
@@ -281,7 +281,7 @@ def baseline(
 ):
     """Time each certified seat of the traces against torch's own op on this GPU, and record
     it: under serve(), a seat where torch is faster runs torch."""
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     console = err if json_out else out
     with render.progress_bar(console, "seats") as step:
@@ -312,7 +312,7 @@ def trace(
     This records the whole program, model construction and weight initialization included.
     To record only the forward pass, wrap it in your script instead:
     `with nbx_tune.record("t.tsv"): model(x)`."""
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     summary = api.trace(output, list(command or []))
     if json_out:
@@ -329,7 +329,7 @@ def run(
                                   "on stdout when the program ends (after its own output)."),
 ):
     """Run a PyTorch program on the certified kernels: nbx-tune run -- python m.py (stats at exit)"""
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     rc, stats = api.run_program(list(command or []), stats_json, json_out)
     if json_out:
@@ -415,7 +415,7 @@ def profiles_check(file: Path = typer.Argument(..., help="A profile .yml file to
 @db_app.command("upgrade")
 def db_upgrade(db: Optional[str] = DbOpt, json_out: bool = JsonOpt):
     """Apply the schema migrations up to head (creates a fresh database)."""
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     url, before, after = api.db_upgrade(db)
     if json_out:
@@ -430,7 +430,7 @@ def db_upgrade(db: Optional[str] = DbOpt, json_out: bool = JsonOpt):
 @db_app.command("current")
 def db_current(db: Optional[str] = DbOpt, json_out: bool = JsonOpt):
     """The database's schema revision and the head this nbx-tune needs."""
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     d = api.db_current(db)
     if json_out:

@@ -343,7 +343,7 @@ def error(console: Console, message: str) -> None:
 
 
 def search_text(h: dict, cert: dict | None) -> str:
-    """How a tuning searched (tuner/strategies/search.py), for `nbx-tune show`."""
+    """How a tuning searched (tuner/search/searches.py), for `nbx-tune show`."""
     text = h.get("search") or "full"
     if h.get("seeded_from") is not None:
         text += f" from tuning {h['seeded_from']}"

@@ -112,7 +112,7 @@ def __getattr__(name):
         globals()[name] = op  # resolved once: `kernels.mm(...)` in a loop pays no import lookup
         return op
     if name in ("launch_stats", "reload_certified"):
-        from nbx_tune.kernels import certified
+        from nbx_tune.kernels.runtime import certified
 
         return certified.launch_stats if name == "launch_stats" else certified.reload
     raise AttributeError(f"module 'nbx_tune.kernels' has no attribute {name!r}")

@@ -48,13 +48,14 @@ except ImportError:  # Triton before 3.4: no host-side descriptors, so no TMA co
     TensorDescriptor = None
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
+from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.rows import format_shape
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags
 from nbx_tune.oracles import attention as oracle
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+TORCH_DTYPES = torch_dtypes(*FLOATS)
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256
@@ -250,7 +251,7 @@ def _attn_fwd_kernel(
                            INPUT_PRECISION, BLOCK_M, BLOCK_N, PACK, TMA, WS, FMA)
 
 
-_attn_fwd_kernel = launch.recorded(_attn_fwd_kernel)  # its calls are replayed (kernels/launch.py)
+_attn_fwd_kernel = launch.recorded(_attn_fwd_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 @triton.jit
@@ -337,7 +338,7 @@ def _attn_decode_kernel(
         tl.store(wl_ptr + row, lse2, mask=r_ok)
 
 
-_attn_decode_kernel = launch.recorded(_attn_decode_kernel)  # its calls are replayed (kernels/launch.py)
+_attn_decode_kernel = launch.recorded(_attn_decode_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 @triton.jit
@@ -370,7 +371,7 @@ def _attn_combine_kernel(
     tl.store(lse_ptr + b * stride_lb + h * stride_lh + qi * stride_lm, (m + tl.log2(den)) * 0.6931471805599453)
 
 
-_attn_combine_kernel = launch.recorded(_attn_combine_kernel)  # its calls are replayed (kernels/launch.py)
+_attn_combine_kernel = launch.recorded(_attn_combine_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def _block(d: int) -> int:
@@ -434,7 +435,7 @@ def _tma_strides(t):
 def kv_descriptors(k, v, block_n: int, block_d: int, block_dv: int) -> tuple:
     """Host-side TMA descriptors of k (B, Hkv, Lk, D) and v in (1, 1, block_n, block_d|dv)
     boxes. A tensor TMA cannot read in place (base or a row off 16 bytes, a broadcast stride)
-    is described through an aligned copy (such calls are not replayed: kernels/launch.py)."""
+    is described through an aligned copy (such calls are not replayed: kernels/runtime/launch.py)."""
     descs = []
     for t, bd in ((k, block_d), (v, block_dv)):
         st = _tma_strides(t) if t.data_ptr() % 16 == 0 else None
@@ -827,7 +828,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     q (B, Hq, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv); Hkv divides Hq; D, Dv <= 256.
     is_causal masks top-left (query i sees keys j <= i); scale defaults to 1 / sqrt(D).
     Returns (B, Hq, Lq, Dv) in q's dtype, with the certified config of its seat."""
-    # The direct launch (kernels/launch.py): a call whose key was seen replays its kernel.
+    # The direct launch (kernels/runtime/launch.py): a call whose key was seen replays its kernel.
     try:
         key = (SPEC, is_causal, scale, q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
                tensor_key(k), tensor_key(v))

@@ -20,14 +20,15 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import block_start, dense
+from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import batch_norm as oracle
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+TORCH_DTYPES = torch_dtypes(*FLOATS)
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 INDEX_LIMIT = 2**31 - 2**17
 
@@ -49,7 +50,7 @@ def _batch_norm_kernel(x_ptr, y_ptr, mean_ptr, var_ptr, w_ptr, b_ptr, n, C, S, e
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-_batch_norm_kernel = launch.recorded(_batch_norm_kernel)  # its calls are replayed (kernels/launch.py)
+_batch_norm_kernel = launch.recorded(_batch_norm_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def launch_batch_norm(x, y, mean, var, weight, bias, eps: float, config: Config) -> None:
@@ -209,7 +210,7 @@ REMEMBERED = launch.REMEMBERED
 
 
 def _run(x, weight, bias, running_mean, running_var, eps, what, saved=False):
-    """The direct launch (kernels/launch.py) of `_call`; saved: return the empty saved
+    """The direct launch (kernels/runtime/launch.py) of `_call`; saved: return the empty saved
     statistics too."""
     tensors = (x, weight, bias, running_mean, running_var)
     try:

@@ -59,15 +59,17 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import copy, launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels import copy
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.matmul import grouped_tile
+from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags,
                                    uniform_inputs)
 from nbx_tune.oracles import conv as oracle
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+TORCH_DTYPES = torch_dtypes(*FLOATS)
 INT32_MAX = 2**31 - 1
 MAX_GRID_Y = 65535  # the grid's second axis
 
@@ -141,7 +143,7 @@ def _conv_gemm_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-_conv_gemm_kernel = launch.recorded(_conv_gemm_kernel)  # its calls are replayed (kernels/launch.py)
+_conv_gemm_kernel = launch.recorded(_conv_gemm_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 @triton.jit
@@ -190,7 +192,7 @@ def _conv_depthwise_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_in[:, None] & n_in[None, :])
 
 
-_conv_depthwise_kernel = launch.recorded(_conv_depthwise_kernel)  # its calls are replayed (kernels/launch.py)
+_conv_depthwise_kernel = launch.recorded(_conv_depthwise_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 @triton.jit
@@ -274,7 +276,7 @@ def _conv_pointwise_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-_conv_pointwise_kernel = launch.recorded(_conv_pointwise_kernel)  # its calls are replayed (kernels/launch.py)
+_conv_pointwise_kernel = launch.recorded(_conv_pointwise_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 @triton.jit
@@ -299,7 +301,7 @@ def _pointwise_reduce_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-_pointwise_reduce_kernel = launch.recorded(_pointwise_reduce_kernel)  # its calls are replayed (kernels/launch.py)
+_pointwise_reduce_kernel = launch.recorded(_pointwise_reduce_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def launch_conv_gemm(x, w, bias, y, stride, padding, dilation, groups: int, config: Config) -> None:
@@ -960,7 +962,7 @@ def _hashable(v):
 
 
 def _direct(x, w, bias, stride, padding, dilation, groups, nd):
-    # The direct launch (kernels/launch.py): a call whose key was seen replays its kernel.
+    # The direct launch (kernels/runtime/launch.py): a call whose key was seen replays its kernel.
     try:
         key = (SPEC, nd, _hashable(stride), _hashable(padding), _hashable(dilation), groups,
                x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, tensor_key(w),

@@ -22,15 +22,16 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch, semantics
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.runtime import launch, semantics
+from nbx_tune.kernels.runtime.certified import config_for
+from nbx_tune.kernels.helpers import FLOATS, contiguous_strides, torch_dtypes
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags, wide_range_inputs
 from nbx_tune.oracles import movement as oracle
 
-FLOAT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-INT_DTYPES = {"int32": torch.int32, "int64": torch.int64}
-TORCH_DTYPES = {**FLOAT_DTYPES, **INT_DTYPES, "bool": torch.bool}
+FLOAT_DTYPES = torch_dtypes(*FLOATS)
+INT_DTYPES = torch_dtypes("int32", "int64")
+TORCH_DTYPES = torch_dtypes(*FLOATS, "int32", "int64", "bool")
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 INDEX_LIMIT = 2**31 - 2**17  # beyond this offsets are computed in int64
 MAX_RANK = 4  # dims after merging
@@ -92,7 +93,7 @@ def _copy_kernel(x_ptr, y_ptr, n, D1, D2, D3,
     tl.store(y_ptr + y_off, x.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-_copy_kernel = launch.recorded(_copy_kernel)  # its calls are replayed (kernels/launch.py)
+_copy_kernel = launch.recorded(_copy_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 @triton.jit
@@ -159,14 +160,6 @@ _cat2_kernel = launch.recorded(_cat2_kernel)
 
 # ----------------------------------------------------------------------------- launchers
 
-def contiguous_strides(shape) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for d in reversed(tuple(shape)):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
-
-
 def copy_plan(shape, x_strides, y_strides) -> tuple:
     """(n, flat, sizes, x_strides, y_strides): the shape's dims merged where both sides
     allow, outermost first, at most MAX_RANK (more raises ValueError)."""
@@ -222,7 +215,7 @@ def dense(x: torch.Tensor) -> torch.Tensor:
     """x where it is contiguous, else a contiguous copy made by the copy kernel into
     `launch.empty`: unlike `x.contiguous()` (a torch op, which a replay cannot make again),
     an op on a strided view (rotary's rotate_half, a transposed input) is then remembered
-    (kernels/launch.py). Every copy config is exact, so the staging copy takes STAGING
+    (kernels/runtime/launch.py). Every copy config is exact, so the staging copy takes STAGING
     rather than a seat's certificate: it is part of the op, as `.contiguous()` was."""
     if x.is_contiguous():
         return x
@@ -649,7 +642,7 @@ def _to_copy(self: torch.Tensor, *, dtype=None, layout=None, device=None, pin_me
     if layout not in (None, torch.strided):
         raise KernelError(f"_to_copy: layout {layout} is not served")
     dtype = dtype or self.dtype
-    try:  # the direct launch (kernels/launch.py); launch.tensor_key(self), inline
+    try:  # the direct launch (kernels/runtime/launch.py); launch.tensor_key(self), inline
         key = (COPY_SPEC, dtype, memory_format, self.shape, self.stride(), self.dtype, self.device,
                self.data_ptr() & 15)
     except AttributeError:
@@ -666,7 +659,7 @@ def _copy_as(x: torch.Tensor, dtype, memory_format, what: str) -> torch.Tensor:
 
 def clone(self: torch.Tensor, *, memory_format=None) -> torch.Tensor:
     """aten.clone: a copy with self's strides (preserve_format) or in `memory_format`."""
-    try:  # the direct launch (kernels/launch.py)
+    try:  # the direct launch (kernels/runtime/launch.py)
         key = (COPY_SPEC, "clone", memory_format, *launch.tensor_key(self))
     except AttributeError:
         raise KernelError("clone: the operand must be a tensor") from None
@@ -700,7 +693,7 @@ def cat(tensors, dim: int = 0) -> torch.Tensor:
         for t in tensors:
             first.setdefault(id(t), t)
         inputs = tuple(first.values())
-    try:  # the direct launch (kernels/launch.py); launch.tensor_key of each, inline
+    try:  # the direct launch (kernels/runtime/launch.py); launch.tensor_key of each, inline
         keys = [(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15) for t in inputs]
     except AttributeError:
         raise KernelError("cat: the operands must be tensors") from None

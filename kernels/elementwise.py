@@ -31,16 +31,17 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch, semantics
-from nbx_tune.kernels.certified import config_for
-from nbx_tune.kernels.copy import block_start, contiguous_strides, copy_plan, dense, stream_launch, strided_offsets
+from nbx_tune.kernels.runtime import launch, semantics
+from nbx_tune.kernels.runtime.certified import config_for
+from nbx_tune.kernels.copy import block_start, copy_plan, dense, stream_launch, strided_offsets
+from nbx_tune.kernels.helpers import FLOATS, contiguous_strides, torch_dtypes
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import elementwise as oracle
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+TORCH_DTYPES = torch_dtypes(*FLOATS)
 # What a 0-d operand (or a Python number) may be: torch converts it to the other's dtype.
-SCALAR_DTYPES = {**TORCH_DTYPES, "float64": torch.float64, "int32": torch.int32, "int64": torch.int64}
+SCALAR_DTYPES = torch_dtypes(*FLOATS, "float64", "int32", "int64")
 _NAMES = {v: k for k, v in SCALAR_DTYPES.items()}
 INT_DTYPES = ("int32", "int64")
 INDEX_LIMIT = 2**31 - 2**17  # beyond this offsets are computed in int64
@@ -167,7 +168,7 @@ def _unary_kernel(x_ptr, y_ptr, n, p0, p1, p2, D1, D2, D3, S0, S1, S2, S3,
                      D1, D2, D3, S0, S1, S2, S3, FN, IPOW, BLOCK_SIZE, NDIM, MASKED, EVICT)
 
 
-_unary_kernel = launch.recorded(_unary_kernel)  # its calls are replayed (kernels/launch.py)
+_unary_kernel = launch.recorded(_unary_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 @triton.jit
@@ -274,7 +275,7 @@ def _binary_kernel(a_ptr, b_ptr, out_ptr, n, b_value, alpha,
                       FN, A_KIND, B_KIND, NDIM, BLOCK_SIZE, INT, MASKED, EVICT)
 
 
-_binary_kernel = launch.recorded(_binary_kernel)  # its calls are replayed (kernels/launch.py)
+_binary_kernel = launch.recorded(_binary_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -887,7 +888,7 @@ def _dtype_name(t: torch.Tensor, what: str) -> str:
 
 
 def _unary(fn: str, x: torch.Tensor, params=_NO_PARAMS) -> torch.Tensor:
-    # The direct launch (kernels/launch.py): a call whose key was seen replays its kernel.
+    # The direct launch (kernels/runtime/launch.py): a call whose key was seen replays its kernel.
     try:
         key = (UNARY_SPEC, fn, params, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15)
     except AttributeError:
@@ -1039,7 +1040,7 @@ def _binary_plan_for(fn, a, b, b_is_value, b_dt, python_number):
 
 
 def _binary(fn: str, a: torch.Tensor, b, alpha: float = 1.0) -> torch.Tensor:
-    # The direct launch (kernels/launch.py). A Python number is in the key with its type (an
+    # The direct launch (kernels/runtime/launch.py). A Python number is in the key with its type (an
     # int and a float are different seats); so is the value of a scalar tensor on another
     # device, which the launch passes as a number. b is a: one input, both operands at its address.
     try:

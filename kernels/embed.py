@@ -18,14 +18,15 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch, semantics
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.runtime import launch, semantics
+from nbx_tune.kernels.runtime.certified import config_for
+from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags, uniform_inputs
 from nbx_tune.oracles import movement as oracle
 
-WEIGHT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-INDEX_DTYPES = {"int64": torch.int64, "int32": torch.int32}
+WEIGHT_DTYPES = torch_dtypes(*FLOATS)
+INDEX_DTYPES = torch_dtypes("int64", "int32")
 _NAMES = {v: k for k, v in {**WEIGHT_DTYPES, **INDEX_DTYPES}.items()}
 
 
@@ -43,7 +44,7 @@ def _embedding_kernel(w_ptr, idx_ptr, out_ptr, T, D, stride_w,
     tl.store(out_ptr + t.to(tl.int64)[:, None] * D + d[None, :], v, mask=m)
 
 
-_embedding_kernel = launch.recorded(_embedding_kernel)  # its calls are replayed (kernels/launch.py)
+_embedding_kernel = launch.recorded(_embedding_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def launch_embedding(weight, indices, out, config: Config) -> None:
@@ -153,7 +154,7 @@ SPECS = (SPEC,)
 def embedding(weight: torch.Tensor, indices: torch.Tensor, padding_idx: int = -1,
               scale_grad_by_freq: bool = False, sparse: bool = False) -> torch.Tensor:
     """aten.embedding: weight[indices] (padding_idx and the rest concern only the gradient)."""
-    try:  # the direct launch (kernels/launch.py)
+    try:  # the direct launch (kernels/runtime/launch.py)
         key = (SPEC, *launch.tensor_key(weight), *launch.tensor_key(indices))
     except AttributeError:
         raise KernelError("embedding: weight and indices must be tensors") from None

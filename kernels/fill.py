@@ -19,15 +19,15 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import block_start
+from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import movement as oracle
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-                "int32": torch.int32, "int64": torch.int64, "bool": torch.bool}
+TORCH_DTYPES = torch_dtypes(*FLOATS, "int32", "int64", "bool")
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 EXACT_INT = {"float32": 2**24, "float16": 2**11, "bfloat16": 2**8, "int32": 2**31 - 1, "int64": 2**63 - 1}
 INDEX_LIMIT = 2**31 - 2**17
@@ -46,7 +46,7 @@ def _fill_kernel(out_ptr, n, start, step, IOTA: tl.constexpr, INT64: tl.constexp
     tl.store(out_ptr + offs, v.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_fill_kernel = launch.recorded(_fill_kernel)  # its calls are replayed (kernels/launch.py)
+_fill_kernel = launch.recorded(_fill_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def value_in(value, dtype: str):
@@ -277,7 +277,7 @@ def arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pin
     """aten.arange (end), .start (start, end) and .start_step: exact values only."""
     key = (SPEC, "arange", type(start), start, type(end), end, type(step), step, dtype, device)
     hit = REMEMBERED.get(key)
-    if hit is not None:  # the direct launch (kernels/launch.py)
+    if hit is not None:  # the direct launch (kernels/runtime/launch.py)
         return hit()
     return launch.remember(key, (), _arange_call, start, end, step, dtype, device)
 

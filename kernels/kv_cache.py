@@ -19,9 +19,9 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import custom_ops  # noqa: F401  (defines the torch op serve_ops names)
-from nbx_tune.kernels import launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.serving import custom_ops  # noqa: F401  (defines the torch op serve_ops names)
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import (CAT_SPEC, CONFIGS, DEFAULTS, INDEX_LIMIT, TORCH_DTYPES, _inputs_of, _legacy_empty,
                                    _one_launch, block_start, cat2_tile, cat_shape, launch_cat, row_stride)
 from nbx_tune.kernels.rows import format_shape, numel
@@ -65,7 +65,7 @@ def _cat_pair_kernel(k0_ptr, k1_ptr, k_ptr, k_rows, k_inner0, k_inner1, k_rs0, k
                    INT64, BLOCK_ROWS, BLOCK_COLS)
 
 
-_cat_pair_kernel = launch.recorded(_cat_pair_kernel)  # its calls are replayed (kernels/launch.py)
+_cat_pair_kernel = launch.recorded(_cat_pair_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def _geometry(x0, x1, out, dim: int, block: int):
@@ -199,7 +199,7 @@ def cat_kv(keys: torch.Tensor, key_states: torch.Tensor, values: torch.Tensor, v
            dim: int):
     """(cat([keys, key_states], dim), cat([values, value_states], dim)): one dtype (fp16,
     bf16, fp32, int64); an empty cache is a legacy 1-D empty tensor, as torch.cat skips."""
-    try:  # the direct launch (kernels/launch.py)
+    try:  # the direct launch (kernels/runtime/launch.py)
         key = (SPEC, dim, *launch.tensor_key(keys), *launch.tensor_key(key_states), *launch.tensor_key(values),
                *launch.tensor_key(value_states))
     except AttributeError:

@@ -21,16 +21,18 @@ except ImportError:  # Triton before 3.4: no host-side descriptors, so no TMA ti
     TensorDescriptor = None
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import copy, fill, launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels import copy, fill
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import STAGING, copy_plan, launch_copy_plan
 from nbx_tune.kernels.fill import DEFAULTS as FILL_DEFAULTS
 from nbx_tune.kernels.fill import launch_fill
+from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags,
                                    uniform_inputs)
 from nbx_tune.oracles import matmul as oracle
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+TORCH_DTYPES = torch_dtypes(*FLOATS)
 INT32_MAX = 2**31 - 1
 MAX_BATCH = 65535  # the grid's second axis
 
@@ -148,7 +150,7 @@ def _matmul_kernel(
                   HAS_BIAS)
 
 
-_matmul_kernel = launch.recorded(_matmul_kernel)  # its calls are replayed (kernels/launch.py)
+_matmul_kernel = launch.recorded(_matmul_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 @triton.jit
@@ -251,7 +253,7 @@ def _matmul_splitk_kernel(
             tl.store(count_at, 0)  # every split has counted: the next launch starts from zero
 
 
-_matmul_splitk_kernel = launch.recorded(_matmul_splitk_kernel)  # its calls are replayed (kernels/launch.py)
+_matmul_splitk_kernel = launch.recorded(_matmul_splitk_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 @triton.jit
@@ -279,7 +281,7 @@ def _splitk_reduce_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=ok)
 
 
-_splitk_reduce_kernel = launch.recorded(_splitk_reduce_kernel)  # its calls are replayed (kernels/launch.py)
+_splitk_reduce_kernel = launch.recorded(_splitk_reduce_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 @triton.jit
@@ -336,7 +338,7 @@ def _persistent_kernel(
                   HAS_BIAS)
 
 
-_persistent_kernel = launch.recorded(_persistent_kernel)  # its calls are replayed (kernels/launch.py)
+_persistent_kernel = launch.recorded(_persistent_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def schedule(config: Config) -> int:
@@ -537,7 +539,7 @@ def stage_operands(a, b, vec: int):
     16 wide: the kernel wraps its columns at NB, B's row length, and stores only N.
     The copies are made by the copy kernel into one `launch.empty` buffer (each view on a
     16-byte boundary), zeroed first by the fill kernel where there is padding: a direct
-    launch's replay (kernels/launch.py) makes them again."""
+    launch's replay (kernels/runtime/launch.py) makes them again."""
     K, N = a.shape[-1], b.shape[-1]
     Kp = K if K % vec == 0 else -(-K // 16) * 16
     want = []  # (operand index, tensor, padded shape)
@@ -935,7 +937,7 @@ _FLAGS = {(bias, aligned, layout): matmul_flags(bias, aligned, layout)
 
 
 def _run(a, b, bias, alpha, beta, rank):
-    # The direct launch (kernels/launch.py): a call whose key was seen replays its compiled
+    # The direct launch (kernels/runtime/launch.py): a call whose key was seen replays its compiled
     # kernel. alpha and beta are in the key, so a replay passes them as they were.
     try:
         key = (SPEC, rank, float(alpha), float(beta), a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15,
@@ -977,7 +979,7 @@ def _matmul(a, b, bias, alpha, beta, rank):
     config = config_for(SPEC, (name,), flags, dims)
     x = bias.expand(out_shape) if has_bias else None
     # A TMA descriptor of a copy (an operand off 16 bytes, or staged at aligned=0) is not
-    # remembered: a replay rebuilds descriptors around inputs only (kernels/launch.py).
+    # remembered: a replay rebuilds descriptors around inputs only (kernels/runtime/launch.py).
     launch_matmul(a, b, c, x, alpha, beta, config)
     return c
 

@@ -30,14 +30,15 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import dense
+from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags
 from nbx_tune.oracles import norms as oracle
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+TORCH_DTYPES = torch_dtypes(*FLOATS)
 INT32_MAX = 2**31 - 1
 FP32_EPS = 1.1920928955078125e-07  # torch.finfo(torch.float32).eps: rms_norm's eps=None
 
@@ -111,7 +112,7 @@ def _row_norm_kernel(
     tl.store(rstd_ptr + rows, rstd.to(rstd_ptr.dtype.element_ty), mask=row_ok)
 
 
-_row_norm_kernel = launch.recorded(_row_norm_kernel)  # its calls are replayed (kernels/launch.py)
+_row_norm_kernel = launch.recorded(_row_norm_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 @triton.jit
@@ -168,7 +169,7 @@ def _group_norm_kernel(
     tl.store(rstd_ptr + pid, rstd.to(rstd_ptr.dtype.element_ty))
 
 
-_group_norm_kernel = launch.recorded(_group_norm_kernel)  # its calls are replayed (kernels/launch.py)
+_group_norm_kernel = launch.recorded(_group_norm_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def launch_row_norm(x, weight, bias, y, mean, rstd, n_rows: int, N: int, eps: float, rms: bool,
@@ -600,7 +601,7 @@ def _check_affine(op: str, t, shape) -> None:
 
 
 def _direct(spec, call, x, arg, weight, bias, eps):
-    # The direct launch (kernels/launch.py): a call whose key was seen replays its kernel.
+    # The direct launch (kernels/runtime/launch.py): a call whose key was seen replays its kernel.
     # A list argument (from an aten op) is keyed as a tuple.
     try:
         key = (spec, arg if type(arg) is not list else tuple(arg), eps, x.shape, x.stride(), x.dtype, x.device,

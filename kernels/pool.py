@@ -19,14 +19,15 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import block_start, dense
+from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import pool as oracle
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+TORCH_DTYPES = torch_dtypes(*FLOATS)
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 INDEX_LIMIT = 2**31 - 2**17
 MAX_WINDOW = 64  # taps unrolled per output
@@ -57,7 +58,7 @@ def _max_pool2d_kernel(x_ptr, out_ptr, idx_ptr, n, H, W, OH, OW, SH, SW, PH, PW,
     tl.store(idx_ptr + offs, arg, mask=mask)
 
 
-_max_pool2d_kernel = launch.recorded(_max_pool2d_kernel)  # its calls are replayed (kernels/launch.py)
+_max_pool2d_kernel = launch.recorded(_max_pool2d_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def launch_max_pool2d(x, out, idx, kernel, stride, padding, dilation, config: Config) -> None:
@@ -204,7 +205,7 @@ def max_pool2d_with_indices(self: torch.Tensor, kernel_size, stride=(), padding=
                             ceil_mode: bool = False):
     """aten.max_pool2d_with_indices: (out, indices), indices int64 into each input plane."""
     as_tuple = lambda v: (v,) if isinstance(v, int) else tuple(v)  # noqa: E731
-    try:  # the direct launch (kernels/launch.py)
+    try:  # the direct launch (kernels/runtime/launch.py)
         key = (SPEC, as_tuple(kernel_size), as_tuple(stride), as_tuple(padding), as_tuple(dilation),
                bool(ceil_mode), *launch.tensor_key(self))
     except (AttributeError, TypeError):

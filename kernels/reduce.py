@@ -30,16 +30,17 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import strided_offsets
+from nbx_tune.kernels.helpers import FLOATS, contiguous_strides, torch_dtypes
 from nbx_tune.kernels.rows import format_shape
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import reduce as oracle
 
-FLOAT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-INT_DTYPES = {"int32": torch.int32, "int64": torch.int64}
-TORCH_DTYPES = {**FLOAT_DTYPES, **INT_DTYPES, "bool": torch.bool}
+FLOAT_DTYPES = torch_dtypes(*FLOATS)
+INT_DTYPES = torch_dtypes("int32", "int64")
+TORCH_DTYPES = torch_dtypes(*FLOATS, "int32", "int64", "bool")
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 INDEX_LIMIT = 2**31 - 2**17  # beyond this offsets are computed in int64
 MAX_GROUPS = 3  # kept groups and reduced groups after merging, each
@@ -149,7 +150,7 @@ def _reduce_kernel(x_ptr, out_ptr, O, R, r_chunk, out_stride, scale,
     tl.store(out_ptr + (o * out_stride + pid_s), res.to(out_ptr.dtype.element_ty), mask=o_mask)
 
 
-_reduce_kernel = launch.recorded(_reduce_kernel)  # its calls are replayed (kernels/launch.py)
+_reduce_kernel = launch.recorded(_reduce_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -326,14 +327,6 @@ def out_shape_of(shape, dims, keepdim: bool) -> tuple[int, ...]:
     return tuple(d for i, d in enumerate(shape) if i not in dims)
 
 
-def _contiguous_strides(shape) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
-
-
 # ----------------------------------------------------------------------------- the spec
 
 # op -> (fn, takes dim and keepdim, takes dtype)
@@ -406,7 +399,7 @@ class ReduceSpec(KernelSpec):
         if numel == 0:
             return NotServable(f"an empty input {format_shape(shape)}: nothing to launch")
         try:
-            O, R, inner, _, _ = reduce_plan(shape, _contiguous_strides(shape), red)
+            O, R, inner, _, _ = reduce_plan(shape, contiguous_strides(shape), red)
         except ValueError as e:
             return NotServable(str(e))
         extra = (("dims", red), ("keepdim", keepdim), ("shape", shape))
@@ -527,7 +520,7 @@ _PLANS: dict = {}
 
 
 def _run(fn: str, x: torch.Tensor, dims, keepdim: bool, dtype) -> torch.Tensor:
-    # The direct launch (kernels/launch.py): a call whose key was seen replays its kernels.
+    # The direct launch (kernels/runtime/launch.py): a call whose key was seen replays its kernels.
     try:
         key = (SPEC, fn, dims, keepdim, dtype, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15)
     except AttributeError:

@@ -22,9 +22,9 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import custom_ops  # noqa: F401  (defines the torch ops serve_ops names)
-from nbx_tune.kernels import launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.serving import custom_ops  # noqa: F401  (defines the torch ops serve_ops names)
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import dense
 from nbx_tune.kernels.norms import ROW_CONFIGS, ROW_DEFAULTS, TORCH_DTYPES, norm_smem
 from nbx_tune.kernels.rows import format_shape, numel
@@ -106,7 +106,7 @@ def _add_norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, s_ptr, n_rows, N, eps,
             tl.store(y_ptr + base + c, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-_add_norm_kernel = launch.recorded(_add_norm_kernel)  # its calls are replayed (kernels/launch.py)
+_add_norm_kernel = launch.recorded(_add_norm_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def launch_add_norm(x, residual, weight, bias, out, total, n_rows: int, N: int, eps: float, rms: bool,
@@ -252,7 +252,7 @@ REMEMBERED = launch.REMEMBERED
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
     """(rms_norm(x + residual) * weight, x + residual): x and residual of one shape, weight
     their last dim, one dtype (fp16, bf16, fp32)."""
-    try:  # the direct launch (kernels/launch.py)
+    try:  # the direct launch (kernels/runtime/launch.py)
         key = (RMS_SPEC, eps, *launch.tensor_key(x), *launch.tensor_key(residual), *launch.tensor_key(weight))
     except AttributeError:
         raise KernelError("add_rms_norm: x, residual and weight must be tensors") from None

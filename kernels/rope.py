@@ -27,9 +27,9 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import custom_ops  # noqa: F401  (defines the torch op serve_ops names)
-from nbx_tune.kernels import launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.serving import custom_ops  # noqa: F401  (defines the torch op serve_ops names)
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import dense
 from nbx_tune.kernels.elementwise import INDEX_LIMIT, TORCH_DTYPES
 from nbx_tune.kernels.rows import format_shape, numel
@@ -91,7 +91,7 @@ def _rotary_kernel(x_ptr, out_ptr, R, H, sxb, sxh, sxs, sob, soh, sos,
                      scb, scs, ssb, sss, syob, syoh, syos, ROWS, BLOCK_D, INT64)
 
 
-_rotary_kernel = launch.recorded(_rotary_kernel)  # its calls are replayed (kernels/launch.py)
+_rotary_kernel = launch.recorded(_rotary_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def _bs_strides(t, B: int) -> tuple[int, int]:
@@ -299,7 +299,7 @@ def _cos_sin_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, R, S, spb, sps, HALF, sc
     tl.store(sin_ptr + o + HALF, s, mask=m)
 
 
-_cos_sin_kernel = launch.recorded(_cos_sin_kernel)  # its calls are replayed (kernels/launch.py)
+_cos_sin_kernel = launch.recorded(_cos_sin_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def launch_cos_sin(pos, inv_freq, cos, sin, scaling: float, config: Config) -> None:
@@ -452,7 +452,7 @@ REMEMBERED = launch.REMEMBERED
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1): x (B, H, S, D), any strides;
     cos and sin (B or 1, S, D); one dtype (fp16, bf16, fp32); D even."""
-    try:  # the direct launch (kernels/launch.py)
+    try:  # the direct launch (kernels/runtime/launch.py)
         key = (SPEC, *launch.tensor_key(x), *launch.tensor_key(cos), *launch.tensor_key(sin))
     except AttributeError:
         raise KernelError("rotary: x, cos and sin must be tensors") from None
@@ -508,7 +508,7 @@ def _rotary_call(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 def rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """(rotary(q, cos, sin), rotary(k, cos, sin)) in one launch: q (B, Hq, S, D) and k
     (B, Hk, S, D), any strides; cos and sin (B or 1, S, D); one dtype; D even."""
-    try:  # the direct launch (kernels/launch.py)
+    try:  # the direct launch (kernels/runtime/launch.py)
         key = (QK_SPEC, *launch.tensor_key(q), *launch.tensor_key(k), *launch.tensor_key(cos),
                *launch.tensor_key(sin))
     except AttributeError:
@@ -540,7 +540,7 @@ def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor, scaling: fl
     """(cos, sin), each position_ids.shape + (D,) in `dtype`: the rotary embedding's tables,
     angle = position * inv_freq in float32, cos and sin of it times scaling, each frequency
     twice. position_ids (B, S) or (S,), int64 or int32; inv_freq (D / 2,) float32."""
-    try:  # the direct launch (kernels/launch.py)
+    try:  # the direct launch (kernels/runtime/launch.py)
         key = (COS_SIN_SPEC, scaling, dtype, *launch.tensor_key(position_ids), *launch.tensor_key(inv_freq))
     except AttributeError:
         raise KernelError("rope_cos_sin: position_ids and inv_freq must be tensors") from None

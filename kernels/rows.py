@@ -1,6 +1,6 @@
 """What a trace row is: the input a kernel spec reads (`KernelSpec.problem_from_row`) and
 builds its example rows from. The file format, its parser and writer live in
-`nbx_tune.tuner.trace`; the data lives here so that kernels never import the tuner.
+`nbx_tune.kernels.trace`; the data lives here so that kernels never import the tuner.
 """
 
 from __future__ import annotations

@@ -19,14 +19,15 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import dense
+from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 from nbx_tune.oracles import softmax as oracle
 
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+TORCH_DTYPES = torch_dtypes(*FLOATS)
 INT32_MAX = 2**31 - 1
 
 
@@ -89,7 +90,7 @@ def _softmax_kernel(
             tl.store(y_row + c * sy_n, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-_softmax_kernel = launch.recorded(_softmax_kernel)  # its calls are replayed (kernels/launch.py)
+_softmax_kernel = launch.recorded(_softmax_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def launch_softmax(x3, y3, log: bool, safe: bool, config: Config) -> None:
@@ -309,7 +310,7 @@ _FLAGS = {(log, strided): seat_flags(log=int(log), safe=0, strided=int(strided))
 
 
 def _run(x: torch.Tensor, dim: int, log: bool, dtype) -> torch.Tensor:
-    # The direct launch (kernels/launch.py): a call whose key was seen replays its kernel.
+    # The direct launch (kernels/runtime/launch.py): a call whose key was seen replays its kernel.
     try:
         key = (SPEC, dim, log, dtype, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15)
     except AttributeError:

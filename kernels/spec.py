@@ -144,7 +144,7 @@ def one_dtype(row, served: Sequence[str]) -> str | NotServable:
 
 def plain_row(row, op: str, tensors: int, served: Sequence[str]) -> str | NotServable:
     """The one dtype of a row of `op` that has `tensors` tensors and no params (the
-    library's own ops, kernels/custom_ops.py), if the kernel serves it."""
+    library's own ops, kernels/serving/custom_ops.py), if the kernel serves it."""
     if row.op.removesuffix(".default") != op:
         return NotServable(f"{row.op}: overload not served")
     if len(row.shapes) != tensors:
@@ -179,7 +179,7 @@ class KernelSpec:
     # Data movement (copies, casts, gathers, fills): the oracle is exact, and the screen
     # compares every output bit for bit (a tolerance of 0) in every dtype.
     exact: bool = False
-    # How a candidate is timed (tuner/timing.py): "launch", each launch alone behind a
+    # How a candidate is timed (tuner/timing/benchmarkers.py): "launch", each launch alone behind a
     # flushed L2; "stream", launches back to back from CUDA graphs on warm and rotating
     # operand sets, as a model runs under graphs. Part of the source hash: a change re-tunes the seats.
     timing: str = "launch"
@@ -238,7 +238,7 @@ class KernelSpec:
         """Trace rows (`nbx_tune.kernels.rows.make_row`) that exercise the kernel in every
         dtype it claims, at deliberately odd shapes: scale "small" runs in seconds on the
         interpreter, "gpu" sits around real sizes. The self-check runs them against the
-        oracle (tests on the interpreter, bench/gpu_check.py on a GPU)."""
+        oracle (tests on the interpreter, proofs/gpu_check.py on a GPU)."""
         return []
 
     def serve_ops(self) -> Mapping[str, Callable]:
@@ -344,7 +344,7 @@ def uniform_inputs(rng: np.random.Generator, shape, scale: float = 1.0) -> np.nd
     """float32 values uniform in [-scale, scale): the input of a GEMM-sized screen. Zero
     mean like a normal sample, and an order of magnitude cheaper to draw than normal
     float64 samples, which cost seconds of a GEMM census."""
-    import torch  # here: this module is imported before torch (tuner/api.py)
+    import torch  # here: this module is imported before torch (tuner/commands.py)
 
     x = rng.random(shape, dtype=np.float32)
     torch.from_numpy(x).mul_(2 * scale).sub_(scale)  # in place, on torch's threads: numpy's is one

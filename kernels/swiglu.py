@@ -18,9 +18,9 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import custom_ops  # noqa: F401  (defines the torch op serve_ops names)
-from nbx_tune.kernels import launch
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.serving import custom_ops  # noqa: F401  (defines the torch op serve_ops names)
+from nbx_tune.kernels.runtime import launch
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import block_start, dense, stream_launch
 from nbx_tune.kernels.elementwise import (CONFIGS, DEFAULTS, INDEX_LIMIT, TORCH_DTYPES, _stream_load, _stream_store,
                                           _tanh_f32, _unary_math)
@@ -59,7 +59,7 @@ def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, n, INT64: tl.constexpr, BLOCK_SIZE: tl
         _silu_mul_block(g_ptr, u_ptr, y_ptr, block_start(pid, BLOCK_SIZE, INT64), n, BLOCK_SIZE, MASKED, EVICT)
 
 
-_silu_mul_kernel = launch.recorded(_silu_mul_kernel)  # its calls are replayed (kernels/launch.py)
+_silu_mul_kernel = launch.recorded(_silu_mul_kernel)  # its calls are replayed (kernels/runtime/launch.py)
 
 
 def launch_silu_mul(gate, up, out, config) -> None:
@@ -140,7 +140,7 @@ REMEMBERED = launch.REMEMBERED
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up: gate and up of one shape and dtype (fp16, bf16, fp32)."""
-    try:  # the direct launch (kernels/launch.py)
+    try:  # the direct launch (kernels/runtime/launch.py)
         key = (SPEC, *launch.tensor_key(gate), *launch.tensor_key(up))
     except AttributeError:
         raise KernelError("silu_mul: gate and up must be tensors") from None

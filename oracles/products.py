@@ -73,7 +73,7 @@ def _expected(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(a @ (b @ x), |a| @ (|b| @ |x|)) for the check's vectors x, a block of rows at a time
     on threads (numpy's abs runs on one core; its products and abs release the GIL). Faster
     than one thread where the process's thread pools do not spin, as in the census's worker
-    (tuner/isolation.py); lab/certify_cost/NOTES.md has both cases measured."""
+    (tuner/execution/isolation.py); lab/certify_cost/NOTES.md has both cases measured."""
     x = _check_vectors(b.shape[-1])
     bx, abs_bx = _rows_times(b, x)
     return _rows_times(a, bx, abs_bx)

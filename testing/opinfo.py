@@ -78,7 +78,7 @@ _ALIASES = {
 def routed_names() -> set[str]:
     """The aten packet names serve() routes (`add` for aten.add.Tensor and aten.add_.Scalar
     alike, the in-place ones without their underscore too)."""
-    from nbx_tune.kernels.serve import routes
+    from nbx_tune.kernels.serving.serve import routes
 
     names = set()
     for op in routes():
@@ -217,7 +217,7 @@ def _first(bad, g, r, what) -> str:
 
 
 def _served_counts() -> tuple[int, int]:
-    from nbx_tune.kernels.serve import stats
+    from nbx_tune.kernels.serving.serve import stats
 
     launched = fell = 0
     for s in stats().values():
@@ -230,7 +230,7 @@ def run_case(fn, args, kwargs, *, name: str, dtype: str, desc: str, report: Repo
              error_type=None, error_regex=None, rtol_atol=None) -> None:
     """fn(*args, **kwargs) under torch and under serve() on copies, compared into `report`.
     `error_type`: torch's documented error for an error input (checked under serve too)."""
-    from nbx_tune.kernels.serve import serve
+    from nbx_tune.kernels.serving.serve import serve
 
     ref_args, ref_kwargs = _clone((args, kwargs))
     try:

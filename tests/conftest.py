@@ -11,12 +11,27 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 
 
+# The default run leaves out the cases marked slow (end-to-end runs through the
+# interpreter); `--all` (CI, .ci/run) runs every case.
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true", help="also run the slow end-to-end cases (CI does)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--all") or config.getoption("-m"):
+        return
+    slow = [i for i in items if "slow" in i.keywords]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [i for i in items if "slow" not in i.keywords]
+
+
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path, monkeypatch):
     """Each test gets its own database and no exported tables, and a fresh launch-time read."""
     monkeypatch.setenv("NBX_TUNE_DB", f"sqlite:///{tmp_path / 'nbx.db'}")
     monkeypatch.delenv("NBX_TUNE_TABLE", raising=False)
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
 
     certified.reload()
     yield
@@ -82,7 +97,7 @@ from contextlib import contextmanager  # noqa: E402
 def registered_here(specs):
     """`specs` registered inside the block only: other tests (census, CLI) still see the
     registry as the package ships it."""
-    from nbx_tune.kernels import registry
+    from nbx_tune.kernels.runtime import registry
 
     registry.all_specs()
     saved = (dict(registry._specs), dict(registry._by_op))

@@ -18,7 +18,7 @@ from nbx_tune.kernels.attention import SDPA, SPEC
 from nbx_tune.kernels.spec import Config
 from nbx_tune.oracles import attention as oracle
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner.trace import make_row
+from nbx_tune.kernels.trace import make_row
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -101,6 +101,7 @@ SHAPES = [  # (B, Hq, Hkv, Lq, Lk, D, Dv, causal)
 @pytest.mark.parametrize("flags", FLAG_SETS,
                          ids=lambda f: "+".join(f"{k}{v}" if k == "PACK" else k for k, v in f.items()))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}H{}/{}L{}x{}d{}/{}{}".format(*s[:7], "c" if s[7] else ""))
+@pytest.mark.slow
 def test_levers_match_the_oracle_and_repeat_bit_for_bit(monkeypatch, dtype, tol, flags, shape):
     B, Hq, Hkv, Lq, Lk, D, Dv, causal = shape
     q, k, v = _inputs(B, Hq, Hkv, Lq, Lk, D, Dv, dtype, seed=Lq * 100 + Lk)
@@ -181,10 +182,9 @@ def fake(monkeypatch):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from fake_compiled import FakeTriton
+    from nbx_tune.testing.fake_compiled import FakeTriton
 
-    from nbx_tune.kernels import launch
+    from nbx_tune.kernels.runtime import launch
 
     f = FakeTriton()
     monkeypatch.setattr(launch, "through_triton", f)
@@ -193,10 +193,10 @@ def fake(monkeypatch):
 
 @pytest.mark.skipif(TensorDescriptor is None, reason="Triton without host-side tensor descriptors")
 def test_a_tma_attention_call_replays_with_descriptors_of_each_calls_key_and_value(fake, monkeypatch):
-    # The public op under a TMA config (tests/fake_compiled.py stands in for the compiled
+    # The public op under a TMA config (testing/fake_compiled.py stands in for the compiled
     # kernel): later calls with fresh tensors of the same key replay it, the descriptors made
     # around each call's K and V; a call whose K needs an aligned copy is never remembered.
-    from nbx_tune.kernels import certified, launch
+    from nbx_tune.kernels.runtime import certified, launch
 
     cfg = _cfg(TMA=1, FMA=1, LPT=1, PAIR=1)
     monkeypatch.setattr(SPEC, "default_configs", (cfg,))
@@ -286,8 +286,7 @@ def test_bench_smoke_checks_and_times_one_config_per_lever_set(tmp_path, monkeyp
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import attention_prefill as bench
+    from nbx_tune.bench import attention_prefill as bench
 
     monkeypatch.setenv("OUT", str(tmp_path))
     monkeypatch.setattr(bench, "SMOKE_SHAPES", [(1, 4, 2, 24, 24, 16, True)])

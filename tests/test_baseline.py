@@ -1,7 +1,7 @@
 """Torch baselines: `nbx-tune baseline` times each certified seat of a trace against torch's
 op and records it; the export carries it, an import keeps it, and under serve() a seat whose
 baseline on this GPU says torch is faster runs torch, counted with the reason (the rule:
-kernels/baseline.py). Outside serve() the kernel always runs."""
+kernels/runtime/torch_rule.py). Outside serve() the kernel always runs."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import nbx_tune
 import nbx_tune.errors
 from nbx_tune.cli.app import app
 from nbx_tune.errors import TableError
-from nbx_tune.kernels import baseline, certified, launch, table_format
-from nbx_tune.kernels import serve as serving
-from nbx_tune.kernels.registry import get_spec
+from nbx_tune.kernels.runtime import torch_rule as baseline, certified, launch, table_format
+from nbx_tune.kernels.serving import serve as serving
+from nbx_tune.kernels.runtime.registry import get_spec
 from nbx_tune.kernels.spec import bucket_of, seat_flags
 from nbx_tune.profiles import device_info
 
@@ -216,6 +216,7 @@ def test_the_launch_read_takes_baselines_from_the_database_and_from_tables(tmp_p
     assert serving.stats()["aten.neg"]["reasons"] == {baseline.REASON: 1}
 
 
+@pytest.mark.slow
 def test_a_new_certificate_drops_its_seats_baseline(tmp_path, db_url, certified_db, monkeypatch):
     assert cli("baseline", "--model", certified_db, "--db", db_url).exit_code == 0
     from nbx_tune.tuner.store import Store
@@ -263,6 +264,7 @@ def test_baseline_draws_a_table_and_says_what_serve_runs(db_url, certified_db):
     assert "serve() runs" in text and "2 seats timed" in text and "2 recorded" in text
 
 
+@pytest.mark.slow
 def test_census_with_baseline_certifies_then_records_each_seats_baseline(tmp_path, db_url):
     trace = tmp_path / "t.tsv"
     trace.write_text(HEAD + "aten.relu\tfloat32\t4x40\t\t3\naten.neg\tfloat32\t300\t\t2\n")
@@ -288,6 +290,7 @@ def test_census_without_baseline_names_the_command_and_refuses_it_beside_dry_run
         assert r.exit_code == 1 and len(r.stderr.strip().splitlines()) == 1 and "--baseline" in r.stderr
 
 
+@pytest.mark.slow
 def test_merge_table_takes_baselines_only_for_the_same_config(tmp_path):
     import subprocess
     import sys
@@ -300,17 +303,18 @@ def test_merge_table_takes_baselines_only_for_the_same_config(tmp_path):
     shipped.write_text(table_format.dumps("interpreter", "interpreter", "x", [plain]))
     for e, expect in ((other, None), (same, [b])):
         export.write_text(table_format.dumps("interpreter", "interpreter", "x", [e]))
-        r = subprocess.run([sys.executable, str(ROOT / "bench/merge_table.py"), str(export), "--table", str(shipped),
+        r = subprocess.run([sys.executable, str(ROOT / "release/merge_table.py"), str(export), "--table", str(shipped),
                             "--baselines"], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         got = table_format.read(shipped)["entries"][0]["provenance"].get("torch_baselines")
         assert got == expect
 
 
+@pytest.mark.slow
 def test_the_baselines_view_reads_alike_on_each_engine(tmp_path, any_db):
     """The launch read takes baselines through the view on SQLite (stdlib) and PostgreSQL
     (SQLAlchemy): only the current certificates' ones."""
-    from nbx_tune.kernels import certified_view
+    from nbx_tune.kernels.runtime import certified_view
 
     trace = tmp_path / "t.tsv"
     trace.write_text(HEAD + "aten.relu\tfloat32\t4x40\t\t3\naten.neg\tfloat32\t300\t\t2\n")

@@ -1,17 +1,14 @@
-"""bench/_common.py's database helpers that the cost benches read their results with: a
+"""testing/bench.py's database helpers that the cost benches read their results with: a
 table made stale as a kernel source change makes it is re-certified by the next census,
 and the breakdown after a given tuning counts that census's seats alone."""
 
 import shutil
-import sys
-from pathlib import Path
 
-import planted
-from nbx_tune.kernels.registry import register
-from nbx_tune.tuner import api
+from nbx_tune.testing import planted
+from nbx_tune.kernels.runtime.registry import register
+from nbx_tune.tuner import commands as api
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from _common import breakdown, query, stale_everything  # noqa: E402
+from nbx_tune.testing.bench import breakdown, query, stale_everything  # noqa: E402
 
 register(planted.SPEC)
 HEAD = "# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"

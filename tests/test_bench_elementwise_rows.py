@@ -3,13 +3,13 @@ two stream levers, every config checked against torch / fp64, the staged and per
 paths beside them, and a planted wrong config reported."""
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import elementwise_rows as er  # noqa: E402
+import pytest
+
+from nbx_tune.bench import elementwise_rows as er  # noqa: E402
 
 
+@pytest.mark.slow
 def test_smoke_rows_time_every_side_and_check_them(tmp_path, monkeypatch):
     monkeypatch.setenv("OUT", str(tmp_path))
     assert er.main(["--smoke", "--rows", "neg bf16 half decode,cat(-x2,pow2 f32 llama2"]) == 0

@@ -2,13 +2,10 @@
 never by its own entry, and the counts it reports are of the seats it ranked."""
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import ranking_replay as rr  # noqa: E402
+from nbx_tune.bench import ranking_replay as rr  # noqa: E402
 
-from nbx_tune.tuner.seat_search import shipped, shipped_votes  # noqa: E402
+from nbx_tune.tuner.search.seat_search import shipped, shipped_votes  # noqa: E402
 
 
 def test_a_seats_own_entry_never_votes_for_it():

@@ -3,17 +3,14 @@ table with every kernel in it, and the trace rows it hands both censuses hold ex
 seats, with every shape the full traces give them."""
 
 import json
-import sys
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import recertify_cost as rc  # noqa: E402
+from nbx_tune.bench import recertify_cost as rc  # noqa: E402
 
-from nbx_tune.kernels.certified import TABLE_DIR  # noqa: E402
+from nbx_tune.kernels.runtime.certified import TABLE_DIR  # noqa: E402
 from nbx_tune.profiles import get_profile  # noqa: E402
-from nbx_tune.tuner.census import plan  # noqa: E402
-from nbx_tune.tuner.trace import Trace  # noqa: E402
+from nbx_tune.tuner.census.census import plan  # noqa: E402
+from nbx_tune.kernels.trace import Trace  # noqa: E402
 
 
 def test_the_sample_is_seeded_holds_every_kernel_and_is_shared_by_size():

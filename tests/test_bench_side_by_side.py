@@ -1,10 +1,7 @@
 """bench/_common.side_by_side: what the benchmarks compare is timed in turned rounds."""
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from _common import side_by_side  # noqa: E402
+from nbx_tune.testing.bench import side_by_side  # noqa: E402
 
 
 def test_a_steady_drift_reaches_both_sides_alike():

@@ -2,15 +2,13 @@
 each way's pick under replay, and the smoke mode runs end to end."""
 
 import json
-import sys
-from pathlib import Path
 
+import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import timing_agreement as ta  # noqa: E402
+from nbx_tune.bench import timing_agreement as ta  # noqa: E402
 
-from nbx_tune.kernels.registry import all_specs  # noqa: E402
+from nbx_tune.kernels.runtime.registry import all_specs  # noqa: E402
 
 
 def test_outputs_agree_within_the_dtypes_tolerance_and_exactly_where_exact():
@@ -31,6 +29,7 @@ def test_the_summary_reads_each_ways_pick_under_replay():
     assert s["stream"]["pick"] == "b" and s["stream"]["loss"] == 0.0
 
 
+@pytest.mark.slow
 def test_smoke(tmp_path, monkeypatch):
     monkeypatch.setenv("OUT", str(tmp_path))
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # main sets it: restored after the test

@@ -2,18 +2,16 @@
 op's schema, params parsed by its types), and the script's smoke mode runs end to end."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from nbx_tune.tuner.baseline import _WRAPPED
+from nbx_tune.tuner.timing.torch_baselines import _WRAPPED
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import torch_compare as tc  # noqa: E402
+from nbx_tune.bench import torch_compare as tc  # noqa: E402
 
-from nbx_tune.tuner.trace import make_row  # noqa: E402
+from nbx_tune.kernels.trace import make_row  # noqa: E402
 
 
 @pytest.mark.parametrize("row,shape", [
@@ -64,10 +62,10 @@ def test_a_picks_gpu_is_named_short():
 
 
 def test_a_shipped_entry_says_which_gpu_timed_it(monkeypatch):
-    from nbx_tune.kernels import certified
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime import certified
+    from nbx_tune.kernels.runtime.registry import all_specs
     from nbx_tune.kernels.spec import encode_bucket, encode_flags
-    from nbx_tune.tuner import seat_search
+    from nbx_tune.tuner.search import seat_search
 
     spec = all_specs()["matmul"]
     p = spec.problem_from_row(make_row("aten.mm", ["float32"] * 2, [(5, 7), (7, 3)]))
@@ -93,7 +91,7 @@ def test_arguments_a_trace_never_records_are_supplied():
 
 def test_every_row_of_every_example_trace_becomes_a_torch_call():
     # On the meta device: shapes and dtypes only, nothing computed.
-    from nbx_tune.tuner.trace import read_trace
+    from nbx_tune.kernels.trace import read_trace
 
     traces = sorted((Path(__file__).resolve().parents[1] / "examples" / "traces").glob("*.tsv"))
     assert len(traces) >= 13

@@ -7,13 +7,14 @@ import pytest
 import torch
 import yaml
 
-import planted
+from nbx_tune.testing import planted
 from conftest import db_count
 from nbx_tune.errors import TraceError
-from nbx_tune.kernels import certified, mm
-from nbx_tune.kernels.registry import register
+from nbx_tune.kernels.runtime import certified
+from nbx_tune.kernels import mm
+from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.profiles import builtin_profiles
-from nbx_tune.tuner import api
+from nbx_tune.tuner import commands as api
 
 register(planted.SPEC)
 
@@ -44,6 +45,7 @@ MATMUL_TRACE = (
 )
 
 
+@pytest.mark.slow
 def test_census_certifies_then_the_second_tunes_nothing_and_launches_read_it(tmp_path, any_db, monkeypatch):
     db_url = any_db
     monkeypatch.setenv("NBX_TUNE_DB", db_url)
@@ -70,7 +72,7 @@ def test_census_certifies_then_the_second_tunes_nothing_and_launches_read_it(tmp
     stats = certified.launch_stats()
     assert stats["misses"] == {} and stats["certified_seats"] == 2 and stats["sources"] == ["database"]
     seat = [s for s in rep.seats if s.label.startswith("matmul|float32")][0]
-    from nbx_tune.kernels.registry import get_spec
+    from nbx_tune.kernels.runtime.registry import get_spec
 
     assert certified.config_for(get_spec("matmul"), ("float32",), (("aligned", "0"), ("bias", "0")), (1, 37, 45, 29)).key() == seat.config
     # A shape in no certified seat uses the default, and the miss is counted.
@@ -129,6 +131,7 @@ def test_over_the_byte_budget_the_screen_is_skipped_announced_and_the_seat_unscr
     assert seat.config in {c.key() for c in planted.GOOD}
 
 
+@pytest.mark.slow
 def test_a_new_shape_makes_the_seat_unscreened_until_its_winner_is_screened_there(tmp_path, db_url):
     census(str(trace(tmp_path, "test.double\tfloat32\t40000\t\t1\n", "a.tsv")), db_url)
     b = trace(tmp_path, "test.double\tfloat32\t60000\t\t1\n", "b.tsv")  # same elements bucket
@@ -162,8 +165,8 @@ def test_planning_and_recording_a_long_trace_is_linear_and_says_what_it_does(tmp
     number of times (the old `p not in rec.problems` compared about n^2 / 2 times: 4.5
     million here), and a census over a long trace announces its planning and recording."""
     from nbx_tune.kernels.spec import Problem
-    from nbx_tune.tuner import census as census_mod
-    from nbx_tune.tuner.census import load_plan, run_census
+    from nbx_tune.tuner.census import census as census_mod
+    from nbx_tune.tuner.census.census import load_plan, run_census
     from nbx_tune.tuner.store import Store
 
     n = 3000
@@ -200,7 +203,7 @@ def test_planning_and_recording_a_long_trace_is_linear_and_says_what_it_does(tmp
 
 
 def test_an_interrupted_census_is_recorded_interrupted_never_left_running(tmp_path, db_url):
-    from nbx_tune.tuner.census import load_plan, run_census
+    from nbx_tune.tuner.census.census import load_plan, run_census
     from nbx_tune.tuner.store import Store
 
     t = trace(tmp_path, "test.double\tfloat32\t1000\t\t1\n")
@@ -244,7 +247,7 @@ def test_the_launch_time_read_of_a_sqlite_database_needs_no_sqlalchemy(tmp_path,
     census(str(trace(tmp_path, "aten.mm\tfloat32,float32\t21x16;16x24\t\t1\n")), db_url)
     db = Path(db_url[len("sqlite:///"):])
     before = db.stat().st_mtime_ns
-    code = ("import sys; from nbx_tune.kernels import certified_view as v; "
+    code = ("import sys; from nbx_tune.kernels.runtime import certified_view as v; "
             "rows = v.read_view(sys.argv[1], 'interpreter'); "
             "print(len(rows), sorted(rows[0]), 'sqlalchemy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, db_url], capture_output=True, text=True,
@@ -256,7 +259,7 @@ def test_the_launch_time_read_of_a_sqlite_database_needs_no_sqlalchemy(tmp_path,
                 "config_space_hash", "profile_hash", "triton_version", "device_target"):
         assert repr(col) in out.stdout
     assert db.stat().st_mtime_ns == before
-    from nbx_tune.kernels import certified_view
+    from nbx_tune.kernels.runtime import certified_view
 
     assert certified_view.read_view(f"sqlite:///{tmp_path / 'absent.db'}", "interpreter") is None
     assert not (tmp_path / "absent.db").exists()

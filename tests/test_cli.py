@@ -7,9 +7,9 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-import planted
+from nbx_tune.testing import planted
 from nbx_tune.cli.app import app
-from nbx_tune.kernels.registry import register
+from nbx_tune.kernels.runtime.registry import register
 
 register(planted.SPEC)
 HEAD = "# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
@@ -37,6 +37,7 @@ def trace_file(tmp_path):
     return p
 
 
+@pytest.mark.slow
 def test_census_json_then_queries(tmp_path, trace_file, db_url):
     r = run("census", "--model", str(trace_file), "--db", db_url, "--json")
     assert r.exit_code == 0, r.output
@@ -75,6 +76,7 @@ def test_census_json_then_queries(tmp_path, trace_file, db_url):
     assert r.exit_code == 0 and "1 certificates added" in r.stdout
 
 
+@pytest.mark.slow
 def test_census_draws_tables_and_progress(trace_file, db_url):
     r = run("census", "--model", str(trace_file), "--db", db_url)
     assert r.exit_code == 0, r.output
@@ -163,6 +165,7 @@ def test_every_command_takes_json(cmd):
     assert "--json" in run(*cmd, "--help").stdout
 
 
+@pytest.mark.slow
 def test_json_of_export_import_db_upgrade_and_profiles_check(tmp_path, trace_file, db_url):
     assert run("census", "--model", str(trace_file), "--db", db_url).exit_code == 0
     out = tmp_path / "t.json"
@@ -178,6 +181,7 @@ def test_json_of_export_import_db_upgrade_and_profiles_check(tmp_path, trace_fil
     assert json.loads(run("profiles", "check", prof, "--json").stdout)["profile"] == "hopper"
 
 
+@pytest.mark.slow
 def test_after_a_census_it_says_where_the_results_are_and_what_next(trace_file, db_url):
     r = run("census", "--model", str(trace_file), "--db", db_url)
     text = " ".join(r.stdout.split())
@@ -185,9 +189,9 @@ def test_after_a_census_it_says_where_the_results_are_and_what_next(trace_file, 
 
 
 def test_refusals_say_how_many_there_are_and_list_every_reason_in_help(tmp_path, db_url):
-    from nbx_tune.tuner.reasons import REFUSAL_REASONS
+    from nbx_tune.tuner.certify.reasons import REFUSAL_REASONS
 
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     p = tmp_path / "t.tsv"  # two seats of the planted kernel, each with its refusals
     p.write_text(HEAD + "test.double\tfloat32\t1000\t\t1\ntest.double\tfloat16\t77\t\t1\n")
@@ -202,7 +206,7 @@ def test_refusals_say_how_many_there_are_and_list_every_reason_in_help(tmp_path,
 
 
 def test_ctrl_c_says_what_was_kept_and_exits_130(monkeypatch, db_url):
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -221,8 +225,8 @@ def test_the_cli_reaches_the_tuner_only_through_its_api_and_catches_errors_once(
     for f in Path(cli.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nbx_tune.tuner"):
-                assert node.module == "nbx_tune.tuner.api" or (
-                    node.module == "nbx_tune.tuner" and [a.name for a in node.names] == ["api"]), (f, node.module)
+                assert node.module == "nbx_tune.tuner.commands" or (
+                    node.module == "nbx_tune.tuner" and [a.name for a in node.names] == ["commands"]), (f, node.module)
         assert f.read_text().count("render.error(") <= 1  # printed in one place: the root group
 
 
@@ -235,6 +239,7 @@ def test_a_seat_summary_tells_pruned_configs_from_wrong_ones():
     assert candidate_summary(recs) == "10 candidates: 7 pruned unlaunched (equivalent 7), 1 failed (wrong_answer 1), 2 passed"
 
 
+@pytest.mark.slow
 def test_run_is_one_line_for_a_bad_command_and_json_for_a_program(tmp_path):
     r = run("run", "--", "ls")
     assert r.exit_code == 1 and r.stderr.strip().startswith("error: run: ls is not a Python interpreter")
@@ -246,6 +251,7 @@ def test_run_is_one_line_for_a_bad_command_and_json_for_a_program(tmp_path):
     assert r.exit_code == 3 and d["exit_status"] == 3 and isinstance(d["stats"], dict)
 
 
+@pytest.mark.slow
 def test_the_console_entry_exits_with_the_commands_code_and_its_output_whole(tmp_path):
     """main() skips the interpreter's teardown (os._exit): the output piped out is still
     complete, exit handlers still run, and the exit code is the command's."""

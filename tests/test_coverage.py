@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import api
-from nbx_tune.tuner.census import load_plan
-from nbx_tune.tuner.trace import read_trace, write_trace
+from nbx_tune.tuner import commands as api
+from nbx_tune.tuner.census.census import load_plan
+from nbx_tune.kernels.trace import read_trace, write_trace
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "traces"
 SMALL = ("llama_small", "gpt2_small", "convnet_small")
@@ -24,7 +24,7 @@ def test_every_launch_of_the_example_traces_is_served(name):
     kernels = {sp.kernel for sp in plan.seats.values()}
     if name.startswith(("llama", "gpt2", "qwen")):
         assert {"matmul", "attention", "embedding"} <= kernels
-        # a fused decode step's last add is the hand-off's (kernels/hand_off.py): none is left
+        # a fused decode step's last add is the hand-off's (kernels/serving/hand_off.py): none is left
         assert "elementwise_binary" in kernels or name.endswith("_fused")
         # the unfused rotary tables' cos and sin (GPT-2: gelu); fused Llamas have none left
         assert ("elementwise_unary" in kernels) == (not name.endswith("_fused") or name.startswith("gpt2"))
@@ -36,7 +36,7 @@ def test_every_launch_of_the_example_traces_is_served(name):
     if name.startswith("llama") and not name.endswith("_fused"):
         assert {"reduce", "copy"} <= kernels  # the RMS norm's mean, its float32 casts
     if name.endswith("_fused") and not name.startswith("gpt2"):
-        assert {"rms_norm", "rotary_qk", "silu_mul", "add_rms_norm", "rope_cos_sin"} <= kernels  # kernels/fusions.py
+        assert {"rms_norm", "rotary_qk", "silu_mul", "add_rms_norm", "rope_cos_sin"} <= kernels  # kernels/serving/fusions/engine.py
         assert "reduce" not in kernels
     if name.startswith("gpt2") and name.endswith("_fused"):
         assert "add_layer_norm" in kernels
@@ -44,10 +44,11 @@ def test_every_launch_of_the_example_traces_is_served(name):
         assert {"conv", "batch_norm", "max_pool2d"} <= kernels
 
 
+@pytest.mark.slow
 def test_census_certifies_every_new_seat_of_the_small_traces(tmp_path, db_url):
     """The rows of the small example traces served by the new families (copies, casts, cat,
     embedding, arange, batch norm, max pooling, integer adds), one census: all certified."""
-    from nbx_tune.kernels.registry import spec_for_op
+    from nbx_tune.kernels.runtime.registry import spec_for_op
 
     rows = []
     for name in SMALL:

@@ -1,12 +1,12 @@
-"""The direct launch (kernels/launch.py): the first call of a public op under a key goes through
+"""The direct launch (kernels/runtime/launch.py): the first call of a public op under a key goes through
 Triton and is recorded; later calls replay the compiled kernels Triton returned.
 
-The interpreter compiles nothing, so tests/fake_compiled.py stands in for Triton's compiled
+The interpreter compiles nothing, so testing/fake_compiled.py stands in for Triton's compiled
 kernels: a replay's launch runs the real kernel under the interpreter on exactly the
 addresses and arguments the replay passes, and is refused if Triton would have compiled
 for other arguments. Every family is checked: a replay is bit-identical to Triton's launch
 on the same data, and a call that differs in strides, dtype, alignment or device is never
-served a replay recorded for another. The GPU half is bench/direct_launch_check.py.
+served a replay recorded for another. The GPU half is proofs/direct_launch_check.py.
 """
 
 import gc
@@ -17,11 +17,23 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from fake_compiled import FakeTriton, lean_launcher
+from nbx_tune.testing.fake_compiled import FakeTriton, lean_launcher
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import (addmm, baddbmm, bmm, certified, conv1d, conv2d, group_norm, launch, layer_norm,
-                              mm, mul, rms_norm, scaled_dot_product_attention, silu)
+from nbx_tune.kernels import (    addmm,
+    baddbmm,
+    bmm,
+    conv1d,
+    conv2d,
+    group_norm,
+    layer_norm,
+    mm,
+    mul,
+    rms_norm,
+    scaled_dot_product_attention,
+    silu,
+)
+from nbx_tune.kernels.runtime import certified, launch
 from nbx_tune.kernels import _to_copy, arange, batch_norm, cat, embedding, max_pool2d_with_indices
 from nbx_tune.kernels import add_layer_norm, add_rms_norm, cat_kv, rope_cos_sin, rotary, rotary_qk, silu_mul
 from nbx_tune.kernels import matmul as matmul_module
@@ -107,6 +119,7 @@ REPLAYS_STRIDES = ("attention", "elementwise_binary", "reduce", "conv", "matmul"
 
 @pytest.mark.parametrize("lean", [False, True], ids=["runner", "lean"])
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_a_replay_is_bit_identical_to_the_launch_through_triton(fake, family, lean, monkeypatch):
     if lean:  # replays call the compiled launcher itself (launch._lean_launcher)
         monkeypatch.setattr(launch, "_lean_launcher", lean_launcher)
@@ -226,6 +239,7 @@ def _variants(family, make):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_a_changed_dtype_alignment_device_or_stride_is_never_served_another_replay(fake, family):
     op, make, kw = FAMILIES[family]
     base = make(buf)

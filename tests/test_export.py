@@ -6,12 +6,12 @@ import os
 
 import pytest
 
-import planted
+from nbx_tune.testing import planted
 from conftest import db_count
 from nbx_tune.errors import TableError
-from nbx_tune.kernels import certified, table_format
-from nbx_tune.kernels.registry import register
-from nbx_tune.tuner import api
+from nbx_tune.kernels.runtime import certified, table_format
+from nbx_tune.kernels.runtime.registry import register
+from nbx_tune.tuner import commands as api
 
 register(planted.SPEC)
 def census(*args, isolate=False, **kwargs):
@@ -53,7 +53,7 @@ def test_export_is_deterministic_json_with_provenance(tmp_path, db_url, table):
     again = tmp_path / "again.json"
     api.export("interpreter", str(again), db_url)
     assert again.read_bytes() == table.read_bytes()
-    # Written whole through a temporary (tuner/files.py), with a new file's usual mode, not
+    # Written whole through a temporary (files.py), with a new file's usual mode, not
     # the temporary's 0600: a table is made to be shipped and read by others.
     mask = os.umask(0)
     os.umask(mask)
@@ -95,6 +95,7 @@ def _edit(path, fn):
     (lambda p: _edit(p, lambda d: d.update(format="something else")), "not an nbx-tune certified table"),
     (lambda p: _edit(p, lambda d: d["entries"][0].pop("provenance")), r"entries\[0\].provenance: missing"),
 ])
+@pytest.mark.slow
 def test_broken_tables_are_refused_whole(table, damage, match, monkeypatch):
     damage(table)
     with pytest.raises(TableError, match=match) as e:
@@ -106,6 +107,7 @@ def test_broken_tables_are_refused_whole(table, damage, match, monkeypatch):
         certified.state()
 
 
+@pytest.mark.slow
 def test_import_merges_keeping_the_faster_certificate(tmp_path, db_url, table, any_db):
     other = any_db
     s = api.import_(str(table), other)
@@ -170,6 +172,7 @@ def _resigned(path, out, fn):
     (lambda d: d["entries"][0].update(spread_ms=[]), r"spread_ms: expected \[p20, p80\]"),
     (lambda d: d["entries"][0]["provenance"].update(certified_at="yesterday"), "certified_at: not an ISO"),
 ])
+@pytest.mark.slow
 def test_edited_and_resigned_tables_are_refused_at_import_and_never_served(tmp_path, table, edit, match,
                                                                            monkeypatch):
     bad = _resigned(table, tmp_path / "bad.json", edit)
@@ -218,7 +221,7 @@ def test_an_import_claiming_to_beat_the_current_certificate_is_screened_first(tm
 
 def test_the_launch_read_serves_only_this_compile_target(tmp_path, table, monkeypatch):
     """Another compile target is never served; a sibling device of the same target is."""
-    from nbx_tune.kernels import validity
+    from nbx_tune.kernels.runtime import validity
     from nbx_tune.profiles import builtin_profiles
 
     monkeypatch.setenv("NBX_TUNE_DB", f"sqlite:///{tmp_path / 'absent.db'}")
@@ -290,7 +293,7 @@ def test_a_0004_database_upgrades_with_its_certificates_and_no_regret_or_detail(
     from alembic import command
     from sqlalchemy import text
 
-    from nbx_tune.tuner.api import db_upgrade
+    from nbx_tune.tuner.commands import db_upgrade
     from nbx_tune.tuner.store.db import _alembic_config, make_engine
 
     engine = make_engine(any_db)

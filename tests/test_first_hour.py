@@ -6,14 +6,14 @@ import sqlite3
 import pytest
 from typer.testing import CliRunner
 
-import planted
+from nbx_tune.testing import planted
 from nbx_tune.cli.app import app
 from nbx_tune.errors import StoreError, TraceError
-from nbx_tune.kernels.registry import register
-from nbx_tune.tuner import api
+from nbx_tune.kernels.runtime.registry import register
+from nbx_tune.tuner import commands as api
 from nbx_tune.tuner.store import Store
 from nbx_tune.tuner.store.db import safe_url
-from nbx_tune.tuner.trace import parse_trace_text, read_trace
+from nbx_tune.kernels.trace import parse_trace_text, read_trace
 
 register(planted.SPEC)
 HEAD = "# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
@@ -111,6 +111,7 @@ def test_a_failing_migration_is_one_line_and_changes_nothing(tmp_path, monkeypat
     assert one_line(r) and "migrating to" in r.stderr and "disk on fire" in r.stderr
 
 
+@pytest.mark.slow
 def test_the_compile_pool_leaves_a_broken_plugin_to_the_census_one_line(tmp_path):
     """A plugin that raises on import: the compile pool's processes (on a GPU) used to print
     a traceback before the census's own one-line error."""
@@ -119,7 +120,7 @@ def test_the_compile_pool_leaves_a_broken_plugin_to_the_census_one_line(tmp_path
     import sys
 
     (tmp_path / "fh_broken_plugin.py").write_text("raise RuntimeError('plugin bug')\n")
-    code = ("from nbx_tune.tuner.precompile import _serve_compiles\n"
+    code = ("from nbx_tune.tuner.execution.precompile import _serve_compiles\n"
             "import os\nos.nice = lambda n: 0\n"  # not the test's business
             "_serve_compiles(None, None, None, ['fh_broken_plugin'], dict(os.environ))\n")
     env = {**os.environ, "TRITON_INTERPRET": "1",

@@ -9,9 +9,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import db_count
 
-from nbx_tune.tuner import api
+from nbx_tune.tuner import commands as api
 
 HEAD = "# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
 # Eight matmul seats (M is bucketed one by one below 64), about a second each here.
@@ -33,6 +35,7 @@ def enqueue(tmp_path, url):
     return t
 
 
+@pytest.mark.slow
 def test_several_workers_on_one_queue_tune_every_seat_once(tmp_path, any_db):
     enqueue(tmp_path, any_db)
     p = cli("worker", "--db", any_db, "--gpus", "0,0,0", "--no-isolate", "--json")
@@ -50,6 +53,7 @@ def test_several_workers_on_one_queue_tune_every_seat_once(tmp_path, any_db):
     assert all(r["holder"].endswith(":gpu0") for r in reports)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_seat_loses_its_lease_and_another_finishes(tmp_path, any_db):
     enqueue(tmp_path, any_db)
     # A worker on "another host" (its death cannot be seen from here): only its lease ends.
@@ -90,7 +94,8 @@ def test_seats_show_who_holds_what(tmp_path, any_db):
 def test_the_launch_time_read_works_on_either_engine(tmp_path, any_db, monkeypatch):
     import torch
 
-    from nbx_tune.kernels import certified, mm
+    from nbx_tune.kernels.runtime import certified
+    from nbx_tune.kernels import mm
 
     t = tmp_path / "t.tsv"
     t.write_text(HEAD + "aten.mm\tfloat32,float32\t21x16;16x24\t\t1\n")
@@ -122,7 +127,7 @@ def test_workers_take_the_longest_seats_first(tmp_path, any_db):
     """The queue hands out seats by their estimated cost, so the last ones are short and
     no GPU idles behind a long seat at the end."""
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner.runner import SeatTuner
+    from nbx_tune.tuner.fleet.seat_tuner import SeatTuner
     from nbx_tune.tuner.store import Store
 
     t = tmp_path / "t.tsv"
@@ -154,7 +159,7 @@ def test_one_host_compiles_a_binary_once(tmp_path, monkeypatch):
     import fcntl
 
     from nbx_tune.kernels.spec import Config, Problem
-    from nbx_tune.tuner import precompile
+    from nbx_tune.tuner.execution import precompile
 
     compiled = []
     monkeypatch.setattr(precompile, "_compile", lambda k, ps, c, d: compiled.append((k, c)))
@@ -180,7 +185,8 @@ def test_one_host_compiles_a_binary_once(tmp_path, monkeypatch):
 
 
 def test_spawned_workers_share_the_hosts_cores(monkeypatch):
-    from nbx_tune.tuner import fleet, precompile
+    from nbx_tune.tuner.fleet import workers as fleet
+    from nbx_tune.tuner.execution import precompile
 
     seen = []
 
@@ -197,7 +203,7 @@ def test_spawned_workers_share_the_hosts_cores(monkeypatch):
 
 
 def test_a_workers_timeline_splits_its_time():
-    from nbx_tune.tuner.fleet import worker_timeline
+    from nbx_tune.tuner.fleet.workers import worker_timeline
 
     rows = [("a", 12.0, 20.0, "H200"), ("b", 11.0, 15.0, "H200"), ("a", 21.0, 25.0, "H200"),
             ("b", 15.5, 16.0, "H200")]

@@ -1,4 +1,4 @@
-"""Fusions (kernels/fusions.py): model code that is exactly a known pattern runs as one op
+"""Fusions (kernels/serving/fusions/): model code that is exactly a known pattern runs as one op
 while serve() or the recorder is active, and only then; a variant is never swapped."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 import nbx_tune
-from nbx_tune.kernels import fusions
-from nbx_tune.kernels import serve as serving
-from nbx_tune.tuner.recorder import Recorder
+from nbx_tune.kernels.serving.fusions import engine as fusions, llama
+from nbx_tune.kernels.serving import serve as serving
+from nbx_tune.tuner.trace.recorder import Recorder
 
 
 class PatternNorm(nn.Module):
@@ -121,15 +121,15 @@ def test_a_variant_is_never_swapped(fused, cls):
 
 
 def test_torch_bound_to_something_else_is_not_the_pattern(tmp_path, monkeypatch):
-    assert fusions.RMS_NORM.pattern.matches(PATTERN_FORWARD)
-    (tmp_path / "other_torch.py").write_text("import torch.nn as torch\n" + fusions.RMS_NORM.pattern.source)
+    assert llama.RMS_NORM.pattern.matches(PATTERN_FORWARD)
+    (tmp_path / "other_torch.py").write_text("import torch.nn as torch\n" + llama.RMS_NORM.pattern.source)
     monkeypatch.syspath_prepend(str(tmp_path))
     import other_torch
 
-    assert not fusions.RMS_NORM.pattern.matches(other_torch.forward)
+    assert not llama.RMS_NORM.pattern.matches(other_torch.forward)
     namespace = {"torch": torch}  # the very pattern, but no source to read: never swapped
-    exec(compile(fusions.RMS_NORM.pattern.source, "<no file>", "exec"), namespace)
-    assert not fusions.RMS_NORM.pattern.matches(namespace["forward"])
+    exec(compile(llama.RMS_NORM.pattern.source, "<no file>", "exec"), namespace)
+    assert not llama.RMS_NORM.pattern.matches(namespace["forward"])
 
 
 def test_a_class_defined_while_active_is_swapped_and_the_hook_leaves_after():
@@ -424,13 +424,14 @@ def test_transformers_patterns_are_swapped_and_their_variants_are_not(fused, mon
     assert all(torch.equal(a, b) for a, b in zip(got, want))  # outside serve: the pattern's own ops
 
 
+@pytest.mark.slow
 def test_nbx_tune_run_fuses_a_class_the_program_defines(tmp_path):
     """`nbx-tune run` enters serve() before the program imports its model code: the class is
     checked when created, and its norm is one served aten.rms_norm."""
     import inspect
     import json
 
-    from nbx_tune.tuner.serve_main import run_command
+    from nbx_tune.tuner.trace.serve_main import run_command
 
     script = tmp_path / "prog.py"
     script.write_text("import torch\nfrom torch import nn\n\n\n"
@@ -555,10 +556,10 @@ def test_a_module_imported_while_active_gets_its_functions_swapped(tmp_path, mon
 
 
 def test_a_trace_says_which_fusions_it_was_recorded_with(tmp_path):
-    from nbx_tune.tuner.recorder import record
+    from nbx_tune.tuner.trace.recorder import record
 
     m = _norm()
-    for fuse, note in ((True, "# fusions: rms_norm x2 (kernels/fusions.py)"),
+    for fuse, note in ((True, "# fusions: rms_norm x2 (kernels/serving/fusions/)"),
                        (False, "# fusions: off (the model's own ops, as torch runs them)")):
         path = tmp_path / f"{fuse}.tsv"
         with torch.inference_mode(), record(path, ["a comment"], fuse=fuse):
@@ -603,7 +604,7 @@ def test_nbx_tune_run_fuses_a_transformers_llama_the_program_imports(tmp_path):
     pytest.importorskip("transformers")
     import json
 
-    from nbx_tune.tuner.serve_main import run_command
+    from nbx_tune.tuner.trace.serve_main import run_command
 
     script = tmp_path / "llama_prog.py"
     script.write_text(

@@ -1,4 +1,4 @@
-"""The hand-off (kernels/hand_off.py): a decoder layer's last add computes the norm the next
+"""The hand-off (kernels/serving/hand_off.py): a decoder layer's last add computes the norm the next
 layer starts with, only where the model's loop runs nothing between the two, and the value
 taken is always the norm of the very tensor handed."""
 
@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from nbx_tune.kernels import fusions, hand_off
+from nbx_tune.kernels.serving.fusions import engine as fusions
+from nbx_tune.kernels.serving import hand_off
 from tests.test_fusions import PatternDecoderLayer, _norm
 from tests.test_serve import no_repo_root_on_path  # noqa: F401  (a fixture)
 

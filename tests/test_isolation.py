@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-import planted
-from nbx_tune.kernels.registry import register
+from nbx_tune.testing import planted
+from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.profiles import builtin_profiles, load_profile_file
-from nbx_tune.tuner import api
-from nbx_tune.tuner.isolation import Isolated
-from nbx_tune.tuner.strategies import get_strategy
-from nbx_tune.tuner.tune import tune_seat
+from nbx_tune.tuner import commands as api
+from nbx_tune.tuner.execution.isolation import Isolated
+from nbx_tune.tuner.timing.strategies import get_strategy
+from nbx_tune.tuner.certify.tune import tune_seat
 
 for s in planted.SPECS:
     register(s)
@@ -30,6 +30,7 @@ def quick_timeout_profile(tmp_path, seconds=8):
     return p
 
 
+@pytest.mark.slow
 def test_crash_and_hang_are_refused_and_the_tuner_goes_on(tmp_path, monkeypatch):
     log = tmp_path / "launches.log"
     monkeypatch.setenv("NBX_TEST_LAUNCH_LOG", str(log))
@@ -61,6 +62,7 @@ def tune_isolated(profile, spec, n):
     return res, ex
 
 
+@pytest.mark.slow
 def test_census_with_isolation_records_crash_refusals(tmp_path, db_url):
     t = tmp_path / "t.tsv"
     t.write_text("# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\ntest.faulty\tfloat32\t333\t\t1\n")
@@ -105,6 +107,7 @@ def test_a_seat_whose_preparation_kills_the_worker_is_refused_and_the_next_seat_
     assert good.outcome == "certified" and good.winner.config in planted.GOOD
 
 
+@pytest.mark.slow
 def test_a_replacement_worker_that_cannot_prepare_the_seat_refuses_it_without_looping(tmp_path, monkeypatch):
     """A candidate kills the worker; its replacement dies preparing the seat again. The
     seat is refused (prepare_error) once, where the executor used to recurse forever."""
@@ -123,6 +126,7 @@ def test_a_replacement_worker_that_cannot_prepare_the_seat_refuses_it_without_lo
     assert len((tmp_path / "prepared.log").read_text().split()) == 2
 
 
+@pytest.mark.slow
 def test_a_worker_killed_from_outside_while_preparing_is_retried_by_the_next_census(tmp_path, db_url,
                                                                                      monkeypatch):
     """SIGKILL (the out-of-memory killer, kill -9) while the worker makes a seat's inputs:
@@ -173,7 +177,7 @@ def test_a_worker_profile_is_written_when_asked_and_names_the_screen(tmp_path, m
 
 def _job(spec, n, label="seat"):
     from nbx_tune.kernels.spec import Problem, seat_flags
-    from nbx_tune.tuner.tune import seat_job
+    from nbx_tune.tuner.certify.tune import seat_job
 
     problems = [Problem(spec.name, ("float32",), seat_flags(), (k,)) for k in (n // 3, n)]
     return seat_job(spec, builtin_profiles()["interpreter"], label, problems, "cpu")[0], problems
@@ -199,7 +203,7 @@ class _FakePool:
 def test_a_seat_queues_its_own_compiles_only_and_close_closes_the_pool():
     """A seat's candidates are queued once for compiling ahead of the worker (the one the
     static prune refuses is not), and the executor's close closes the pool."""
-    from nbx_tune.tuner.precompile import NOW
+    from nbx_tune.tuner.execution.precompile import NOW
 
     profile = builtin_profiles()["interpreter"]
     spec = planted.SPEC
@@ -216,7 +220,7 @@ def test_a_seat_queues_its_own_compiles_only_and_close_closes_the_pool():
 
 
 def test_the_compile_schedule_hands_out_the_seat_being_tuned_first_and_keeps_processes_from_a_later_audit():
-    from nbx_tune.tuner.precompile import LATER, NEXT, NOW, RESERVED, Schedule
+    from nbx_tune.tuner.execution.precompile import LATER, NEXT, NOW, RESERVED, Schedule
 
     sched = Schedule(RESERVED + 2)
     for i in range(6):
@@ -248,7 +252,7 @@ def test_a_precompiler_hands_its_processes_jobs_as_they_finish():
     import time
 
     from nbx_tune.kernels.spec import Config, Problem
-    from nbx_tune.tuner.precompile import LATER, NOW, Precompiler
+    from nbx_tune.tuner.execution.precompile import LATER, NOW, Precompiler
 
     configs = [Config((("BLOCK", b),), 4, 2) for b in (16, 32, 64, 128)]
     pool = Precompiler([], workers=2)
@@ -265,7 +269,7 @@ def test_a_precompiler_hands_its_processes_jobs_as_they_finish():
 
 
 def test_a_stopped_precompiler_queues_nothing_and_its_processes_are_gone():
-    from nbx_tune.tuner.precompile import Precompiler
+    from nbx_tune.tuner.execution.precompile import Precompiler
 
     pool = Precompiler([], workers=1)
     pool.stop()
@@ -281,7 +285,7 @@ def test_a_closed_precompiler_and_worker_are_left_to_exit_and_reaped_without_a_j
     import multiprocessing
     import time
 
-    from nbx_tune.tuner.precompile import Precompiler
+    from nbx_tune.tuner.execution.precompile import Precompiler
 
     pool = Precompiler([], workers=2)
     ex = Isolated(builtin_profiles()["interpreter"], precompile=False)
@@ -299,17 +303,17 @@ def test_a_closed_precompiler_and_worker_are_left_to_exit_and_reaped_without_a_j
 
 
 def test_the_compile_pools_fork_server_preloads_the_kernels_and_touches_no_gpu():
-    """The pool's processes are forked from a server that imported tuner/preload.py: it must
+    """The pool's processes are forked from a server that imported tuner/execution/preload.py: it must
     load torch, Triton and the kernels, and leave the GPU alone (a process forked after a
     GPU context is made cannot use the GPU)."""
     import subprocess
     import sys
 
-    from nbx_tune.tuner import precompile
+    from nbx_tune.tuner.execution import precompile
 
     ctx = precompile._context()
     assert ctx.get_start_method() == "forkserver"
-    code = ("import sys, nbx_tune.tuner.preload, torch; "
+    code = ("import sys, nbx_tune.tuner.execution.preload, torch; "
             "assert 'nbx_tune.kernels.matmul' in sys.modules and 'triton' in sys.modules; "
             "assert not torch.cuda.is_initialized()")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -321,7 +325,7 @@ def test_the_compile_pools_fork_server_holds_none_of_the_census_output():
     census's stdout or stderr, or a pipe reading them stays open that long."""
     import time
 
-    from nbx_tune.tuner import precompile
+    from nbx_tune.tuner.execution import precompile
 
     if not os.path.isdir("/proc/self/fd"):
         pytest.skip("needs /proc")
@@ -344,7 +348,7 @@ def test_the_compile_pools_fork_server_holds_none_of_the_census_output():
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="reads a process's environment in /proc")
 def test_the_worker_starts_with_quiet_thread_pools_and_the_parents_environment_is_left_as_it_was(monkeypatch):
-    from nbx_tune.tuner.isolation import QUIET_THREADS
+    from nbx_tune.tuner.execution.isolation import QUIET_THREADS
 
     monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # a user's own setting wins

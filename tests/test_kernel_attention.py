@@ -14,13 +14,13 @@ import torch.nn.functional as F
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import attention as A
 from nbx_tune.kernels.attention import EFFICIENT, FLASH, FLASH_CPU, SDPA, SPEC
-from nbx_tune.kernels.registry import register, spec_for_op
+from nbx_tune.kernels.runtime.registry import register, spec_for_op
 from nbx_tune.kernels.spec import Config, NotServable, Problem
 from nbx_tune.oracles import attention as oracle
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import screen as screening
-from nbx_tune.tuner.selfcheck import check_kernel
-from nbx_tune.tuner.trace import make_row
+from nbx_tune.tuner.certify import screen as screening
+from nbx_tune.tuner.certify.selfcheck import check_kernel
+from nbx_tune.kernels.trace import make_row
 
 PROFILE = get_profile("interpreter")
 HOPPER = get_profile("hopper")

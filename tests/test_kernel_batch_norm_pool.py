@@ -13,13 +13,13 @@ import torch.nn.functional as F
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import batchnorm as bn
 from nbx_tune.kernels import pool
-from nbx_tune.kernels.registry import spec_for_op
+from nbx_tune.kernels.runtime.registry import spec_for_op
 from nbx_tune.kernels.spec import NotServable
 from nbx_tune.oracles import pool as pool_oracle
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import screen as screening
-from nbx_tune.tuner.selfcheck import check_kernel
-from nbx_tune.tuner.trace import make_row
+from nbx_tune.tuner.certify import screen as screening
+from nbx_tune.tuner.certify.selfcheck import check_kernel
+from nbx_tune.kernels.trace import make_row
 
 PROFILE = get_profile("interpreter")
 RTOL = {torch.float16: 2e-2, torch.float32: 1e-4}
@@ -137,7 +137,7 @@ def test_planted_last_maximum_fails_the_exact_screen():
 
 
 def test_recorded_rows_map_and_bad_rows_say_why():
-    from nbx_tune.tuner.recorder import Recorder
+    from nbx_tune.tuner.trace.recorder import Recorder
 
     x = torch.randn(2, 8, 9, 9)
     m = torch.nn.BatchNorm2d(8).eval()

@@ -13,14 +13,14 @@ import torch.nn.functional as F
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import conv as cv
-from nbx_tune.kernels.registry import register, spec_for_op
+from nbx_tune.kernels.runtime.registry import register, spec_for_op
 from nbx_tune.kernels.spec import NotServable, Problem, bucket_of
 from nbx_tune.oracles import conv as oracle
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import screen as screening
-from nbx_tune.tuner.selfcheck import check_kernel
-from nbx_tune.tuner.trace import make_row
-from nbx_tune.tuner.tune import static_prune
+from nbx_tune.tuner.certify import screen as screening
+from nbx_tune.tuner.certify.selfcheck import check_kernel
+from nbx_tune.kernels.trace import make_row
+from nbx_tune.tuner.certify.tune import static_prune
 
 SPEC = cv.SPEC
 ROW_PARAMS = ("stride", "padding", "dilation", "transposed", "output_padding", "groups")
@@ -57,6 +57,7 @@ def _rel(out: torch.Tensor, ref: np.ndarray) -> float:
 
 # ----------------------------------------------------------------------------- correctness
 
+@pytest.mark.slow
 def test_selfcheck_small_rows(interp):
     checks = check_kernel(SPEC, interp, "cpu", "small", configs_per_row=3)
     bad = [c for c in checks if not c.ok]
@@ -85,6 +86,7 @@ def test_selfcheck_small_rows(interp):
     ((1, 1, 13, 11), (6, 1, 5, 5), "1x1", "2x2", "1x1", 1, False),   # C_in=1: direct kernel
     ((2, 8, 6, 7), (8, 2, 1, 3), "1x2", "0x1", "1x1", 4, False),     # grouped
 ])
+@pytest.mark.slow
 def test_each_config_class(interp, dtype, x, w, stride, padding, dilation, groups, bias):
     """Distinct tile shapes at awkward geometries, each against the oracle."""
     p = _problem(dtype, x, w, bias, stride, padding, dilation, groups)
@@ -160,7 +162,7 @@ def test_public_ops_agree_with_torch_shapes_and_refuse_bad_calls():
 # ----------------------------------------------------------------------------- trace rows
 
 def test_rows_recorded_by_the_dispatcher_map_to_problems():
-    from nbx_tune.tuner.recorder import Recorder
+    from nbx_tune.tuner.trace.recorder import Recorder
 
     x = torch.randn(2, 3, 11, 13)
     with torch.inference_mode(), Recorder() as rec:
@@ -397,6 +399,7 @@ def test_pointwise_seat_only_for_unpadded_ungrouped_1x1(interp, row, kind):
     ((2, 12, 7, 9), (5, 12, 1, 1), "1x3", False),     # anisotropic stride
     ((3, 21, 67), (10, 21, 1), "1", True),            # 1-D, kernel size 1
 ])
+@pytest.mark.slow
 def test_pointwise_configs_match_oracle(interp, dtype, x, w, stride, bias):
     """PW tiles of every shape class (narrow, wide, BLOCK_K over C_in), each against the
     fp64 oracle; the interpreter runs them whatever a device's shared memory admits."""
@@ -493,8 +496,7 @@ def test_pointwise_bench_smoke(tmp_path, monkeypatch, capsys):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import conv_pointwise
+    from nbx_tune.bench import conv_pointwise
 
     monkeypatch.setenv("OUT", str(tmp_path))
     assert conv_pointwise.main(["--smoke"]) == 0
@@ -513,7 +515,7 @@ def test_pointwise_bench_smoke(tmp_path, monkeypatch, capsys):
     ((3, 21, 67), (10, 21, 1), "1"),
 ])
 def test_pointwise_seats_are_screened_at_tile_edges(interp, x, w, stride):
-    from nbx_tune.tuner.screen_shapes import edge_problems
+    from nbx_tune.tuner.certify.screen_shapes import edge_problems
 
     p = _problem("float16", x, w, True, stride, "0" if len(x) == 3 else "0x0", "1" if len(x) == 3 else "1x1")
     edges = edge_problems(SPEC, interp, p)
@@ -639,6 +641,7 @@ PADS = [c for c in cv.POINTWISE_CONFIGS if c.kwargs.get("PAD")]
     ((1, 130, 14, 14), (33, 130, 1, 1), "2x2", False),  # staged dense to 7 x 7, then padded
     ((2, 150, 3), (7, 150, 1), "1", True),              # 1-D, 3 pixels
 ])
+@pytest.mark.slow
 def test_padded_pixel_rows_match_oracle_bit_for_bit_twice(interp, dtype, x, w, stride, bias):
     p = _problem(dtype, x, w, bias, stride, "0" if len(x) == 3 else "0x0", "1" if len(x) == 3 else "1x1")
     assert dict(p.flags)["aligned"] == "1" and len(PADS) >= 3

@@ -12,13 +12,13 @@ import torch
 
 from conftest import registered_here
 from nbx_tune.kernels import elementwise as ew
-from nbx_tune.kernels.registry import spec_for_op
+from nbx_tune.kernels.runtime.registry import spec_for_op
 from nbx_tune.kernels.spec import Config, NotServable
 from nbx_tune.oracles import elementwise as oracle
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import screen as screening
-from nbx_tune.tuner.selfcheck import check_kernel
-from nbx_tune.tuner.trace import make_row
+from nbx_tune.tuner.certify import screen as screening
+from nbx_tune.tuner.certify.selfcheck import check_kernel
+from nbx_tune.kernels.trace import make_row
 
 PROFILE = get_profile("interpreter")
 RTOL = {torch.float16: 2e-2, torch.float32: 1e-4}
@@ -221,7 +221,7 @@ def test_public_op_errors():
 # ----------------------------------------------------------------------------- trace rows
 
 def _recorded_rows():
-    from nbx_tune.tuner.recorder import Recorder
+    from nbx_tune.tuner.trace.recorder import Recorder
     import torch.nn.functional as F
 
     x = torch.randn(4, 6, 5, 7, dtype=torch.float16)

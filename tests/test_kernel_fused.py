@@ -2,7 +2,7 @@
 one tensor), `nbx_tune.silu_mul` (silu(gate) * up) and `nbx_tune.add_rms_norm` /
 `add_layer_norm` (a residual add and the norm of the sum), `nbx_tune.rope_cos_sin` (the rotary
 embedding's cos and sin tables), `nbx_tune.cat_kv` (a KV cache's two cats). Their kernels against the fp64
-oracles at odd shapes and strides; their torch ops (kernels/custom_ops.py) against
+oracles at odd shapes and strides; their torch ops (kernels/serving/custom_ops.py) against
 transformers' own code, bit for bit, and their backward; recorded rows (CPU and meta) to
 seats; a census of those seats; and serve() running the torch ops on the certified kernels."""
 
@@ -17,16 +17,18 @@ import torch
 
 import nbx_tune
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import certified, custom_ops, kv_cache, residual_norm, rope, swiglu
-from nbx_tune.kernels import serve as serving
-from nbx_tune.kernels.registry import spec_for_op
+from nbx_tune.kernels.runtime import certified
+from nbx_tune.kernels.serving import custom_ops
+from nbx_tune.kernels import kv_cache, residual_norm, rope, swiglu
+from nbx_tune.kernels.serving import serve as serving
+from nbx_tune.kernels.runtime.registry import spec_for_op
 from nbx_tune.kernels.spec import NotServable
 from nbx_tune.oracles import elementwise as ew_oracle
 from nbx_tune.oracles import norms as norm_oracle
 from nbx_tune.oracles import rope as rope_oracle
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner.selfcheck import check_kernel
-from nbx_tune.tuner.trace import make_row
+from nbx_tune.tuner.certify.selfcheck import check_kernel
+from nbx_tune.kernels.trace import make_row
 
 PROFILE = get_profile("interpreter")
 SPECS = (rope.SPEC, rope.QK_SPEC, rope.COS_SIN_SPEC, swiglu.SPEC, residual_norm.RMS_SPEC, residual_norm.LAYER_SPEC,
@@ -67,6 +69,7 @@ def rotary_inputs(dt, B=2, H=3, S=7, D=10, cos_batch=None, seed=0):
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+@pytest.mark.slow
 def test_selfcheck_small_rows_pass_the_screen(spec):
     checks = check_kernel(spec, PROFILE, "cpu", "small", configs_per_row=3)
     bad = [(c.op, c.shapes, c.dtype, str(c.config), c.reason, c.detail) for c in checks if not c.ok]
@@ -145,7 +148,7 @@ def test_rotary_planted_swap_of_the_halves_is_caught():
 def test_the_screen_runs_rotary_on_a_models_layout_and_catches_a_kernel_that_ignores_it():
     """The screen lays x out as a model's q ((B, S, H, D) memory viewed as (B, H, S, D)): the
     kernel's launch passes it, a launch that reads x as if contiguous fails it."""
-    from nbx_tune.tuner import screen as screening
+    from nbx_tune.tuner.certify import screen as screening
 
     problem = rope.SPEC.problem_from_row(make_row("nbx_tune.rotary", ["float32"] * 3,
                                                   [(2, 3, 7, 10), (1, 7, 10), (1, 7, 10)]))
@@ -315,9 +318,9 @@ def test_meta_tensors_get_the_shape_dtype_and_layout_of_a_real_call():
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 def test_recorded_rows_map_to_the_seats(device):
     from nbx_tune.profiles import current_profile
-    from nbx_tune.tuner.census import plan
-    from nbx_tune.tuner.recorder import Recorder
-    from nbx_tune.tuner.trace import Trace
+    from nbx_tune.tuner.census.census import plan
+    from nbx_tune.tuner.trace.recorder import Recorder
+    from nbx_tune.kernels.trace import Trace
 
     x, cos, sin = (t.to(device) for t in rotary_inputs(torch.float16, cos_batch=1))
     gate = torch.randn(3, 37, 5, dtype=torch.float16, device=device)
@@ -356,8 +359,8 @@ def test_rows_not_served_say_why(row, why):
 
 
 def test_census_certifies_the_seats_and_serve_runs_the_torch_ops_on_them(tmp_path, db_url):
-    from nbx_tune.tuner import api
-    from nbx_tune.tuner.recorder import record
+    from nbx_tune.tuner import commands as api
+    from nbx_tune.tuner.trace.recorder import record
 
     x, cos, sin = rotary_inputs(torch.float32, cos_batch=1)
     gate, up = torch.randn(3, 37, 5), torch.randn(3, 37, 5)
@@ -385,8 +388,8 @@ def test_census_certifies_the_seats_and_serve_runs_the_torch_ops_on_them(tmp_pat
 
 
 def test_the_library_ops_are_recorded_certified_and_served_as_one_launch(tmp_path, db_url):
-    from nbx_tune.tuner import api
-    from nbx_tune.tuner.recorder import record
+    from nbx_tune.tuner import commands as api
+    from nbx_tune.tuner.trace.recorder import record
 
     x, r, w, b = _add_norm_inputs(torch.float32, (2, 5, 37))
     trace = tmp_path / "t.tsv"
@@ -497,13 +500,14 @@ def test_a_llama_with_its_patterns_swapped_for_the_ops_is_transformers_and_serve
     assert not any(s["torch"] for s in st.values()), st
 
 
+@pytest.mark.slow
 def test_decode_steps_on_a_growing_cache_are_served_with_every_fusion(transformers_llama):
     """A prefill and two decode steps of transformers' Llama on its DynamicCache, as
     generation runs them: the fused code's logits are torch's within the fp32 tolerance, the
     cache grows through nbx_tune.cat_kv, and no launch falls through to torch."""
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-    from nbx_tune.kernels import fusions
+    from nbx_tune.kernels.serving.fusions import engine as fusions
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=88, num_hidden_layers=2,

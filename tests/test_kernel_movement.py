@@ -14,13 +14,13 @@ from nbx_tune.errors import KernelError
 from nbx_tune.kernels import copy as cp
 from nbx_tune.kernels import embed as emb
 from nbx_tune.kernels import fill
-from nbx_tune.kernels.registry import spec_for_op
+from nbx_tune.kernels.runtime.registry import spec_for_op
 from nbx_tune.kernels.spec import Config, NotServable
 from nbx_tune.oracles import movement as oracle
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import screen as screening
-from nbx_tune.tuner.selfcheck import check_kernel
-from nbx_tune.tuner.trace import make_row
+from nbx_tune.tuner.certify import screen as screening
+from nbx_tune.tuner.certify.selfcheck import check_kernel
+from nbx_tune.kernels.trace import make_row
 
 PROFILE = get_profile("interpreter")
 SPECS = (*cp.SPECS, *emb.SPECS, *fill.SPECS)
@@ -123,7 +123,7 @@ def test_cat_equals_torch():
 
 def _launches(monkeypatch) -> list:
     """The names of the kernels launched from now on (through launch.through_triton)."""
-    from nbx_tune.kernels import launch
+    from nbx_tune.kernels.runtime import launch
 
     names, real = [], launch.through_triton
 
@@ -242,7 +242,7 @@ def test_fill_value_rounds_as_torch_does(value):
 # ----------------------------------------------------------------------------- trace rows
 
 def _recorded_rows():
-    from nbx_tune.tuner.recorder import Recorder
+    from nbx_tune.tuner.trace.recorder import Recorder
 
     w = torch.randn(320, 64)
     ids = torch.randint(0, 320, (1, 24))
@@ -310,7 +310,7 @@ def test_public_ops_stay_functions_once_every_kernel_module_is_imported():
     import types
 
     import nbx_tune.kernels as k
-    from nbx_tune.kernels.registry import BUILTIN_MODULES
+    from nbx_tune.kernels.runtime.registry import BUILTIN_MODULES
 
     for m in BUILTIN_MODULES:
         importlib.import_module(m)

@@ -12,15 +12,15 @@ import torch.nn.functional as F
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import norms
-from nbx_tune.kernels.registry import register, spec_for_op
+from nbx_tune.kernels.runtime.registry import register, spec_for_op
 from nbx_tune.kernels.spec import Config, NotServable, Problem, bucket_of
 from nbx_tune.oracles import norms as oracle
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import screen as screening
-from nbx_tune.tuner.recorder import Recorder, describe
-from nbx_tune.tuner.selfcheck import check_kernel
-from nbx_tune.tuner.trace import TraceRow, Params, make_row
-from nbx_tune.tuner.tune import static_prune
+from nbx_tune.tuner.certify import screen as screening
+from nbx_tune.tuner.trace.recorder import Recorder, describe
+from nbx_tune.tuner.certify.selfcheck import check_kernel
+from nbx_tune.kernels.trace import TraceRow, Params, make_row
+from nbx_tune.tuner.certify.tune import static_prune
 
 LN, RMS, GN = norms.LAYER_NORM, norms.RMS_NORM, norms.GROUP_NORM
 

@@ -11,12 +11,12 @@ import torch
 from conftest import registered_here
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels import reduce as rd
-from nbx_tune.kernels.registry import spec_for_op
+from nbx_tune.kernels.runtime.registry import spec_for_op
 from nbx_tune.kernels.spec import Config, NotServable, Problem, seat_flags
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import screen as screening
-from nbx_tune.tuner.selfcheck import check_kernel
-from nbx_tune.tuner.trace import make_row
+from nbx_tune.tuner.certify import screen as screening
+from nbx_tune.tuner.certify.selfcheck import check_kernel
+from nbx_tune.kernels.trace import make_row
 
 PROFILE = get_profile("interpreter")
 SPEC = rd.SPEC
@@ -36,6 +36,7 @@ def _err(got: torch.Tensor, ref) -> float:
 
 # ----------------------------------------------------------------------------- self-check
 
+@pytest.mark.slow
 def test_selfcheck_small_rows_pass_the_screen():
     checks = check_kernel(SPEC, PROFILE, "cpu", "small", configs_per_row=3)
     bad = [(c.op, c.shapes, c.dtype, str(c.config), c.reason, c.detail) for c in checks if not c.ok]
@@ -162,7 +163,7 @@ def test_public_op_errors():
 # ----------------------------------------------------------------------------- trace rows
 
 def test_recorded_rows_map_to_the_public_ops_seats(monkeypatch):
-    from nbx_tune.tuner.recorder import Recorder
+    from nbx_tune.tuner.trace.recorder import Recorder
 
     x = torch.randn(4, 6, 5, 7, dtype=torch.float16)
     i = torch.randint(0, 5, (4, 5), dtype=torch.int32)

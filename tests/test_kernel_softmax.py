@@ -13,14 +13,14 @@ import torch
 import torch.nn.functional as F
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels.registry import register, spec_for_op
+from nbx_tune.kernels.runtime.registry import register, spec_for_op
 from nbx_tune.kernels.spec import Config, NotServable, Problem
 from nbx_tune.oracles import softmax as oracle
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import screen as screening
-from nbx_tune.tuner.selfcheck import check_kernel
-from nbx_tune.tuner.trace import make_row
-from nbx_tune.tuner.tune import static_prune
+from nbx_tune.tuner.certify import screen as screening
+from nbx_tune.tuner.certify.selfcheck import check_kernel
+from nbx_tune.kernels.trace import make_row
+from nbx_tune.tuner.certify.tune import static_prune
 
 # Masked lanes hold -inf; the interpreter's numpy warns about -inf - -inf there.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -135,7 +135,7 @@ def test_public_ops_refuse_what_they_do_not_serve():
 # ----------------------------------------------------------------------------- trace rows
 
 def test_problems_from_recorded_rows():
-    from nbx_tune.tuner.recorder import Recorder
+    from nbx_tune.tuner.trace.recorder import Recorder
 
     x = torch.empty(3, 7, 11, device="meta", dtype=torch.float16)
     with Recorder() as rec:

@@ -40,7 +40,7 @@ def one_sm(monkeypatch):
 
 
 def _launches(monkeypatch) -> list:
-    from nbx_tune.kernels import launch
+    from nbx_tune.kernels.runtime import launch
 
     names, real = [], launch.through_triton
 

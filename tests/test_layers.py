@@ -14,7 +14,7 @@ STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 def imports(folder: str):
     """(module, file, lazy) for every import in the folder's Python files."""
     out = []
-    for path in sorted((ROOT / folder).rglob("*.py")) if folder else [ROOT / "errors.py", ROOT / "settings.py"]:
+    for path in sorted((ROOT / folder).rglob("*.py")) if folder else [ROOT / "errors.py", ROOT / "settings.py", ROOT / "files.py"]:
         tree = ast.parse(path.read_text(), str(path))
         lazy = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                 for n in ast.walk(f)}
@@ -38,7 +38,7 @@ RULES = {
     "oracles": ({"numpy", "nbx_tune.oracles"}, set()),
     "profiles": ({"yaml", "nbx_tune.errors", "nbx_tune.profiles"}, {"triton", "torch"}),
     "kernels": ({"numpy", "triton", "torch", "nbx_tune", "nbx_tune.errors", "nbx_tune.kernels",
-                 "nbx_tune.oracles", "nbx_tune.profiles", "nbx_tune.settings"}, {"sqlalchemy"}),
+                 "nbx_tune.oracles", "nbx_tune.profiles", "nbx_tune.settings", "nbx_tune.files"}, {"sqlalchemy"}),
 }
 
 
@@ -53,3 +53,8 @@ def test_each_layer_imports_only_what_the_architecture_allows(folder):
 def test_the_tuner_never_imports_the_cli_and_the_kernels_never_the_tuner():
     assert [(m, f) for m, f, _ in imports("tuner") if m == "nbx_tune.cli"] == []
     assert [(m, f) for m, f, _ in imports("kernels") if m in ("nbx_tune.tuner", "nbx_tune.cli")] == []
+
+
+def test_no_product_layer_imports_the_testing_helpers():
+    product = ("", "oracles", "profiles", "kernels", "tuner", "cli", "migrations")
+    assert [(m, f) for folder in product for m, f, _ in imports(folder) if m == "nbx_tune.testing"] == []

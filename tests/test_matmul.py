@@ -15,8 +15,8 @@ from nbx_tune.kernels.matmul import CONFIGS, SPEC, TORCH_DTYPES, launch_matmul
 from nbx_tune.kernels.spec import Config, NotServable
 from nbx_tune.oracles import matmul as oracle
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner.selfcheck import check_kernel
-from nbx_tune.tuner.trace import make_row
+from nbx_tune.tuner.certify.selfcheck import check_kernel
+from nbx_tune.kernels.trace import make_row
 
 INTERP = get_profile("interpreter")
 
@@ -103,7 +103,7 @@ def test_a_trace_row_is_aligned_as_far_as_n_and_k_allow(dt, m, n, k, aligned):
 
 
 def test_a_launch_takes_its_alignment_from_the_real_strides(tmp_path, monkeypatch):
-    from nbx_tune.kernels import certified
+    from nbx_tune.kernels.runtime import certified
 
     monkeypatch.setenv("NBX_TUNE_DB", f"sqlite:///{tmp_path / 'none.db'}")  # no certificates: every seat misses
     certified.reload()
@@ -320,6 +320,7 @@ def _split(split, bm=16, bn=16, bk=16, tma=0, last=0):
 @pytest.mark.parametrize("batch,m,n,k,split", [(1, 1, 45, 200, 4), (1, 7, 33, 97, 3), (2, 19, 40, 130, 5),
                                                (1, 37, 24, 40, 4)])
 @pytest.mark.parametrize("tma", [0, 1])
+@pytest.mark.slow
 def test_split_k_matches_the_oracle_and_repeats_bit_for_bit(dt, batch, m, n, k, split, tma):
     # K = 97 over 3 splits of 16-blocks leaves a ragged last block; K = 40 over 4 splits
     # leaves the fourth split empty (it must write zeros, not leave its partial unwritten);
@@ -347,7 +348,7 @@ def test_split_k_matches_the_oracle_and_repeats_bit_for_bit(dt, batch, m, n, k, 
 def test_split_k_summed_by_the_last_split_matches_the_oracle_bit_for_bit(dt, batch, m, n, k, split, tma):
     # SUM_LAST: no reduce launch; the last split of each tile adds the partials in split
     # order, so the result is the two-launch one bit for bit, and every count is back at zero.
-    from nbx_tune.kernels import launch
+    from nbx_tune.kernels.runtime import launch
 
     tdt = TORCH_DTYPES[dt]
     g = torch.Generator().manual_seed(m + n * k)
@@ -369,7 +370,8 @@ def test_split_k_summed_by_the_last_split_matches_the_oracle_bit_for_bit(dt, bat
 def test_split_k_serves_the_public_op_with_unaligned_and_transposed_operands(monkeypatch):
     # The public op takes a certified split-K config like any other: here forced as the
     # default. K = 75 in fp16 is staged (padded), b.t() is column-major.
-    from nbx_tune.kernels import certified, matmul
+    from nbx_tune.kernels.runtime import certified
+    from nbx_tune.kernels import matmul
 
     monkeypatch.setattr(matmul, "DEFAULTS", (_split(3),))
     certified.reload()

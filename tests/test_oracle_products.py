@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from nbx_tune.oracles import conv as conv_oracle, matmul as mm_oracle, products
-from nbx_tune.tuner import screen
+from nbx_tune.tuner.certify import screen
 
 
 @pytest.fixture(autouse=True)

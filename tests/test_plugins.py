@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from nbx_tune.cli.app import app
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import certified, registry
+from nbx_tune.kernels.runtime import certified, registry
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN_DIR = ROOT / "examples" / "plugin"
@@ -60,7 +60,7 @@ def test_an_entry_point_registers_a_kernel_without_flags(tmp_path):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nbx-swiglu-dist\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[nbx_tune.kernels]\nswiglu = nbx_swiglu:SPEC\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")]), "TRITON_INTERPRET": "1"}
-    code = "from nbx_tune.kernels.registry import spec_for_op; print(spec_for_op('mylib.swiglu').name)"
+    code = "from nbx_tune.kernels.runtime.registry import spec_for_op; print(spec_for_op('mylib.swiglu').name)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "swiglu"
@@ -103,6 +103,7 @@ def test_a_plugin_registered_before_the_built_ins_is_still_the_one_blamed(on_pat
         registry.all_specs()
 
 
+@pytest.mark.slow
 def test_a_fresh_process_that_imports_a_plugin_gets_its_certified_configs(tmp_path, db_url, on_path):
     # Certified through --plugin; then a program that only imports the module and calls its
     # op (no entry point, no load_plugin) is served the certificate: the spec it hands
@@ -111,7 +112,7 @@ def test_a_fresh_process_that_imports_a_plugin_gets_its_certified_configs(tmp_pa
     t.write_text(HEAD + "mylib.swiglu\tfloat32,float32\t37x29;37x29\t\t4\n")
     r = CliRunner().invoke(app, ["census", "--model", str(t), "--db", db_url, "--plugin", "nbx_swiglu"])
     assert r.exit_code == 0, r.output
-    code = ("import logging, torch, nbx_swiglu\nfrom nbx_tune.kernels import certified\n"
+    code = ("import logging, torch, nbx_swiglu\nfrom nbx_tune.kernels.runtime import certified\n"
             "logging.basicConfig(level=logging.INFO)\n"
             "nbx_swiglu.swiglu(torch.randn(37, 29), torch.randn(37, 29))\n"
             "print(certified.launch_stats()['misses'])")

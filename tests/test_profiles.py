@@ -230,9 +230,9 @@ def test_a_key_on_a_ladder_the_profile_lacks_makes_its_certificates_stale_not_a_
     # A plugin's key may name a ladder the running profile does not define.
     import copy
 
-    import planted
+    from nbx_tune.testing import planted
 
-    from nbx_tune.kernels import validity
+    from nbx_tune.kernels.runtime import validity
     from nbx_tune.kernels.spec import KeyDim
 
     turing, spec = builtin_profiles()["turing"], planted.SPEC

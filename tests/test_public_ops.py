@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 import nbx_tune.kernels as kernels
-from nbx_tune.kernels.registry import all_specs
+from nbx_tune.kernels.runtime.registry import all_specs
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

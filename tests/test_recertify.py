@@ -13,20 +13,20 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import create_engine, text
 
-import planted
-from nbx_tune.kernels.registry import register
+from nbx_tune.testing import planted
+from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.kernels.spec import Config, Problem, seat_flags
 from nbx_tune.profiles import DeviceInfo, get_profile
-from nbx_tune.tuner import recertify
-from nbx_tune.tuner.timing import Timing
-from nbx_tune.tuner.executor import Outcome
-from nbx_tune.tuner.recertify import Recertify, Seed
-from nbx_tune.tuner.runner import SeatTuner
-from nbx_tune.tuner.screen import ScreenResult
+from nbx_tune.tuner.certify import recertify
+from nbx_tune.tuner.timing.benchmarkers import Timing
+from nbx_tune.tuner.execution.executor import Outcome
+from nbx_tune.tuner.certify.recertify import Recertify, Seed
+from nbx_tune.tuner.fleet.seat_tuner import SeatTuner
+from nbx_tune.tuner.certify.screen import ScreenResult
 from nbx_tune.tuner.store import Store
-from nbx_tune.tuner.strategies import Measured, get_strategy
-from nbx_tune.tuner.strategies.ranked import AUDIT_RATE, Ranked, distance, label_fraction, shortcut_loss
-from nbx_tune.tuner.tune import NullReporter, tune_seat
+from nbx_tune.tuner.timing.strategies import Measured, get_strategy
+from nbx_tune.tuner.search.ranked import AUDIT_RATE, Ranked, distance, label_fraction, shortcut_loss
+from nbx_tune.tuner.certify.tune import NullReporter, tune_seat
 
 PROFILE = get_profile("interpreter")
 DEVICE = DeviceInfo("interpreter", "Triton interpreter (test)", "n/a")
@@ -214,7 +214,7 @@ def test_a_full_tuning_takes_each_quick_estimate_as_its_config_is_screened():
 
 
 def test_a_quick_estimate_from_a_worker_that_died_since_is_taken_again():
-    from nbx_tune.tuner.tune import _Candidates, seat_job
+    from nbx_tune.tuner.certify.tune import _Candidates, seat_job
 
     ex = Events(base_times())
     ex.start_seat(SPEC, seat_job(SPEC, PROFILE, "s", PROBLEMS, "cpu")[0])
@@ -228,9 +228,9 @@ def test_a_quick_estimate_from_a_worker_that_died_since_is_taken_again():
 def test_a_recertifications_contenders_are_compiled_ahead_at_the_confirm_shapes_too():
     # The worker would otherwise compile the winner and runner-up at the seat's other shapes
     # (other specializations: a bucket's odd bottom edge) itself, one after the other.
-    from nbx_tune.tuner.isolation import Isolated
-    from nbx_tune.tuner.strategies.search import Full
-    from nbx_tune.tuner.tune import first_compiles
+    from nbx_tune.tuner.execution.isolation import Isolated
+    from nbx_tune.tuner.search.searches import Full
+    from nbx_tune.tuner.certify.tune import first_compiles
 
     class Pool:
         def __init__(self):
@@ -263,7 +263,7 @@ def test_a_recertifications_contenders_are_compiled_ahead_at_the_confirm_shapes_
 def test_each_shapes_fp64_oracle_is_computed_once_a_seat_whatever_the_contenders():
     # Launched for real (the interpreter): the oracle is made once per screen shape, when
     # the seat's cases are, and every contender and both screens (base, confirm) reuse it.
-    from nbx_tune.tuner.executor import InProcess
+    from nbx_tune.tuner.execution.executor import InProcess
 
     def same_time(fn, mode="full"):
         fn()
@@ -293,7 +293,7 @@ def test_each_shapes_fp64_oracle_is_computed_once_a_seat_whatever_the_contenders
 
 
 def recertify_job(spec, seen):
-    from nbx_tune.tuner.tune import seat_job
+    from nbx_tune.tuner.certify.tune import seat_job
 
     return seat_job(spec, PROFILE, "double", seen, "cpu")
 
@@ -305,7 +305,7 @@ def test_the_compile_pool_builds_launchers_and_loads_nothing(monkeypatch):
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
 
-    from nbx_tune.tuner import precompile
+    from nbx_tune.tuner.execution import precompile
 
     loaded, built, warmups = [], [], []
 
@@ -344,8 +344,8 @@ def test_the_compile_pool_puts_a_gpu_seat_on_meta_tensors(monkeypatch):
     # and no GPU context, is needed to compile a GPU seat's configs.
     import torch
 
-    from nbx_tune.kernels import registry
-    from nbx_tune.tuner import precompile
+    from nbx_tune.kernels.runtime import registry
+    from nbx_tune.tuner.execution import precompile
 
     seen = []
 
@@ -452,7 +452,7 @@ def last(url, sql):
 
 
 def test_stale_seat_is_recertified_from_its_history_and_the_table_carries_it(db_url, tmp_path):
-    from nbx_tune.tuner.export import check_table, export_table, import_table
+    from nbx_tune.tuner.store.export import check_table, export_table, import_table
 
     store = Store(db_url)
     run_id, (sid,) = plan_seats(store, [1000])
@@ -485,8 +485,8 @@ def test_stale_seat_is_recertified_from_its_history_and_the_table_carries_it(db_
 
 
 def test_a_sibling_devices_table_is_served_then_recertified_with_this_devices_timings(db_url, tmp_path):
-    from nbx_tune.tuner.census import SeatLine
-    from nbx_tune.tuner.export import check_table, export_table, import_table
+    from nbx_tune.tuner.census.census import SeatLine
+    from nbx_tune.tuner.store.export import check_table, export_table, import_table
 
     made = Store(f"sqlite:///{tmp_path / 'made.db'}")
     run_id, (sid,) = plan_seats(made, [1000])
@@ -510,8 +510,8 @@ def test_a_sibling_devices_table_is_served_then_recertified_with_this_devices_ti
 
 
 def test_a_ranked_census_times_a_shortlist_and_audits_a_sample(db_url, tmp_path):
-    from nbx_tune.tuner import api
-    from nbx_tune.tuner.export import export_table
+    from nbx_tune.tuner import commands as api
+    from nbx_tune.tuner.store.export import export_table
 
     store = Store(db_url)
     sizes = [1000, 1100, 1200, 1300]
@@ -591,7 +591,7 @@ def test_a_shipped_tables_near_seats_rank_a_seat_the_database_knows_nothing_near
 
 
 def test_the_databases_ranking_leads_and_the_shipped_tables_adds_a_few():
-    from nbx_tune.tuner.strategies.ranked import SHIPPED_EXTRA, TOP
+    from nbx_tune.tuner.search.ranked import SHIPPED_EXTRA, TOP
 
     prior = [(("float32", "", "n=1000"), [(key(b), 1.0 + i / 10) for i, b in enumerate((256, 128, 64, 32, 16))], [])]
     # BLOCK=32 scored outside the top 3 and got a runner-up's vote: the most voted go first.
@@ -605,7 +605,7 @@ def test_the_databases_ranking_leads_and_the_shipped_tables_adds_a_few():
 
 
 def test_a_fresh_census_is_ranked_by_the_shipped_table_but_never_by_its_own_entry(db_url, monkeypatch):
-    from nbx_tune.tuner import seat_search
+    from nbx_tune.tuner.search import seat_search
 
     own = {"config": key(16), "runner_up": key(32)}
     near = {"config": key(256), "runner_up": key(128)}
@@ -624,7 +624,7 @@ def test_a_fresh_census_is_ranked_by_the_shipped_table_but_never_by_its_own_entr
 
 
 def test_a_shipped_tables_entry_seeds_a_seat_the_database_never_saw(db_url, monkeypatch):
-    from nbx_tune.tuner import seat_search
+    from nbx_tune.tuner.search import seat_search
 
     old = base_times(2.0)  # made on a slower sibling, under another Triton
     entry = {"config": key(256), "median_ms": old[key(256)], "runner_up": key(256, 1),
@@ -648,7 +648,7 @@ def test_a_shipped_tables_entry_seeds_a_seat_the_database_never_saw(db_url, monk
 def test_a_shortlists_ranking_is_recertified_beside_what_won_at_near_seats(db_url, monkeypatch):
     # A shipped entry found by a ranked search never timed most of the space: if its
     # shortlist missed the best config, re-timing its pair would keep the miss for ever.
-    from nbx_tune.tuner import seat_search
+    from nbx_tune.tuner.search import seat_search
 
     # BLOCK=16 wins everywhere, the entry never saw it; it is only a little ahead, so the
     # ranking is kept, with it (far ahead, the seat is tuned in full: the judge's tests).
@@ -680,7 +680,7 @@ def test_a_shortlists_ranking_is_recertified_beside_what_won_at_near_seats(db_ur
 def test_upgrading_a_0002_database_keeps_its_certificates_as_found_by_full_searches(db_url):
     from alembic import command
 
-    from nbx_tune.tuner.api import db_upgrade
+    from nbx_tune.tuner.commands import db_upgrade
     from nbx_tune.tuner.store.db import _alembic_config, make_engine
 
     engine = make_engine(db_url)
@@ -748,7 +748,7 @@ def shipped_seed(w_ms, r_ms, band=None):
 
 
 def test_timing_noise_is_the_widest_of_band_rounds_and_the_timers_resolution():
-    from nbx_tune.tuner.timing import RESOLUTION_MS, combine, noise
+    from nbx_tune.tuner.timing.benchmarkers import RESOLUTION_MS, combine, noise
 
     assert noise(Timing(1.0, 0.98, 1.04, "do_bench")) == pytest.approx(0.03)
     assert noise(Timing(1.0, 1.0, 1.0, "do_bench", rounds_spread=0.1)) == pytest.approx(0.05)
@@ -860,7 +860,7 @@ def test_a_noisy_seat_is_recertified_and_the_certificate_says_why(db_url):
 
 
 def test_a_clear_history_times_fewer_configs_beside_its_pair(db_url, monkeypatch):
-    from nbx_tune.tuner import seat_search
+    from nbx_tune.tuner.search import seat_search
 
     entry = {"config": key(256), "median_ms": 1.0, "runner_up": key(256, 1), "runner_up_ms": 1.02, "margin": 0.02,
              "provenance": {"device_name": "a sibling", "triton_version": "0.0", "kernel_source_hash": "x",
@@ -899,8 +899,8 @@ class Queued(Replay):
 
 
 def test_a_census_queues_the_next_seats_first_configs_while_this_one_is_tuned(db_url, monkeypatch):
-    from nbx_tune.tuner import runner
-    from nbx_tune.tuner.census import SeatLine
+    from nbx_tune.tuner.fleet import seat_tuner as runner
+    from nbx_tune.tuner.census.census import SeatLine
 
     store = Store(db_url)
     sizes = [1000, 1100, 1200, 1300]
@@ -936,7 +936,7 @@ def test_a_census_queues_the_next_seats_first_configs_while_this_one_is_tuned(db
 
 def test_a_census_audits_a_kernels_smallest_seat_last_and_compiles_its_space_while_the_seats_before_are_timed(
         db_url):
-    from nbx_tune.tuner.census import SeatLine
+    from nbx_tune.tuner.census.census import SeatLine
 
     store = Store(db_url)
     sizes = [1200, 1000, 1300, 1100]

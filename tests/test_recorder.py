@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 import nbx_tune
 from nbx_tune.errors import NbxError, TraceError
-from nbx_tune.tuner.recorder import Recorder, _program, record, trace_command
-from nbx_tune.tuner.trace import read_trace
+from nbx_tune.tuner.trace.recorder import Recorder, _program, record, trace_command
+from nbx_tune.kernels.trace import read_trace
 
 PYTHON = sys.executable
 
@@ -269,6 +269,7 @@ def one_line_failure(argv, out):
     return str(info.value)
 
 
+@pytest.mark.slow
 def test_trace_command_records_the_program(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     script(tmp_path, "model.py", """
@@ -337,9 +338,10 @@ def test_python_options_stay_with_the_interpreter():
 # ----------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_a_recorded_model_goes_through_a_census(tmp_path):
     """Record a transformer layer and a conv block, then certify what the trace needs."""
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
 
     out = tmp_path / "model.tsv"
     torch.manual_seed(0)

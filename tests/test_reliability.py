@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-import planted
+from nbx_tune.testing import planted
 from conftest import db_count
-from nbx_tune.kernels import certified
-from nbx_tune.kernels.registry import register
-from nbx_tune.tuner import api
+from nbx_tune.kernels.runtime import certified
+from nbx_tune.kernels.runtime.registry import register
+from nbx_tune.tuner import commands as api
 
 register(planted.SPEC)
 TESTS = Path(__file__).resolve().parent
@@ -39,6 +39,7 @@ def q(db_url, sql):
         return c.execute(sql).fetchall()
 
 
+@pytest.mark.slow
 def test_two_censuses_at_once_tune_each_seat_once(tmp_path, any_db):
     db_url = any_db
     t = tmp_path / "t.tsv"
@@ -60,6 +61,7 @@ def test_two_censuses_at_once_tune_each_seat_once(tmp_path, any_db):
     assert db_count(db_url, "seats", "WHERE claimed_by IS NOT NULL") == 0
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_moments_loses_nothing_and_the_next_census_finishes(tmp_path, db_url):
     t = tmp_path / "t.tsv"
     t.write_text(HEAD + MANY_SEATS)
@@ -108,7 +110,7 @@ def test_a_dead_holders_claim_expires(db_url):
     api.census(str(t), db_url, dry_run=True)
     store = Store(db_url)
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner.census import load_plan
+    from nbx_tune.tuner.census.census import load_plan
 
     plan = load_plan(t, get_profile("interpreter"))
     _, ids = store.record_census(plan.trace, plan.sha256, "interpreter", {k: s.problems for k, s in plan.seats.items()})

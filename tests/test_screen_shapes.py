@@ -6,15 +6,15 @@ whose two launches on the same inputs differ. The faulty configs are the fastest
 
 import pytest
 
-import planted
-from nbx_tune.kernels.registry import register
+from nbx_tune.testing import planted
+from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.kernels.spec import Problem, seat_flags
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import api
-from nbx_tune.tuner.timing import Timing
-from nbx_tune.tuner.executor import InProcess
-from nbx_tune.tuner.strategies import get_strategy
-from nbx_tune.tuner.tune import seat_job, tune_seat
+from nbx_tune.tuner import commands as api
+from nbx_tune.tuner.timing.benchmarkers import Timing
+from nbx_tune.tuner.execution.executor import InProcess
+from nbx_tune.tuner.timing.strategies import get_strategy
+from nbx_tune.tuner.certify.tune import seat_job, tune_seat
 
 PROFILE = get_profile("interpreter")
 register(planted.GEMM)
@@ -68,6 +68,7 @@ def test_tile_edges_of_the_bucket_are_screened_even_if_no_census_saw_them():
     assert res.winner.config == planted.GEMM_GOOD[0]
 
 
+@pytest.mark.slow
 def test_an_fp16_accumulator_is_imprecise_and_a_racing_split_k_nondeterministic():
     spec = planted.GemmSpec((*planted.GEMM_GOOD, planted.ACC16, planted.SPLIT_K), edges=False)
     p = gemm(16, 24, 8192)
@@ -102,8 +103,9 @@ def _trace(tmp_path, name, Ns):
     return str(p)
 
 
+@pytest.mark.slow
 def test_a_shape_seen_later_has_the_winner_screened_there_and_a_failure_retunes(tmp_path, db_url, monkeypatch):
-    import nbx_tune.tuner.timing as bench
+    import nbx_tune.tuner.timing.benchmarkers as bench
 
     monkeypatch.setattr(bench, "for_profile", lambda profile: faulty_first)
     first = api.census(_trace(tmp_path, "a.tsv", (1056, 1152)), db_url, isolate=False)
@@ -149,8 +151,8 @@ def test_every_seat_of_every_example_trace_is_screened_on_hopper():
     import glob
     from pathlib import Path
 
-    from nbx_tune.kernels.registry import all_specs
-    from nbx_tune.tuner.census import load_plan
+    from nbx_tune.kernels.runtime.registry import all_specs
+    from nbx_tune.tuner.census.census import load_plan
 
     hopper, specs = get_profile("hopper"), all_specs()
     root = Path(__file__).resolve().parents[1] / "examples" / "traces"
@@ -167,7 +169,7 @@ def test_refusals_and_show_give_the_shape_error_and_tolerance_as_fields(tmp_path
 
     from typer.testing import CliRunner
 
-    import nbx_tune.tuner.timing as bench
+    import nbx_tune.tuner.timing.benchmarkers as bench
     from nbx_tune.cli.app import app
 
     monkeypatch.setattr(bench, "for_profile", lambda profile: faulty_first)
@@ -209,9 +211,9 @@ def test_a_row_seat_is_screened_at_its_row_length_edges_and_they_match_the_oracl
     """Row kernels (softmax, layer and RMS norm) mask a row against its length: their edges
     are rows of the bucket's bottom and top length, as many rows, and the kernel's default
     config is right there."""
-    from nbx_tune.kernels.registry import get_spec
+    from nbx_tune.kernels.runtime.registry import get_spec
     from nbx_tune.kernels.rows import make_row
-    from nbx_tune.tuner.screen import make_case, output_rtols, screen
+    from nbx_tune.tuner.certify.screen import make_case, output_rtols, screen
 
     spec = get_spec(kernel)
     profile = get_profile("interpreter")
@@ -235,9 +237,9 @@ def test_a_row_seat_is_screened_at_its_row_length_edges_and_they_match_the_oracl
 @pytest.mark.parametrize("shapes, layout", [([(7, 50), (7, 50)], "same"), ([(7, 50), ()], "scalar"),
                                             ([(7, 50), (50,)], "bcast")])
 def test_a_binary_elementwise_seat_is_screened_at_its_edges_unless_it_broadcasts(shapes, layout):
-    from nbx_tune.kernels.registry import get_spec
+    from nbx_tune.kernels.runtime.registry import get_spec
     from nbx_tune.kernels.rows import make_row
-    from nbx_tune.tuner.screen import make_case, output_rtols, screen
+    from nbx_tune.tuner.certify.screen import make_case, output_rtols, screen
 
     spec = get_spec("elementwise_binary")
     profile = get_profile("interpreter")

@@ -14,9 +14,9 @@ import torch
 
 import nbx_tune
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels import certified
-from nbx_tune.kernels import serve as serving
-from nbx_tune.kernels.registry import get_spec
+from nbx_tune.kernels.runtime import certified
+from nbx_tune.kernels.serving import serve as serving
+from nbx_tune.kernels.runtime.registry import get_spec
 from nbx_tune.kernels.rows import make_row
 
 MODELS = Path(__file__).resolve().parent.parent / "examples" / "models"
@@ -225,7 +225,7 @@ def _example(name: str):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXPECTED_TORCH))
 def test_example_model_under_serve_matches_torch(name, no_repo_root_on_path):
-    from nbx_tune.tuner.recorder import Recorder
+    from nbx_tune.tuner.trace.recorder import Recorder
 
     model, inputs = _example(name)
     with torch.inference_mode():
@@ -254,7 +254,7 @@ def test_example_model_under_serve_matches_torch(name, no_repo_root_on_path):
 
 
 def test_run_command_serves_a_whole_program_and_keeps_its_exit_status(tmp_path):
-    from nbx_tune.tuner.serve_main import run_command
+    from nbx_tune.tuner.trace.serve_main import run_command
 
     script = tmp_path / "prog.py"
     script.write_text("import sys, torch\n"
@@ -273,7 +273,7 @@ def test_run_command_serves_a_whole_program_and_keeps_its_exit_status(tmp_path):
 
 def test_run_command_refuses_a_non_python_command():
     from nbx_tune.errors import NbxError
-    from nbx_tune.tuner.serve_main import run_command
+    from nbx_tune.tuner.trace.serve_main import run_command
 
     with pytest.raises(NbxError, match="^run: ls is not a Python interpreter"):
         run_command(["ls"])
@@ -282,8 +282,8 @@ def test_run_command_refuses_a_non_python_command():
 def test_census_reads_both_scalar_encodings_as_one_seat():
     """A trace from another recorder writes `x + 1e-06` as other=1e-06; ours as a 0-d operand."""
     from nbx_tune.profiles import current_profile
-    from nbx_tune.tuner.census import plan
-    from nbx_tune.tuner.trace import parse_trace_text
+    from nbx_tune.tuner.census.census import plan
+    from nbx_tune.kernels.trace import parse_trace_text
 
     text = ("op\tdtypes\tshapes\tparams\tcount\n"
             "aten.add.Tensor\tfloat32\t1x24x1\tother=1e-06\t5\n"
@@ -299,8 +299,8 @@ def test_trace_census_serve_every_launch_certified(tmp_path, db_url, no_repo_roo
     """The main path end to end: record a small GPT-2 or Llama (with serve()'s fusions, as
     `nbx-tune trace` records), certify its seats, then run it under serve(): every launch
     lands on a certified config (none on a default) and the logits are torch's."""
-    from nbx_tune.tuner import api
-    from nbx_tune.tuner.recorder import record
+    from nbx_tune.tuner import commands as api
+    from nbx_tune.tuner.trace.recorder import record
 
     model, inputs = _example(name)
     trace = tmp_path / f"{name}.tsv"

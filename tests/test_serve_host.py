@@ -1,8 +1,8 @@
-"""serve()'s lean per-op path (kernels/serve.py) keeps serve()'s behaviour: torch's kernel
+"""serve()'s lean per-op path (kernels/serving/serve.py) keeps serve()'s behaviour: torch's kernel
 is called with the keyset the dispatcher would have handed it, each thread knows whether it
 is inside a served function, replays under serve() count certified and default launches and
 are never served after the certified configs change, and replays take Triton's launch hooks
-into account when the hooks are chains (kernels/launch.py)."""
+into account when the hooks are chains (kernels/runtime/launch.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fake_compiled import FakeTriton, lean_launcher
+from nbx_tune.testing.fake_compiled import FakeTriton, lean_launcher
 
 import nbx_tune
-from nbx_tune.kernels import certified, launch, silu
-from nbx_tune.kernels import serve as serving
-from nbx_tune.kernels.registry import get_spec
+from nbx_tune.kernels.runtime import certified, launch
+from nbx_tune.kernels import silu
+from nbx_tune.kernels.serving import serve as serving
+from nbx_tune.kernels.runtime.registry import get_spec
 from nbx_tune.kernels.spec import bucket_of, seat_flags
 
 

@@ -5,8 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nbx_tune.kernels import fusions, serve as serve_mod
-from nbx_tune.kernels.serve import serve
+from nbx_tune.kernels.serving.fusions import engine as fusions
+from nbx_tune.kernels.serving import serve as serve_mod
+from nbx_tune.kernels.serving.serve import serve
 
 
 def test_integer_true_division_after_an_add_of_the_same_shapes_is_torchs():

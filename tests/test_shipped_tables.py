@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from nbx_tune.kernels import table_format, validity
-from nbx_tune.kernels.registry import all_specs
+from nbx_tune.kernels.runtime import table_format, validity
+from nbx_tune.kernels.runtime.registry import all_specs
 from nbx_tune.profiles import get_profile
 
 TABLES = sorted((Path(__file__).resolve().parents[1] / "kernels" / "tables").glob("*.json"))
@@ -39,7 +39,7 @@ def test_the_hopper_table_serves_whole_example_traces_and_no_dead_entries():
     # A change to a kernel's seat key (flags, ladders, trace mapping) leaves entries that
     # no launch can find: they would be shipped dead weight, and the seats they were meant
     # for would miss. Both directions are checked.
-    from nbx_tune.tuner.census import load_plan
+    from nbx_tune.tuner.census.census import load_plan
 
     profile = get_profile("hopper")
     traces = Path(__file__).resolve().parents[1] / "examples" / "traces"

@@ -50,7 +50,7 @@ def test_any_change_to_the_code_counts(monkeypatch):
 
 
 def test_shipped_kernels_hash_without_error():
-    from nbx_tune.kernels import registry
+    from nbx_tune.kernels.runtime import registry
     hashes = {name: spec.source_hash for name, spec in registry.all_specs().items()}
     assert all(len(h) == 16 for h in hashes.values())
 
@@ -62,7 +62,7 @@ def test_every_helper_a_kernels_hashed_code_calls_is_hashed_too():
     import inspect
     import types
 
-    from nbx_tune.kernels.registry import all_specs
+    from nbx_tune.kernels.runtime.registry import all_specs
 
     for name, spec in all_specs().items():
         fns = [getattr(p, "fn", p) for p in spec.source_parts()]

@@ -92,7 +92,7 @@ def test_older_schema_is_refused_with_the_upgrade_command(tmp_path, db_url):
         command.upgrade(_alembic_config(conn), "0001")
     with pytest.raises(StoreError, match=r"revision 0001; this nbx-tune needs \w+: run `nbx-tune db upgrade --db"):
         open_engine(db_url)
-    from nbx_tune.tuner.api import db_upgrade
+    from nbx_tune.tuner.commands import db_upgrade
 
     assert db_upgrade(db_url)[1:] == ("0001", head_revision())  # (printable URL, before, after)
     assert current_revision(open_engine(db_url)) == head_revision()
@@ -174,7 +174,7 @@ def test_reads_take_no_write_lock_and_never_wait_behind_a_writer(tmp_path, db_ur
     """`seats` and the other queries run while a census holds the write lock; only
     writers queue (every session used to begin with BEGIN IMMEDIATE)."""
     import nbx_tune.tuner.store as store_mod
-    from nbx_tune.tuner import api
+    from nbx_tune.tuner import commands as api
     from nbx_tune.tuner.store import db as db_mod
 
     Store(db_url).close()

@@ -10,15 +10,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from nbx_tune.kernels.registry import get_spec
+from nbx_tune.kernels.runtime.registry import get_spec
 from nbx_tune.kernels.spec import Config, Problem, code_hash, seat_flags
 from nbx_tune.profiles import builtin_profiles
-from nbx_tune.tuner import timing
-from nbx_tune.tuner.executor import RIGS, CandidateRunner
-from nbx_tune.tuner.recertify import Recertify, Seed, judge, seed_from_entry
-from nbx_tune.tuner.strategies import Measured
-from nbx_tune.tuner.timing import Timing, family
-from nbx_tune.tuner.tune import seat_job
+from nbx_tune.tuner.timing import benchmarkers as timing
+from nbx_tune.tuner.execution.executor import RIGS, CandidateRunner
+from nbx_tune.tuner.certify.recertify import Recertify, Seed, judge, seed_from_entry
+from nbx_tune.tuner.timing.strategies import Measured
+from nbx_tune.tuner.timing.benchmarkers import Timing, family
+from nbx_tune.tuner.certify.tune import seat_job
 
 INTERP = builtin_profiles()["interpreter"]
 

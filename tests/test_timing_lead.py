@@ -4,7 +4,7 @@ queued every timed launch before the GPU reaches it. The timer itself needs a GP
 
 import pytest
 
-from nbx_tune.tuner.timing import LEAD_CAP, lead_ms
+from nbx_tune.tuner.timing.benchmarkers import LEAD_CAP, lead_ms
 
 
 def test_a_host_faster_than_the_gpu_needs_only_the_first_launch_queued():

@@ -5,8 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbx_tune.errors import TraceError
-from nbx_tune.tuner.trace import (HEADER, KNOWN_DTYPES, make_row, parse_trace_text, read_trace,
-                                  write_trace)
+from nbx_tune.kernels.trace import HEADER, KNOWN_DTYPES, make_row, parse_trace_text, read_trace, write_trace
 
 HEAD = "# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
 

@@ -7,15 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-import planted
-from nbx_tune.kernels.registry import register
+from nbx_tune.testing import planted
+from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.kernels.spec import Config, Problem, seat_flags
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import screen as screening
-from nbx_tune.tuner.timing import Timing, WallClock
-from nbx_tune.tuner.executor import InProcess
-from nbx_tune.tuner.strategies import get_strategy, pruned
-from nbx_tune.tuner.tune import tune_seat
+from nbx_tune.tuner.certify import screen as screening
+from nbx_tune.tuner.timing.benchmarkers import Timing, WallClock
+from nbx_tune.tuner.execution.executor import InProcess
+from nbx_tune.tuner.timing.strategies import get_strategy
+from nbx_tune.tuner.timing import pruned
+from nbx_tune.tuner.certify.tune import tune_seat
 
 register(planted.SPEC)
 PROFILE = get_profile("interpreter")
@@ -112,7 +113,7 @@ def test_oracle_sees_the_rounded_inputs():
 
 
 def test_a_case_keeps_its_oracle_when_the_next_case_reuses_the_widening_buffers(monkeypatch):
-    # The oracle's fp64 inputs live in buffers kept from case to case (tuner/screen.py): an
+    # The oracle's fp64 inputs live in buffers kept from case to case (tuner/certify/screen.py): an
     # oracle that hands back its input itself (a copy's) must not see the next case's values.
     monkeypatch.setattr(planted.SPEC, "oracle", lambda problem, inputs: {"y": inputs["x"]})
     phases = {}
@@ -126,7 +127,7 @@ def test_a_case_keeps_its_oracle_when_the_next_case_reuses_the_widening_buffers(
 
 
 def test_large_draws_are_sampled_in_blocks_alike_on_any_number_of_threads(monkeypatch):
-    # A seat's largest inputs are drawn in parallel blocks (tuner/screen.py): the values
+    # A seat's largest inputs are drawn in parallel blocks (tuner/certify/screen.py): the values
     # must not depend on the threads, must keep each method's distribution, and small
     # draws stay the seeded generator's own.
     monkeypatch.setattr(screening, "PARALLEL_MIN", 4000)

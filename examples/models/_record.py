@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 import transformers
 
-from nbx_tune.tuner.recorder import record
+from nbx_tune.tuner.trace.recorder import record
 
 
 @dataclass(frozen=True)

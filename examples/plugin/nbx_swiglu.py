@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nbx_tune.kernels.certified import config_for
+from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
 
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import textwrap
 
-from nbx_tune.kernels import registry, table_format
+from nbx_tune.kernels.runtime import registry, table_format
 
 OLD_RULE = r'''
 import ast, hashlib, json, sys, textwrap

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 
 import triton
 import triton.language as tl
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-from _common import environment, save, side_by_side, table, wall_ms  # noqa: E402
+from nbx_tune.testing.bench import environment, save, side_by_side, table, wall_ms  # noqa: E402
 
 
 @triton.jit

@@ -12,12 +12,12 @@ import torch
 
 from nbx_tune.kernels.matmul import SPEC
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import timing
-from nbx_tune.tuner.executor import CandidateRunner
-from nbx_tune.tuner.precompile import Precompiler
-from nbx_tune.tuner.strategies.pruned import within
-from nbx_tune.tuner.trace import make_row
-from nbx_tune.tuner.tune import seat_job, static_prune
+from nbx_tune.tuner.timing import benchmarkers as timing
+from nbx_tune.tuner.execution.executor import CandidateRunner
+from nbx_tune.tuner.execution.precompile import Precompiler
+from nbx_tune.tuner.timing.pruned import within
+from nbx_tune.kernels.trace import make_row
+from nbx_tune.tuner.certify.tune import seat_job, static_prune
 
 def main() -> None:
     prof = get_profile("hopper")

@@ -14,24 +14,21 @@ first loads, numpy's thread pools) and the second is reported beside it.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import recertify_cost as rc  # noqa: E402
+from nbx_tune.bench import recertify_cost as rc  # noqa: E402
 
-from nbx_tune.kernels import table_format  # noqa: E402
-from nbx_tune.kernels.certified import TABLE_DIR  # noqa: E402
-from nbx_tune.kernels.registry import all_specs  # noqa: E402
+from nbx_tune.kernels.runtime import table_format  # noqa: E402
+from nbx_tune.kernels.runtime.certified import TABLE_DIR  # noqa: E402
+from nbx_tune.kernels.runtime.registry import all_specs  # noqa: E402
 from nbx_tune.oracles import products  # noqa: E402
 from nbx_tune.profiles import get_profile  # noqa: E402
-from nbx_tune.tuner import screen  # noqa: E402
-from nbx_tune.tuner.census import plan  # noqa: E402
-from nbx_tune.tuner.trace import Trace  # noqa: E402
-from nbx_tune.tuner.tune import seat_job  # noqa: E402
+from nbx_tune.tuner.certify import screen  # noqa: E402
+from nbx_tune.tuner.census.census import plan  # noqa: E402
+from nbx_tune.kernels.trace import Trace  # noqa: E402
+from nbx_tune.tuner.certify.tune import seat_job  # noqa: E402
 
 
 def cases_of(job) -> list:

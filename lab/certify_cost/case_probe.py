@@ -15,8 +15,8 @@ from nbx_tune.kernels.matmul import SPEC
 from nbx_tune.kernels.rows import make_row
 from nbx_tune.oracles import products
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import screen
-from nbx_tune.tuner.tune import seat_job
+from nbx_tune.tuner.certify import screen
+from nbx_tune.tuner.certify.tune import seat_job
 
 ROWS = [("bfloat16", (512, 4096), (4096, 4096)), ("bfloat16", (512, 4096), (4096, 11008)),
         ("bfloat16", (512, 11008), (11008, 4096)), ("bfloat16", (512, 4096), (4096, 32000)),

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from nbx_tune.tuner.screen import BLOCK, Sampler
+from nbx_tune.tuner.certify.screen import BLOCK, Sampler
 
 N = 4096 * 11008
 

@@ -10,7 +10,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from nbx_tune.kernels.certified import TABLE_DIR
+from nbx_tune.kernels.runtime.certified import TABLE_DIR
 
 
 def replay(run: dict, old: dict, lead: float) -> dict:

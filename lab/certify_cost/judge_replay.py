@@ -1,6 +1,6 @@
 """The re-certification's judge replayed on a GPU run's records, no GPU: for every seat whose
 picks differed in a `bench/recertify_cost.py` run (its JSON keeps what the re-certification
-timed there), the verdict with and without the explored configs' moves (tuner/recertify.py).
+timed there), the verdict with and without the explored configs' moves (tuner/certify/recertify.py).
 The records keep medians only: every timing is read as exact (no noise allowed for), so a
 bound here is the widest the judge could have drawn from those medians.
 
@@ -16,10 +16,10 @@ from types import SimpleNamespace
 
 
 def main(paths) -> None:
-    from nbx_tune.kernels.certified import TABLE_DIR
+    from nbx_tune.kernels.runtime.certified import TABLE_DIR
     from nbx_tune.kernels.spec import Config
-    from nbx_tune.tuner import recertify
-    from nbx_tune.tuner.timing import Timing
+    from nbx_tune.tuner.certify import recertify
+    from nbx_tune.tuner.timing.benchmarkers import Timing
 
     table = {(e["kernel"], e["dtypes"], e["flags"], e["bucket"]): e
              for e in json.loads((TABLE_DIR / "hopper.json").read_text())["entries"]}

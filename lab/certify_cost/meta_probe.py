@@ -23,7 +23,7 @@ def configs(n):
     from nbx_tune.kernels.matmul import SPEC
     from nbx_tune.kernels.rows import make_row
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner.tune import static_prune
+    from nbx_tune.tuner.certify.tune import static_prune
 
     p = SPEC.problem_from_row(make_row("aten.mm", ["bfloat16", "bfloat16"], [(512, 4096), (4096, 11008)]))
     cands, _ = static_prune(SPEC, get_profile("hopper"), p)
@@ -44,7 +44,7 @@ def old_compile(spec, p, config):
     """precompile._compile before: the seat's tensors empty on the GPU."""
     import torch
 
-    from nbx_tune.tuner.screen import TORCH_DTYPES
+    from nbx_tune.tuner.certify.screen import TORCH_DTYPES
 
     try:
         inputs = {k: torch.empty(s, dtype=TORCH_DTYPES[d], device="cuda") for k, (s, d) in spec.input_shapes(p).items()}
@@ -58,7 +58,7 @@ def old_compile(spec, p, config):
 def compile_side(way, n):
     import torch
 
-    from nbx_tune.tuner import precompile
+    from nbx_tune.tuner.execution import precompile
 
     spec, p, cands = configs(n)
     t0 = time.time()
@@ -103,7 +103,7 @@ def compile_side(way, n):
 def launch_side(way, n):
     import torch
 
-    from nbx_tune.tuner.screen import TORCH_DTYPES
+    from nbx_tune.tuner.certify.screen import TORCH_DTYPES
 
     spec, p, cands = configs(n)
     cache = os.environ["TRITON_CACHE_DIR"]
@@ -131,7 +131,7 @@ def steps():
     """Which step of a meta compile makes the GPU's context: checked after each."""
     import torch
 
-    from nbx_tune.tuner import precompile
+    from nbx_tune.tuner.execution import precompile
 
     print(f"steps: imported: {context_active()}")
     torch.cuda.init()

@@ -13,8 +13,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from nbx_tune.kernels.certified import TABLE_DIR
-from nbx_tune.kernels.registry import get_spec
+from nbx_tune.kernels.runtime.certified import TABLE_DIR
+from nbx_tune.kernels.runtime.registry import get_spec
 from nbx_tune.kernels.spec import Config
 
 MIN_LOSS = 0.01

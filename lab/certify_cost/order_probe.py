@@ -23,10 +23,10 @@ import torch
 from nbx_tune.kernels.matmul import SPEC
 from nbx_tune.kernels.spec import Config
 from nbx_tune.profiles import get_profile
-from nbx_tune.tuner import timing
-from nbx_tune.tuner.executor import CandidateRunner
-from nbx_tune.tuner.trace import make_row
-from nbx_tune.tuner.tune import seat_job
+from nbx_tune.tuner.timing import benchmarkers as timing
+from nbx_tune.tuner.execution.executor import CandidateRunner
+from nbx_tune.kernels.trace import make_row
+from nbx_tune.tuner.certify.tune import seat_job
 
 A = "BLOCK_M=128,BLOCK_N=128,BLOCK_K=64,GROUP_M=8,TMA=1,SCHEDULE=1,FLATTEN=1,num_warps=4,num_stages=5"
 B = "BLOCK_M=128,BLOCK_N=256,BLOCK_K=64,GROUP_M=8,TMA=1,SCHEDULE=1,FLATTEN=1,num_warps=8,num_stages=3"

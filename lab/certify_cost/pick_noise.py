@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
 
 TRIALS = 5
 REPS_MS = (60, 300)
@@ -27,7 +26,7 @@ REPS_MS = (60, 300)
 
 def main(paths):
     import torch
-    from torch_compare import graph_times, n_sets
+    from nbx_tune.bench.torch_compare import graph_times, n_sets
 
     from nbx_tune.kernels.matmul import launch_matmul
     from nbx_tune.kernels.spec import Config

@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 
-from nbx_tune.tuner import precompile
+from nbx_tune.tuner.execution import precompile
 
 LOG = os.path.join(tempfile.gettempdir(), f"pool-probe-{os.getpid()}.log")
 T0 = time.time()
@@ -67,7 +67,7 @@ def main() -> None:
     from nbx_tune.kernels.matmul import SPEC
     from nbx_tune.kernels.rows import make_row
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner.tune import seat_job, static_prune
+    from nbx_tune.tuner.certify.tune import seat_job, static_prune
 
     os.environ["POOL_PROBE_LOG"], os.environ["POOL_PROBE_T0"] = LOG, repr(T0)
     precompile._serve_compiles = timed_serve

@@ -11,7 +11,7 @@ import sys
 CHILD = r"""
 import json, time
 t0 = time.perf_counter(); import torch; t1 = time.perf_counter(); import triton; t2 = time.perf_counter()
-import nbx_tune.kernels.registry as r; r.all_specs(); t3 = time.perf_counter()
+import nbx_tune.kernels.runtime.registry as r; r.all_specs(); t3 = time.perf_counter()
 print(json.dumps([t1 - t0, t2 - t1, t3 - t2]))
 """
 

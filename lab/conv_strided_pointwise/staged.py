@@ -14,13 +14,11 @@ staged pair under the best PW config of a sweep (copy included in its time).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-from _common import environment, save, side_by_side, table, wall_ms  # noqa: E402
-from conv_pointwise import _setup, pointwise_rows  # noqa: E402
+from nbx_tune.testing.bench import environment, save, side_by_side, table, wall_ms  # noqa: E402
+from nbx_tune.bench.conv_pointwise import _setup, pointwise_rows  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -32,7 +30,7 @@ def main(argv=None) -> int:
     import torch.nn.functional as F
 
     from nbx_tune.kernels import conv as cv
-    from nbx_tune.kernels.certified import config_for
+    from nbx_tune.kernels.runtime.certified import config_for
     from nbx_tune.kernels.copy import dense
 
     device = "cpu" if args.smoke else "cuda"

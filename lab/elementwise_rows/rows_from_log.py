@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-from torch_compare import row_text, served  # noqa: E402
+from nbx_tune.bench.torch_compare import row_text, served  # noqa: E402
 
-from nbx_tune.tuner.trace import read_trace  # noqa: E402
+from nbx_tune.kernels.trace import read_trace  # noqa: E402
 
 FAMILIES = ("elementwise_unary", "elementwise_binary", "copy", "cat")
 

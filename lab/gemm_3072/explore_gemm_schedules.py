@@ -35,9 +35,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # bench/_common
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment as common_environment, save  # noqa: E402
+from nbx_tune.testing.bench import environment as common_environment, save  # noqa: E402
 
 
 def first_line(e: BaseException) -> str:

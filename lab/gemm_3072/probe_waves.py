@@ -14,14 +14,11 @@ themselves are checked by explore_gemm_schedules.py. Writes $OUT/probe_waves.jso
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # bench/_common
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save  # noqa: E402
+from nbx_tune.testing.bench import environment, save  # noqa: E402
 from explore_gemm_schedules import bench, ticket_launch  # noqa: E402
 
 # The 128x256 TMA tile, one program per SM; and 128x128 at 8 warps.

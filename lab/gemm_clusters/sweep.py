@@ -14,11 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 # (M, N, K, layout): the rows of lab/gemm_replay_timing still below 0.9 of torch.
 SHAPES = [(800, 1536, 1536, "nt"), (800, 1536, 8960, "nt"), (800, 8960, 1536, "nt"), (1024, 2304, 768, "nn"),
@@ -42,7 +40,7 @@ def launch(a, b, c, config, ctas: int):
 
 
 def one_shape(m, n, k, layout, deadline):
-    from torch_compare import graph_times
+    from nbx_tune.bench.torch_compare import graph_times
 
     sets = max(1, min(4, (96 << 20) // ((m * k + k * n + m * n) * 2)))
     A = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
@@ -80,7 +78,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=300)
     args = ap.parse_args()
-    from _common import environment, save
+    from nbx_tune.testing.bench import environment, save
 
     deadline = time.time() + args.budget_s
     out = {"env": environment(), "shapes": []}

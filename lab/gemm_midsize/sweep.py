@@ -7,10 +7,7 @@ $OUT/gemm_midsize.json."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gemm_persistent"))  # space.py: the timing
 
 SHAPES = [(1000, 1024, 4096), (800, 1536, 1536), (800, 1536, 8960), (800, 8960, 1536), (1024, 768, 3072),
           (1024, 2304, 768), (64, 4096, 4096)]
@@ -28,11 +25,11 @@ def candidates():
 
 
 def main() -> int:
-    from space import save, time_shape
+    from nbx_tune.lab.gemm_persistent.space import save, time_shape
 
     from nbx_tune.kernels import matmul as MM
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner.trace import make_row
+    from nbx_tune.kernels.trace import make_row
 
     hopper = get_profile("hopper")
     new = candidates()

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 SHAPES = [(1024, 768, 3072), (800, 1536, 8960), (1024, 1024, 4096), (800, 8960, 1536), (64, 4096, 4096),
           (1024, 2304, 768)]
@@ -34,7 +33,7 @@ def time_shape(m: int, n: int, k: int, cfgs, twice: bool = False):
     """torch.mm and each config at one bf16 shape under CUDA graphs, weights rotated out of
     the L2: ({"torch" or config: ms}, [bad configs]). Bad: wrong against fp64 beyond bf16's
     screen tolerance or (twice) not bit for bit the same on a second launch."""
-    from torch_compare import graph_times
+    from nbx_tune.bench.torch_compare import graph_times
 
     from nbx_tune.kernels import matmul as MM
 
@@ -93,7 +92,7 @@ def run(shapes, family, name: str, twice: bool = False) -> int:
     """best_of_each over matmul's space (what the hopper profile admits) at each shape."""
     from nbx_tune.kernels import matmul as MM
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner.trace import make_row
+    from nbx_tune.kernels.trace import make_row
 
     hopper = get_profile("hopper")
     out = []

@@ -21,7 +21,6 @@ import triton
 import triton.language as tl
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
 
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
@@ -126,7 +125,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kmajor", action="store_true", help="B as W.t() (an nn.Linear weight)")
     ap.add_argument("--budget-s", type=float, default=480)
     args = ap.parse_args(argv)
-    from torch_compare import graph_times
+    from nbx_tune.bench.torch_compare import graph_times
 
     from nbx_tune.kernels import matmul
     from nbx_tune.kernels.spec import Config

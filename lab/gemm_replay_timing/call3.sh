@@ -4,6 +4,6 @@
 # (census vs triton.autotune, issue 27) with matmul timed as a stream.
 set -u
 NBX_TUNE_SEARCH=full CENSUS_TRACES=lab/gemm_replay_timing/full_rows.tsv CENSUS_TOTAL_S=${CENSUS_TOTAL_S:-250} \
-  bash bench/gpu_session.sh pycache census_all
-COST_S=${COST_S:-200} bash bench/gpu_session.sh pycache cost
+  bash release/gpu_session.sh pycache census_all
+COST_S=${COST_S:-200} bash release/gpu_session.sh pycache cost
 ls -la $OUT

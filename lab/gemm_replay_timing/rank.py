@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
 
 # (M, K, N, layout) of the H200's losing GEMM rows (lab/history/gpu_runs/2026-12-05d/1-torch_compare.json)
 ROWS = [(1024, 4096, 1024, "nt"), (1024, 14336, 4096, "nt"), (1024, 3072, 768, "nn"), (1000, 4096, 1024, "nt"),
@@ -42,11 +41,11 @@ def operands(m, k, n, layout, sets):
 
 
 def one_row(m, k, n, layout, bench, deadline):
-    from torch_compare import graph_times
+    from nbx_tune.bench.torch_compare import graph_times
 
     from nbx_tune.kernels import matmul as MM
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner import timing
+    from nbx_tune.tuner.timing import benchmarkers as timing
     from nbx_tune.kernels.rows import make_row
 
     hopper = get_profile("hopper")
@@ -89,10 +88,10 @@ def main() -> int:
                     help="rows to time instead of ROWS, e.g. 512,4096,32000,nn")
     args = ap.parse_args()
     rows = ROWS if not args.rows else [(*map(int, r.split(",")[:3]), r.split(",")[3]) for r in args.rows]
-    from _common import environment, save
+    from nbx_tune.testing.bench import environment, save
 
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner import timing
+    from nbx_tune.tuner.timing import benchmarkers as timing
 
     bench = timing.for_profile(get_profile("hopper"))
     t0 = time.time()

@@ -6,10 +6,7 @@ python3 lab/gemm_sum_last/study.py; writes $OUT/gemm_sum_last.json."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gemm_persistent"))  # space.py: the timing
 
 # (M, N, K): decode rows of Llama-2-7B at batch 1 and 64, then the mid-size prefill rows
 # that stayed below torch (Llama-3-8B, Qwen2-1.5B, GPT-2).
@@ -27,7 +24,7 @@ def family(c) -> str:
 
 
 def main() -> int:
-    from space import run
+    from nbx_tune.lab.gemm_persistent.space import run
 
     return run(SHAPES, family, "gemm_sum_last.json", twice=True)
 

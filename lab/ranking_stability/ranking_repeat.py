@@ -5,7 +5,7 @@ The same seats (2048^3 in fp16 and bf16: 0.03 ms launches, where the census's pi
 half of the runs with BURNERS niced processes spinning on the CPU as a compile pool does.
 After each census, with the host quiet again, the pick is timed side by side with every
 screened survivor and with cuBLAS. First, the two timers on one launch: triton's do_bench
-and the census's gpu_time (tuner/timing.py), which queues the timed launches ahead.
+and the census's gpu_time (tuner/timing/benchmarkers.py), which queues the timed launches ahead.
 
     python bench/ranking_repeat.py          # GPU; env RUNS=4, BURNERS=14
 """
@@ -14,20 +14,17 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # bench/_common
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, save, side_by_side, table  # noqa: E402
+from nbx_tune.testing.bench import environment, save, side_by_side, table  # noqa: E402
 
 SHAPES = [("float16", 2048, 2048, 2048), ("bfloat16", 2048, 2048, 2048)]
 
 
 def _burn(stop) -> None:
-    os.nice(10)  # as tuner/precompile.py's pool
+    os.nice(10)  # as tuner/execution/precompile.py's pool
     x = 0
     while not stop.is_set():
         for i in range(100_000):
@@ -41,9 +38,9 @@ def main() -> None:
     from nbx_tune.kernels.matmul import SPEC, launch_matmul
     from nbx_tune.kernels.spec import Config, bucket_of, seat_label
     from nbx_tune.profiles import current_profile
-    from nbx_tune.tuner import api
-    from nbx_tune.tuner.timing import gpu_time
-    from nbx_tune.tuner.trace import make_row, write_trace
+    from nbx_tune.tuner import commands as api
+    from nbx_tune.tuner.timing.benchmarkers import gpu_time
+    from nbx_tune.kernels.trace import make_row, write_trace
 
     def mats(dt, m, n, k):
         t = getattr(torch, dt)

@@ -41,7 +41,7 @@ import torch  # noqa: E402
 
 class _Compiled:
     """A compiled kernel whose launcher does nothing. A replay reaches it as on the GPU
-    (kernels/launch.py's lean path: Triton's launch-hook check, then `run(grid, stream,
+    (kernels/runtime/launch.py's lean path: Triton's launch-hook check, then `run(grid, stream,
     function, metadata, ..., *arguments)`); only the C launch itself is missing."""
 
     function, packed_metadata = "function", "metadata"
@@ -137,8 +137,8 @@ def main() -> None:
     torch.set_num_threads(1)  # torch's column: no intra-op threads spinning on a shared host
 
     import nbx_tune
-    from nbx_tune.kernels import certified, launch
-    from nbx_tune.kernels import serve as serving
+    from nbx_tune.kernels.runtime import certified, launch
+    from nbx_tune.kernels.serving import serve as serving
 
     mock = MockTriton()
     launch.through_triton, launch._lean_launcher = mock, lean_launcher
@@ -201,8 +201,7 @@ def main() -> None:
         print(f"{name:<24}{m['torch']:>7.2f}{m['serve']:>7.2f}{m['direct']:>7.2f}{m['floor']:>7.2f}"
               f"{m['launch']:>7.2f}{m['serve'] - m['direct']:>6.2f}{m['serve'] - m['floor']:>6.2f}"
               + (f"  FELL THROUGH: {fell}" if fell else ""))
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from _common import environment, out_dir
+    from nbx_tune.testing.bench import environment, out_dir
 
     path = Path(args.json) if args.json else out_dir() / "serve_cpu_overhead.json"
     path.write_text(json.dumps({"env": environment(), "calls": args.calls, "rounds": args.rounds,

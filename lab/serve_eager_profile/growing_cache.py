@@ -3,7 +3,7 @@
 bench/serve_models.py times one decode step again and again on the same cache (its tensors
 put back after each step), so every call replays. In generation the cache grows by a token
 a step: the KV-cache cats and attention see a new length every step, so their direct-launch
-key (kernels/launch.py) is new: the ordinary path, and a record (replay source generated
+key (kernels/runtime/launch.py) is new: the ordinary path, and a record (replay source generated
 and compiled, several times an ordinary call's cost) whose replay serves only the other
 layers' calls of that step, then never again. This counts, per step, the records made and
 refused and the launches on the ordinary path, and times the steps against torch
@@ -30,8 +30,6 @@ if not GPU:
 import torch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parents[1] / "bench"))
 
 
 def main() -> None:
@@ -43,8 +41,8 @@ def main() -> None:
     args = p.parse_args()
     logging.getLogger("nbx_tune").setLevel(logging.ERROR)
     import nbx_tune
-    from nbx_tune.kernels import certified, launch
-    from serve_models import build
+    from nbx_tune.kernels.runtime import certified, launch
+    from nbx_tune.bench.serve_models import build
 
     if not GPU:
         from cpu_overhead import MockTriton, lean_launcher

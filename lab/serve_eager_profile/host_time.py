@@ -28,9 +28,8 @@ if "--smoke" in sys.argv:
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-from _common import environment, out_dir  # noqa: E402
-from serve_models import Runner, build  # noqa: E402
+from nbx_tune.testing.bench import environment, out_dir  # noqa: E402
+from nbx_tune.bench.serve_models import Runner, build  # noqa: E402
 
 
 class OpTimes:
@@ -75,7 +74,7 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     args = p.parse_args()
     import nbx_tune
-    from nbx_tune.kernels import launch
+    from nbx_tune.kernels.runtime import launch
 
     device = "cpu" if args.smoke else "cuda"
     dtype = torch.float32 if args.smoke else torch.bfloat16

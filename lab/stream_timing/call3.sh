@@ -3,7 +3,7 @@
 # `timing = "stream"` in the device's copy of the tree only, a census of their 85 seats
 # (stream_rows.tsv) into the session database, its export, then bench/elementwise_rows.py
 # and bench/torch_compare.py on those picks (CENSUS_TOTAL_S, COMPARE_BUDGET_S: budgets).
-# Ship the export (bench/merge_table.py) only with the declaration committed, and only if
+# Ship the export (release/merge_table.py) only with the declaration committed, and only if
 # the picks beat the shipped ones in both benches.
 FINAL_OUT=$OUT
 export OUT=/tmp/o; mkdir -p $OUT
@@ -12,9 +12,9 @@ for f in kernels/copy.py kernels/elementwise.py; do
 done
 grep -c 'timing = "stream"' kernels/copy.py kernels/elementwise.py
 CENSUS_TRACES=lab/stream_timing/stream_rows.tsv CENSUS_TOTAL_S=${CENSUS_TOTAL_S:-330} \
-  bash bench/gpu_session.sh pycache census_all
-EW_S=60 EW_BUDGET_S=40 bash bench/gpu_session.sh ew
-COMPARE_S=${COMPARE_S:-200} COMPARE_BUDGET_S=${COMPARE_BUDGET_S:-170} bash bench/gpu_session.sh compare
+  bash release/gpu_session.sh pycache census_all
+EW_S=60 EW_BUDGET_S=40 bash release/gpu_session.sh ew
+COMPARE_S=${COMPARE_S:-200} COMPARE_BUDGET_S=${COMPARE_BUDGET_S:-170} bash release/gpu_session.sh compare
 cp $OUT/session.log $OUT/hopper.json $OUT/elementwise_rows.json $OUT/torch_compare.json $FINAL_OUT/ 2>/dev/null
 tar czf $FINAL_OUT/rest.tgz -C $OUT census_all_traces.json 2>/dev/null
 ls -la $FINAL_OUT

@@ -6,13 +6,11 @@
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from torch_compare import served  # noqa: E402
+from nbx_tune.bench.torch_compare import served  # noqa: E402
 
-from nbx_tune.tuner.trace import read_trace, write_trace  # noqa: E402
+from nbx_tune.kernels.trace import read_trace, write_trace  # noqa: E402
 
 
 def main(out: str, traces: list[str], kernel: str | None = None) -> None:

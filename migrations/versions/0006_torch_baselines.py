@@ -1,6 +1,6 @@
 """Torch baselines: a certificate's config measured against torch's own op on one GPU with
 one torch, and the `torch_baselines` view the launch read takes them from (the seats
-serve() hands back to torch: kernels/baseline.py).
+serve() hands back to torch: kernels/runtime/torch_rule.py).
 
 Revision ID: 0006
 Revises: 0005

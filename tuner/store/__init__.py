@@ -386,7 +386,7 @@ class Store:
     def kernel_measurements(self, profile: str, kernel: str, limit: int = 200):
         """The newest tunings of a kernel on a profile that timed something, newest first:
         [(Seat, Tuning, [(config, median_ms)], [(config, reason)])], what a ranked search
-        learns from (tuner/strategies/ranked.py)."""
+        learns from (tuner/search/ranked.py)."""
         with self.session(write=False) as s:
             rows = s.execute(select(Seat, Tuning).join(Tuning, Tuning.seat_id == Seat.id)
                              .where(Seat.profile == profile, Seat.kernel == kernel, Tuning.kind != "import",

@@ -21,7 +21,7 @@ from sqlalchemy import text as sql_text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from nbx_tune.kernels.spec import label_of
-from nbx_tune.tuner.reasons import REFUSAL_REASONS, TRANSIENT_REASONS  # noqa: F401 (re-exported)
+from nbx_tune.tuner.certify.reasons import REFUSAL_REASONS, TRANSIENT_REASONS  # noqa: F401 (re-exported)
 
 
 def utcnow() -> datetime:
@@ -127,7 +127,7 @@ class Tuning(Base):
     screen_s: Mapped[float] = mapped_column(Float, default=0.0)
     bench_s: Mapped[float] = mapped_column(Float, default=0.0)
     total_s: Mapped[float] = mapped_column(Float, default=0.0)
-    # full | recertified | fallback | ranked | audit (tuner/recertify.py, strategies/ranked.py)
+    # full | recertified | fallback | ranked | audit (tuner/certify/recertify.py, strategies/ranked.py)
     search: Mapped[str] = mapped_column(String(16), default="full", server_default="full")
     seeded_from: Mapped[int | None] = mapped_column(Integer)  # the tuning a re-certification started from
     shortcut_loss: Mapped[float | None] = mapped_column(Float)  # audit: the ranked pick's loss against the best
@@ -202,7 +202,7 @@ class Certificate(Base):
 class Baseline(Base):
     """One measurement of a certificate's config against torch's own op at the seat's
     shapes, on one GPU with one torch (`nbx-tune baseline`); under serve() a seat whose
-    applicable baseline says torch is faster runs torch (kernels/baseline.py)."""
+    applicable baseline says torch is faster runs torch (kernels/runtime/torch_rule.py)."""
 
     __tablename__ = "baselines"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

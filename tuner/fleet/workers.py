@@ -1,0 +1,114 @@
+"""A tuning fleet: censuses enqueue seats, workers on any number of hosts and GPUs tune
+them, all through one database (PostgreSQL for a fleet; SQLite works on one host).
+
+    nbx-tune census --model llama.tsv --enqueue --db URL    # plan and record, tune nothing
+    nbx-tune worker --db URL --gpus 0,1                     # one worker process per GPU
+
+A worker tunes the seats of its own device's profile that need work. It claims one at a
+time (SELECT ... FOR UPDATE SKIP LOCKED: two workers never wait on, or take, the same
+seat), keeps the claim alive with heartbeats, and writes the seat in one transaction that
+releases it. A worker that dies stops beating; its lease expires (at once, when it lived on
+this host) and another worker finishes the seat. A worker exits when no seat of its profile
+needs work and none is held by a live worker.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from nbx_tune.errors import NbxError
+
+IDLE_POLL_S = 0.5  # a worker that waits for others' last seats looks again this often
+
+
+@dataclass
+class WorkerReport:
+    holder: str
+    profile: str
+    device: str
+    tuned: list = field(default_factory=list)  # seat labels, in order
+    seconds: float = 0.0
+
+    @property
+    def seats_per_hour(self) -> float:
+        return 3600.0 * len(self.tuned) / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"holder": self.holder, "profile": self.profile, "device": self.device,
+                "tuned": self.tuned, "seconds": round(self.seconds, 3),
+                "seats_per_hour": round(self.seats_per_hour, 1)}
+
+
+def run_worker(tuner, reporter=None, max_seats: int | None = None, wait_for_held: bool = True) -> WorkerReport:
+    """Tune seats that need work until none is left (or max_seats are done)."""
+    from nbx_tune.tuner.certify.tune import NullReporter
+
+    reporter = reporter or NullReporter()
+    rep = WorkerReport(tuner.holder, tuner.profile.name, tuner.device.name)
+    t0 = time.perf_counter()
+    tried = set()  # a seat this worker lost (worker_lost) waits for the next worker or census
+    while max_seats is None or len(rep.tuned) < max_seats:
+        todo = [t for t in tuner.needing_work() if t[0] not in tried]
+        if not todo:
+            break
+        labels = {sid: (kernel, label) for sid, kernel, label in todo}
+        sid = tuner.store.claim_next(labels, tuner.holder, tuner.claim_ttl)
+        if sid is None:
+            # Everything left is held by other live workers: wait for them to finish it,
+            # or for a dead one's lease to expire, then take it.
+            if not wait_for_held:
+                break
+            time.sleep(IDLE_POLL_S)
+            continue
+        kernel, label = labels[sid]
+        tried.add(sid)
+        if tuner.tune_claimed(sid, kernel, label, len(rep.tuned), len(rep.tuned) + len(todo), None, reporter):
+            rep.tuned.append(label)
+    rep.seconds = time.perf_counter() - t0
+    return rep
+
+
+def worker_timeline(rows, t_launch: float, t_end: float) -> list[dict]:
+    """Where each worker's time went, from its tunings' (worker, start, finish, device)
+    in epoch seconds: before its first seat (start-up), tuning, between seats (claims,
+    heartbeats, the database), and at the end (waiting for other workers' last seats)."""
+    out = {}
+    for worker, start, finish, device in rows:
+        out.setdefault(worker, {"worker": worker, "device": device, "seats": []})["seats"].append((start, finish))
+    res = []
+    for w in out.values():
+        seats = sorted(w.pop("seats"))
+        busy = sum(f - s for s, f in seats)
+        gaps = sum(max(0.0, b[0] - a[1]) for a, b in zip(seats, seats[1:]))
+        res.append({**w, "n_seats": len(seats), "startup_s": round(seats[0][0] - t_launch, 2),
+                    "busy_s": round(busy, 2), "between_s": round(gaps, 2),
+                    "idle_end_s": round(t_end - seats[-1][1], 2)})
+    return sorted(res, key=lambda r: r["worker"])
+
+
+def spawn_workers(gpus: list[str], command: list[str]) -> list[subprocess.Popen]:
+    """One worker process per GPU id (an id may repeat: workers sharing a GPU), each seeing
+    only its GPU. `command` is the caller's (the CLI passes its own `worker` command)."""
+    from nbx_tune.tuner.execution.precompile import COMPILE_PROCS_ENV
+
+    # The host's cores are split between the workers' compile pools (one core each left
+    # for the worker that times); their compile locks keep them from compiling twice.
+    per_worker = max(1, min(16, ((os.cpu_count() or 2) - len(gpus)) // max(1, len(gpus))))
+    procs = []
+    for gpu in gpus:
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "HIP_VISIBLE_DEVICES": gpu}
+        env.setdefault(COMPILE_PROCS_ENV, str(per_worker))
+        env.pop("NBX_TUNE_WORKER_ID", None)
+        procs.append(subprocess.Popen(list(command), env=env))
+    return procs
+
+
+def wait_workers(procs) -> None:
+    codes = [p.wait() for p in procs]
+    bad = [(i, c) for i, c in enumerate(codes) if c != 0]
+    if bad:
+        raise NbxError(f"{len(bad)} of {len(procs)} workers failed (exit codes "
+                       f"{', '.join(str(c) for _, c in bad)}); their seats go back to the queue")
