@@ -5,35 +5,18 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import dataclass
 
 from nbx_tune.errors import NbxError, ProfileError, StoreError
 from nbx_tune.profiles import (builtin_profiles, current_target, device_info, get_profile,
-                               gpu_available, interpreter_enabled, match_profile)
+                               match_profile, use_interpreter_without_gpu)
 from nbx_tune.tuner.reasons import REFUSAL_REASONS  # noqa: F401 (the CLI's --reason help)
 
 
 def ensure_device(notice=None) -> None:
-    """With no GPU and no TRITON_INTERPRET, switch to the interpreter and say so.
-
-    This must happen before triton is imported at all: Triton builds its own library
-    functions (tl.cdiv, ...) for the interpreter or for a GPU at import time. So the GPU is
-    looked for through torch, which does not import triton."""
-    if interpreter_enabled():
-        return
-    import torch
-
-    if torch.cuda.is_available():  # CUDA and ROCm builds alike
-        return
-    if "triton" in sys.modules:
-        if gpu_available():
-            return
-        raise NbxError("no GPU found and triton is already imported: set TRITON_INTERPRET=1 before "
-                       "starting Python to run on the CPU interpreter")
-    os.environ["TRITON_INTERPRET"] = "1"
-    if notice:
-        notice("no GPU found: running on Triton's CPU interpreter (TRITON_INTERPRET=1)")
+    """With no GPU and no TRITON_INTERPRET, switch to the interpreter and say so (the rule
+    of every entry point: profiles/detect.use_interpreter_without_gpu)."""
+    use_interpreter_without_gpu(notice)
 
 
 def check_plugins(plugins) -> None:
