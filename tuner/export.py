@@ -20,11 +20,12 @@ from pathlib import Path
 from sqlalchemy import select
 
 from nbx_tune.errors import NbxError, TableError
-from nbx_tune.kernels import baseline, table_format, validity
+from nbx_tune.kernels import baseline, table_format, table_schema, validity
 from nbx_tune.kernels.registry import all_specs
 from nbx_tune.kernels.spec import Problem, label_of
 from nbx_tune.tuner import provenance
 from nbx_tune.tuner.files import write_atomic
+from nbx_tune.tuner.seat_check import SeatChecker
 from nbx_tune.tuner.store.models import Baseline, Certificate, Seat, Tuning, utcnow
 from nbx_tune.tuner.store import insert_ignore
 from nbx_tune.tuner.strategies.ranked import regret_summary
@@ -137,7 +138,7 @@ def regret_problem(r) -> str | None:
     if not isinstance(r["audits"], int) or isinstance(r["audits"], bool) or r["audits"] < 1:
         return "audits: expected a count of at least 1"
     for k in ("median", "max"):
-        if not isinstance(r[k], (int, float)) or isinstance(r[k], bool) or not 0 <= r[k] < float("inf"):
+        if not table_schema.nonnegative(r[k]):
             return f"{k}: expected a loss >= 0"
     return None
 
@@ -174,6 +175,7 @@ def check_table(path: str | Path, profiles: dict) -> CheckedTable:
                          f"{name} here is {profile.architecture!r}")
     specs = all_specs()
     usable, skipped, spaces = [], [], {}
+    seats = SeatChecker(profile)  # a seat this build can key and screen, or the table is refused
     for i, e in enumerate(doc["entries"]):
         label = label_of(e["kernel"], e["dtypes"], e["flags"], e["bucket"])
         prov = e["provenance"]
@@ -190,9 +192,12 @@ def check_table(path: str | Path, profiles: dict) -> CheckedTable:
         if e["kernel"] not in spaces:
             spaces[e["kernel"]] = validity.config_index(specs[e["kernel"]])
         try:
-            validity.declared_config(spaces[e["kernel"]], e["config"])
+            config = validity.declared_config(spaces[e["kernel"]], e["config"])
         except ValueError as err:
             raise TableError(f"{path}: entries[{i}].config: {err}") from None
+        bad = seats.issue(specs[e["kernel"]], e, config)
+        if bad:
+            raise TableError(f"{path}: entries[{i}].{bad}")
         usable.append(e)
     return CheckedTable(str(path), profile, usable, skipped)
 
