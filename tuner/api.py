@@ -93,10 +93,14 @@ def census(model: str, db: str | None = None, profile: str | None = None, dry_ru
             else:
                 rep = run_census(plan, store, make_tuner(store, prof, strategy, isolate, executor), reporter)
             rep.db = store.url if store is not None else None
-            return rep
         finally:
             if store is not None:
                 store.close()
+        if not dry_run:  # what it reports must be in the database, read as the next command will
+            from nbx_tune.tuner.census_check import verify_certificates
+
+            verify_certificates(store.engine.url, rep)
+        return rep
     finally:
         if executor is not None:
             executor.close()
