@@ -180,4 +180,4 @@ def test_a_database_lost_under_a_census_is_a_failure_not_a_success(tmp_path):
     assert "\n" not in str(e.value)
     # An intact census reads back what it reports.
     rep = api.census(str(t), f"sqlite:///{tmp_path / 'ok.db'}", isolate=False)
-    assert [s.status for s in rep.seats] == ["certified", "certified"]
+    assert rep.seats and all(s.status == "certified" for s in rep.seats)
