@@ -70,7 +70,7 @@ def screen_issue(s) -> str | None:
 
 def entry_issue(e: dict) -> str | None:
     """The entry's fields beyond their types (which table_format checks first)."""
-    for k in ("kernel", "dtypes", "flags", "bucket", "config", "timing_method"):
+    for k in ("kernel", "dtypes", "config"):
         if not e[k]:
             return f"{k}: empty"
     for k in ("screened_min", "screened_max"):

@@ -3,7 +3,7 @@ unknown function, dtype or an impossible bucket used to be stored, listed and ex
 certified, and a config this profile's static checks refuse was served unscreened).
 
 A seat can be keyed when its dtypes are ones nbx-tune knows, its flags decode and its
-bucket is one the profile's ladders make (a launch computes exactly that bucket). It can be
+bucket lies inside one bucket of the profile's ladders (where a launch's key lands). It can be
 screened when its screened shapes are shapes of this seat, the kernel can make their inputs
 and fp64 oracle (tried once per kernel, dtypes and flags, at the smallest screened shape
 under PROBE_BYTES), and the config passes the profile's static checks there.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from nbx_tune.kernels.spec import (DTYPE_SIZES, Problem, bucket_of, decode_bucket, decode_flags, encode_bucket,
-                                   encode_dtypes, encode_flags)
+                                   encode_dtypes)
 from nbx_tune.kernels.table_schema import MAX_DIM
 from nbx_tune.tuner.screen import make_case
 
@@ -46,14 +46,14 @@ class SeatChecker:
         except (KeyError, ValueError):
             return f"bucket: {e['bucket']!r} is not a bucket of kernel {spec.name}'s key"
         if encode_bucket(spec.key, bucket) != e["bucket"] or not self._made_by_ladders(spec, bucket):
-            return f"bucket: {e['bucket']!r} is not a bucket profile {self.profile.name}'s ladders make"
+            return f"bucket: {e['bucket']!r} is not inside one bucket of profile {self.profile.name}'s ladders"
         problems = []
         for k in ("screened_min", "screened_max"):
             if e[k] is None:
                 continue
             p = e[k]
             p = Problem.from_json(p if isinstance(p, str) else json.dumps(p))
-            if (p.kernel, encode_dtypes(p.dtypes), encode_flags(p.flags)) != (spec.name, e["dtypes"], e["flags"]) \
+            if (p.kernel, encode_dtypes(p.dtypes), p.flags) != (spec.name, e["dtypes"], flags) \
                     or not self._made_by_ladders(spec, bucket, p.dims):
                 return f"{k}: a shape of another seat than this entry's"
             refused = spec.static_refusal(self.profile, config, p)
@@ -67,10 +67,15 @@ class SeatChecker:
         return None
 
     def _made_by_ladders(self, spec, bucket, dims=None) -> bool:
-        ends = [tuple(lo for lo, _ in bucket), tuple(hi for _, hi in bucket)] if dims is None else [dims]
+        """Without `dims`: the bucket lies inside one bucket of the profile's ladders (a
+        launch's key lands there; 1..10^40 spans many, or none). With `dims`: they lie in it."""
+        if dims is not None:
+            return len(dims) == len(bucket) and all(lo <= d <= hi for d, (lo, hi) in zip(dims, bucket))
+        if not all(0 <= lo <= hi <= MAX_DIM for lo, hi in bucket):
+            return False
         try:
-            return all(len(d) == len(spec.key) and all(0 <= v <= MAX_DIM for v in d)
-                       and bucket_of(self.profile, spec.key, d) == bucket for d in ends)
+            return bucket_of(self.profile, spec.key, [lo for lo, _ in bucket]) == \
+                bucket_of(self.profile, spec.key, [hi for _, hi in bucket])
         except (ValueError, KeyError, OverflowError):
             return False
 
