@@ -46,3 +46,13 @@ def test_nbx_tune_run_switches_to_the_interpreter_by_itself(tmp_path):
     r = _python("", "-m", "nbx_tune.cli.app", "run", "--", sys.executable, str(script))
     assert r.returncode == 0, r.stderr
     assert "[0.0, 2.0]" in r.stdout and "no GPU found" in r.stderr and "aten.relu" in r.stderr
+
+
+def test_profiles_list_names_the_interpreter_where_a_census_would_run_on_it():
+    """It said "this device: none" on the machine where the census ran on `interpreter`."""
+    r = _python("", "-m", "nbx_tune.cli.app", "profiles", "list", "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    d = json.loads(r.stdout)
+    assert (d["device_target"], d["device_profile"]) == ("interpreter", "interpreter")

@@ -313,12 +313,21 @@ def _judged(r) -> dict:
     return {"problem": json.loads(r.problem) if r.problem else None, "err": r.err, "rtol": r.rtol}
 
 
-def export(profile: str, out: str, db=None, plugins=()):
-    from nbx_tune.tuner.export import export_table
+def export(profile: str | None, out: str, db=None, plugins=()):
+    """Without `profile`, or with one the database holds no seat of, a one-line error naming
+    the profiles it holds (an empty table used to be written, exit 0)."""
+    from nbx_tune.tuner.export import export_table, profiles_held
 
     load_plugins(plugins)
-    prof = get_profile(profile)
+    prof = get_profile(profile) if profile is not None else None
     with _existing_store(db, required=True) as store:
+        held = profiles_held(store)
+        if prof is None or prof.name not in held:
+            has = ", ".join(f"{n} ({k} seats)" for n, k in held.items()) or "no seat of any profile"
+            try_ = f"; nbx-tune export --profile {next(iter(held))} -o {out}" if held else ""
+            raise NbxError((f"export: which profile? database {store.url} holds {has}{try_}" if prof is None else
+                            f"export: database {store.url} holds no seat of profile {prof.name}, so the table "
+                            f"would be empty; it holds {has}{try_}; nothing written"))
         return export_table(store, prof, out)
 
 

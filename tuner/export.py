@@ -94,6 +94,13 @@ class ExportSummary:
     skipped: list = field(default_factory=list)  # (seat label, why)
 
 
+def profiles_held(store) -> dict:
+    """The profiles the database holds seats of, with how many, the most first."""
+    with store.session(write=False) as s:
+        rows = s.execute(select(Seat.profile, func.count()).group_by(Seat.profile)).all()
+    return dict(sorted(rows, key=lambda r: (-r[1], r[0])))
+
+
 def export_table(store, profile, out: str | Path) -> ExportSummary:
     specs = all_specs()
     entries, skipped = [], []
