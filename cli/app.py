@@ -225,7 +225,8 @@ def unscreened(
 
 @app.command()
 def export(
-    profile: str = typer.Option(..., "--profile", help="Profile whose certified configs to export."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Profile whose certified configs to export "
+                                          "(without it, the error names those the database holds)."),
     output: Path = typer.Option(..., "-o", "--output", help="Table file to write (JSON)."),
     db: Optional[str] = DbOpt,
     json_out: bool = JsonOpt,
@@ -344,8 +345,11 @@ def profiles_list(json_out: bool = JsonOpt):
     """Shipped profiles, and which one this device matches."""
     from nbx_tune.profiles import builtin_profiles, current_target, match_profile
 
+    from nbx_tune.tuner.commands import ensure_device
+
     profiles = builtin_profiles()
     try:
+        ensure_device()  # no GPU: the interpreter, as the census that ran here saw it
         target = current_target()
         mine = match_profile(target, profiles.values()).name
     except NbxError:

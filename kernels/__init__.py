@@ -9,7 +9,6 @@ with no GPU the first op looked up switches to Triton's CPU interpreter (and log
 """
 
 import logging
-import os
 import sys
 import types
 
@@ -89,18 +88,11 @@ sys.modules[__name__].__class__ = _Package
 
 
 def _find_device() -> None:
-    """With no GPU and no TRITON_INTERPRET, use Triton's CPU interpreter, as the CLI does,
-    and say so once. It must be decided before triton is first imported (Triton builds
-    its library functions for one or the other at import), so the GPU is looked for
-    through torch."""
-    if os.environ.get("TRITON_INTERPRET") or "triton" in sys.modules:
-        return
-    import torch
+    """With no GPU and no TRITON_INTERPRET, use Triton's CPU interpreter, as every entry
+    point does (profiles/detect.use_interpreter_without_gpu), and say so once."""
+    from nbx_tune.profiles import use_interpreter_without_gpu
 
-    if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
-        logging.getLogger("nbx_tune").warning(
-            "nbx-tune: no GPU found: the kernels run on Triton's CPU interpreter (TRITON_INTERPRET=1)")
+    use_interpreter_without_gpu(logging.getLogger("nbx_tune").warning)
 
 
 def __getattr__(name):

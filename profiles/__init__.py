@@ -15,6 +15,7 @@ from nbx_tune.profiles.detect import (
     current_target,
     device_info,
     gpu_available,
+    use_interpreter_without_gpu,
     interpreter_enabled,
     match_profile,
 )

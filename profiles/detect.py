@@ -68,6 +68,33 @@ def _torch_cuda_target() -> str | None:
     return f"cuda:{major * 10 + minor}"
 
 
+def use_interpreter_without_gpu(notice=None) -> None:
+    """The one rule every entry point follows (the CLI's commands, the public ops, serve(),
+    `nbx-tune run`): with no GPU and no TRITON_INTERPRET, switch to Triton's CPU
+    interpreter and say so through `notice` (once per process).
+
+    It must be decided before triton is first imported: Triton builds its library functions
+    (tl.cdiv, ...) for the interpreter or for a GPU at import. So the GPU is looked for
+    through torch, which does not import triton; where triton is imported already and sees
+    no GPU, the fallback is impossible and this raises a DeviceError naming the fix."""
+    if interpreter_enabled():
+        return
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():  # CUDA and ROCm builds alike
+        return
+    if "triton" in sys.modules:
+        if gpu_available():
+            return
+        raise DeviceError("no GPU found and triton was imported before nbx-tune could switch to its CPU "
+                          "interpreter: set TRITON_INTERPRET=1 before starting Python")
+    os.environ["TRITON_INTERPRET"] = "1"
+    if notice:
+        notice("no GPU found: running on Triton's CPU interpreter (TRITON_INTERPRET=1)")
+
+
 def gpu_available() -> bool:
     """True when Triton can see a GPU driver (never raises)."""
     try:

@@ -154,7 +154,8 @@ def test_a_kernel_edit_makes_certificates_stale_never_served_and_retuned(tmp_pat
     assert not any(k[0] == "test_double" for k in st.entries)
     assert any("kernel source changed" in why for _, _, why in st.stale)
     rep = census(str(t), db_url)
-    assert rep.seats[0].status == "certified" and rep.seats[0].action == "tuned"
+    assert rep.seats[0].status == "certified" and rep.seats[0].action == "re-certified"  # from its history
+    assert rep.seats[0].to_dict()["recertified_from"].startswith("tuning 1")
     shown = api.show_seat(str(rep.seats[0].id), db_url)
     certs = [h["certificate"] for h in shown["history"] if "certificate" in h]
     assert [c["current"] for c in certs] == [False, True]  # history stays queryable

@@ -70,6 +70,12 @@ def test_census_json_then_queries(tmp_path, trace_file, db_url):
     assert json.loads(r.stdout) == []
 
     out = tmp_path / "table.json"
+    # Without --profile, or with one the database holds no seat of, one line naming those it
+    # holds, nothing written (the second used to write an empty table, exit 0).
+    for args, says in ((), "which profile?"), (("--profile", "hopper"), "no seat of profile hopper"):
+        r = run("export", *args, "-o", str(out), "--db", db_url)
+        assert r.exit_code == 1 and says in r.output and "holds interpreter (1 seats)" in r.output
+        assert "--profile interpreter" in r.output and not out.exists()
     r = run("export", "--profile", "interpreter", "-o", str(out), "--db", db_url)
     assert r.exit_code == 0 and "wrote 1 certified configs" in r.stdout
     r = run("import", str(out), "--db", f"sqlite:///{tmp_path / 'b.db'}")

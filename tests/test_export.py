@@ -323,3 +323,117 @@ def test_a_0004_database_upgrades_with_its_certificates_and_no_regret_or_detail(
             assert conn.execute(text("SELECT config FROM certificates")).all() == [("BLOCK=256",)]
     finally:
         engine.dispose()
+
+
+@pytest.fixture
+def relu_table(tmp_path, db_url):
+    t = tmp_path / "relu.tsv"
+    t.write_text(HEAD + "aten.relu\tfloat32\t100\t\t1\n")
+    census(str(t), db_url)
+    out = tmp_path / "relu.json"
+    assert api.export("interpreter", str(out), db_url).entries == 1
+    return out
+
+
+def _every_fn(d, fn):
+    e = d["entries"][0]
+    for k in ("screened_min", "screened_max"):
+        e[k]["flags"]["fn"] = fn
+    for s in e["screens"]:
+        s["problem"]["flags"]["fn"] = fn
+    e["flags"] = f"fn={fn}"
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda d: _every_fn(d, "no_such_fn"), r"entries\[0\]\.flags: kernel elementwise_unary cannot screen this seat"),
+    (lambda d: d["entries"][0].update(flags="fn=no_such_fn"), r"entries\[0\]\.screened_min: a shape of another seat"),
+    (lambda d: d["entries"][0].update(dtypes="float128"), r"entries\[0\]\.dtypes: 'float128' is not a dtype"),
+    (lambda d: d["entries"][0].update(bucket="N=1.." + "9" * 40), r"entries\[0\]\.bucket: .* is not inside one bucket"),
+    (lambda d: d["entries"][0]["screened_max"].update(dims=[10**9]), r"entries\[0\]\.screened_max: a shape of another"),
+    (lambda d: d["entries"][0].update(bucket="N=200..100"), r"entries\[0\]\.bucket: 'N=200..100' is not inside one bucket"),
+])
+def test_an_imported_entry_must_be_a_seat_this_build_can_key_and_screen(tmp_path, relu_table, edit, match):
+    """They used to be stored, listed and exported again as certified."""
+    bad = _resigned(relu_table, tmp_path / "bad.json", edit)
+    with pytest.raises(TableError, match=match) as e:
+        api.import_(str(bad), f"sqlite:///{tmp_path / 'x.db'}")
+    assert "\n" not in str(e.value) and not (tmp_path / "x.db").exists()
+
+
+def test_an_imported_config_this_profile_refuses_statically_is_never_stored(tmp_path, table):
+    bad = _resigned(table, tmp_path / "bad.json", lambda d: d["entries"][0].update(config=str(planted.HUGE)))
+    with pytest.raises(TableError, match=r"entries\[0\]\.config: refused here at its screened_min shape: "
+                                         "smem_over_budget") as e:
+        api.import_(str(bad), f"sqlite:///{tmp_path / 'x.db'}")
+    assert "\n" not in str(e.value) and not (tmp_path / "x.db").exists()
+
+
+BAD_VALUES = [10**400, -(10**400), -1, 0, 1.5, float("nan"), True, None, "", "x", [], [1, 2], {}, {"a": 1}]
+
+
+def _paths(node, prefix=()):
+    """Every field of an entry, nested ones too (lists by their first item)."""
+    yield prefix
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(node, list) and node:
+        yield from _paths(node[0], prefix + (0,))
+
+
+def test_every_field_of_an_imported_table_is_checked_with_a_one_line_error(tmp_path, table):
+    """A schema, field by field: an integer median_ms of 10**400 used to raise OverflowError."""
+    from nbx_tune.profiles import builtin_profiles
+    from nbx_tune.tuner.store.export import check_table
+
+    entry = json.loads(table.read_text())["entries"][0]
+    tried = 0
+    for path in list(_paths(entry))[1:]:
+        for value in BAD_VALUES:
+            def edit(d, path=path, value=value):
+                node = d["entries"][0]
+                for k in path[:-1]:
+                    node = node[k]
+                node[path[-1]] = value
+            doc = json.loads(table.read_text())
+            edit(doc)  # re-signed as it stands: a bad kernel name cannot be sorted
+            doc["sha256"] = table_format.checksum(doc["entries"])
+            bad = tmp_path / "bad.json"
+            bad.write_text(json.dumps(doc))
+            try:
+                check_table(bad, builtin_profiles())  # everything an import checks before the database
+            except TableError as e:
+                assert "\n" not in str(e)
+            tried += 1
+    assert tried > 300
+    with pytest.raises(TableError, match=r"entries\[0\]\.median_ms: 1000000.* is not a positive finite time"):
+        check_table(_resigned(table, tmp_path / "bad.json", lambda d: d["entries"][0].update(median_ms=10**400)),
+                    builtin_profiles())
+
+
+def test_an_import_writes_in_batches_never_a_statement_per_entry(tmp_path):
+    """100,000 entries took 303 s one query at a time (bench/import_scale.py times it)."""
+    import sys
+    from pathlib import Path
+
+    from sqlalchemy import event
+
+    from nbx_tune.profiles import builtin_profiles
+    from nbx_tune.tuner.store.export import check_table, import_table
+    from nbx_tune.tuner.store import Store
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import import_scale
+
+    counts = []
+    for n in (3, 60):
+        t = tmp_path / f"t{n}.json"
+        assert import_scale.make_table(n, t) == n
+        store = Store(f"sqlite:///{tmp_path / f'{n}.db'}")
+        statements = []
+        event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+        s = import_table(store, check_table(t, builtin_profiles()))
+        assert s.added == n
+        counts.append(len(statements))
+        store.close()
+    assert counts[0] == counts[1], counts  # the same statements for 3 entries as for 60

@@ -458,14 +458,16 @@ def test_stale_seat_is_recertified_from_its_history_and_the_table_carries_it(db_
     run_id, (sid,) = plan_seats(store, [1000])
     ex = Replay(base_times())
     tuner = SeatTuner(store, PROFILE, DEVICE, ex, get_strategy("pruned"))
-    assert tune(tuner, run_id, sid, 1000)
+    assert tune(tuner, run_id, sid, 1000) == "tuned"
     assert last(db_url, "SELECT search FROM tunings") == [("full",)]
     assert len(set(ex.screened)) == len(CONFIGS)
     # The kernel's source changes: every certificate of it goes stale.
     with create_engine(db_url).begin() as c:
         c.execute(text("UPDATE tunings SET kernel_source_hash = 'before'"))
     ex.screened.clear(), ex.timed.clear()
-    assert tune(tuner, run_id, sid, 1000)
+    # The census's report says so, and from which tuning (as `show` does): it said "tuned".
+    assert tune(tuner, run_id, sid, 1000) == "re-certified"
+    assert tuner.recertified_from[sid].startswith("tuning 1 ")
     (search, seeded), = last(db_url, "SELECT search, seeded_from FROM tunings ORDER BY id DESC LIMIT 1")
     assert search == "recertified" and seeded == 1
     assert 2 <= len(set(ex.screened)) <= recertify.MAX_CONTENDERS + 1 < len(CONFIGS)

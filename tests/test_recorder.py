@@ -285,6 +285,8 @@ def test_trace_command_records_the_program(tmp_path, monkeypatch):
     assert row_map(trace.rows)[("aten.addmm", ("float32",) * 3, ((5,), (2, 8), (8, 5)), "layout=nt")] == 3
     assert (summary.rows, summary.launches) == (len(trace.rows), trace.launches)
     assert f"# command: {PYTHON} -u model.py 5" in (tmp_path / "t.tsv").read_text()
+    # The fusions comment docs/trace-format.md promises, as `nbx_tune.record` writes it (it was lost).
+    assert "\n# fusions: " in (tmp_path / "t.tsv").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.py", "t.tsv"]
 
 

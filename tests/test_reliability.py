@@ -157,3 +157,29 @@ def test_every_provenance_change_makes_a_certificate_stale(tmp_path, db_url, mon
             getattr(m, "callback", lambda: None)()
     assert [v.status for v in views] == ["stale"] and what in views[0].why
     assert not any(k[0] == "test_double" for k in served)  # never served at launch
+
+
+def test_a_database_lost_under_a_census_is_a_failure_not_a_success(tmp_path):
+    """The database deleted under a census (its -wal file too): it used to print "certified
+    ... Results are in ..." and exit 0, its own connections reading the deleted files."""
+    import pytest
+
+    from nbx_tune.errors import StoreError
+    from nbx_tune.tuner import commands as api
+    from nbx_tune.tuner.certify.tune import NullReporter
+
+    class DeletesTheWal(NullReporter):
+        def seat_done(self, label, result):
+            for name in ("c.db", "c.db-wal", "c.db-shm"):
+                if (tmp_path / name).exists():
+                    (tmp_path / name).unlink()
+
+    t = tmp_path / "t.tsv"
+    t.write_text("# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
+                 "test.double\tfloat32\t1000\t\t1\ntest.double\tfloat32\t77\t\t1\n")
+    with pytest.raises(StoreError, match=r"census reports \d certified seat.*results are lost") as e:
+        api.census(str(t), f"sqlite:///{tmp_path / 'c.db'}", reporter=DeletesTheWal(), isolate=False)
+    assert "\n" not in str(e.value)
+    # An intact census reads back what it reports.
+    rep = api.census(str(t), f"sqlite:///{tmp_path / 'ok.db'}", isolate=False)
+    assert rep.seats and all(s.status == "certified" for s in rep.seats)

@@ -322,3 +322,20 @@ def test_trace_census_serve_every_launch_certified(tmp_path, db_url, no_repo_roo
     assert rec.fused == {"gpt2": {"add_layer_norm": 3, "cat_kv": 2, "gelu_tanh": 2},
                          "llama": {"add_rms_norm": 4, "cat_kv": 2, "rms_norm": 1, "rope_cos_sin": 1, "rotary": 2,
                                    "silu_mul": 2}}[name]
+
+
+@pytest.mark.parametrize("sig,status", [("SIGSEGV", 139), ("SIGKILL", 137)])
+def test_a_program_killed_by_a_signal_exits_as_a_shell_says_with_its_stats_so_far(tmp_path, capfd, sig, status):
+    """It used to exit 245 / 247 (Python's -11 / -9 modulo 256), silently, with no stats."""
+    from nbx_tune.tuner.trace.serve_main import SNAPSHOT_S, run_command
+
+    script = tmp_path / "prog.py"
+    script.write_text("import os, signal, time, torch\n"
+                      "torch.relu(torch.randn(6, 5))\n"
+                      f"time.sleep({4 * SNAPSHOT_S})\n"
+                      f"os.kill(os.getpid(), signal.{sig})\n")
+    rc = run_command([sys.executable, str(script)])
+    err = capfd.readouterr().err
+    assert rc == status
+    assert f"died of {sig} (signal {status - 128})" in err and f"exit status {status}" in err
+    assert "aten.relu" in err.split("so far")[1]  # the child's last snapshot, printed by the parent

@@ -5,35 +5,18 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import dataclass
 
 from nbx_tune.errors import NbxError, ProfileError, StoreError
 from nbx_tune.profiles import (builtin_profiles, current_target, device_info, get_profile,
-                               gpu_available, interpreter_enabled, match_profile)
+                               match_profile, use_interpreter_without_gpu)
 from nbx_tune.tuner.certify.reasons import REFUSAL_REASONS  # noqa: F401 (the CLI's --reason help)
 
 
 def ensure_device(notice=None) -> None:
-    """With no GPU and no TRITON_INTERPRET, switch to the interpreter and say so.
-
-    This must happen before triton is imported at all: Triton builds its own library
-    functions (tl.cdiv, ...) for the interpreter or for a GPU at import time. So the GPU is
-    looked for through torch, which does not import triton."""
-    if interpreter_enabled():
-        return
-    import torch
-
-    if torch.cuda.is_available():  # CUDA and ROCm builds alike
-        return
-    if "triton" in sys.modules:
-        if gpu_available():
-            return
-        raise NbxError("no GPU found and triton is already imported: set TRITON_INTERPRET=1 before "
-                       "starting Python to run on the CPU interpreter")
-    os.environ["TRITON_INTERPRET"] = "1"
-    if notice:
-        notice("no GPU found: running on Triton's CPU interpreter (TRITON_INTERPRET=1)")
+    """With no GPU and no TRITON_INTERPRET, switch to the interpreter and say so (the rule
+    of every entry point: profiles/detect.use_interpreter_without_gpu)."""
+    use_interpreter_without_gpu(notice)
 
 
 def check_plugins(plugins) -> None:
@@ -110,10 +93,14 @@ def census(model: str, db: str | None = None, profile: str | None = None, dry_ru
             else:
                 rep = run_census(plan, store, make_tuner(store, prof, strategy, isolate, executor), reporter)
             rep.db = store.url if store is not None else None
-            return rep
         finally:
             if store is not None:
                 store.close()
+        if not dry_run:  # what it reports must be in the database, read as the next command will
+            from nbx_tune.tuner.census.readback import verify_certificates
+
+            verify_certificates(store.engine.url, rep)
+        return rep
     finally:
         if executor is not None:
             executor.close()
@@ -326,12 +313,21 @@ def _judged(r) -> dict:
     return {"problem": json.loads(r.problem) if r.problem else None, "err": r.err, "rtol": r.rtol}
 
 
-def export(profile: str, out: str, db=None, plugins=()):
-    from nbx_tune.tuner.store.export import export_table
+def export(profile: str | None, out: str, db=None, plugins=()):
+    """Without `profile`, or with one the database holds no seat of, a one-line error naming
+    the profiles it holds (an empty table used to be written, exit 0)."""
+    from nbx_tune.tuner.store.export import export_table, profiles_held
 
     load_plugins(plugins)
-    prof = get_profile(profile)
+    prof = get_profile(profile) if profile is not None else None
     with _existing_store(db, required=True) as store:
+        held = profiles_held(store)
+        if prof is None or prof.name not in held:
+            has = ", ".join(f"{n} ({k} seats)" for n, k in held.items()) or "no seat of any profile"
+            try_ = f"; nbx-tune export --profile {next(iter(held))} -o {out}" if held else ""
+            raise NbxError((f"export: which profile? database {store.url} holds {has}{try_}" if prof is None else
+                            f"export: database {store.url} holds no seat of profile {prof.name}, so the table "
+                            f"would be empty; it holds {has}{try_}; nothing written"))
         return export_table(store, prof, out)
 
 

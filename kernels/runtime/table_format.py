@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from nbx_tune.errors import TableError
-from nbx_tune.kernels.runtime import torch_rule as baseline
+from nbx_tune.kernels.runtime import torch_rule as baseline, table_schema
 
 FORMAT = "nbx-tune certified table"
 FORMAT_VERSION = 1
@@ -98,7 +97,7 @@ def _check_entry(e: Any, where: str) -> dict:
 
 
 def _positive(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    return table_schema.finite_number(v) and v > 0
 
 
 def _check_numbers(e: dict, where: str) -> None:
@@ -111,8 +110,11 @@ def _check_numbers(e: dict, where: str) -> None:
         raise TableError(f"{where}.spread_ms: expected [p20, p80], two finite times >= 0 in order")
     if e["runner_up_ms"] is not None and not _positive(e["runner_up_ms"]):
         raise TableError(f"{where}.runner_up_ms: {e['runner_up_ms']!r} is not a positive finite time")
-    if e["margin"] is not None and not math.isfinite(e["margin"]):
+    if e["margin"] is not None and not table_schema.finite_number(e["margin"]):
         raise TableError(f"{where}.margin: {e['margin']!r} is not finite")
+    bad = table_schema.entry_issue(e)
+    if bad:
+        raise TableError(f"{where}.{bad}")
 
 
 def loads(text: str, source: str) -> dict:

@@ -18,8 +18,9 @@ seat decides.
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
+
+from nbx_tune.kernels.runtime.table_schema import finite_number
 
 # torch must be this much faster before a seat goes back to it: below that the two sides
 # are within the run-to-run spread of the measurement, and the certified kernel stays.
@@ -68,7 +69,7 @@ def problem(b) -> str | None:
     for k, typ in KEYS.items():
         v = b[k]
         if typ is float:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            if not finite_number(v) or v <= 0:
                 return f"{k}: {v!r} is not a positive finite time"
         elif not isinstance(v, str) or not v:
             return f"{k}: expected a non-empty string"

@@ -232,6 +232,9 @@ class serve(contextlib.ContextDecorator):
 
     def __enter__(self):
         global _active
+        from nbx_tune.kernels import _find_device
+
+        _find_device()  # no GPU: the interpreter, as at every entry point (or one line why not)
         with _lock:
             if _active == 0:
                 _install()

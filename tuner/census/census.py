@@ -120,7 +120,8 @@ class SeatLine:
     shapes: int
     config: str | None = None
     median_ms: float | None = None
-    action: str = ""  # tuned / rescreened / "" (nothing to do)
+    action: str = ""  # tuned / re-certified / rescreened / "" (nothing to do)
+    recertified_from: str | None = None  # re-certified: the tuning it came from, in words
     ops: dict = field(default_factory=dict)  # trace op -> launches in this seat
 
     def to_dict(self) -> dict:
@@ -295,9 +296,10 @@ def run_census(pl: Plan, store, tuner=None, reporter=None, dry_run: bool = False
         raise
     finally:
         after = report_lines(store, pl, ids)
-        acted = {ln.label: ln.action for ln in before}
+        acted = {ln.label: ln for ln in before}
         for ln in after:
-            ln.action = acted.get(ln.label, "")
+            was = acted.get(ln.label)
+            ln.action, ln.recertified_from = (was.action, was.recertified_from) if was else ("", None)
         rep = _report(pl, after, run_id, False, t0)
         try:
             store.finish_census(run_id, status, {"coverage": rep.counts(), "seconds": round(rep.seconds, 3)})

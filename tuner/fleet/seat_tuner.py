@@ -61,6 +61,7 @@ class SeatTuner:
         self.holder = holder or holder_id()
         self.claim_ttl = claim_ttl
         self.torch_device = "cpu" if device.target == "interpreter" else "cuda"
+        self.recertified_from: dict = {}  # seat id -> the tuning its certificate was re-certified from
         self.prefetched: dict = {}  # seat id -> how many configs were queued for it ahead
         self.audit_later: set = set()  # seat ids whose kernel's audit is due at a later seat (run)
 
@@ -129,6 +130,7 @@ class SeatTuner:
         action = self.tune_claimed(ln.id, ln.kernel, ln.label, index, total, run_id, reporter)
         if action:
             ln.action = action
+            ln.recertified_from = self.recertified_from.get(ln.id)
         return True
 
     def tune_claimed(self, seat_id, kernel, label, index, total, run_id, reporter) -> str | None:
@@ -136,7 +138,7 @@ class SeatTuner:
         have certified it meanwhile); the result's transaction releases the claim. A
         certificate whose winner was never screened at shapes seen since has the winner
         screened there first; only a failure there tunes the seat again. Returns what was
-        done ("rescreened", "tuned") or None."""
+        done ("rescreened", "re-certified", "tuned") or None."""
         spec = get_spec(kernel)
         try:
             rec = self.store.seat_records(seat_ids=[seat_id])[0]
@@ -156,10 +158,21 @@ class SeatTuner:
                                     provenance.current(spec, self.profile, self.device),
                                     self.holder, started)
             reporter.seat_done(label, result)
-            return "rescreened" if kind == "rescreen" else "tuned"
+            return self._action(seat_id, kind, result)
         except BaseException:
             self.store.release(seat_id, self.holder)
             raise
+
+    def _action(self, seat_id, kind: str, result) -> str:
+        """What the census says it did: a seat re-certified from its history is not "tuned"
+        (`show` says the same; the tuning it came from is kept for the report)."""
+        if kind == "rescreen":
+            return "rescreened"
+        note = getattr(result, "note", None)
+        if note is not None and note.search == "recertified":
+            self.recertified_from[seat_id] = note.recertified_from or f"tuning {note.seeded_from}"
+            return "re-certified"
+        return "tuned"
 
     def prefetch(self, current, upcoming, whole=None) -> None:
         """Queue the first configs of the seat about to start (unless queued ahead) and of

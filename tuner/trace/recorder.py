@@ -484,6 +484,9 @@ def trace_command(output: Path, argv: list[str]) -> TraceSummary:
             raise TraceError(f"trace: {prog.label} exited before the recorder could write "
                              "its rows (os._exit?); no trace written")
         rows = read_trace(rows_file).rows
+        # The child's own comments (`# fusions: ...`, docs/trace-format.md) are kept.
+        child = [ln[2:] for ln in rows_file.read_text(encoding="utf-8").splitlines()[1:]
+                 if ln.startswith("# ")]
     command = shlex.join(argv).replace("\n", "\\n").replace("\r", "\\r")
-    write_trace(output, rows, comments=[f"command: {command}"])
+    write_trace(output, rows, comments=[f"command: {command}", *child])
     return TraceSummary(output, len(rows), sum(r.count for r in rows))
