@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import io
 import json
+import re
 
 from nbx_tune.errors import NbxError
 from nbx_tune.tuner.report_data import CATEGORIES, SECTIONS
@@ -86,7 +87,8 @@ def _svg(fig, plt) -> str:
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
     text = buf.getvalue()
-    return "<figure>" + text[text.index("<svg"):] + "</figure>"
+    text = re.sub(r"<metadata>.*?</metadata>", "", text[text.index("<svg"):], flags=re.S)  # RDF, no use here
+    return "<figure>" + text + "</figure>"
 
 
 def _e(x) -> str:
