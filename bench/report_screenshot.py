@@ -16,13 +16,14 @@ import shutil
 import sys
 from pathlib import Path
 
-SECTIONS = ("overview", "coverage", "speed", "refusals", "buckets", "timeline", "provenance")
+from nbx_tune.tuner.report_data import SECTIONS
 
 
 def chromium_path() -> str | None:
-    return os.environ.get("CHROMIUM") or next(
-        (p for p in (shutil.which("chromium"), shutil.which("chromium-browser"), shutil.which("google-chrome")) if p),
-        None)
+    """$CHROMIUM if set (None if it is not a file), else the first Chromium on PATH."""
+    if os.environ.get("CHROMIUM"):
+        return os.environ["CHROMIUM"] if os.path.isfile(os.environ["CHROMIUM"]) else None
+    return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 
 
 def load(page_path: Path, png: Path | None = None, width: int = 1200, full_page: bool = True) -> dict:

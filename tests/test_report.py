@@ -191,6 +191,7 @@ def test_cli_report_writes_the_page_and_prints_its_json(censused, tmp_path):
     assert r.exit_code == 0 and json.loads(r.output)["coverage"]["scope"] == "database"
     r = runner.invoke(app, ["report", "--db", url])
     assert r.exit_code == 1 and "-o report.html" in r.output
+    assert runner.invoke(app, ["report", "--help"]).exit_code == 0
 
 
 # ----------------------------------------------------------------------------- the browser
@@ -231,3 +232,25 @@ def test_page_in_headless_chromium_loads_offline_with_no_error_and_draws(data, t
     assert len(colors) > 50  # text and plots, not one colour
     # The timeline's screen bars are on screen: a colour only an SVG draws.
     assert any(c == (0x19, 0x76, 0xd2) for _, c in colors)
+
+
+@pytest.mark.slow
+def test_the_browser_check_sees_a_fetch_a_console_error_and_a_missing_section(tmp_path):
+    shot = _browser()
+    page = tmp_path / "bad.html"
+    page.write_text('<!DOCTYPE html><html><body><section id="overview"></section>'
+                    '<img src="http://127.0.0.1:9/x.png"><script>console.error("boom")</script></body></html>')
+    seen = shot.load(page)
+    assert seen["requests"] == ["http://127.0.0.1:9/x.png"]
+    assert "boom" in seen["console_errors"]
+    assert seen["sections"] == ["overview"]
+
+
+def test_a_required_browser_that_is_missing_fails_instead_of_skipping(monkeypatch):
+    monkeypatch.setenv("CHROMIUM", "/nonexistent/chromium")
+    monkeypatch.setenv("NBX_TUNE_REQUIRE_BROWSER", "1")
+    with pytest.raises(pytest.fail.Exception, match="NBX_TUNE_REQUIRE_BROWSER=1"):
+        _browser()
+    monkeypatch.delenv("NBX_TUNE_REQUIRE_BROWSER")
+    with pytest.raises(pytest.skip.Exception):
+        _browser()
