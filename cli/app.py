@@ -294,6 +294,30 @@ def baseline(
     _print_baselines(rep.to_dict())
 
 
+
+@app.command()
+def report(
+    model: Optional[Path] = typer.Option(None, "--model", help="Trace file: report its ops (else every seat of the profile)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="HTML file to write (self-contained, offline)."),
+    db: Optional[str] = DbOpt,
+    profile: Optional[str] = typer.Option(None, "--profile", help="Profile name or .yml file (default: the last census's)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report's data as JSON."),
+    plugin: Optional[List[str]] = PluginOpt,
+):
+    """The database as one HTML page: coverage, speed against torch, refusals, buckets,
+    certification cost and provenance."""
+    from nbx_tune.tuner import commands as api
+
+    if output is None and not json_out:
+        raise NbxError("nbx-tune report needs -o report.html (or --json)")
+    data = api.report(str(model) if model else None, db, profile, plugin or ())
+    if output is not None:
+        path = api.write_report(data, str(output))
+        if not json_out:
+            out.print(f"wrote {path}", highlight=False)
+    if json_out:
+        render.print_json(data)
+
 def _print_baselines(d: dict) -> None:
     """The seats against torch, why any got no baseline, and what serve() runs."""
     out.print(render.baselines_table(d))

@@ -313,6 +313,46 @@ def _judged(r) -> dict:
     return {"problem": json.loads(r.problem) if r.problem else None, "err": r.err, "rtol": r.rtol}
 
 
+def report(model=None, db=None, profile=None, plugins=()) -> dict:
+    """`nbx-tune report`'s data (tuner/report/data.py): of the trace `model` if given, else
+    of every seat of the profile (--profile, else the last census run's). A database with
+    no census gives the data of an empty report, which the page says."""
+    load_plugins(plugins)
+    import torch
+    import triton
+
+    from nbx_tune.kernels.runtime.registry import all_specs
+    from nbx_tune.tuner.census.census import find_existing, load_plan, report_lines
+    from nbx_tune.tuner.report.data import gather
+
+    with _existing_store(db, required=True) as store:
+        runs = store.census_runs(limit=1)
+        prof = get_profile(profile) if profile else (get_profile(runs[0][0].profile) if runs else None)
+        plan = lines = None
+        if model is not None:
+            if prof is None:  # nothing to plan against: the trace is still checked
+                from nbx_tune.kernels.trace import read_trace
+
+                read_trace(model)
+            else:
+                plan = load_plan(model, prof)
+                lines = report_lines(store, plan, find_existing(store, plan))
+        return gather(store, prof, all_specs(), plan, lines,
+                      {"triton_version": triton.__version__, "torch_version": torch.__version__})
+
+
+def write_report(data: dict, out: str) -> str:
+    """The report page (tuner/report/page.py) written whole to `out`; its path."""
+    from pathlib import Path
+
+    from nbx_tune.files import write_atomic
+    from nbx_tune.tuner.report.page import render
+
+    path = Path(out)
+    write_atomic(path, render(data), NbxError)
+    return str(path)
+
+
 def export(profile: str | None, out: str, db=None, plugins=()):
     """Without `profile`, or with one the database holds no seat of, a one-line error naming
     the profiles it holds (an empty table used to be written, exit 0)."""

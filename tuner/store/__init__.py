@@ -459,6 +459,12 @@ class Store:
             return s.execute(select(CensusRun, Trace).join(Trace, Trace.id == CensusRun.trace_id)
                              .order_by(CensusRun.id.desc()).limit(limit)).all()
 
+    def run_tunings(self, run_id: int):
+        """(Tuning, Seat) of every seat a census run tuned or re-screened, in order."""
+        with self.session(write=False) as s:
+            return s.execute(select(Tuning, Seat).join(Seat, Seat.id == Tuning.seat_id)
+                             .where(Tuning.census_run_id == run_id).order_by(Tuning.started_at, Tuning.id)).all()
+
 
 def _search_columns(result) -> dict:
     note = getattr(result, "note", None)
