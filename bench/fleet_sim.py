@@ -328,7 +328,8 @@ def main(argv=None) -> int:
             for e in r["errors"]:
                 print("  error:", e, flush=True)
     if os.environ.get("OUT"):
-        from bench._common import out_dir
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from _common import out_dir
 
         (out_dir() / "fleet_sim.json").write_text(json.dumps({"rows": rows}, indent=1))
     return 0 if all(r["exactly_once"] and r["no_lost_seat"] and not r["errors"] for r in rows) else 1

@@ -50,22 +50,37 @@ def run_worker(tuner, reporter=None, max_seats: int | None = None, wait_for_held
     rep = WorkerReport(tuner.holder, tuner.profile.name, tuner.device.name)
     t0 = time.perf_counter()
     tried = set()  # a seat this worker lost (worker_lost) waits for the next worker or census
+    todo, gone, head, mark = [], set(), 0, None
     while max_seats is None or len(rep.tuned) < max_seats:
-        todo = [t for t in tuner.needing_work() if t[0] not in tried]
-        if not todo:
-            break
-        labels = {sid: (kernel, label) for sid, kernel, label in todo}
-        sid = tuner.store.claim_next(labels, tuner.holder, tuner.claim_ttl)
+        while head < len(todo) and todo[head] in gone:
+            head += 1  # a claim reads the list from its first seat not known gone
+        if head == len(todo):
+            # The queue is listed (a read of every seat of the profile) when the worker
+            # starts and when its list runs dry, not at each claim: the claim skips seats
+            # tuned since the list was made (`mark`); a seat another worker holds stays on
+            # the list, to be taken when its lease ends.
+            mark = tuner.store.last_tuning_id()
+            listed = [t for t in tuner.needing_work() if t[0] not in tried]
+            todo, gone, head = [t[0] for t in listed], set(), 0
+            labels = {sid: (kernel, label) for sid, kernel, label in listed}
+            if not todo:
+                break
+        left = (todo[j] for j in range(head, len(todo)) if todo[j] not in gone)
+        sid = tuner.store.claim_next(left, tuner.holder, tuner.claim_ttl, since_tuning=mark, finished=gone)
         if sid is None:
+            if all(todo[j] in gone for j in range(head, len(todo))):
+                continue  # all were tuned since: list again
             # Everything left is held by other live workers: wait for them to finish it,
             # or for a dead one's lease to expire, then take it.
             if not wait_for_held:
                 break
             time.sleep(IDLE_POLL_S)
             continue
-        kernel, label = labels[sid]
+        gone.add(sid)
         tried.add(sid)
-        if tuner.tune_claimed(sid, kernel, label, len(rep.tuned), len(rep.tuned) + len(todo), None, reporter):
+        kernel, label = labels[sid]
+        if tuner.tune_claimed(sid, kernel, label, len(rep.tuned), len(rep.tuned) + len(todo) - len(gone) + 1,
+                              None, reporter):
             rep.tuned.append(label)
     rep.seconds = time.perf_counter() - t0
     return rep

@@ -12,10 +12,11 @@ import os
 import socket
 import time
 from contextlib import contextmanager
+from itertools import islice
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -26,6 +27,7 @@ from nbx_tune.tuner.store.models import (Baseline, CensusRun, Certificate, Measu
                                          SeatShape, Trace, TraceNeed, Tuning, utcnow)
 
 LOCK_RETRIES = 8
+CLAIM_WINDOW = 256  # seat ids a claim reads at a time (claim_next)
 
 
 def holder_id() -> str:
@@ -204,25 +206,49 @@ class Store:
                             .values(claimed_by=holder, claim_expires=now + ttl_s))
             return res.rowcount == 1
 
-    def claim_next(self, seat_ids, holder: str, ttl_s: float) -> int | None:
+    def claim_next(self, seat_ids, holder: str, ttl_s: float, since_tuning: int | None = None,
+                   finished: set | None = None) -> int | None:
         """Claim the first of `seat_ids`, in their order, that nobody live holds (workers
-        pass the longest seats first, so the last seats of a queue are short ones). Rows
-        another worker is claiming this instant are skipped, not waited for (SELECT ... FOR
-        UPDATE SKIP LOCKED on PostgreSQL; SQLite serializes writers with BEGIN IMMEDIATE)."""
-        ids = list(seat_ids)
-        if not ids:
+        pass the longest seats first, so the last seats of a queue are short ones). The
+        ids are read CLAIM_WINDOW at a time, only as far as the first free one, and only
+        that row is locked (SELECT ... LIMIT 1 FOR UPDATE SKIP LOCKED on PostgreSQL; SQLite
+        serializes writers with BEGIN IMMEDIATE): a claim costs the same at the head of a
+        100,000-seat queue as of a 10-seat one, and never hides the queue's other free
+        seats from another worker claiming at the same instant. With `since_tuning` (the
+        newest tuning id when the caller listed `seat_ids`), a seat tuned since is skipped
+        and its id added to `finished`, so a worker's list need not be made again."""
+        ids = iter(seat_ids)
+        window = list(islice(ids, CLAIM_WINDOW))
+        if not window:
             return None
         now = time.time()
+        free = (Seat.claimed_by.is_(None)) | (Seat.claim_expires < now) | (Seat.claimed_by == holder)
         with self.session() as s:
-            free = set(s.scalars(select(Seat.id).where(
-                Seat.id.in_(ids),
-                (Seat.claimed_by.is_(None)) | (Seat.claim_expires < now) | (Seat.claimed_by == holder),
-            ).with_for_update(skip_locked=True)))
-            sid = next((i for i in ids if i in free), None)
-            if sid is None:
-                return None
-            s.execute(update(Seat).where(Seat.id == sid).values(claimed_by=holder, claim_expires=now + ttl_s))
-            return sid
+            while window:
+                if since_tuning is not None:
+                    done = set(s.scalars(select(Tuning.seat_id).where(Tuning.seat_id.in_(window),
+                                                                      Tuning.id > since_tuning)))
+                    if finished is not None:
+                        finished |= done
+                    window = [x for x in window if x not in done]
+                open_ = set(s.scalars(select(Seat.id).where(Seat.id.in_(window), free))) if window else ()
+                window = [x for x in window if x in open_]
+                if not window:
+                    window = list(islice(ids, CLAIM_WINDOW))
+                    continue
+                rank = case({sid: k for k, sid in enumerate(window)}, value=Seat.id)
+                sid = s.scalar(select(Seat.id).where(Seat.id.in_(window), free).order_by(rank).limit(1)
+                               .with_for_update(skip_locked=True))
+                if sid is not None:
+                    s.execute(update(Seat).where(Seat.id == sid).values(claimed_by=holder, claim_expires=now + ttl_s))
+                    return sid
+                window = list(islice(ids, CLAIM_WINDOW))
+            return None
+
+    def last_tuning_id(self) -> int:
+        """The newest tuning's id (0 for none): a worker's mark of when it listed its queue."""
+        with self.session(write=False) as s:
+            return int(s.scalar(select(func.max(Tuning.id))) or 0)
 
     def claimed_by(self, seat_id: int) -> str | None:
         with self.session(write=False) as s:
