@@ -30,6 +30,7 @@ class WorkerReport:
     profile: str
     device: str
     tuned: list = field(default_factory=list)  # seat labels, in order
+    lost: list = field(default_factory=list)  # seats tuned here whose claim another worker took first
     seconds: float = 0.0
 
     @property
@@ -38,7 +39,7 @@ class WorkerReport:
 
     def to_dict(self) -> dict:
         return {"holder": self.holder, "profile": self.profile, "device": self.device,
-                "tuned": self.tuned, "seconds": round(self.seconds, 3),
+                "tuned": self.tuned, "lost": self.lost, "seconds": round(self.seconds, 3),
                 "seats_per_hour": round(self.seats_per_hour, 1)}
 
 
@@ -82,6 +83,7 @@ def run_worker(tuner, reporter=None, max_seats: int | None = None, wait_for_held
         if tuner.tune_claimed(sid, kernel, label, len(rep.tuned), len(rep.tuned) + len(todo) - len(gone) + 1,
                               None, reporter):
             rep.tuned.append(label)
+    rep.lost = list(getattr(tuner, "leases_lost", ()))
     rep.seconds = time.perf_counter() - t0
     return rep
 

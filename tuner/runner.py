@@ -18,7 +18,7 @@ from nbx_tune.tuner import provenance, seat_search
 from nbx_tune.tuner.recertify import from_sibling
 from nbx_tune.tuner.status import seat_status
 from nbx_tune.tuner.strategies.search import Full
-from nbx_tune.tuner.store import holder_id
+from nbx_tune.tuner.store import LeaseLost, holder_id
 from nbx_tune.kernels.spec import Config
 from nbx_tune.tuner.tune import NullReporter, first_compiles, renewed, screen_configs, tune_seat
 
@@ -31,6 +31,10 @@ PREFETCH_CONFIGS = 16
 
 
 class _Heartbeat:
+    """Renews a claim's lease every quarter lease from the moment the seat is claimed (the
+    seat's reads included) until its result is written. A holder that stalls a whole lease
+    anyway loses the seat to another worker, and the write refuses (Store.write_result)."""
+
     def __init__(self, store, seat_id: int, holder: str, ttl: float):
         self.store, self.seat_id, self.holder, self.ttl = store, seat_id, holder, ttl
         self._stop = threading.Event()
@@ -39,7 +43,8 @@ class _Heartbeat:
     def _beat(self):
         while not self._stop.wait(self.ttl / 4):
             try:
-                self.store.extend_claim(self.seat_id, self.holder, self.ttl)
+                if not self.store.extend_claim(self.seat_id, self.holder, self.ttl):
+                    return  # taken by another worker: the write will refuse
             except Exception:  # a missed beat only shortens the claim
                 pass
 
@@ -62,6 +67,7 @@ class SeatTuner:
         self.torch_device = "cpu" if device.target == "interpreter" else "cuda"
         self.prefetched: dict = {}  # seat id -> how many configs were queued for it ahead
         self.audit_later: set = set()  # seat ids whose kernel's audit is due at a later seat (run)
+        self.leases_lost: list = []  # labels of seats whose claim passed to another worker mid-tuning
 
     def _worth_it(self, rec, spec, st) -> bool:
         """An unscreened seat is worked on only if a shape its winner was never screened at
@@ -138,22 +144,27 @@ class SeatTuner:
         done ("rescreened", "tuned") or None."""
         spec = get_spec(kernel)
         try:
-            rec = self.store.seat_records(seat_ids=[seat_id])[0]
-            st = seat_status(rec, spec, self.profile)
-            if not self._worth_it(rec, spec, st):
-                self.store.release(seat_id, self.holder)
-                return None
-            reporter.seat_start(label, index, total, len(spec.configs()))
-            started = datetime.now(timezone.utc)
-            search = seat_search.for_seat(self.store, rec, spec, self.profile, seat_id in self.audit_later)
             with _Heartbeat(self.store, seat_id, self.holder, self.claim_ttl):
+                rec = self.store.seat_records(seat_ids=[seat_id])[0]
+                st = seat_status(rec, spec, self.profile)
+                if not self._worth_it(rec, spec, st):
+                    self.store.release(seat_id, self.holder)
+                    return None
+                reporter.seat_start(label, index, total, len(spec.configs()))
+                started = datetime.now(timezone.utc)
+                search = seat_search.for_seat(self.store, rec, spec, self.profile, seat_id in self.audit_later)
                 kind, result = "rescreen", self._rescreened(rec, spec, st, label, reporter)
                 if result is None:
                     kind, result = "tune", tune_seat(spec, self.profile, label, rec.problems, self.executor,
                                                      self.strategy, self.torch_device, reporter, search)
-            self.store.write_result(seat_id, run_id, kind, result,
-                                    provenance.current(spec, self.profile, self.device),
-                                    self.holder, started)
+                try:
+                    self.store.write_result(seat_id, run_id, kind, result,
+                                            provenance.current(spec, self.profile, self.device),
+                                            self.holder, started)
+                except LeaseLost as e:
+                    self.leases_lost.append(label)
+                    reporter.notice(str(e))
+                    return None
             reporter.seat_done(label, result)
             return "rescreened" if kind == "rescreen" else "tuned"
         except BaseException:

@@ -30,6 +30,11 @@ LOCK_RETRIES = 8
 CLAIM_WINDOW = 256  # seat ids a claim reads at a time (claim_next)
 
 
+class LeaseLost(StoreError):
+    """A worker's claim on a seat passed to another worker (its lease ran out while it
+    stalled) before it wrote its result: the result is dropped, the other worker's stands."""
+
+
 def holder_id() -> str:
     """Who holds a claim: host:pid, and the GPU a worker was given (NBX_TUNE_WORKER_ID
     names it outright, for a fleet's own naming)."""
@@ -270,8 +275,17 @@ class Store:
     def write_result(self, seat_id: int, run_id: int | None, kind: str, result, prov: dict,
                      worker: str, started_at: datetime) -> int:
         """Record one tuning of a seat whole: its candidates, refusals and certificate.
-        The seat's previous certificate is superseded (kept, never deleted)."""
+        The seat's previous certificate is superseded (kept, never deleted). Only the
+        seat's holder writes: the transaction first releases `worker`'s claim, which locks
+        the row against claimers; if `worker` no longer holds it (its lease ran out and
+        another worker took the seat, or finished it) nothing is written and LeaseLost is
+        raised, so a seat is tuned twice at most, never certified twice."""
         with self.session() as s:
+            held = s.execute(update(Seat).where(Seat.id == seat_id, Seat.claimed_by == worker)
+                             .values(claimed_by=None, claim_expires=None))
+            if held.rowcount != 1:
+                raise LeaseLost(f"seat {seat_id}: {worker}'s claim was taken by another worker; "
+                                "its result is dropped")
             t = Tuning(seat_id=seat_id, census_run_id=run_id, kind=kind, outcome=result.outcome,
                        started_at=started_at, finished_at=utcnow(), worker=worker, **prov,
                        candidates=len(result.records),
@@ -316,7 +330,6 @@ class Store:
                         getattr(result, "note", None), "recertified_from", None),
                     search_detail=getattr(getattr(result, "note", None), "detail", None) or None,
                     sampled_regret=getattr(getattr(result, "note", None), "sampled_regret", None)))
-            s.execute(update(Seat).where(Seat.id == seat_id).values(claimed_by=None, claim_expires=None))
             return t.id
 
     # ------------------------------------------------------------------ reads
