@@ -62,8 +62,8 @@ def test_a_worker_lists_the_queue_at_start_and_when_dry_not_per_claim(db_url):
             holder, claim_ttl = "me:1", 60
             profile, device = SimpleNamespace(name="p"), SimpleNamespace(name="d")
 
-            def needing_work(self):
-                listings.append(1)
+            def needing_work(self, untuned_only=False):
+                listings.append(untuned_only)
                 return [(i, "k", f"seat{i}") for i in ids if i not in done]
 
             def tune_claimed(self, sid, kernel, label, *a):
@@ -75,7 +75,8 @@ def test_a_worker_lists_the_queue_at_start_and_when_dry_not_per_claim(db_url):
         t.store = store
         rep = run_worker(t)
         assert len(rep.tuned) == 30 and done == set(ids)
-        assert len(listings) == 2, len(listings)  # at start, and once dry (before: once per claim, 31)
+        # In full at start, then only the never-tuned seats once dry (before: in full per claim, 31).
+        assert listings == [False, True], listings
     finally:
         store.close()
 
@@ -103,3 +104,45 @@ def test_twenty_simulated_workers_certify_four_hundred_seats_once(tmp_path, monk
     assert row["no_lost_seat"] and row["left_held"] == 0
     assert row["dead_seat"] is not None and row["reclaim_s"] is not None
     assert rc == 0
+
+
+def test_the_listing_reads_never_tuned_seats_in_one_query_and_keeps_their_cost(any_db, monkeypatch):
+    from types import SimpleNamespace
+
+    from nbx_tune.kernels.registry import get_spec
+    from nbx_tune.kernels.spec import Problem
+    from nbx_tune.profiles import get_profile
+    from nbx_tune.tuner import runner
+    from nbx_tune.tuner.runner import SeatTuner, seat_cost
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import fleet_sim
+
+    from conftest import db_count
+
+    store = Store(any_db)
+    try:
+        profile = get_profile(fleet_sim.PROFILE)
+        seats = fleet_sim.seat_mix(40, 1.0, profile)
+        fleet_sim.enqueue(store, seats)
+        tuner = SeatTuner(store, profile, SimpleNamespace(name="SimGPU", target="cuda:90", driver="sim"), None, None)
+        recs = store.seat_records(profile=profile.name)
+        want = [r.seat.id for r in sorted(recs, key=lambda r: (-seat_cost(get_spec(r.seat.kernel), r.problems,
+                                                                          profile), r.seat.id))]
+        read, whole = [], store.seat_records
+        monkeypatch.setattr(store, "seat_records", lambda **kw: read.append(kw) or whole(**kw))
+        listed = tuner.needing_work()
+        assert [t[0] for t in listed] == want  # longest first, as from the seats' records
+        # No never-tuned seat's records were read (before: every seat's, at every listing),
+        # and each seat's cost is kept for the next listing, which works none out.
+        assert all(kw.get("tuned_only") for kw in read), read
+        assert db_count(any_db, "seats", "WHERE queue_cost IS NULL") == 0
+        monkeypatch.setattr(runner, "_cost_at", lambda *a: pytest.fail("cost worked out again"))
+        assert tuner.needing_work() == listed
+        # A census that adds a shape to a seat clears its cost: the next listing sets it anew.
+        k, d, f, b, *_ = seats[0]
+        store.record_census(SimpleNamespace(path="t.tsv", rows=[1], launches=1), "sha", profile.name,
+                            {(k, d, f, b): {Problem.from_json(seats[1][4]): 1}})
+        assert db_count(any_db, "seats", "WHERE queue_cost IS NULL") == 1
+    finally:
+        store.close()

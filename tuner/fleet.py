@@ -57,11 +57,13 @@ def run_worker(tuner, reporter=None, max_seats: int | None = None, wait_for_held
             head += 1  # a claim reads the list from its first seat not known gone
         if head == len(todo):
             # The queue is listed (a read of every seat of the profile) when the worker
-            # starts and when its list runs dry, not at each claim: the claim skips seats
-            # tuned since the list was made (`mark`); a seat another worker holds stays on
-            # the list, to be taken when its lease ends.
+            # starts, not at each claim: the claim skips seats tuned since the list was made
+            # (`mark`); a seat another worker holds stays on the list, to be taken when its
+            # lease ends. When the list runs dry, only seats never tuned are listed again
+            # (seats enqueued since, or held by others then): one query, no seat's records.
+            first = mark is None
             mark = tuner.store.last_tuning_id()
-            listed = [t for t in tuner.needing_work() if t[0] not in tried]
+            listed = [t for t in tuner.needing_work(untuned_only=not first) if t[0] not in tried]
             todo, gone, head = [t[0] for t in listed], set(), 0
             labels = {sid: (kernel, label) for sid, kernel, label in listed}
             if not todo:

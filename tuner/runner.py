@@ -242,11 +242,22 @@ class SeatTuner:
                    if from_sibling(rec.cert_tuning, self.device)}
         return [ln for ln in lines if ln.status in ("pending", "stale", "unscreened") or ln.id in sibling]
 
-    def needing_work(self) -> list:
+    def needing_work(self, untuned_only: bool = False) -> list:
         """Seats of this profile that a worker should tune, longest first (`seat_cost`):
-        (id, kernel, label)."""
-        out = []
-        for rec in self.store.seat_records(profile=self.profile.name):
+        (id, kernel, label). A seat never tuned is pending: those come from one query, with
+        the cost kept on the seat (worked out and stored here where none is yet); only
+        seats with a tuning have their records read and their status judged, which
+        `untuned_only` skips (a worker's listing when its list runs dry: seats enqueued since)."""
+        untuned = [t for t in self.store.untuned_seats(self.profile.name) if _spec_or_none(t[1]) is not None]
+        missing = [t[0] for t in untuned if t[3] is None]
+        costs = {}
+        if missing:
+            shapes = self.store.seat_problems(missing)
+            costs = {sid: seat_cost(_spec_or_none(kernel), shapes.get(sid, []), self.profile)
+                     for sid, kernel, _, cost in untuned if cost is None}
+            self.store.set_queue_costs(costs)
+        out = [(costs[sid] if cost is None else cost, sid, kernel, label) for sid, kernel, label, cost in untuned]
+        for rec in () if untuned_only else self.store.seat_records(profile=self.profile.name, tuned_only=True):
             spec = _spec_or_none(rec.seat.kernel)
             if spec is None:
                 continue
@@ -265,8 +276,25 @@ def seat_cost(spec, problems, profile) -> float:
     if not problems:
         return 0.0
     biggest = max(problems, key=spec.operand_bytes)
+    return _cost_at(spec, profile, biggest)
+
+
+def _cost_at(spec, profile, biggest) -> float:
+    # Cached: the configs loop is the listing's Python work, and seats share shapes. Keyed
+    # by the profile object (profiles are not hashable), which the entry keeps alive.
+    key = (spec, id(profile), biggest)
+    hit = _COSTS.get(key)
+    if hit is not None and hit[0] is profile:
+        return hit[1]
     live = sum(1 for c in spec.configs() if spec.static_refusal(profile, c, biggest) is None)
-    return max(live, 1) * (1.0 + math.log2(1.0 + spec.operand_bytes(biggest) / 2**20))
+    cost = max(live, 1) * (1.0 + math.log2(1.0 + spec.operand_bytes(biggest) / 2**20))
+    if len(_COSTS) > 100_000:
+        _COSTS.clear()
+    _COSTS[key] = (profile, cost)
+    return cost
+
+
+_COSTS: dict = {}
 
 
 def _spec_or_none(kernel: str):

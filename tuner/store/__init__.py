@@ -16,12 +16,12 @@ from itertools import islice
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import bindparam, case, func, select, update
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from nbx_tune.errors import StoreError
-from nbx_tune.kernels.spec import Problem, split_label
+from nbx_tune.kernels.spec import Problem, label_of, split_label
 from nbx_tune.tuner.store.db import WRITE, open_engine, safe_url
 from nbx_tune.tuner.store.models import (Baseline, CensusRun, Certificate, Measurement, Refusal, Seat,
                                          SeatShape, Trace, TraceNeed, Tuning, utcnow)
@@ -177,6 +177,8 @@ class Store:
                 ids[key] = seat_id
                 insert_ignore_many(s, SeatShape, [{"seat_id": seat_id, "problem": p.to_json(), "volume": p.volume}
                                                   for p in problems], ("seat_id", "problem"))
+                s.execute(update(Seat).where(Seat.id == seat_id, Seat.queue_cost.is_not(None))
+                          .values(queue_cost=None))  # a new shape may change it: the next listing sets it
                 rows, launches = len(problems), sum(problems.values())
                 # Two censuses of one trace may record it at once: insert-or-keep, then set.
                 insert_ignore(s, TraceNeed, {"trace_id": trace_id, "seat_id": seat_id, "rows": rows,
@@ -249,6 +251,35 @@ class Store:
                     return sid
                 window = list(islice(ids, CLAIM_WINDOW))
             return None
+
+    def untuned_seats(self, profile: str) -> list[tuple]:
+        """The profile's seats never tuned, in one query without their records (a seat
+        with no tuning is pending): (id, kernel, label, queue cost or None)."""
+        with self.session(write=False) as s:
+            rows = s.execute(select(Seat.id, Seat.kernel, Seat.dtypes, Seat.flags, Seat.bucket, Seat.queue_cost)
+                             .where(Seat.profile == profile, ~select(Tuning.id).where(Tuning.seat_id == Seat.id)
+                                    .exists()).order_by(Seat.id))
+            return [(i, k, label_of(k, d, f, b), c) for i, k, d, f, b, c in rows]
+
+    def seat_problems(self, seat_ids) -> dict[int, list[Problem]]:
+        """Each seat's shapes."""
+        out = {}
+        with self.session(write=False) as s:
+            ids = list(seat_ids)
+            for i in range(0, len(ids), 5000):
+                for sid, problem in s.execute(select(SeatShape.seat_id, SeatShape.problem)
+                                              .where(SeatShape.seat_id.in_(ids[i:i + 5000]))):
+                    out.setdefault(sid, []).append(Problem.from_json(problem))
+        return out
+
+    def set_queue_costs(self, costs: dict[int, float]) -> None:
+        """Record seats' queue costs (a listing's work, kept for the next worker's)."""
+        seats = Seat.__table__
+        rows = [{"sid": k, "cost": v} for k, v in sorted(costs.items())]
+        for i in range(0, len(rows), 1000):  # short transactions, in id order: workers listing at once never deadlock
+            with self.session() as s:
+                s.connection().execute(update(seats).where(seats.c.id == bindparam("sid"), seats.c.queue_cost.is_(None))
+                                       .values(queue_cost=bindparam("cost")), rows[i:i + 1000])
 
     def last_tuning_id(self) -> int:
         """The newest tuning's id (0 for none): a worker's mark of when it listed its queue."""
@@ -335,9 +366,11 @@ class Store:
     # ------------------------------------------------------------------ reads
 
     def seat_records(self, profile: str | None = None, kernel: str | None = None,
-                     seat_ids=None) -> list[SeatRecord]:
+                     seat_ids=None, tuned_only: bool = False) -> list[SeatRecord]:
         with self.session(write=False) as s:
             q = select(Seat)
+            if tuned_only:
+                q = q.where(select(Tuning.id).where(Tuning.seat_id == Seat.id).exists())
             if profile:
                 q = q.where(Seat.profile == profile)
             if kernel:
