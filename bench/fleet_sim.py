@@ -129,13 +129,13 @@ class Sleeper:
 
 
 class ClaimClock:
-    """Wraps Store.claim_next to record each claim's latency."""
+    """Wraps a Store method (claim_next, extend_claim) to record each call's latency."""
 
     def __init__(self):
         self.lat, self.lock = [], threading.Lock()
 
-    def install(self, store_cls):
-        orig = store_cls.claim_next
+    def install(self, store_cls, name="claim_next"):
+        orig = getattr(store_cls, name)
         clock = self
 
         def timed(self_, *a, **kw):
@@ -145,8 +145,8 @@ class ClaimClock:
             finally:
                 with clock.lock:
                     clock.lat.append(time.perf_counter() - t0)
-        store_cls.claim_next = timed
-        return lambda: setattr(store_cls, "claim_next", orig)
+        setattr(store_cls, name, timed)
+        return lambda: setattr(store_cls, name, orig)
 
 
 def db_cpu_s(conn) -> float:
@@ -197,6 +197,8 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
     cpu0 = db_cpu_s(mc)
     clock = ClaimClock()
     restore_claim = clock.install(Store)
+    beats = ClaimClock()
+    restore_beat = beats.install(Store, "extend_claim")
     orig_tune = runner.tune_seat
     runner.tune_seat = sleeper
     reports, errors, spans = [], [], {}
@@ -243,6 +245,7 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
     watcher.join()
     runner.tune_seat = orig_tune
     restore_claim()
+    restore_beat()
     time.sleep(1.0)  # PostgreSQL publishes a backend's transaction counts within a second
     cpu = db_cpu_s(mc) - cpu0
     x1 = mc.execute(text("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = :d"),
@@ -281,6 +284,7 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
         "slept_s": round(sleeper.slept, 1), "worker_s": round(busy, 1),
         "queue_overhead_pct": round(100 * (busy - sleeper.slept) / max(sleeper.slept, 1e-9), 2),
         "ideal_wall_s": round(sleeper.slept / workers, 1),
+        "heartbeats_per_s": round(len(beats.lat) / wall, 1), "leases_lost": sum(len(r.lost) for r in reports),
         "tunings": n_tunings, "seats_tuned": n_seats_tuned, "tuned_twice": twice, "certified": n_certs,
         "left_held": held, "exactly_once": n_tunings == n_seats == n_seats_tuned == n_certs and twice == 0,
         "no_lost_seat": n_certs == n_seats and held == 0, "dead_seat": death.get("seat"),
@@ -289,10 +293,10 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
 
 
 COLS = [("workers", 7), ("seats", 7), ("seats_per_s", 9), ("claim_p50_ms", 9), ("claim_p99_ms", 9),
-        ("tx_per_cert", 8), ("db_cpu_ms_per_cert", 9), ("db_conns_peak", 6), ("queue_overhead_pct", 9),
+        ("tx_per_cert", 8), ("db_cpu_ms_per_cert", 9), ("db_conns_peak", 6), ("queue_overhead_pct", 9), ("heartbeats_per_s", 6), ("leases_lost", 5),
         ("exactly_once", 6), ("no_lost_seat", 6), ("reclaim_s", 8), ("wall_s", 8)]
 HEADS = ["workers", "seats", "seats/s", "claim p50", "claim p99", "tx/cert", "dbCPU ms", "conns",
-         "queue %", "once", "nolost", "reclaim", "wall s"]
+         "queue %", "hb/s", "lost", "once", "nolost", "reclaim", "wall s"]
 
 
 def main(argv=None) -> int:

@@ -16,7 +16,7 @@ from itertools import islice
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import bindparam, case, func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -214,42 +214,41 @@ class Store:
             return res.rowcount == 1
 
     def claim_next(self, seat_ids, holder: str, ttl_s: float, since_tuning: int | None = None,
-                   finished: set | None = None) -> int | None:
+                   finished: set | None = None, held: dict | None = None) -> int | None:
         """Claim the first of `seat_ids`, in their order, that nobody live holds (workers
         pass the longest seats first, so the last seats of a queue are short ones). The
         ids are read CLAIM_WINDOW at a time, only as far as the first free one, and only
-        that row is locked (SELECT ... LIMIT 1 FOR UPDATE SKIP LOCKED on PostgreSQL; SQLite
-        serializes writers with BEGIN IMMEDIATE): a claim costs the same at the head of a
-        100,000-seat queue as of a 10-seat one, and never hides the queue's other free
-        seats from another worker claiming at the same instant. With `since_tuning` (the
-        newest tuning id when the caller listed `seat_ids`), a seat tuned since is skipped
-        and its id added to `finished`, so a worker's list need not be made again."""
+        that row is locked (SELECT ... FOR UPDATE SKIP LOCKED on PostgreSQL, passing over a
+        row another worker is claiming this instant; SQLite serializes writers with BEGIN
+        IMMEDIATE): a claim costs the same at the head of a 100,000-seat queue as of a
+        10-seat one, and never hides the queue's other free seats from another worker.
+        With `since_tuning` (the newest tuning id when the caller listed `seat_ids`), a
+        seat tuned since is skipped and its id added to `finished`; a seat another live
+        worker holds is added to `held` with its lease's end. The caller need not list
+        the queue again, nor read past the same held seats at its next claim."""
         ids = iter(seat_ids)
-        window = list(islice(ids, CLAIM_WINDOW))
-        if not window:
-            return None
         now = time.time()
         free = (Seat.claimed_by.is_(None)) | (Seat.claim_expires < now) | (Seat.claimed_by == holder)
         with self.session() as s:
-            while window:
+            while window := list(islice(ids, CLAIM_WINDOW)):
                 if since_tuning is not None:
                     done = set(s.scalars(select(Tuning.seat_id).where(Tuning.seat_id.in_(window),
                                                                       Tuning.id > since_tuning)))
                     if finished is not None:
                         finished |= done
                     window = [x for x in window if x not in done]
-                open_ = set(s.scalars(select(Seat.id).where(Seat.id.in_(window), free))) if window else ()
-                window = [x for x in window if x in open_]
-                if not window:
-                    window = list(islice(ids, CLAIM_WINDOW))
-                    continue
-                rank = case({sid: k for k, sid in enumerate(window)}, value=Seat.id)
-                sid = s.scalar(select(Seat.id).where(Seat.id.in_(window), free).order_by(rank).limit(1)
-                               .with_for_update(skip_locked=True))
-                if sid is not None:
-                    s.execute(update(Seat).where(Seat.id == sid).values(claimed_by=holder, claim_expires=now + ttl_s))
-                    return sid
-                window = list(islice(ids, CLAIM_WINDOW))
+                state = {i: (by, end) for i, by, end in s.execute(
+                    select(Seat.id, Seat.claimed_by, Seat.claim_expires).where(Seat.id.in_(window)))}
+                for sid in window:
+                    by, end = state.get(sid, (None, None))
+                    if by is not None and by != holder and end is not None and end >= now:
+                        if held is not None:
+                            held[sid] = end
+                        continue
+                    if s.scalar(select(Seat.id).where(Seat.id == sid, free).with_for_update(skip_locked=True)):
+                        s.execute(update(Seat).where(Seat.id == sid)
+                                  .values(claimed_by=holder, claim_expires=now + ttl_s))
+                        return sid
             return None
 
     def untuned_seats(self, profile: str) -> list[tuple]:
