@@ -10,8 +10,9 @@ Seat durations: the shipped table (kernels/tables/hopper.json) records no tuning
 no launch counts, so each seat's duration is the fleet's own estimate of its tuning time
 (`runner.seat_cost` at the entry's largest screened shape), scaled so the mean seat takes
 --mean-seat-s seconds of GPU time, and slept for --scale of that (0.02: a 60 s seat
-sleeps 1.2 s). The queue overhead is counted against the time actually slept, so a
-scaled run overstates it by 1/scale.
+sleeps 1.2 s). "queue %" is the workers' time outside the sleep against the time slept,
+so a scaled run overstates it by 1/scale; "q s/seat" is that time per certificate and
+"q % 1x" the same against the unscaled mean seat (what it would cost a real fleet).
 
     python3 bench/fleet_sim.py --db postgresql+psycopg://nbx:nbx@127.0.0.1:5432/nbx_test \\
         --workers 10 50 --seats 2000                    # each pair in its own fresh database
@@ -227,8 +228,9 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
         """A worker on another host that claims the first free seat after a second and dies."""
         time.sleep(args.kill_after)
         tuner = SeatTuner(hosts[0], profile, device, None, None, holder=DEAD, claim_ttl=args.lease)
+        mark = hosts[0].last_tuning_id()
         todo = tuner.needing_work()
-        sid = hosts[0].claim_next([t[0] for t in todo], DEAD, args.lease)
+        sid = hosts[0].claim_next([t[0] for t in todo], DEAD, args.lease, since_tuning=mark)
         death.update(seat=sid, at=time.time())
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -283,6 +285,11 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
         "db_conns_peak": peak["conns"],
         "slept_s": round(sleeper.slept, 1), "worker_s": round(busy, 1),
         "queue_overhead_pct": round(100 * (busy - sleeper.slept) / max(sleeper.slept, 1e-9), 2),
+        # Per certificate, the workers' time outside the (scaled) sleep, and that against
+        # the unscaled seat (--mean-seat-s): what the queue would cost a real fleet's GPUs
+        # if every second of it were spent the same way at full scale.
+        "queue_s_per_seat": round((busy - sleeper.slept) / max(1, n_certs), 3),
+        "queue_pct_unscaled": round(100 * (busy - sleeper.slept) / max(1, n_certs) / args.mean_seat_s, 3),
         "ideal_wall_s": round(sleeper.slept / workers, 1),
         "heartbeats_per_s": round(len(beats.lat) / wall, 1), "leases_lost": sum(len(r.lost) for r in reports),
         "tunings": n_tunings, "seats_tuned": n_seats_tuned, "tuned_twice": twice, "certified": n_certs,
@@ -293,10 +300,11 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
 
 
 COLS = [("workers", 7), ("seats", 7), ("seats_per_s", 9), ("claim_p50_ms", 9), ("claim_p99_ms", 9),
-        ("tx_per_cert", 8), ("db_cpu_ms_per_cert", 9), ("db_conns_peak", 6), ("queue_overhead_pct", 9), ("heartbeats_per_s", 6), ("leases_lost", 5),
+        ("tx_per_cert", 8), ("db_cpu_ms_per_cert", 9), ("db_conns_peak", 6), ("queue_overhead_pct", 9), ("queue_s_per_seat", 8), ("queue_pct_unscaled", 7),
+        ("heartbeats_per_s", 6), ("leases_lost", 5),
         ("exactly_once", 6), ("no_lost_seat", 6), ("reclaim_s", 8), ("wall_s", 8)]
 HEADS = ["workers", "seats", "seats/s", "claim p50", "claim p99", "tx/cert", "dbCPU ms", "conns",
-         "queue %", "hb/s", "lost", "once", "nolost", "reclaim", "wall s"]
+         "queue %", "q s/seat", "q % 1x", "hb/s", "lost", "once", "nolost", "reclaim", "wall s"]
 
 
 def main(argv=None) -> int:
