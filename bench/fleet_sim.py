@@ -184,10 +184,16 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
     device = SimpleNamespace(name="SimGPU", target="cuda:90", driver="sim")
     hosts = []
     n_hosts = max(1, -(-workers // args.per_host))
+    via, extra = url, {}
+    if args.pooler:  # the hosts reach the database through a pooler (PgBouncer, transaction mode)
+        p = make_url(args.pooler)
+        via = make_url(url).set(host=p.host, port=p.port).render_as_string(hide_password=False)
+        extra = {"connect_args": {"prepare_threshold": None}}  # no server-side prepared statements
     for _ in range(n_hosts):  # one connection pool per simulated host, shared by its workers
         st = Store(url)
         st.engine.dispose()
-        st.engine = create_engine(url, pool_size=args.pool, max_overflow=0, pool_timeout=600, pool_pre_ping=True)
+        st.engine = create_engine(via, pool_size=args.pool, max_overflow=0, pool_timeout=600, pool_pre_ping=True,
+                                  **extra)
         st._sessions = sessionmaker(st.engine, expire_on_commit=False)
         hosts.append(st)
     mon = create_engine(url, isolation_level="AUTOCOMMIT", poolclass=None)
@@ -275,6 +281,7 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
     busy = sum(r.seconds for r in reports)
     return {
         "workers": workers, "seats": n_seats, "hosts": n_hosts, "pool_per_host": args.pool,
+        "pooler": bool(args.pooler),
         "scale": args.scale, "mean_seat_s": args.mean_seat_s, "lease_s": args.lease,
         "wall_s": round(wall, 2), "seats_per_s": round(n_certs / wall, 1),
         "claim_p50_ms": round(1000 * lat[len(lat) // 2], 2) if lat else None,
@@ -318,6 +325,9 @@ def main(argv=None) -> int:
     ap.add_argument("--lease", type=float, default=5.0, help="claim lease, s (the CLI's default is 120)")
     ap.add_argument("--per-host", type=int, default=8, help="workers sharing one host's connection pool")
     ap.add_argument("--pool", type=int, default=1, help="connections per simulated host")
+    ap.add_argument("--pooler", help="the workers connect through this pooler's host:port (PgBouncer in "
+                    "transaction mode, its databases entry '* = host=... port=...'), e.g. "
+                    "postgresql+psycopg://nbx:nbx@127.0.0.1:6432")
     ap.add_argument("--kill-after", type=float, default=1.0, help="s before the killed worker claims its seat")
     ap.add_argument("--keep", action="store_true", help="keep each run's database")
     ap.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)

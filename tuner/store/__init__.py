@@ -166,7 +166,9 @@ class Store:
                             host=socket.gethostname(), pid=os.getpid(), started_at=utcnow())
             s.add(run)
             s.flush()
-            for key, problems in seats.items():
+            # In key order: two censuses sharing seats lock them in the same order, so one
+            # waits for the other instead of deadlocking (PostgreSQL aborts one otherwise).
+            for key, problems in sorted(seats.items(), key=lambda kv: kv[0]):
                 kernel, dtypes, flags, bucket = key
                 insert_ignore(s, Seat, {"profile": profile, "kernel": kernel, "dtypes": dtypes,
                                          "flags": flags, "bucket": bucket, "created_at": utcnow()},
