@@ -276,11 +276,18 @@ class Store:
     def set_queue_costs(self, costs: dict[int, float]) -> None:
         """Record seats' queue costs (a listing's work, kept for the next worker's)."""
         seats = Seat.__table__
-        rows = [{"sid": k, "cost": v} for k, v in sorted(costs.items())]
-        for i in range(0, len(rows), 1000):  # short transactions, in id order: workers listing at once never deadlock
+        ids = sorted(costs)
+        for i in range(0, len(ids), 1000):
+            # Short transactions; each writes the rows still without a cost that no other
+            # worker listing at the same instant is writing (SKIP LOCKED), so a thousand
+            # workers starting at once write each seat's cost once, and never deadlock.
             with self.session() as s:
-                s.connection().execute(update(seats).where(seats.c.id == bindparam("sid"), seats.c.queue_cost.is_(None))
-                                       .values(queue_cost=bindparam("cost")), rows[i:i + 1000])
+                mine = s.scalars(select(Seat.id).where(Seat.id.in_(ids[i:i + 1000]), Seat.queue_cost.is_(None))
+                                 .with_for_update(skip_locked=True)).all()
+                if mine:
+                    s.connection().execute(update(seats).where(seats.c.id == bindparam("sid"))
+                                           .values(queue_cost=bindparam("cost")),
+                                           [{"sid": k, "cost": costs[k]} for k in mine])
 
     def last_tuning_id(self) -> int:
         """The newest tuning's id (0 for none): a worker's mark of when it listed its queue."""
