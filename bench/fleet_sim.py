@@ -17,6 +17,9 @@ so a scaled run overstates it by 1/scale; "q s/seat" is that time per certificat
     python3 bench/fleet_sim.py --db postgresql+psycopg://nbx:nbx@127.0.0.1:5432/nbx_test \\
         --workers 10 50 --seats 2000                    # each pair in its own fresh database
 
+    python3 bench/fleet_sim.py --workers 1000 --seats 5000 --scale 0.002 --pool 2 \
+        --pooler postgresql+psycopg://nbx:nbx@127.0.0.1:6432     # through PgBouncer (transaction mode)
+
 Prints one row per (workers, seats); writes fleet_sim.json under $OUT when set.
 """
 
