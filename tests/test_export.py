@@ -422,8 +422,7 @@ def test_an_import_writes_in_batches_never_a_statement_per_entry(tmp_path):
     from nbx_tune.tuner.store.export import check_table, import_table
     from nbx_tune.tuner.store import Store
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import import_scale
+    from nbx_tune.bench import import_scale
 
     counts = []
     for n in (3, 60):

@@ -19,7 +19,7 @@ from nbx_tune.tuner.search import seat_search
 from nbx_tune.tuner.certify.recertify import from_sibling
 from nbx_tune.tuner.census.status import seat_status
 from nbx_tune.tuner.search.searches import Full
-from nbx_tune.tuner.store import holder_id
+from nbx_tune.tuner.store import LeaseLost, holder_id
 from nbx_tune.kernels.spec import Config
 from nbx_tune.tuner.certify.tune import NullReporter, first_compiles, renewed, screen_configs, tune_seat
 
@@ -32,6 +32,10 @@ PREFETCH_CONFIGS = 16
 
 
 class _Heartbeat:
+    """Renews a claim's lease every quarter lease from the moment the seat is claimed (the
+    seat's reads included) until its result is written. A holder that stalls a whole lease
+    anyway loses the seat to another worker, and the write refuses (Store.write_result)."""
+
     def __init__(self, store, seat_id: int, holder: str, ttl: float):
         self.store, self.seat_id, self.holder, self.ttl = store, seat_id, holder, ttl
         self._stop = threading.Event()
@@ -40,7 +44,8 @@ class _Heartbeat:
     def _beat(self):
         while not self._stop.wait(self.ttl / 4):
             try:
-                self.store.extend_claim(self.seat_id, self.holder, self.ttl)
+                if not self.store.extend_claim(self.seat_id, self.holder, self.ttl):
+                    return  # taken by another worker: the write will refuse
             except Exception:  # a missed beat only shortens the claim
                 pass
 
@@ -64,6 +69,7 @@ class SeatTuner:
         self.recertified_from: dict = {}  # seat id -> the tuning its certificate was re-certified from
         self.prefetched: dict = {}  # seat id -> how many configs were queued for it ahead
         self.audit_later: set = set()  # seat ids whose kernel's audit is due at a later seat (run)
+        self.leases_lost: list = []  # labels of seats whose claim passed to another worker mid-tuning
 
     def _worth_it(self, rec, spec, st) -> bool:
         """An unscreened seat is worked on only if a shape its winner was never screened at
@@ -141,22 +147,27 @@ class SeatTuner:
         done ("rescreened", "re-certified", "tuned") or None."""
         spec = get_spec(kernel)
         try:
-            rec = self.store.seat_records(seat_ids=[seat_id])[0]
-            st = seat_status(rec, spec, self.profile)
-            if not self._worth_it(rec, spec, st):
-                self.store.release(seat_id, self.holder)
-                return None
-            reporter.seat_start(label, index, total, len(spec.configs()))
-            started = datetime.now(timezone.utc)
-            search = seat_search.for_seat(self.store, rec, spec, self.profile, seat_id in self.audit_later)
             with _Heartbeat(self.store, seat_id, self.holder, self.claim_ttl):
+                rec = self.store.seat_records(seat_ids=[seat_id])[0]
+                st = seat_status(rec, spec, self.profile)
+                if not self._worth_it(rec, spec, st):
+                    self.store.release(seat_id, self.holder)
+                    return None
+                reporter.seat_start(label, index, total, len(spec.configs()))
+                started = datetime.now(timezone.utc)
+                search = seat_search.for_seat(self.store, rec, spec, self.profile, seat_id in self.audit_later)
                 kind, result = "rescreen", self._rescreened(rec, spec, st, label, reporter)
                 if result is None:
                     kind, result = "tune", tune_seat(spec, self.profile, label, rec.problems, self.executor,
                                                      self.strategy, self.torch_device, reporter, search)
-            self.store.write_result(seat_id, run_id, kind, result,
-                                    provenance.current(spec, self.profile, self.device),
-                                    self.holder, started)
+                try:
+                    self.store.write_result(seat_id, run_id, kind, result,
+                                            provenance.current(spec, self.profile, self.device),
+                                            self.holder, started)
+                except LeaseLost as e:
+                    self.leases_lost.append(label)
+                    reporter.notice(str(e))
+                    return None
             reporter.seat_done(label, result)
             return self._action(seat_id, kind, result)
         except BaseException:
@@ -245,11 +256,22 @@ class SeatTuner:
                    if from_sibling(rec.cert_tuning, self.device)}
         return [ln for ln in lines if ln.status in ("pending", "stale", "unscreened") or ln.id in sibling]
 
-    def needing_work(self) -> list:
+    def needing_work(self, untuned_only: bool = False) -> list:
         """Seats of this profile that a worker should tune, longest first (`seat_cost`):
-        (id, kernel, label)."""
-        out = []
-        for rec in self.store.seat_records(profile=self.profile.name):
+        (id, kernel, label). A seat never tuned is pending: those come from one query, with
+        the cost kept on the seat (worked out and stored here where none is yet); only
+        seats with a tuning have their records read and their status judged, which
+        `untuned_only` skips (a worker's listing when its list runs dry: seats enqueued since)."""
+        untuned = [t for t in self.store.untuned_seats(self.profile.name) if _spec_or_none(t[1]) is not None]
+        missing = [t[0] for t in untuned if t[3] is None]
+        costs = {}
+        if missing:
+            shapes = self.store.seat_problems(missing)
+            costs = {sid: seat_cost(_spec_or_none(kernel), shapes.get(sid, []), self.profile)
+                     for sid, kernel, _, cost in untuned if cost is None}
+            self.store.set_queue_costs(costs)
+        out = [(costs[sid] if cost is None else cost, sid, kernel, label) for sid, kernel, label, cost in untuned]
+        for rec in () if untuned_only else self.store.seat_records(profile=self.profile.name, tuned_only=True):
             spec = _spec_or_none(rec.seat.kernel)
             if spec is None:
                 continue
@@ -268,8 +290,25 @@ def seat_cost(spec, problems, profile) -> float:
     if not problems:
         return 0.0
     biggest = max(problems, key=spec.operand_bytes)
+    return _cost_at(spec, profile, biggest)
+
+
+def _cost_at(spec, profile, biggest) -> float:
+    # Cached: the configs loop is the listing's Python work, and seats share shapes. Keyed
+    # by the profile object (profiles are not hashable), which the entry keeps alive.
+    key = (spec, id(profile), biggest)
+    hit = _COSTS.get(key)
+    if hit is not None and hit[0] is profile:
+        return hit[1]
     live = sum(1 for c in spec.configs() if spec.static_refusal(profile, c, biggest) is None)
-    return max(live, 1) * (1.0 + math.log2(1.0 + spec.operand_bytes(biggest) / 2**20))
+    cost = max(live, 1) * (1.0 + math.log2(1.0 + spec.operand_bytes(biggest) / 2**20))
+    if len(_COSTS) > 100_000:
+        _COSTS.clear()
+    _COSTS[key] = (profile, cost)
+    return cost
+
+
+_COSTS: dict = {}
 
 
 def _spec_or_none(kernel: str):

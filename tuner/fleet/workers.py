@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from itertools import chain
 from dataclasses import dataclass, field
 
 from nbx_tune.errors import NbxError
@@ -30,6 +31,7 @@ class WorkerReport:
     profile: str
     device: str
     tuned: list = field(default_factory=list)  # seat labels, in order
+    lost: list = field(default_factory=list)  # seats tuned here whose claim another worker took first
     seconds: float = 0.0
 
     @property
@@ -38,7 +40,7 @@ class WorkerReport:
 
     def to_dict(self) -> dict:
         return {"holder": self.holder, "profile": self.profile, "device": self.device,
-                "tuned": self.tuned, "seconds": round(self.seconds, 3),
+                "tuned": self.tuned, "lost": self.lost, "seconds": round(self.seconds, 3),
                 "seats_per_hour": round(self.seats_per_hour, 1)}
 
 
@@ -50,23 +52,49 @@ def run_worker(tuner, reporter=None, max_seats: int | None = None, wait_for_held
     rep = WorkerReport(tuner.holder, tuner.profile.name, tuner.device.name)
     t0 = time.perf_counter()
     tried = set()  # a seat this worker lost (worker_lost) waits for the next worker or census
+    # `gone`: listed seats tuned since (or taken here); `held`: listed seats another live
+    # worker held when a claim passed them, with its lease's end. Claims pass over held
+    # seats (a claim's cost does not grow with the workers ahead of it on the list) and
+    # look at one again when its lease has ended, or when nothing else is left.
+    todo, gone, held, head, mark = [], set(), {}, 0, None
     while max_seats is None or len(rep.tuned) < max_seats:
-        todo = [t for t in tuner.needing_work() if t[0] not in tried]
-        if not todo:
-            break
-        labels = {sid: (kernel, label) for sid, kernel, label in todo}
-        sid = tuner.store.claim_next(labels, tuner.holder, tuner.claim_ttl)
+        while head < len(todo) and (todo[head] in gone or todo[head] in held):
+            head += 1  # a claim reads the list from its first seat not known gone or held
+        now = time.time()
+        due = [sid for sid, end in held.items() if end < now]
+        if head == len(todo) and not due:
+            if held:
+                # Everything left is held by other live workers: wait for them to finish
+                # it, or for a dead one's lease to end, then take it.
+                if not wait_for_held:
+                    break
+                time.sleep(IDLE_POLL_S)
+                due = list(held)
+            else:
+                # The queue is listed (a read of every seat of the profile) when the worker
+                # starts, not at each claim: a claim skips seats tuned since the list was
+                # made (`mark`). When the list runs dry, only seats never tuned are listed
+                # again (enqueued since): one query, no seat's records.
+                first = mark is None
+                mark = tuner.store.last_tuning_id()
+                listed = [t for t in tuner.needing_work(untuned_only=not first) if t[0] not in tried]
+                todo, gone, head = [t[0] for t in listed], set(), 0
+                labels = {sid: (kernel, label) for sid, kernel, label in listed}
+                if not todo:
+                    break
+        for sid in due:
+            del held[sid]
+        left = chain(due, (todo[j] for j in range(head, len(todo)) if todo[j] not in gone and todo[j] not in held))
+        sid = tuner.store.claim_next(left, tuner.holder, tuner.claim_ttl, since_tuning=mark, finished=gone, held=held)
         if sid is None:
-            # Everything left is held by other live workers: wait for them to finish it,
-            # or for a dead one's lease to expire, then take it.
-            if not wait_for_held:
-                break
-            time.sleep(IDLE_POLL_S)
             continue
-        kernel, label = labels[sid]
+        gone.add(sid)
         tried.add(sid)
-        if tuner.tune_claimed(sid, kernel, label, len(rep.tuned), len(rep.tuned) + len(todo), None, reporter):
+        kernel, label = labels[sid]
+        if tuner.tune_claimed(sid, kernel, label, len(rep.tuned), len(rep.tuned) + len(todo) - len(gone) + 1,
+                              None, reporter):
             rep.tuned.append(label)
+    rep.lost = list(getattr(tuner, "leases_lost", ()))
     rep.seconds = time.perf_counter() - t0
     return rep
 

@@ -12,20 +12,27 @@ import os
 import socket
 import time
 from contextlib import contextmanager
+from itertools import islice
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from nbx_tune.errors import StoreError
-from nbx_tune.kernels.spec import Problem, split_label
+from nbx_tune.kernels.spec import Problem, label_of, split_label
 from nbx_tune.tuner.store.db import WRITE, open_engine, safe_url
 from nbx_tune.tuner.store.models import (Baseline, CensusRun, Certificate, Measurement, Refusal, Seat,
                                          SeatShape, Trace, TraceNeed, Tuning, utcnow)
 
 LOCK_RETRIES = 8
+CLAIM_WINDOW = 256  # seat ids a claim reads at a time (claim_next)
+
+
+class LeaseLost(StoreError):
+    """A worker's claim on a seat passed to another worker (its lease ran out while it
+    stalled) before it wrote its result: the result is dropped, the other worker's stands."""
 
 
 def holder_id() -> str:
@@ -159,7 +166,9 @@ class Store:
                             host=socket.gethostname(), pid=os.getpid(), started_at=utcnow())
             s.add(run)
             s.flush()
-            for key, problems in seats.items():
+            # In key order: two censuses sharing seats lock them in the same order, so one
+            # waits for the other instead of deadlocking (PostgreSQL aborts one otherwise).
+            for key, problems in sorted(seats.items(), key=lambda kv: kv[0]):
                 kernel, dtypes, flags, bucket = key
                 insert_ignore(s, Seat, {"profile": profile, "kernel": kernel, "dtypes": dtypes,
                                          "flags": flags, "bucket": bucket, "created_at": utcnow()},
@@ -170,6 +179,8 @@ class Store:
                 ids[key] = seat_id
                 insert_ignore_many(s, SeatShape, [{"seat_id": seat_id, "problem": p.to_json(), "volume": p.volume}
                                                   for p in problems], ("seat_id", "problem"))
+                s.execute(update(Seat).where(Seat.id == seat_id, Seat.queue_cost.is_not(None))
+                          .values(queue_cost=None))  # a new shape may change it: the next listing sets it
                 rows, launches = len(problems), sum(problems.values())
                 # Two censuses of one trace may record it at once: insert-or-keep, then set.
                 insert_ignore(s, TraceNeed, {"trace_id": trace_id, "seat_id": seat_id, "rows": rows,
@@ -204,25 +215,84 @@ class Store:
                             .values(claimed_by=holder, claim_expires=now + ttl_s))
             return res.rowcount == 1
 
-    def claim_next(self, seat_ids, holder: str, ttl_s: float) -> int | None:
+    def claim_next(self, seat_ids, holder: str, ttl_s: float, since_tuning: int | None = None,
+                   finished: set | None = None, held: dict | None = None) -> int | None:
         """Claim the first of `seat_ids`, in their order, that nobody live holds (workers
-        pass the longest seats first, so the last seats of a queue are short ones). Rows
-        another worker is claiming this instant are skipped, not waited for (SELECT ... FOR
-        UPDATE SKIP LOCKED on PostgreSQL; SQLite serializes writers with BEGIN IMMEDIATE)."""
-        ids = list(seat_ids)
-        if not ids:
-            return None
+        pass the longest seats first, so the last seats of a queue are short ones). The
+        ids are read CLAIM_WINDOW at a time, only as far as the first free one, and only
+        that row is locked (SELECT ... FOR UPDATE SKIP LOCKED on PostgreSQL, passing over a
+        row another worker is claiming this instant; SQLite serializes writers with BEGIN
+        IMMEDIATE): a claim costs the same at the head of a 100,000-seat queue as of a
+        10-seat one, and never hides the queue's other free seats from another worker.
+        With `since_tuning` (the newest tuning id when the caller listed `seat_ids`), a
+        seat tuned since is skipped and its id added to `finished`; a seat another live
+        worker holds is added to `held` with its lease's end. The caller need not list
+        the queue again, nor read past the same held seats at its next claim."""
+        ids = iter(seat_ids)
         now = time.time()
+        free = (Seat.claimed_by.is_(None)) | (Seat.claim_expires < now) | (Seat.claimed_by == holder)
         with self.session() as s:
-            free = set(s.scalars(select(Seat.id).where(
-                Seat.id.in_(ids),
-                (Seat.claimed_by.is_(None)) | (Seat.claim_expires < now) | (Seat.claimed_by == holder),
-            ).with_for_update(skip_locked=True)))
-            sid = next((i for i in ids if i in free), None)
-            if sid is None:
-                return None
-            s.execute(update(Seat).where(Seat.id == sid).values(claimed_by=holder, claim_expires=now + ttl_s))
-            return sid
+            while window := list(islice(ids, CLAIM_WINDOW)):
+                if since_tuning is not None:
+                    done = set(s.scalars(select(Tuning.seat_id).where(Tuning.seat_id.in_(window),
+                                                                      Tuning.id > since_tuning)))
+                    if finished is not None:
+                        finished |= done
+                    window = [x for x in window if x not in done]
+                state = {i: (by, end) for i, by, end in s.execute(
+                    select(Seat.id, Seat.claimed_by, Seat.claim_expires).where(Seat.id.in_(window)))}
+                for sid in window:
+                    by, end = state.get(sid, (None, None))
+                    if by is not None and by != holder and end is not None and end >= now:
+                        if held is not None:
+                            held[sid] = end
+                        continue
+                    if s.scalar(select(Seat.id).where(Seat.id == sid, free).with_for_update(skip_locked=True)):
+                        s.execute(update(Seat).where(Seat.id == sid)
+                                  .values(claimed_by=holder, claim_expires=now + ttl_s))
+                        return sid
+            return None
+
+    def untuned_seats(self, profile: str) -> list[tuple]:
+        """The profile's seats never tuned, in one query without their records (a seat
+        with no tuning is pending): (id, kernel, label, queue cost or None)."""
+        with self.session(write=False) as s:
+            rows = s.execute(select(Seat.id, Seat.kernel, Seat.dtypes, Seat.flags, Seat.bucket, Seat.queue_cost)
+                             .where(Seat.profile == profile, ~select(Tuning.id).where(Tuning.seat_id == Seat.id)
+                                    .exists()).order_by(Seat.id))
+            return [(i, k, label_of(k, d, f, b), c) for i, k, d, f, b, c in rows]
+
+    def seat_problems(self, seat_ids) -> dict[int, list[Problem]]:
+        """Each seat's shapes."""
+        out = {}
+        with self.session(write=False) as s:
+            ids = list(seat_ids)
+            for i in range(0, len(ids), 5000):
+                for sid, problem in s.execute(select(SeatShape.seat_id, SeatShape.problem)
+                                              .where(SeatShape.seat_id.in_(ids[i:i + 5000]))):
+                    out.setdefault(sid, []).append(Problem.from_json(problem))
+        return out
+
+    def set_queue_costs(self, costs: dict[int, float]) -> None:
+        """Record seats' queue costs (a listing's work, kept for the next worker's)."""
+        seats = Seat.__table__
+        ids = sorted(costs)
+        for i in range(0, len(ids), 1000):
+            # Short transactions; each writes the rows still without a cost that no other
+            # worker listing at the same instant is writing (SKIP LOCKED), so a thousand
+            # workers starting at once write each seat's cost once, and never deadlock.
+            with self.session() as s:
+                mine = s.scalars(select(Seat.id).where(Seat.id.in_(ids[i:i + 1000]), Seat.queue_cost.is_(None))
+                                 .with_for_update(skip_locked=True)).all()
+                if mine:
+                    s.connection().execute(update(seats).where(seats.c.id == bindparam("sid"))
+                                           .values(queue_cost=bindparam("cost")),
+                                           [{"sid": k, "cost": costs[k]} for k in mine])
+
+    def last_tuning_id(self) -> int:
+        """The newest tuning's id (0 for none): a worker's mark of when it listed its queue."""
+        with self.session(write=False) as s:
+            return int(s.scalar(select(func.max(Tuning.id))) or 0)
 
     def claimed_by(self, seat_id: int) -> str | None:
         with self.session(write=False) as s:
@@ -244,8 +314,17 @@ class Store:
     def write_result(self, seat_id: int, run_id: int | None, kind: str, result, prov: dict,
                      worker: str, started_at: datetime) -> int:
         """Record one tuning of a seat whole: its candidates, refusals and certificate.
-        The seat's previous certificate is superseded (kept, never deleted)."""
+        The seat's previous certificate is superseded (kept, never deleted). Only the
+        seat's holder writes: the transaction first releases `worker`'s claim, which locks
+        the row against claimers; if `worker` no longer holds it (its lease ran out and
+        another worker took the seat, or finished it) nothing is written and LeaseLost is
+        raised, so a seat is tuned twice at most, never certified twice."""
         with self.session() as s:
+            held = s.execute(update(Seat).where(Seat.id == seat_id, Seat.claimed_by == worker)
+                             .values(claimed_by=None, claim_expires=None))
+            if held.rowcount != 1:
+                raise LeaseLost(f"seat {seat_id}: {worker}'s claim was taken by another worker; "
+                                "its result is dropped")
             t = Tuning(seat_id=seat_id, census_run_id=run_id, kind=kind, outcome=result.outcome,
                        started_at=started_at, finished_at=utcnow(), worker=worker, **prov,
                        candidates=len(result.records),
@@ -290,15 +369,16 @@ class Store:
                         getattr(result, "note", None), "recertified_from", None),
                     search_detail=getattr(getattr(result, "note", None), "detail", None) or None,
                     sampled_regret=getattr(getattr(result, "note", None), "sampled_regret", None)))
-            s.execute(update(Seat).where(Seat.id == seat_id).values(claimed_by=None, claim_expires=None))
             return t.id
 
     # ------------------------------------------------------------------ reads
 
     def seat_records(self, profile: str | None = None, kernel: str | None = None,
-                     seat_ids=None) -> list[SeatRecord]:
+                     seat_ids=None, tuned_only: bool = False) -> list[SeatRecord]:
         with self.session(write=False) as s:
             q = select(Seat)
+            if tuned_only:
+                q = q.where(select(Tuning.id).where(Tuning.seat_id == Seat.id).exists())
             if profile:
                 q = q.where(Seat.profile == profile)
             if kernel:

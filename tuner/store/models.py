@@ -70,6 +70,9 @@ class Seat(Base):
     # A tuner claims a seat before tuning it; a claim whose holder died expires.
     claimed_by: Mapped[str | None] = mapped_column(String(255))
     claim_expires: Mapped[float | None] = mapped_column(Float)
+    # The fleet's estimate of the seat's tuning time (runner.seat_cost), set when a worker
+    # first lists it and cleared when a census adds a shape: workers take long seats first.
+    queue_cost: Mapped[float | None] = mapped_column(Float)
 
     shapes: Mapped[list["SeatShape"]] = relationship(back_populates="seat")
 

@@ -1,0 +1,363 @@
+"""The fleet's queue at scale, simulated on one machine against a real PostgreSQL.
+
+N simulated workers (threads, grouped into hosts that share one connection pool) run the
+fleet's own loop (`fleet.run_worker` -> `SeatTuner.tune_claimed` -> `Store.write_result`)
+on M seats enqueued from the shipped table's seat mix. Only the tuning itself is faked: a
+benchmarker that sleeps the seat's duration and returns a certificate. One extra worker
+is "killed" mid-seat (it claims a seat and stops beating) to time how long its seat waits.
+
+Seat durations: the shipped table (kernels/tables/hopper.json) records no tuning time and
+no launch counts, so each seat's duration is the fleet's own estimate of its tuning time
+(`runner.seat_cost` at the entry's largest screened shape), scaled so the mean seat takes
+--mean-seat-s seconds of GPU time, and slept for --scale of that (0.02: a 60 s seat
+sleeps 1.2 s). "queue %" is the workers' time outside the sleep against the time slept,
+so a scaled run overstates it by 1/scale; "q s/seat" is that time per certificate and
+"q % 1x" the same against the unscaled mean seat (what it would cost a real fleet).
+
+    python3 bench/fleet_sim.py --db postgresql+psycopg://nbx:nbx@127.0.0.1:5432/nbx_test \\
+        --workers 10 50 --seats 2000                    # each pair in its own fresh database
+
+    python3 bench/fleet_sim.py --workers 1000 --seats 5000 --scale 0.002 --pool 2 \
+        --pooler postgresql+psycopg://nbx:nbx@127.0.0.1:6432     # through PgBouncer (transaction mode)
+
+Prints one row per (workers, seats); writes fleet_sim.json under $OUT when set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+import uuid
+from datetime import timezone
+from types import SimpleNamespace
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from sqlalchemy import create_engine, text  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+from sqlalchemy.orm import sessionmaker  # noqa: E402
+
+PROFILE = "hopper"
+DEAD = "deadhost:1:gpu0"  # another host's worker: only its lease can free its seat
+
+
+def seat_mix(n: int, mean_s: float, profile):
+    """n seats drawn round-robin from the shipped table: (kernel, dtypes, flags, bucket,
+    problem JSON, duration s). Buckets get a '#i' suffix so each copy is its own seat."""
+    from nbx_tune.kernels.runtime.registry import all_specs
+    from nbx_tune.kernels.spec import Problem
+    from nbx_tune.tuner.fleet.seat_tuner import seat_cost
+
+    table = json.load(open(os.path.join(os.path.dirname(__file__), "..", "kernels", "tables", f"{PROFILE}.json")))
+    specs = all_specs()
+    base = []
+    for e in table["entries"]:
+        spec = specs.get(e["kernel"])
+        if spec is None:
+            continue
+        p = Problem.from_json(json.dumps(e["screened_max"]))
+        base.append((e, p.to_json(), p.volume, seat_cost(spec, [p], profile), e["config"], e["median_ms"]))
+    mean_cost = statistics.fmean(b[3] for b in base)
+    out = []
+    for i in range(n):
+        e, pj, vol, cost, cfg, ms = base[i % len(base)]
+        out.append((e["kernel"], e["dtypes"], e["flags"], f"{e['bucket']}#{i}", pj, vol,
+                    mean_s * cost / mean_cost, cfg, ms))
+    return out
+
+
+def fresh_db(admin_url: str) -> str:
+    name = f"nbx_sim_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_db(admin_url: str, url: str) -> None:
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def enqueue(store, seats) -> dict:
+    """Seats and their shapes, as a census's --enqueue records them (one transaction)."""
+    from nbx_tune.tuner.store import insert_ignore_many
+    from nbx_tune.tuner.store.models import Seat, SeatShape, utcnow
+    from sqlalchemy import select
+
+    with store.session() as s:
+        insert_ignore_many(s, Seat, [{"profile": PROFILE, "kernel": k, "dtypes": d, "flags": f, "bucket": b,
+                                      "created_at": utcnow()} for k, d, f, b, *_ in seats],
+                           ("profile", "kernel", "dtypes", "flags", "bucket"))
+        ids = {b: i for i, b in s.execute(select(Seat.id, Seat.bucket).where(Seat.profile == PROFILE))}
+        insert_ignore_many(s, SeatShape, [{"seat_id": ids[b], "problem": pj, "volume": v}
+                                          for _, _, _, b, pj, v, *_ in seats], ("seat_id", "problem"))
+    return ids
+
+
+class Sleeper:
+    """The fake benchmarker: `tune_seat`'s stand-in, sleeping the seat's scaled duration and
+    returning a certificate of the table's config."""
+
+    def __init__(self, durations: dict, configs: dict, scale: float):
+        self.durations, self.configs, self.scale = durations, configs, scale
+        self.slept = 0.0
+        self.lock = threading.Lock()
+
+    def __call__(self, spec, profile, label, problems, executor, strategy, device, reporter, search=None):
+        from nbx_tune.kernels.spec import Config
+        from nbx_tune.tuner.timing.benchmarkers import Timing
+        from nbx_tune.tuner.certify.tune import CandidateRecord, SeatResult
+
+        bucket = label.split("|")[3]
+        d = self.durations[bucket] * self.scale
+        t0 = time.perf_counter()
+        time.sleep(d)
+        dt = time.perf_counter() - t0
+        with self.lock:
+            self.slept += dt
+        cfg, ms = self.configs[bucket]
+        from nbx_tune.tuner.certify.screen import ScreenResult
+
+        w = CandidateRecord(Config.parse(cfg), timing=Timing(ms, ms, ms, "sim"), final=True,
+                            screens=[ScreenResult(p, 0.0, 1e-3) for p in problems])
+        return SeatResult("certified", [w], winner=w, screened=tuple(problems), total_s=dt, bench_s=dt)
+
+
+class ClaimClock:
+    """Wraps a Store method (claim_next, extend_claim) to record each call's latency."""
+
+    def __init__(self):
+        self.lat, self.lock = [], threading.Lock()
+
+    def install(self, store_cls, name="claim_next"):
+        orig = getattr(store_cls, name)
+        clock = self
+
+        def timed(self_, *a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return orig(self_, *a, **kw)
+            finally:
+                with clock.lock:
+                    clock.lat.append(time.perf_counter() - t0)
+        setattr(store_cls, name, timed)
+        return lambda: setattr(store_cls, name, orig)
+
+
+def db_cpu_s(conn) -> float:
+    """CPU seconds of the PostgreSQL server so far: the postmaster's finished children and
+    its live ones (Linux /proc, loopback server only)."""
+    pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+    ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    tick = os.sysconf("SC_CLK_TCK")
+    f = open(f"/proc/{ppid}/stat").read().rsplit(")", 1)[1].split()
+    total = sum(int(x) for x in f[11:15])  # utime stime cutime cstime
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                g = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(g[1]) == ppid:
+                total += int(g[11]) + int(g[12])
+    return total / tick
+
+
+def run_one(url: str, workers: int, n_seats: int, args) -> dict:
+    from nbx_tune.profiles import get_profile
+    from nbx_tune.tuner.fleet import workers as fleet, seat_tuner as runner
+    from nbx_tune.tuner.fleet.seat_tuner import SeatTuner
+    from nbx_tune.tuner.store import Store
+
+    profile = get_profile(PROFILE)
+    seats = seat_mix(n_seats, args.mean_seat_s, profile)
+    admin = Store(url)
+    enqueue(admin, seats)
+    sleeper = Sleeper({b: d for _, _, _, b, _, _, d, _, _ in seats},
+                      {b: (c, ms) for _, _, _, b, _, _, _, c, ms in seats}, args.scale)
+    device = SimpleNamespace(name="SimGPU", target="cuda:90", driver="sim")
+    hosts = []
+    n_hosts = max(1, -(-workers // args.per_host))
+    via, extra = url, {}
+    if args.pooler:  # the hosts reach the database through a pooler (PgBouncer, transaction mode)
+        p = make_url(args.pooler)
+        via = make_url(url).set(host=p.host, port=p.port).render_as_string(hide_password=False)
+        extra = {"connect_args": {"prepare_threshold": None}}  # no server-side prepared statements
+    for _ in range(n_hosts):  # one connection pool per simulated host, shared by its workers
+        st = Store(url)
+        st.engine.dispose()
+        st.engine = create_engine(via, pool_size=args.pool, max_overflow=0, pool_timeout=600, pool_pre_ping=True,
+                                  **extra)
+        st._sessions = sessionmaker(st.engine, expire_on_commit=False)
+        hosts.append(st)
+    mon = create_engine(url, isolation_level="AUTOCOMMIT", poolclass=None)
+    mc = mon.connect()
+    db = make_url(url).database
+    x0 = mc.execute(text("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = :d"),
+                    {"d": db}).scalar()
+    cpu0 = db_cpu_s(mc)
+    clock = ClaimClock()
+    restore_claim = clock.install(Store)
+    beats = ClaimClock()
+    restore_beat = beats.install(Store, "extend_claim")
+    orig_tune = runner.tune_seat
+    runner.tune_seat = sleeper
+    reports, errors, spans = [], [], {}
+    peak = {"conns": 0}
+    stop = threading.Event()
+
+    def watch():
+        while not stop.wait(0.25):
+            n = mc.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = :d"), {"d": db}).scalar()
+            peak["conns"] = max(peak["conns"], n - 1)
+
+    def work(i):
+        st = hosts[i // args.per_host]
+        tuner = SeatTuner(st, profile, device, None, None, holder=f"simhost{i // args.per_host}:{i}:gpu{i % args.per_host}",
+                          claim_ttl=args.lease)
+        try:
+            rep = fleet.run_worker(tuner)
+            reports.append(rep)
+        except BaseException as e:  # noqa: BLE001 (reported, and fails the run's checks)
+            import traceback
+            errors.append(f"{tuner.holder}: {type(e).__name__}: {e}" + (traceback.format_exc() if args.debug else ""))
+
+    death = {}
+
+    def killed():
+        """A worker on another host that claims the first free seat after a second and dies."""
+        time.sleep(args.kill_after)
+        tuner = SeatTuner(hosts[0], profile, device, None, None, holder=DEAD, claim_ttl=args.lease)
+        mark = hosts[0].last_tuning_id()
+        todo = tuner.needing_work()
+        sid = hosts[0].claim_next([t[0] for t in todo], DEAD, args.lease, since_tuning=mark)
+        death.update(seat=sid, at=time.time())
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(workers)]
+    threads.append(threading.Thread(target=killed, daemon=True))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    stop.set()
+    watcher.join()
+    runner.tune_seat = orig_tune
+    restore_claim()
+    restore_beat()
+    time.sleep(1.0)  # PostgreSQL publishes a backend's transaction counts within a second
+    cpu = db_cpu_s(mc) - cpu0
+    x1 = mc.execute(text("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = :d"),
+                    {"d": db}).scalar()
+    q = lambda sql: mc.execute(text(sql)).scalar()  # noqa: E731
+    n_tunings = q("SELECT count(*) FROM tunings")
+    n_seats_tuned = q("SELECT count(DISTINCT seat_id) FROM tunings")
+    twice = q("SELECT count(*) FROM (SELECT seat_id FROM tunings GROUP BY seat_id HAVING count(*) > 1) t")
+    n_certs = q("SELECT count(*) FROM certified_configs")
+    held = q("SELECT count(*) FROM seats WHERE claimed_by IS NOT NULL")
+    reclaim = None
+    if death.get("seat") is not None:
+        started = mc.execute(text("SELECT started_at FROM tunings WHERE seat_id = :s"), {"s": death["seat"]}).scalar()
+        if started is not None:
+            reclaim = started.astimezone(timezone.utc).timestamp() - death["at"]
+    mc.close()
+    mon.dispose()
+    for st in hosts:
+        st.close()
+    admin.close()
+    # A worker's span: launch to its last certificate; what is not sleeping there is the
+    # queue's (listing, claiming, re-checking, heartbeats, writing). The tail (waiting for
+    # others' last seats) is the seat mix's, reported apart.
+    lat = sorted(clock.lat)
+    busy = sum(r.seconds for r in reports)
+    return {
+        "workers": workers, "seats": n_seats, "hosts": n_hosts, "pool_per_host": args.pool,
+        "pooler": bool(args.pooler),
+        "scale": args.scale, "mean_seat_s": args.mean_seat_s, "lease_s": args.lease,
+        "wall_s": round(wall, 2), "seats_per_s": round(n_certs / wall, 1),
+        "claim_p50_ms": round(1000 * lat[len(lat) // 2], 2) if lat else None,
+        "claim_p99_ms": round(1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2) if lat else None,
+        "claims": len(lat),
+        "tx_per_cert": round((x1 - x0) / max(1, n_certs), 1),
+        "db_cpu_s": round(cpu, 1), "db_cpu_ms_per_cert": round(1000 * cpu / max(1, n_certs), 2),
+        "db_conns_peak": peak["conns"],
+        "slept_s": round(sleeper.slept, 1), "worker_s": round(busy, 1),
+        "queue_overhead_pct": round(100 * (busy - sleeper.slept) / max(sleeper.slept, 1e-9), 2),
+        # Per certificate, the workers' time outside the (scaled) sleep, and that against
+        # the unscaled seat (--mean-seat-s): what the queue would cost a real fleet's GPUs
+        # if every second of it were spent the same way at full scale.
+        "queue_s_per_seat": round((busy - sleeper.slept) / max(1, n_certs), 3),
+        "queue_pct_unscaled": round(100 * (busy - sleeper.slept) / max(1, n_certs) / args.mean_seat_s, 3),
+        "ideal_wall_s": round(sleeper.slept / workers, 1),
+        "heartbeats_per_s": round(len(beats.lat) / wall, 1), "leases_lost": sum(len(r.lost) for r in reports),
+        "tunings": n_tunings, "seats_tuned": n_seats_tuned, "tuned_twice": twice, "certified": n_certs,
+        "left_held": held, "exactly_once": n_tunings == n_seats == n_seats_tuned == n_certs and twice == 0,
+        "no_lost_seat": n_certs == n_seats and held == 0, "dead_seat": death.get("seat"),
+        "reclaim_s": round(reclaim, 2) if reclaim is not None else None, "errors": errors[:5],
+    }
+
+
+COLS = [("workers", 7), ("seats", 7), ("seats_per_s", 9), ("claim_p50_ms", 9), ("claim_p99_ms", 9),
+        ("tx_per_cert", 8), ("db_cpu_ms_per_cert", 9), ("db_conns_peak", 6), ("queue_overhead_pct", 9), ("queue_s_per_seat", 8), ("queue_pct_unscaled", 7),
+        ("heartbeats_per_s", 6), ("leases_lost", 5),
+        ("exactly_once", 6), ("no_lost_seat", 6), ("reclaim_s", 8), ("wall_s", 8)]
+HEADS = ["workers", "seats", "seats/s", "claim p50", "claim p99", "tx/cert", "dbCPU ms", "conns",
+         "queue %", "q s/seat", "q % 1x", "hb/s", "lost", "once", "nolost", "reclaim", "wall s"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", default=os.environ.get("NBX_TUNE_TEST_PG"),
+                    help="a PostgreSQL URL whose role may CREATE DATABASE (default $NBX_TUNE_TEST_PG)")
+    ap.add_argument("--workers", type=int, nargs="+", default=[10, 50])
+    ap.add_argument("--seats", type=int, nargs="+", default=[2000])
+    ap.add_argument("--scale", type=float, default=0.02, help="slept / simulated tuning time")
+    ap.add_argument("--mean-seat-s", type=float, default=60.0, help="simulated GPU seconds of the mean seat")
+    ap.add_argument("--lease", type=float, default=5.0, help="claim lease, s (the CLI's default is 120)")
+    ap.add_argument("--per-host", type=int, default=8, help="workers sharing one host's connection pool")
+    ap.add_argument("--pool", type=int, default=1, help="connections per simulated host")
+    ap.add_argument("--pooler", help="the workers connect through this pooler's host:port (PgBouncer in "
+                    "transaction mode, its databases entry '* = host=... port=...'), e.g. "
+                    "postgresql+psycopg://nbx:nbx@127.0.0.1:6432")
+    ap.add_argument("--kill-after", type=float, default=1.0, help="s before the killed worker claims its seat")
+    ap.add_argument("--keep", action="store_true", help="keep each run's database")
+    ap.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if not args.db or not args.db.startswith("postgresql"):
+        print("fleet_sim: --db (or NBX_TUNE_TEST_PG) must name a PostgreSQL database", file=sys.stderr)
+        return 2
+    rows = []
+    print(" ".join(h.rjust(w) for h, (_, w) in zip(HEADS, COLS)), flush=True)
+    for n_seats in args.seats:
+        for workers in args.workers:
+            url = fresh_db(args.db)
+            try:
+                r = run_one(url, workers, n_seats, args)
+            finally:
+                if not args.keep:
+                    drop_db(args.db, url)
+            rows.append(r)
+            print(" ".join(str(r[k]).rjust(w) for k, w in COLS), flush=True)
+            for e in r["errors"]:
+                print("  error:", e, flush=True)
+    if os.environ.get("OUT"):
+        from nbx_tune.testing.bench import out_dir
+
+        (out_dir() / "fleet_sim.json").write_text(json.dumps({"rows": rows}, indent=1))
+    return 0 if all(r["exactly_once"] and r["no_lost_seat"] and not r["errors"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

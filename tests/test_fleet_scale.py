@@ -1,0 +1,151 @@
+"""The fleet's queue at scale: a claim reads a window of the queue, not all of it; a worker
+lists the queue when it starts and when its list runs dry, not at every claim; and the
+simulated fleet (bench/fleet_sim.py, 50 workers, 500 seats: 2,000 take minutes on two
+shared cores) on PostgreSQL certifies each seat exactly once and loses none, a killed
+worker's seat included, taken up again within its lease."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event
+
+from nbx_tune.tuner.store import CLAIM_WINDOW, Store
+from nbx_tune.tuner.store.models import Seat, Tuning, utcnow
+
+
+def _seats(store, n):
+    with store.session() as s:
+        s.add_all([Seat(profile="p", kernel="k", dtypes="f", flags="-", bucket=f"b{i}", created_at=utcnow())
+                   for i in range(n)])
+    with store.session(write=False) as s:
+        return list(s.scalars(Seat.__table__.select().with_only_columns(Seat.id).order_by(Seat.id)))
+
+
+def test_a_claim_reads_a_window_of_the_queue_not_all_of_it(any_db):
+    store = Store(any_db)
+    try:
+        ids = _seats(store, 10 * CLAIM_WINDOW)
+        for sid in ids[:CLAIM_WINDOW + 5]:  # the head of the queue is held by live workers
+            assert store.claim(sid, "other:1", 600)
+        params = []
+        event.listen(store.engine, "before_cursor_execute",
+                     lambda conn, cur, stmt, p, ctx, many: params.append(len(p) if p else 0))
+        held = {}
+        assert store.claim_next(ids, "me:1", 60, held=held) == ids[CLAIM_WINDOW + 5]
+        # Two windows read, never the whole queue in one statement (before: one statement of
+        # all 2,560 ids), and the seats others hold are handed back with their leases' ends,
+        # for the caller's next claim to pass over.
+        assert max(params) <= CLAIM_WINDOW, params
+        assert set(held) == set(ids[:CLAIM_WINDOW + 5]) and min(held.values()) > utcnow().timestamp() + 500
+        # A seat tuned since the caller listed the queue is skipped and reported finished.
+        mark = store.last_tuning_id()
+        with store.session() as s:
+            s.add(Tuning(seat_id=ids[CLAIM_WINDOW + 6], kind="tune", outcome="certified", started_at=utcnow(),
+                         worker="other:2", device_name="d", device_target="t", driver="-", triton_version="-",
+                         torch_version="-", kernel_source_hash="-", config_space_hash="-", profile_hash="-"))
+        finished = set()
+        assert store.claim_next(ids, "me:2", 60, since_tuning=mark, finished=finished) == ids[CLAIM_WINDOW + 7]
+        assert finished == {ids[CLAIM_WINDOW + 6]}
+    finally:
+        store.close()
+
+
+def test_a_worker_lists_the_queue_at_start_and_when_dry_not_per_claim(db_url):
+    from types import SimpleNamespace
+
+    from nbx_tune.tuner.fleet.workers import run_worker
+
+    store = Store(db_url)
+    try:
+        ids = _seats(store, 30)
+        done, listings = set(), []
+
+        class Tuner:
+            holder, claim_ttl = "me:1", 60
+            profile, device = SimpleNamespace(name="p"), SimpleNamespace(name="d")
+
+            def needing_work(self, untuned_only=False):
+                listings.append(untuned_only)
+                return [(i, "k", f"seat{i}") for i in ids if i not in done]
+
+            def tune_claimed(self, sid, kernel, label, *a):
+                done.add(sid)
+                store.release(sid, self.holder)
+                return "tuned"
+
+        t = Tuner()
+        t.store = store
+        rep = run_worker(t)
+        assert len(rep.tuned) == 30 and done == set(ids)
+        # In full at start, then only the never-tuned seats once dry (before: in full per claim, 31).
+        assert listings == [False, True], listings
+    finally:
+        store.close()
+
+
+PG = os.environ.get("NBX_TUNE_TEST_PG", "").strip()
+
+
+@pytest.mark.slow
+def test_fifty_simulated_workers_certify_five_hundred_seats_once(tmp_path, monkeypatch):
+    if not PG:
+        if os.environ.get("NBX_TUNE_REQUIRE_PG") == "1":
+            pytest.fail("NBX_TUNE_REQUIRE_PG=1 but NBX_TUNE_TEST_PG is not set")
+        pytest.skip("no PostgreSQL server (set NBX_TUNE_TEST_PG)")
+    from nbx_tune.bench import fleet_sim
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    rc = fleet_sim.main(["--db", PG, "--workers", "50", "--seats", "500", "--scale", "0.002", "--pool", "4",
+                         "--lease", "10", "--kill-after", "0.5"])
+    import json
+
+    (row,) = json.loads((tmp_path / "fleet_sim.json").read_text())["rows"]
+    assert row["errors"] == []
+    assert row["exactly_once"] and row["tunings"] == 500 == row["certified"]
+    assert row["no_lost_seat"] and row["left_held"] == 0
+    assert row["dead_seat"] is not None and row["reclaim_s"] is not None
+    assert 0 < row["reclaim_s"] < 10 + 2  # its lease, and a poll of the workers waiting on it
+    assert rc == 0
+
+
+def test_the_listing_reads_never_tuned_seats_in_one_query_and_keeps_their_cost(any_db, monkeypatch):
+    from types import SimpleNamespace
+
+    from nbx_tune.kernels.runtime.registry import get_spec
+    from nbx_tune.kernels.spec import Problem
+    from nbx_tune.profiles import get_profile
+    from nbx_tune.tuner.fleet import seat_tuner as runner
+    from nbx_tune.tuner.fleet.seat_tuner import SeatTuner, seat_cost
+
+    from nbx_tune.bench import fleet_sim
+
+    from conftest import db_count
+
+    store = Store(any_db)
+    try:
+        profile = get_profile(fleet_sim.PROFILE)
+        seats = fleet_sim.seat_mix(40, 1.0, profile)
+        fleet_sim.enqueue(store, seats)
+        tuner = SeatTuner(store, profile, SimpleNamespace(name="SimGPU", target="cuda:90", driver="sim"), None, None)
+        recs = store.seat_records(profile=profile.name)
+        want = [r.seat.id for r in sorted(recs, key=lambda r: (-seat_cost(get_spec(r.seat.kernel), r.problems,
+                                                                          profile), r.seat.id))]
+        read, whole = [], store.seat_records
+        monkeypatch.setattr(store, "seat_records", lambda **kw: read.append(kw) or whole(**kw))
+        listed = tuner.needing_work()
+        assert [t[0] for t in listed] == want  # longest first, as from the seats' records
+        # No never-tuned seat's records were read (before: every seat's, at every listing),
+        # and each seat's cost is kept for the next listing, which works none out.
+        assert all(kw.get("tuned_only") for kw in read), read
+        assert db_count(any_db, "seats", "WHERE queue_cost IS NULL") == 0
+        monkeypatch.setattr(runner, "_cost_at", lambda *a: pytest.fail("cost worked out again"))
+        assert tuner.needing_work() == listed
+        # A census that adds a shape to a seat clears its cost: the next listing sets it anew.
+        k, d, f, b, *_ = seats[0]
+        store.record_census(SimpleNamespace(path="t.tsv", rows=[1], launches=1), "sha", profile.name,
+                            {(k, d, f, b): {Problem.from_json(seats[1][4]): 1}})
+        assert db_count(any_db, "seats", "WHERE queue_cost IS NULL") == 1
+    finally:
+        store.close()
