@@ -448,7 +448,7 @@ def test_reload_forgets_replays_and_replays_still_count_misses(fake):
 
 
 def test_a_tile_with_a_second_accumulator_replays_right(fake, monkeypatch):
-    # A certificate may name a tile BLOCK_N + EXTRA_N wide (kernels/matmul.py): its grid and
+    # A certificate may name a tile BLOCK_N + EXTRA_N wide (kernels/matmul/): its grid and
     # its extra constexpr must be what the replay passes. N = 48 makes two tile columns of
     # 32, the second one's extra block wholly past the edge.
     from nbx_tune.kernels.spec import Config
@@ -541,7 +541,7 @@ def test_a_split_summed_by_its_last_split_replays_with_its_streams_counters(fake
 
 
 # ----------------------------------------------------------------------------- matmul staging
-# At aligned=0 matmul copies operands into zero-padded buffers (kernels/matmul.py's
+# At aligned=0 matmul copies operands into zero-padded buffers (kernels/matmul/kernel.py's
 # stage_operands) with the copy and fill kernels into `launch.empty`, so the call is
 # remembered; rotary's inv_freq @ positions, a float32 [B, 64, 1] @ [B, 1, N] product, is
 # one in every decode step.
