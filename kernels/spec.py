@@ -158,7 +158,7 @@ def plain_row(row, op: str, tensors: int, served: Sequence[str]) -> str | NotSer
 
 class KernelSpec:
     """Base class of a kernel family's declaration. Subclasses fill in the class attributes
-    and override the methods; `kernels/matmul.py` is the reference example."""
+    and override the methods; `kernels/matmul/` is the reference example."""
 
     name: str = ""
     ops: tuple[str, ...] = ()  # trace ops served: `aten.mm`, `aten.add.Tensor`

@@ -1,7 +1,7 @@
 """silu(gate) * up in one launch (`nbx_tune.silu_mul`, LlamaMLP's activation), in fp16, bf16
 and fp32: the two launches of silu and mul and the intermediate tensor between them, fused.
 
-An element-wise stream like the unary and binary kernels of kernels/elementwise.py, and built
+An element-wise stream like the unary and binary kernels of kernels/elementwise/, and built
 from their parts: the same device code for a block's loads and stores and for silu, the same
 launch geometry (`stream_launch`) and the same config space. Computed in fp32 and rounded
 once (torch rounds silu(gate) to the dtype before the product).

@@ -173,7 +173,7 @@ def main() -> None:
 
         for name, op, args, kw, ref in matmul_cases(torch, buf) + family_cases(torch, buf):
             tensors = [t for t in args if isinstance(t, torch.Tensor)]
-            if op.__module__.endswith("matmul"):  # aligned=0 under a TMA tile: staged into descriptors
+            if op.__module__.startswith("nbx_tune.kernels.matmul"):  # aligned=0 under a TMA tile: staged into descriptors
                 a, b = tensors[-2:]
                 aligned = alignment(a.stride(), b.stride(), b.shape[-1], a.shape[-1], vector_elems(dt))
                 dims = (a.shape[0] if a.dim() == 3 else 1, a.shape[-2], b.shape[-1], a.shape[-1])

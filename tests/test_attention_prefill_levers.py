@@ -38,7 +38,7 @@ class Spy:
 
     def __init__(self, monkeypatch):
         self.real, self.launches = A._attn_fwd_kernel, []
-        monkeypatch.setattr(A, "_attn_fwd_kernel", self)
+        monkeypatch.setattr(A.kernel, "_attn_fwd_kernel", self)  # where the launcher reads it
 
     def __getitem__(self, grid):
         def run(*args, **kw):
@@ -258,7 +258,8 @@ def test_tma_configs_are_refused_unlaunched_where_there_is_no_tma_unit(profile, 
 
 
 def test_tma_configs_are_refused_on_a_triton_without_tensor_descriptors(monkeypatch):
-    monkeypatch.setattr(A, "TensorDescriptor", None)
+    for where in (A.kernel, A.spec):  # the launcher's descriptors, the spec's refusal
+        monkeypatch.setattr(where, "TensorDescriptor", None)
     c = next(c for c in A.CONFIGS if _has(c, "TMA"))
     assert SPEC.static_refusal(HOPPER, c, _problem(32, 8))[0] == "no_tma"
 

@@ -448,7 +448,7 @@ def test_reload_forgets_replays_and_replays_still_count_misses(fake):
 
 
 def test_a_tile_with_a_second_accumulator_replays_right(fake, monkeypatch):
-    # A certificate may name a tile BLOCK_N + EXTRA_N wide (kernels/matmul.py): its grid and
+    # A certificate may name a tile BLOCK_N + EXTRA_N wide (kernels/matmul/): its grid and
     # its extra constexpr must be what the replay passes. N = 48 makes two tile columns of
     # 32, the second one's extra block wholly past the edge.
     from nbx_tune.kernels.spec import Config
@@ -541,7 +541,7 @@ def test_a_split_summed_by_its_last_split_replays_with_its_streams_counters(fake
 
 
 # ----------------------------------------------------------------------------- matmul staging
-# At aligned=0 matmul copies operands into zero-padded buffers (kernels/matmul.py's
+# At aligned=0 matmul copies operands into zero-padded buffers (kernels/matmul/kernel.py's
 # stage_operands) with the copy and fill kernels into `launch.empty`, so the call is
 # remembered; rotary's inv_freq @ positions, a float32 [B, 64, 1] @ [B, 1, N] product, is
 # one in every decode step.
@@ -611,7 +611,7 @@ def test_a_padded_pointwise_convolution_is_remembered_and_its_replay_is_bit_iden
     from nbx_tune.oracles import conv as conv_oracle
 
     pad = next(c for c in cv.POINTWISE_CONFIGS if c.kwargs.get("PAD") and c.kwargs.get("SPLIT_K", 1) == 1)
-    monkeypatch.setattr(cv, "config_for", lambda spec, d, f, dims: pad)
+    monkeypatch.setattr(cv.ops, "config_for", lambda spec, d, f, dims: pad)
     x, w = fresh(2, 24, 7, 7, seed=1), fresh(5, 24, 1, 1, seed=2)
     first, second = cv.conv2d(x, w), cv.conv2d(x, w)
     assert torch.equal(first, second)

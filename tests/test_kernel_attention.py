@@ -134,13 +134,13 @@ def test_public_op_strided_inputs_and_edges():
 
 def test_public_op_uses_config_for(monkeypatch):
     seen = []
-    real = A.config_for
+    real = A.ops.config_for
 
     def spy(spec, dtypes, flags, dims):
         seen.append((spec.name, dtypes, flags, dims))
         return real(spec, dtypes, flags, dims)
 
-    monkeypatch.setattr(A, "config_for", spy)
+    monkeypatch.setattr(A.ops, "config_for", spy)
     q = torch.randn(2, 4, 17, 24)
     kv = torch.randn(2, 2, 29, 24)
     A.scaled_dot_product_attention(q, kv, kv, is_causal=True)
@@ -254,13 +254,13 @@ def test_screen_catches_a_wrong_result(monkeypatch):
     assert screening.screen(SPEC, cfg, case, 1e-4, "cpu").ok
 
     real = A.launch_attention
-    monkeypatch.setattr(A, "launch_attention",
+    monkeypatch.setattr(A.spec, "launch_attention",  # the spec's launch: what the screen runs
                         lambda q, k, v, o, lse, scale, causal, config:
                         real(q, k, v, o, lse, scale, False, config))
     r = screening.screen(SPEC, cfg, case, 1e-4, "cpu")
     assert r.reason == "wrong_answer"
 
-    monkeypatch.setattr(A, "launch_attention",
+    monkeypatch.setattr(A.spec, "launch_attention",
                         lambda q, k, v, o, lse, scale, causal, config:
                         real(q[:, :, :32], k, v, o[:, :, :32], lse[:, :, :32], scale, causal, config))
     r = screening.screen(SPEC, cfg, case, 1e-4, "cpu")
@@ -351,7 +351,7 @@ def test_packed_prefill_matches_the_oracle_and_repeats_bit_for_bit(dtype, tol, B
                 return real[grid](*args, **kw)
             return run
 
-    A._attn_fwd_kernel = Spy()
+    A.kernel._attn_fwd_kernel = Spy()  # where the launcher reads it
     try:
         outs = []
         for _ in range(2):
@@ -360,7 +360,7 @@ def test_packed_prefill_matches_the_oracle_and_repeats_bit_for_bit(dtype, tol, B
             A.launch_attention(q, k, v, o, lse, 0.3, causal, cfg)
             outs.append((o, lse))
     finally:
-        A._attn_fwd_kernel = real
+        A.kernel._attn_fwd_kernel = real
     assert launched[0] == ((-(-Lq // (16 // packed)), B * Hq // packed), packed)
     o, lse = outs[0]
     assert np.abs(o.double().numpy() - ref).max() / np.abs(ref).max() < tol

@@ -443,7 +443,7 @@ def test_public_ops_and_serve_launch_the_pointwise_kernel(monkeypatch):
 
     calls = []
     real = cv.launch_conv_pointwise
-    monkeypatch.setattr(cv, "launch_conv_pointwise",
+    monkeypatch.setattr(cv.ops, "launch_conv_pointwise",  # where the public ops read it
                         lambda *a, **k: calls.append((tuple(a[4]), cv.pixels_flat(a[0]))) or real(*a, **k))
     x = torch.randn(2, 6, 5, 7)
     w = torch.randn(4, 6, 1, 1)
@@ -548,8 +548,8 @@ def test_pointwise_aligned_flag_follows_pixel_rows(monkeypatch):
     assert "aligned" not in dict(_problem("float16", (2, 6, 5, 6), (4, 6, 3, 3), False).flags)
     # the public op computes it from the real strides: channels-last rows are not pixel rows
     seen = []
-    real = cv.config_for
-    monkeypatch.setattr(cv, "config_for", lambda spec, d, f, dims: seen.append(dict(f)["aligned"]) or real(spec, d, f, dims))
+    real = cv.ops.config_for
+    monkeypatch.setattr(cv.ops, "config_for", lambda spec, d, f, dims: seen.append(dict(f)["aligned"]) or real(spec, d, f, dims))
     x, w = torch.randn(2, 6, 6, 6), torch.randn(4, 6, 1, 1)
     ref = oracle.conv2d(x.double().numpy(), w.double().numpy())
     for xin in (x, x.contiguous(memory_format=torch.channels_last)):

@@ -255,8 +255,8 @@ def test_recorded_rows_map_to_the_public_ops_seats(monkeypatch):
 
     # The public ops land on the same seats as the recorded rows.
     seen = []
-    real = ew.config_for
-    monkeypatch.setattr(ew, "config_for", lambda spec, dt, fl, dims:
+    real = ew.ops.config_for
+    monkeypatch.setattr(ew.ops, "config_for", lambda spec, dt, fl, dims:
                         seen.append((spec.name, dt, fl, dims)) or real(spec, dt, fl, dims))
     x = torch.randn(4, 6, 5, 7, dtype=torch.float16)
     y = torch.randn(6, 1, 7, dtype=torch.float16)
@@ -365,7 +365,7 @@ def test_plan_merges_dims_and_classifies_operands():
 
 def test_int64_offsets_path(monkeypatch):
     """Past INDEX_LIMIT elements the kernels index in int64: forced here at a small size."""
-    monkeypatch.setattr(ew, "INDEX_LIMIT", 16)
+    monkeypatch.setattr(ew.kernel, "INDEX_LIMIT", 16)  # where the launchers read it
     g = torch.Generator().manual_seed(4)
     x = torch.randn(37, 27, generator=g)
     y = torch.randn(27, generator=g)

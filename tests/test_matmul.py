@@ -298,9 +298,10 @@ def test_tma_tiles_are_refused_unlaunched_where_there_is_no_tma_unit(profile, re
 def test_tma_tiles_are_refused_unlaunched_on_a_triton_without_tensor_descriptors(monkeypatch):
     # pyproject allows Triton 3.1, which has no triton.tools.tensor_descriptor: the module
     # still imports, and its TMA tiles are refused before any launch, on Hopper too.
-    import nbx_tune.kernels.matmul as matmul_module
+    from nbx_tune.kernels.matmul import kernel, spec
 
-    monkeypatch.setattr(matmul_module, "TensorDescriptor", None)
+    for where in (kernel, spec):  # the launcher's descriptors, the spec's refusal
+        monkeypatch.setattr(where, "TensorDescriptor", None)
     p = SPEC.problem_from_row(make_row("aten.mm", ["float16"] * 2, [(512, 512), (512, 512)]))
     tma = next(c for c in CONFIGS if c.kwargs.get("TMA") and c.num_stages <= 3)
     reason, detail = SPEC.static_refusal(get_profile("hopper"), tma, p)
@@ -371,15 +372,20 @@ def test_split_k_serves_the_public_op_with_unaligned_and_transposed_operands(mon
     # The public op takes a certified split-K config like any other: here forced as the
     # default. K = 75 in fp16 is staged (padded), b.t() is column-major.
     from nbx_tune.kernels.runtime import certified
-    from nbx_tune.kernels import matmul
+    from nbx_tune.kernels.matmul import kernel
 
-    monkeypatch.setattr(matmul, "DEFAULTS", (_split(3),))
+    # the spec's defaults, as read at launch (the module's DEFAULTS only seeds them)
+    monkeypatch.setattr(SPEC, "default_configs", (_split(3),))
+    splits = []
+    real = kernel.launch_splitk
+    monkeypatch.setattr(kernel, "launch_splitk", lambda *args, **kw: splits.append(1) or real(*args, **kw))
     certified.reload()
     g = torch.Generator().manual_seed(5)
     a = (torch.rand(5, 75, generator=g) * 2 - 1).half()
     w = (torch.rand(29, 75, generator=g) * 2 - 1).half()
     got = mm(a, w.t())
     ref = oracle.mm(a.double().numpy(), w.double().numpy().T)
+    assert splits == [1]  # served by the split-K kernel
     assert np.abs(got.double().numpy() - ref).max() / np.abs(ref).max() < 2e-3
     certified.reload()
 
@@ -537,7 +543,7 @@ def test_a_rows_layout_gives_the_seat_its_launch_reads(layout, monkeypatch):
 
     def looked_up(spec, dtypes, flags, dims):
         raise Looked(flags)
-    monkeypatch.setattr(matmul, "config_for", looked_up)
+    monkeypatch.setattr(matmul.ops, "config_for", looked_up)
     with pytest.raises(Looked) as seen:
         matmul._matmul(a, b, None, 1.0, 0.0, 2)
     assert seen.value.args[0] == p.flags  # the launch reads the row's seat

@@ -153,3 +153,15 @@ def test_a_config_space_declared_as_data_or_by_methods_reads_the_same(on_path):
 
     with pytest.raises(NotImplementedError, match="Undeclared declares no config_space"):
         Undeclared().configs()
+
+
+def test_the_families_made_packages_are_built_in_not_plugins(monkeypatch):
+    # A family's specs live in its package's spec.py (kernels/elementwise/spec.py): counted as a
+    # plugin, every worker process would import it again by that name.
+    monkeypatch.setattr(registry, "_specs", {})
+    monkeypatch.setattr(registry, "_by_op", {})
+    monkeypatch.setattr(registry, "_loaded", False)
+    monkeypatch.setattr(registry, "_plugin_paths", set())
+    modules = {type(s).__module__ for s in registry.all_specs().values()}
+    assert "nbx_tune.kernels.elementwise.spec" in modules
+    assert registry.plugin_modules() == []

@@ -20,6 +20,12 @@ from nbx_tune.kernels.spec import KernelSpec
 BUILTIN_MODULES = tuple(dict.fromkeys(_OPS.values()))
 ENTRY_POINT_GROUP = "nbx_tune.kernels"
 
+
+def _builtin(module: str) -> bool:
+    """A family's module, or a module of a family's package (`kernels/matmul/spec.py`)."""
+    return module in BUILTIN_MODULES or module.rpartition(".")[0] in BUILTIN_MODULES
+
+
 _specs: dict[str, KernelSpec] = {}
 _by_op: dict[str, KernelSpec] = {}
 _loaded = False
@@ -53,7 +59,7 @@ def register(spec: KernelSpec, origin: str = "") -> None:
     for op in spec.ops:
         other = _by_op.get(op)
         if other is not None and other is not spec:
-            builtin = [k for k in (other, spec) if type(k).__module__ in BUILTIN_MODULES]
+            builtin = [k for k in (other, spec) if _builtin(type(k).__module__)]
             if len(builtin) == 1:  # whichever came first, the plugin is the one to blame
                 plugin = spec if builtin[0] is other else other
                 raise KernelError(f"plugin kernel {plugin.name!r} ({type(plugin).__module__}) claims op {op}, "
@@ -73,7 +79,7 @@ def plugin_modules(load: bool = True) -> list[str]:
     if load:
         _ensure_loaded()
     mods = {type(s).__module__ for s in _specs.values()} | set(_plugin_paths)
-    return sorted(m for m in mods if m not in BUILTIN_MODULES and m != "__main__")
+    return sorted(m for m in mods if not _builtin(m) and m != "__main__")
 
 
 def load_plugin(path: str) -> list[KernelSpec]:

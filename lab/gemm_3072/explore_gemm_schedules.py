@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Exploratory: GEMM schedules against wave quantization at M=N=K=3072 (H200, 132 SMs).
 
-kernels/matmul.py reaches 0.94-0.99 of cuBLAS at 2048^3..8192^3 but 0.86 at 3072^3 (with its
+kernels/matmul/ reaches 0.94-0.99 of cuBLAS at 2048^3..8192^3 but 0.86 at 3072^3 (with its
 128x192 tiles; 0.82 without): 576 tiles of 128x128 on 132 SMs are 4.36 waves, the last one
 36 % full.
 This script checks each candidate schedule against fp32 torch.matmul, times every config of
@@ -63,7 +63,7 @@ HAS_TMA = hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocat
 
 @triton.jit
 def _coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """Grouped ordering as in kernels/matmul.py: GROUP_M row-blocks in turn share B tiles in L2."""
+    """Grouped ordering as in kernels/matmul/: GROUP_M row-blocks in turn share B tiles in L2."""
     group = GROUP_M * num_pid_n
     first_m = (tile // group) * GROUP_M
     group_m = min(num_pid_m - first_m, GROUP_M)
@@ -81,7 +81,7 @@ def _acc_tile(a_src, b_src, pid_m, pid_n, k_lo, k_hi, M, N, K, sam, sak, sbk, sb
         for k in tl.range(k_lo, k_hi, warp_specialize=WS):
             acc = tl.dot(a_src.load([pid_m * BM, k * BK]), b_src.load([k * BK, pid_n * BN]), acc)
     else:
-        # Rows/columns past the edge wrap to valid ones (as kernels/matmul.py); stores mask them.
+        # Rows/columns past the edge wrap to valid ones (as kernels/matmul/); stores mask them.
         rm = (pid_m * BM + tl.arange(0, BM)) % M
         rn = (pid_n * BN + tl.arange(0, BN)) % N
         rk = tl.arange(0, BK)
@@ -265,11 +265,11 @@ def _tall_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
                  GROUP_M: tl.constexpr):
     """One program per tile of (BM + EXTRA) x BN, in two accumulators: Triton's blocks are
     powers of two, their sum need not be (128 + 64 = 192). The other way round, BM x (BN +
-    EXTRA), is kernels/matmul.py's EXTRA_N (in the baseline variant)."""
+    EXTRA), is kernels/matmul/kernel.py's EXTRA_N (in the baseline variant)."""
     TM: tl.constexpr = BM + EXTRA
     pid_m, pid_n = _coords(tl.program_id(0), tl.cdiv(M, TM), tl.cdiv(N, BN), GROUP_M)
     rk = tl.arange(0, BK)
-    # Both blocks wrap past the edge as kernels/matmul.py does; the stores mask them.
+    # Both blocks wrap past the edge as kernels/matmul/ does; the stores mask them.
     rm = (pid_m * TM + tl.arange(0, BM)) % M
     rm2 = (pid_m * TM + BM + tl.arange(0, EXTRA)) % M
     rn = (pid_n * BN + tl.arange(0, BN)) % N
@@ -377,7 +377,7 @@ def _quad_kernel(a_desc, a2_desc, b_desc, b2_desc, c_ptr, M, N, K, scm, scn,
 # left zeroed by the kernel itself; allocating it is set-up, as a served kernel would cache it).
 
 def v_baseline(a, b, c, cfg, nsms):
-    """Ours as served: kernels/matmul.py, one program per tile (576 at 3072^3 = 4.36 waves)."""
+    """Ours as served: kernels/matmul/, one program per tile (576 at 3072^3 = 4.36 waves)."""
     if launch_matmul is None:
         raise RuntimeError(f"nbx_tune not importable: {BASELINE_ERR}")
     return lambda: launch_matmul(a, b, c, None, 1.0, 0.0, cfg)
@@ -449,7 +449,7 @@ def split_rows(M, N, cfg, nsms) -> int:
 
 
 def v_split_rows(a, b, c, cfg, nsms):
-    """Two launches of kernels/matmul.py: rows that make whole waves of the big tiles, then the
+    """Two launches of kernels/matmul/: rows that make whole waves of the big tiles, then the
     tail rows in small tiles that fit one wave. At 3072^3 with 128x256: 264 tiles (2 waves on
     132 SMs) over rows 0..2815, then 96 tiles of 128x64 over rows 2816..3071, where one launch
     runs 288 tiles in 3 waves, the last one 18 % full."""
@@ -472,7 +472,7 @@ def v_split_rows(a, b, c, cfg, nsms):
 
 
 def v_splitk_tail(a, b, c, cfg, nsms):
-    """Rows that make whole waves of BMxBN tiles through kernels/matmul.py, then the tail
+    """Rows that make whole waves of BMxBN tiles through kernels/matmul/, then the tail
     rows' tiles split along K so that they fill one wave: S = SMs // tail tiles partial
     products stored plainly into an fp32 workspace, and a reduction into C (three launches,
     no atomics). At 3072^3 with 128x256: 264 tiles in 2 waves, then 24 tail tiles x 5 K
@@ -558,7 +558,7 @@ def v_tall(a, b, c, cfg, nsms):
 
 
 def v_tma_wide(a, b, c, cfg, nsms):
-    """_tma_wide_kernel: kernels/matmul.py's BM x (BN + X) tiles with A and B loaded by TMA
+    """_tma_wide_kernel: kernels/matmul/kernel.py's BM x (BN + X) tiles with A and B loaded by TMA
     (host-side descriptors: the tma_persistent variant's best at 4096^3), one program per
     tile or persistent (P=1: min(tiles, SMs) programs)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -566,7 +566,7 @@ def v_tma_wide(a, b, c, cfg, nsms):
         raise RuntimeError(f"nbx_tune not importable: {BASELINE_ERR}")
     (M, K), N = a.shape, b.shape[1]
     BM, BN, X, BK = cfg["BM"], cfg["BN"], cfg["X"], cfg["BK"]
-    # Rows TMA cannot read in place (the odd smoke shapes) are copied, as kernels/matmul.py does.
+    # Rows TMA cannot read in place (the odd smoke shapes) are copied, as kernels/matmul/ does.
     a, b = (t if tma_ready(t, batched=False) else _tma_copy(t) for t in (a, b))
     tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN + X)
     progs = min(tiles, nsms) if cfg["P"] else tiles
@@ -636,10 +636,10 @@ def variant_configs(smoke: bool) -> dict:
                 "ticket_tail": (v_ticket_tail, _rows(TT_KEYS, [(32, 16, 16, 1, 1, 0, 0, 99), (32, 16, 16, 1, 1, 1, 0, 99),
                                                             (32, 16, 16, 1, 1, 1, 1, 99), (16, 32, 16, 1, 1, 0, 1, 2)],
                                                      G=2))}
-    # The wide tiles of kernels/matmul.py (128 x 192 through EXTRA_N) are in, whatever BLOCK_K.
+    # The wide tiles of kernels/matmul/ (128 x 192 through EXTRA_N) are in, whatever BLOCK_K.
     base = [c for c in CONFIGS if (c["BLOCK_M"], c["BLOCK_N"]) in ((128, 128), (128, 256), (256, 128))
             and (c["BLOCK_K"] == 64 or "EXTRA_N" in c.kwargs)]
-    # Configs of kernels/matmul.py's own kernel that its space lacks: deeper or shallower
+    # Configs of kernels/matmul/kernel.py's own kernel that its space lacks: deeper or shallower
     # pipelines and other groupings of the 128x192 tile, 192-wide tiles split the other way
     # (64 + 128) or 64 rows high, and BLOCK_K 128 (a row of A or B misaligned to 128 bytes
     # costs one extra line per 256 bytes loaded instead of per 128: the 3000^3 question).

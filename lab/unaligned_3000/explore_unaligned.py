@@ -92,7 +92,7 @@ def row_copy(t, line_bytes=128):
 
 def _padded(t, rows: int, cols: int):
     """A contiguous copy of t grown to (rows, cols), zeros in the growth, by torch ops: the
-    staging of this study's day (kernels/matmul.py has staged by the copy kernel since
+    staging of this study's day (kernels/matmul/ has staged by the copy kernel since
     2026-12-04, `stage_operands`)."""
     *batch, r, c = t.shape
     out = t.new_empty((*batch, rows, cols))
