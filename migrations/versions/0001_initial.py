@@ -1,9 +1,5 @@
 """The initial schema: seats, their shapes and traces, tunings, measurements, refusals,
 certificates, and the `certified_configs` view the kernels read at launch.
-
-Revision ID: 0001
-Revises:
-Create Date: 2026-12-02
 """
 
 import sqlalchemy as sa
@@ -11,8 +7,6 @@ from alembic import op
 
 revision = "0001"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 TS = sa.DateTime(timezone=True)
 

@@ -1,10 +1,6 @@
 """Torch baselines: a certificate's config measured against torch's own op on one GPU with
 one torch, and the `torch_baselines` view the launch read takes them from (the seats
 serve() hands back to torch: kernels/runtime/torch_rule.py).
-
-Revision ID: 0006
-Revises: 0005
-Create Date: 2026-12-05
 """
 
 import sqlalchemy as sa
@@ -12,8 +8,6 @@ from alembic import op
 
 revision = "0006"
 down_revision = "0005"
-branch_labels = None
-depends_on = None
 
 # The reader's contract, as certified_configs is: baselines of current certificates only,
 # with the config they were measured against (the reader matches it to what it serves).
