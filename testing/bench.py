@@ -98,6 +98,20 @@ def per_call_ms(fn, reps: int, sync) -> float:
     return (time.perf_counter() - t0) / reps * 1e3
 
 
+def accumulating(totals: dict, name: str, fn):
+    """`fn`, adding the wall seconds each call spends in it to totals[name] (a lab probe's
+    split of one phase into the parts it calls)."""
+    import time
+
+    def timed(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            totals[name] = totals.get(name, 0.0) + time.perf_counter() - t0
+    return timed
+
+
 def epoch(value) -> float:
     """A DateTime column as read back by SQLite (text, UTC) or another database, in epoch seconds."""
     if isinstance(value, str):
