@@ -1,10 +1,19 @@
-"""What the migrations in `versions/` repeat, one call each: columns added to a table or
-dropped from it. Both go through Alembic's batch mode, since SQLite alters a table by
-copying it; that copy is refused while a view reads the table, so a drop on SQLite sets
-the table's views aside and makes them again from their own text."""
+"""What the migrations in `versions/` repeat, one call each: a table with its integer id and
+its single-column indexes, columns added to a table or dropped from it. Columns go through
+Alembic's batch mode, since SQLite alters a table by copying it; that copy is refused while
+a view reads the table, so a drop on SQLite sets the table's views aside and makes them
+again from their own text."""
 
 import sqlalchemy as sa
 from alembic import op
+
+
+def create_table(table: str, *columns: sa.Column, indexed: tuple[str, ...] = ()) -> None:
+    """`table`: an integer primary key `id`, then `columns`; an index ix_<table>_<column> on
+    each column named in `indexed`."""
+    op.create_table(table, sa.Column("id", sa.Integer, primary_key=True), *columns)
+    for column in indexed:
+        op.create_index(f"ix_{table}_{column}", table, [column])
 
 
 def add_columns(table: str, *columns: sa.Column) -> None:

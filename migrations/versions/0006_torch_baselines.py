@@ -6,6 +6,8 @@ serve() hands back to torch: kernels/runtime/torch_rule.py).
 import sqlalchemy as sa
 from alembic import op
 
+from nbx_tune.migrations.alter import create_table
+
 revision = "0006"
 down_revision = "0005"
 
@@ -23,9 +25,8 @@ WHERE c.superseded_at IS NULL
 
 
 def upgrade() -> None:
-    op.create_table(
+    create_table(
         "baselines",
-        sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("certificate_id", sa.Integer, sa.ForeignKey("certificates.id"), nullable=False),
         sa.Column("device_name", sa.String(255), nullable=False),
         sa.Column("torch_version", sa.String(64), nullable=False),
@@ -34,8 +35,8 @@ def upgrade() -> None:
         sa.Column("method", sa.String(64), nullable=False),
         sa.Column("rows", sa.Text),
         sa.Column("measured_at", sa.DateTime(timezone=True), nullable=False),
+        indexed=("certificate_id",),
     )
-    op.create_index("ix_baselines_certificate_id", "baselines", ["certificate_id"])
     op.execute(BASELINES_VIEW)
 
 
