@@ -274,15 +274,19 @@ def _affine_and_dtype(row, affine):
 
 # ----------------------------------------------------------------------------- row norms
 
-class _RowNormSpec(KernelSpec):
-    """Layer norm and RMS norm: one row kernel and launcher, one config space."""
+class RowSpec(KernelSpec):
+    """A kernel over rows of N elements in the row-norm config space (layer and RMS norm
+    here, their residual-add forms in kernels/residual_norm.py): seats by the row length."""
 
     key = (KeyDim("N", "row"),)
     dtypes = tuple(TORCH_DTYPES)
-
     config_space = ROW_CONFIGS
     default_configs = ROW_DEFAULTS
     default_holds_row = True
+
+
+class _RowNormSpec(RowSpec):
+    """Layer norm and RMS norm: one row kernel and launcher, one config space."""
 
     def source_parts(self):
         return (_row_norm_kernel, launch_row_norm)

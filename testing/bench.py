@@ -67,6 +67,15 @@ def save(name: str, data) -> Path:
     return p
 
 
+def report(name: str, header: list[str], rows: list[list], data) -> None:
+    """A study's end: the environment line and the table of `rows` printed, and
+    {"env", "rows": data} saved as `name` in the output folder."""
+    env = environment()
+    print(f"{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}")
+    print(table(rows, header))
+    save(name, {"env": env, "rows": data})
+
+
 def table(rows: list[list], header: list[str]) -> str:
     cells = [header] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
