@@ -35,6 +35,7 @@ import os
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -334,6 +335,21 @@ def sweep_then_confirm(fns, base, groups, calls_sweep, calls_final, device, fail
     return sweep, final, best
 
 
+@contextmanager
+def shape_errors(out: list, name: str, device: str):
+    """One shape's timing: an error becomes the shape's row instead of ending the run, and
+    the next shape starts with the CUDA cache emptied."""
+    try:
+        yield
+    except Exception as e:
+        traceback.print_exc(limit=2)
+        out.append({"shape": name, "error": f"{type(e).__name__}: {str(e)[:150]}"})
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
 def gemm_times(profile, bw, shapes, budget, dt="bfloat16", device="cuda", smoke=False, failed=frozenset()) -> list:
     import torch
 
@@ -347,7 +363,7 @@ def gemm_times(profile, bw, shapes, budget, dt="bfloat16", device="cuda", smoke=
         if over(budget):
             out.append({"shape": name, "error": "not timed (budget)"})
             continue
-        try:
+        with shape_errors(out, name, device):
             p = gemm_problem(m, n, k, dt)
             cert = certified.config_for(MM.SPEC, p.dtypes, p.flags, p.dims)
             is_cert = certified.state().memo[("matmul", p.dtypes, p.flags, p.dims)][1] is None
@@ -381,11 +397,6 @@ def gemm_times(profile, bw, shapes, budget, dt="bfloat16", device="cuda", smoke=
                   f"{row['best_unsplit_ms'] or float('nan'):.4f} best split {row['best_split_ms'] or float('nan'):.4f} "
                   f"floor {floor:.4f} ({len(fns) - 2} configs, {len(failed_here)} failed to capture)", flush=True)
             del a, ws, c
-        except Exception as e:
-            traceback.print_exc(limit=2)
-            out.append({"shape": name, "error": f"{type(e).__name__}: {str(e)[:150]}"})
-        if device == "cuda":
-            torch.cuda.empty_cache()
     return out
 
 
@@ -404,7 +415,7 @@ def attn_times(profile, shapes, budget, dt="bfloat16", device="cuda", failed=fro
         if over(budget):
             out.append({"shape": name, "error": "not timed (budget)"})
             continue
-        try:
+        with shape_errors(out, name, device):
             p = attn_problem(shape, dt)
             cert = certified.config_for(A.SPEC, p.dtypes, p.flags, p.dims)
             is_cert = certified.state().memo[("attention", p.dtypes, p.flags, p.dims)][1] is None
@@ -438,11 +449,6 @@ def attn_times(profile, shapes, budget, dt="bfloat16", device="cuda", failed=fro
                   f"{row['best_ms'] or float('nan'):.4f} ({len(space)} configs, {len(failed_here)} failed to capture)",
                   flush=True)
             del q, kvs, o
-        except Exception as e:
-            traceback.print_exc(limit=2)
-            out.append({"shape": name, "error": f"{type(e).__name__}: {str(e)[:150]}"})
-        if device == "cuda":
-            torch.cuda.empty_cache()
     return out
 
 

@@ -61,6 +61,14 @@ def _print_seats(lines, title: str) -> None:
         out.print(line, highlight=False)
 
 
+def _seat_list(views, json_out: bool, what: str) -> None:
+    """`seats` and `unscreened`: the views as JSON, or the table titled with their count."""
+    if json_out:
+        render.print_json([v.to_dict() for v in views])
+    else:
+        _print_seats(views, f"{len(views)} {what}")
+
+
 @app.command()
 def census(
     model: Path = typer.Option(..., "--model", help="Trace file (trace format v1)."),
@@ -162,11 +170,7 @@ def seats(
     """List seats with their status, certified config and who holds them."""
     from nbx_tune.tuner import commands as api
 
-    views = api.seat_views(db, status, kernel, profile, plugin or ())
-    if json_out:
-        render.print_json([v.to_dict() for v in views])
-        return
-    _print_seats(views, f"{len(views)} seats")
+    _seat_list(api.seat_views(db, status, kernel, profile, plugin or ()), json_out, "seats")
 
 
 @app.command()
@@ -216,11 +220,7 @@ def unscreened(
     """Seats served by a config never screened at some of their shapes, and why."""
     from nbx_tune.tuner import commands as api
 
-    views = api.seat_views(db, ["unscreened"], None, profile, plugin or ())
-    if json_out:
-        render.print_json([v.to_dict() for v in views])
-        return
-    _print_seats(views, f"{len(views)} unscreened seats")
+    _seat_list(api.seat_views(db, ["unscreened"], None, profile, plugin or ()), json_out, "unscreened seats")
 
 
 @app.command()

@@ -263,17 +263,30 @@ def _affine_inputs(rng, shape, present: dict, dt: str) -> dict:
     return out
 
 
+def _affine_and_dtype(row, affine):
+    """(which of the optional affine tensors the row has, its one dtype), or why not."""
+    present = _optional_tensors(row, affine)
+    if isinstance(present, NotServable):
+        return present
+    dt = one_dtype(row, TORCH_DTYPES)
+    return dt if isinstance(dt, NotServable) else (present, dt)
+
+
 # ----------------------------------------------------------------------------- row norms
 
-class _RowNormSpec(KernelSpec):
-    """Layer norm and RMS norm: one row kernel and launcher, one config space."""
+class RowSpec(KernelSpec):
+    """A kernel over rows of N elements in the row-norm config space (layer and RMS norm
+    here, their residual-add forms in kernels/residual_norm.py): seats by the row length."""
 
     key = (KeyDim("N", "row"),)
     dtypes = tuple(TORCH_DTYPES)
-
     config_space = ROW_CONFIGS
     default_configs = ROW_DEFAULTS
     default_holds_row = True
+
+
+class _RowNormSpec(RowSpec):
+    """Layer norm and RMS norm: one row kernel and launcher, one config space."""
 
     def source_parts(self):
         return (_row_norm_kernel, launch_row_norm)
@@ -281,16 +294,30 @@ class _RowNormSpec(KernelSpec):
     affine: tuple[str, ...] = ()  # the optional affine tensors, in the trace row's order
     eps_default: float | None = None  # None: a row must give eps
     input_mean = 0.0  # of the seeded inputs
+    rms = False  # RMS norm (outputs out, rstd) or layer norm (out, mean, rstd)
+    # The example rows' cases at the "small" scale and at the "gpu" one: (input shape, normalized shape).
+    small_cases = [((5, 37), (37,)), ((3, 7, 11), (7, 11)), ((3, 1100), (1100,))]
+    gpu_cases: list = []
+
+    def smem_bytes(self, config, problem):
+        return norm_smem(config, problem, 1 if self.rms else 3)
+
+    def example_rows(self, scale):
+        cases = self.small_cases if scale == "small" else self.gpu_cases
+        return [row for dt in self.dtypes for i, (shape, ns) in enumerate(cases)
+                for row in self.case_rows(dt, i, shape, ns)]
+
+    def case_rows(self, dt: str, i: int, shape: tuple, ns: tuple) -> list:
+        """The example rows of case i (the first and second add the optional forms)."""
+        raise NotImplementedError
 
     def problem_from_row(self, row):
         """Checks that the normalized shape is the input's trailing dims and the affine
         tensors are shaped like it."""
-        present = _optional_tensors(row, self.affine)
-        if isinstance(present, NotServable):
-            return present
-        dt = one_dtype(row, TORCH_DTYPES)
-        if isinstance(dt, NotServable):
-            return dt
+        got = _affine_and_dtype(row, self.affine)
+        if isinstance(got, NotServable):
+            return got
+        present, dt = got
         try:
             ns = row.params.ints("normalized_shape")
             eps = row.params.float("eps", self.eps_default)
@@ -341,6 +368,18 @@ class _RowNormSpec(KernelSpec):
         out.update(_affine_inputs(rng, shape[len(shape) - k:], {n: v == "1" for n, v in problem.flags}, dt))
         return out
 
+    def output_specs(self, problem):
+        shape, k = tuple(problem.get("shape")), problem.get("norm_ndim")
+        stat = shape[:len(shape) - k] + (1,) * k
+        return {"out": (shape, problem.dtypes[0]),
+                **{s: (stat, "float32") for s in (("rstd",) if self.rms else ("mean", "rstd"))}}
+
+    def launch(self, config, problem, inputs, outputs):
+        N = problem.dims[0]
+        x = inputs["input"]
+        launch_row_norm(x, inputs.get("weight"), inputs.get("bias"), outputs["out"], outputs.get("mean"),
+                        outputs["rstd"], x.numel() // N, N, problem.get("eps"), self.rms, config)
+
 
 # ----------------------------------------------------------------------------- layer norm
 
@@ -350,29 +389,18 @@ class LayerNormSpec(_RowNormSpec):
     description = "layer norm over the trailing dims, returning (out, mean, rstd)"
     affine = ("weight", "bias")
     input_mean = 1.5
+    gpu_cases = [((2048, 4096), (4096,)), ((512, 768), (768,)), ((4, 511, 1024), (1024,)), ((3, 20000), (20000,))]
 
-    def smem_bytes(self, config, problem):
-        return norm_smem(config, problem, 3)
-
-    def example_rows(self, scale):
+    def case_rows(self, dt, i, shape, ns):
         from nbx_tune.kernels.rows import make_row
 
-        if scale == "small":
-            cases = [((5, 37), (37,)), ((3, 7, 11), (7, 11)), ((3, 1100), (1100,))]
-        else:
-            cases = [((2048, 4096), (4096,)), ((512, 768), (768,)), ((4, 511, 1024), (1024,)),
-                     ((3, 20000), (20000,))]
-        rows = []
-        for dt in self.dtypes:
-            for i, (shape, ns) in enumerate(cases):
-                p = {"normalized_shape": format_shape(ns), "eps": "1e-05"}
-                rows.append(make_row("aten.native_layer_norm", [dt] * 3, [shape, ns, ns], p))
-                if i == 0:
-                    rows.append(make_row("aten.native_layer_norm", [dt] * 2, [shape, ns],
-                                         {**p, "bias": "None", "eps": "1e-06"}))
-                if i == 1:
-                    rows.append(make_row("aten.native_layer_norm", [dt], [shape],
-                                         {**p, "weight": "None", "bias": "None"}))
+        p = {"normalized_shape": format_shape(ns), "eps": "1e-05"}
+        rows = [make_row("aten.native_layer_norm", [dt] * 3, [shape, ns, ns], p)]
+        if i == 0:
+            rows.append(make_row("aten.native_layer_norm", [dt] * 2, [shape, ns],
+                                 {**p, "bias": "None", "eps": "1e-06"}))
+        if i == 1:
+            rows.append(make_row("aten.native_layer_norm", [dt], [shape], {**p, "weight": "None", "bias": "None"}))
         return rows
 
     def oracle(self, problem, inputs):
@@ -380,19 +408,8 @@ class LayerNormSpec(_RowNormSpec):
                                           inputs.get("bias"), problem.get("eps"))
         return {"out": y, "mean": mean, "rstd": rstd}
 
-    def output_specs(self, problem):
-        shape, k = tuple(problem.get("shape")), problem.get("norm_ndim")
-        stat = shape[:len(shape) - k] + (1,) * k
-        return {"out": (shape, problem.dtypes[0]), "mean": (stat, "float32"), "rstd": (stat, "float32")}
-
     def serve_ops(self):
         return {"aten.native_layer_norm": _serve_native_layer_norm}
-
-    def launch(self, config, problem, inputs, outputs):
-        N = problem.dims[0]
-        x = inputs["input"]
-        launch_row_norm(x, inputs.get("weight"), inputs.get("bias"), outputs["out"], outputs["mean"],
-                        outputs["rstd"], x.numel() // N, N, problem.get("eps"), False, config)
 
 
 # ----------------------------------------------------------------------------- RMS norm
@@ -404,27 +421,18 @@ class RMSNormSpec(_RowNormSpec):
     affine = ("weight",)
     eps_default = FP32_EPS
     input_mean = 0.3
+    rms = True
+    gpu_cases = [((512, 4096), (4096,)), ((7, 4096), (4096,)), ((3, 17, 5120), (5120,)), ((2, 20000), (20000,))]
 
-    def smem_bytes(self, config, problem):
-        return norm_smem(config, problem, 1)
-
-    def example_rows(self, scale):
+    def case_rows(self, dt, i, shape, ns):
         from nbx_tune.kernels.rows import make_row
 
-        if scale == "small":
-            cases = [((5, 37), (37,)), ((3, 7, 11), (7, 11)), ((3, 1100), (1100,))]
-        else:
-            cases = [((512, 4096), (4096,)), ((7, 4096), (4096,)), ((3, 17, 5120), (5120,)),
-                     ((2, 20000), (20000,))]
-        rows = []
-        for dt in self.dtypes:
-            for i, (shape, ns) in enumerate(cases):
-                p = {"normalized_shape": format_shape(ns), "eps": "None" if i % 2 else "1e-06"}
-                rows.append(make_row("aten._fused_rms_norm", [dt] * 2, [shape, ns], p))
-                if i == 1:
-                    rows.append(make_row("aten._fused_rms_norm", [dt], [shape], {**p, "weight": "None"}))
-            rows.append(make_row("aten.rms_norm", [dt] * 2, [cases[0][0], cases[0][1]],
-                                 {"normalized_shape": format_shape(cases[0][1])}))
+        p = {"normalized_shape": format_shape(ns), "eps": "None" if i % 2 else "1e-06"}
+        rows = [make_row("aten._fused_rms_norm", [dt] * 2, [shape, ns], p)]
+        if i == 0:  # the composite op too, once a dtype
+            rows.append(make_row("aten.rms_norm", [dt] * 2, [shape, ns], {"normalized_shape": format_shape(ns)}))
+        if i == 1:
+            rows.append(make_row("aten._fused_rms_norm", [dt], [shape], {**p, "weight": "None"}))
         return rows
 
     def oracle(self, problem, inputs):
@@ -432,19 +440,8 @@ class RMSNormSpec(_RowNormSpec):
                                   problem.get("eps"))
         return {"out": y, "rstd": rstd}
 
-    def output_specs(self, problem):
-        shape, k = tuple(problem.get("shape")), problem.get("norm_ndim")
-        stat = shape[:len(shape) - k] + (1,) * k
-        return {"out": (shape, problem.dtypes[0]), "rstd": (stat, "float32")}
-
     def serve_ops(self):
         return {"aten.rms_norm": rms_norm}
-
-    def launch(self, config, problem, inputs, outputs):
-        N = problem.dims[0]
-        x = inputs["input"]
-        launch_row_norm(x, inputs.get("weight"), None, outputs["out"], None, outputs["rstd"],
-                        x.numel() // N, N, problem.get("eps"), True, config)
 
 
 # ----------------------------------------------------------------------------- group norm
@@ -488,12 +485,10 @@ class GroupNormSpec(KernelSpec):
         return rows
 
     def problem_from_row(self, row):
-        present = _optional_tensors(row, ("weight", "bias"))
-        if isinstance(present, NotServable):
-            return present
-        dt = one_dtype(row, TORCH_DTYPES)
-        if isinstance(dt, NotServable):
-            return dt
+        got = _affine_and_dtype(row, ("weight", "bias"))
+        if isinstance(got, NotServable):
+            return got
+        present, dt = got
         try:
             n, c, hw, groups = (row.params.int(k) for k in ("N", "C", "HxW", "group"))
             eps = row.params.float("eps")
@@ -621,14 +616,20 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
     return _direct(LAYER_NORM, _layer_norm, x, normalized_shape, weight, bias, eps)
 
 
-def _layer_norm(x, normalized_shape, weight, bias, eps):
+def _layer_norm_args(x, normalized_shape, weight, bias):
+    """layer_norm's checks, public op's and serve()'s: (dtypes, N, normalized shape) and x,
+    weight and bias contiguous."""
     dtypes = _dtype_of("layer_norm", x, weight, bias)
     N, ns = _trailing("layer_norm", x, normalized_shape)
     if N == 1:  # x - mean is 0 there, and the kernel's 0 * w + b keeps a sign torch's does not
         raise KernelError("layer_norm over one element: torch's signed zero")
     _check_affine("layer_norm", weight, ns)
     _check_affine("layer_norm", bias, ns)
-    x, weight, bias = _contig(x), _contig(weight), _contig(bias)
+    return dtypes, N, ns, _contig(x), _contig(weight), _contig(bias)
+
+
+def _layer_norm(x, normalized_shape, weight, bias, eps):
+    dtypes, N, _ns, x, weight, bias = _layer_norm_args(x, normalized_shape, weight, bias)
     y = launch.empty(x.shape, x.dtype, x.device)
     M = x.numel() // N if N else 0
     if M == 0 or N == 0:
@@ -690,13 +691,7 @@ def _group_norm(x, num_groups, weight, bias, eps):
 def _serve_native_layer_norm(x, normalized_shape, weight, bias, eps):
     """aten.native_layer_norm for serve(): (out, mean, rstd), the statistics in float32
     shaped as torch's (x's leading dims, then ones)."""
-    dtypes = _dtype_of("layer_norm", x, weight, bias)
-    N, ns = _trailing("layer_norm", x, normalized_shape)
-    if N == 1:  # x - mean is 0 there, and the kernel's 0 * w + b keeps a sign torch's does not
-        raise KernelError("layer_norm over one element: torch's signed zero")
-    _check_affine("layer_norm", weight, ns)
-    _check_affine("layer_norm", bias, ns)
-    x, weight, bias = _contig(x), _contig(weight), _contig(bias)
+    dtypes, N, ns, x, weight, bias = _layer_norm_args(x, normalized_shape, weight, bias)
     y = torch.empty_like(x)
     M = x.numel() // N if N else 0
     stat_shape = (*x.shape[:x.dim() - len(ns)], *(1,) * len(ns))

@@ -26,9 +26,9 @@ from nbx_tune.kernels.serving import custom_ops  # noqa: F401  (defines the torc
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import dense
-from nbx_tune.kernels.norms import ROW_CONFIGS, ROW_DEFAULTS, TORCH_DTYPES, norm_smem
+from nbx_tune.kernels.norms import TORCH_DTYPES, RowSpec, norm_smem
 from nbx_tune.kernels.rows import format_shape, numel
-from nbx_tune.kernels.spec import KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags
+from nbx_tune.kernels.spec import NotServable, Problem, one_dtype, seat_flags
 from nbx_tune.oracles import norms as oracle
 
 OP_RMS = "nbx_tune.add_rms_norm"
@@ -118,14 +118,8 @@ def launch_add_norm(x, residual, weight, bias, out, total, n_rows: int, N: int, 
         RMS=rms, HAS_B=bias is not None, ONE_PASS=N <= config["BLOCK"], **config.kwargs)
 
 
-class _AddNormSpec(KernelSpec):
+class _AddNormSpec(RowSpec):
     """Shared by both ops: the row, its checks, inputs and launch; `rms` picks the norm."""
-
-    key = (KeyDim("N", "row"),)
-    dtypes = tuple(TORCH_DTYPES)
-    config_space = ROW_CONFIGS
-    default_configs = ROW_DEFAULTS
-    default_holds_row = True
 
     op: str = ""
     rms: bool = True

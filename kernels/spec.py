@@ -314,15 +314,25 @@ def code_hash(parts: Sequence[Callable]) -> str:
     so the hash is the same on either."""
     h = hashlib.sha256()
     for part in parts:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(part, "fn", part))))
-        for node in ast.walk(tree):
-            body = getattr(node, "body", None)
-            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module))
-                    and body and isinstance(body[0], ast.Expr)
-                    and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
-                node.body = body[1:] or [ast.Pass()]
-        h.update(_canonical(tree).encode())
+        h.update(_canonical(without_docstrings(ast.parse(part_source(part)))).encode())
     return h.hexdigest()[:16]
+
+
+def part_source(part: Callable) -> str:
+    """A source part's own text (a jitted kernel's through its `.fn`), dedented to parse."""
+    return textwrap.dedent(inspect.getsource(getattr(part, "fn", part)))
+
+
+def without_docstrings(tree: ast.AST) -> ast.AST:
+    """`tree` with the docstring of every function, class and module in it dropped (in place).
+    Stdlib `ast` only: lab/ast_source_hash runs this same text under another Python."""
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module))
+                and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return tree
 
 
 def _canonical(node) -> str:

@@ -1,8 +1,4 @@
 """${message}
-
-Revision ID: ${up_revision}
-Revises: ${down_revision | comma,n}
-Create Date: ${create_date}
 """
 from alembic import op
 import sqlalchemy as sa
@@ -10,8 +6,6 @@ ${imports if imports else ""}
 
 revision = ${repr(up_revision)}
 down_revision = ${repr(down_revision)}
-branch_labels = ${repr(branch_labels)}
-depends_on = ${repr(depends_on)}
 
 
 def upgrade() -> None:

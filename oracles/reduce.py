@@ -36,17 +36,16 @@ def mean(x: np.ndarray, dims=(), keepdim: bool = False) -> np.ndarray:
 
 def amax(x: np.ndarray, dims=(), keepdim: bool = False) -> np.ndarray:
     """Largest element over `dims`; NaN if any reduced element is NaN."""
-    axes = _axes(x, dims)
-    x = np.asarray(x)
-    if np.issubdtype(x.dtype, np.integer):
-        return np.asarray(np.max(x.astype(np.int64), axis=axes, keepdims=keepdim))
-    return np.asarray(np.max(x.astype(np.float64), axis=axes, keepdims=keepdim))
+    return _extreme(np.max, x, dims, keepdim)
 
 
 def amin(x: np.ndarray, dims=(), keepdim: bool = False) -> np.ndarray:
     """Smallest element over `dims`; NaN if any reduced element is NaN."""
-    axes = _axes(x, dims)
+    return _extreme(np.min, x, dims, keepdim)
+
+
+def _extreme(pick, x: np.ndarray, dims, keepdim: bool) -> np.ndarray:
+    """np.max or np.min over `dims`, integers in int64 and the rest in float64 (NaN wins)."""
     x = np.asarray(x)
-    if np.issubdtype(x.dtype, np.integer):
-        return np.asarray(np.min(x.astype(np.int64), axis=axes, keepdims=keepdim))
-    return np.asarray(np.min(x.astype(np.float64), axis=axes, keepdims=keepdim))
+    wide = np.int64 if np.issubdtype(x.dtype, np.integer) else np.float64
+    return np.asarray(pick(x.astype(wide), axis=_axes(x, dims), keepdims=keepdim))

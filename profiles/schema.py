@@ -73,12 +73,7 @@ class Profile:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def ladder(self, name: str) -> Ladder:
-        try:
-            return self.ladders[name]
-        except KeyError:
-            raise ProfileError(
-                f"{self.source}: autotune.buckets: no ladder {name!r} (a kernel's launch key needs it)"
-            ) from None
+        return self._entry(self.ladders, name, f"autotune.buckets: no ladder {name!r} (a kernel's launch key needs it)")
 
     @property
     def has_tma(self) -> bool:
@@ -90,12 +85,14 @@ class Profile:
         return self.vendor == "nvidia" and all(c.isdigit() and int(c) >= 90 for c in caps)
 
     def rtol(self, dtype: str) -> float:
+        return self._entry(self.screen_rtol, dtype, f"autotune_screen_rtol: no tolerance for {dtype!r}")
+
+    def _entry(self, table: Mapping, key: str, missing: str):
+        """table[key], or the one-line error naming this profile's file and what is missing."""
         try:
-            return self.screen_rtol[dtype]
+            return table[key]
         except KeyError:
-            raise ProfileError(
-                f"{self.source}: autotune_screen_rtol: no tolerance for {dtype!r}"
-            ) from None
+            raise ProfileError(f"{self.source}: {missing}") from None
 
 
 # ----------------------------------------------------------------------------- validation

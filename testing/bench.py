@@ -67,6 +67,15 @@ def save(name: str, data) -> Path:
     return p
 
 
+def report(name: str, header: list[str], rows: list[list], data) -> None:
+    """A study's end: the environment line and the table of `rows` printed, and
+    {"env", "rows": data} saved as `name` in the output folder."""
+    env = environment()
+    print(f"{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}")
+    print(table(rows, header))
+    save(name, {"env": env, "rows": data})
+
+
 def table(rows: list[list], header: list[str]) -> str:
     cells = [header] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
@@ -96,6 +105,20 @@ def per_call_ms(fn, reps: int, sync) -> float:
         fn()
     sync()
     return (time.perf_counter() - t0) / reps * 1e3
+
+
+def accumulating(totals: dict, name: str, fn):
+    """`fn`, adding the wall seconds each call spends in it to totals[name] (a lab probe's
+    split of one phase into the parts it calls)."""
+    import time
+
+    def timed(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            totals[name] = totals.get(name, 0.0) + time.perf_counter() - t0
+    return timed
 
 
 def epoch(value) -> float:

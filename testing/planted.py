@@ -44,8 +44,12 @@ class DoubleSpec(KernelSpec):
     ops = ("test.double",)
     key = (KeyDim("n", "elements"),)
     dtypes = ("float16", "float32")
+    # A subclass's planted faults: its configs are these between the two good ones.
+    faults: tuple = ()
 
-    def __init__(self, configs=(*GOOD, UNWRITTEN, WRONG, NO_COMPILE, HUGE)):
+    def __init__(self, configs=None):
+        if configs is None:
+            configs = (GOOD[0], *self.faults, GOOD[1]) if self.faults else (*GOOD, UNWRITTEN, WRONG, NO_COMPILE, HUGE)
         self._configs = tuple(configs)
 
     def configs(self):
@@ -101,9 +105,7 @@ HANG = cfg(512)  # never returns
 class FaultySpec(DoubleSpec):
     name = "test_faulty"
     ops = ("test.faulty",)
-
-    def __init__(self):
-        super().__init__((GOOD[0], CRASH, HANG, GOOD[1]))
+    faults = (CRASH, HANG)
 
     def launch(self, config, problem, inputs, outputs):
         import os
@@ -134,9 +136,7 @@ _POISONED = []
 class PoisonSpec(DoubleSpec):
     name = "test_poison"
     ops = ("test.poison",)
-
-    def __init__(self):
-        super().__init__((GOOD[0], POISON, GOOD[1]))
+    faults = (POISON,)
 
     def launch(self, config, problem, inputs, outputs):
         if config == POISON:
@@ -156,9 +156,7 @@ class UnpreparableSpec(FaultySpec):
 
     name = "test_unpreparable"
     ops = ("test.unpreparable",)
-
-    def __init__(self):
-        DoubleSpec.__init__(self, (GOOD[0], CRASH, GOOD[1]))
+    faults = (CRASH,)
 
     def make_inputs(self, problem, rng):
         import os
@@ -187,9 +185,7 @@ KILLED_ONCE = cfg(128)
 class KilledSpec(DoubleSpec):
     name = "test_killed"
     ops = ("test.killed",)
-
-    def __init__(self):
-        DoubleSpec.__init__(self, (GOOD[0], KILLED_ONCE, GOOD[1]))
+    faults = (KILLED_ONCE,)
 
     def make_inputs(self, problem, rng):
         import os

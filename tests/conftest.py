@@ -109,3 +109,31 @@ def registered_here(specs):
         for live, old in zip((registry._specs, registry._by_op), saved):
             live.clear()
             live.update(old)
+
+
+def database_at(url: str, revision: str, kernel: str, kind: str) -> None:
+    """A database made by an older nbx-tune, at migration `revision`: one seat of `kernel`
+    certified BLOCK=256 by one tuning of `kind` (what an upgrade must keep)."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from nbx_tune.tuner.store.db import _alembic_config, make_engine
+
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(_alembic_config(conn), revision)
+            conn.execute(text("INSERT INTO seats (id, profile, kernel, dtypes, flags, bucket, created_at) "
+                              "VALUES (1, 'interpreter', :kernel, 'float32', '', 'n=1000', '2026-12-01')"),
+                         {"kernel": kernel})
+            conn.execute(text("INSERT INTO tunings (id, seat_id, kind, outcome, started_at, finished_at, worker, "
+                              "device_name, device_target, driver, triton_version, torch_version, "
+                              "kernel_source_hash, config_space_hash, profile_hash, candidates, survivors, "
+                              "screen_s, bench_s, total_s) "
+                              "VALUES (1, 1, :kind, 'certified', '2026-12-01', '2026-12-01', 'w', 'd', "
+                              "'interpreter', 'n/a', 't', 't', 'h', 'h', 'h', 1, 1, 0, 0, 0)"), {"kind": kind})
+            conn.execute(text("INSERT INTO certificates (seat_id, tuning_id, config, median_ms, p20_ms, p80_ms, "
+                              "screens, timing_method, created_at) "
+                              "VALUES (1, 1, 'BLOCK=256', 1.0, 1.0, 1.0, '[]', 'w', '2026-12-01')"))
+    finally:
+        engine.dispose()

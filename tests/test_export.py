@@ -7,7 +7,7 @@ import os
 import pytest
 
 from nbx_tune.testing import planted
-from conftest import db_count
+from conftest import database_at, db_count
 from nbx_tune.errors import TableError
 from nbx_tune.kernels.runtime import certified, table_format
 from nbx_tune.kernels.runtime.registry import register
@@ -22,15 +22,21 @@ def census(*args, isolate=False, **kwargs):
 HEAD = "# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
 
 
+def _exported(tmp_path, db_url, name, rows):
+    """The interpreter's table exported after a census of the trace `rows`."""
+    t = tmp_path / f"{name}.tsv"
+    t.write_text(HEAD + rows)
+    census(str(t), db_url)
+    out = tmp_path / f"{name}.json"
+    s = api.export("interpreter", str(out), db_url)
+    assert s.entries == rows.count("\n") and not s.skipped
+    return out
+
+
 @pytest.fixture
 def table(tmp_path, db_url):
-    t = tmp_path / "t.tsv"
-    t.write_text(HEAD + "test.double\tfloat32\t1000\t\t1\ntest.double\tfloat16\t77\t\t1\n")
-    census(str(t), db_url)
-    out = tmp_path / "interpreter.json"
-    s = api.export("interpreter", str(out), db_url)
-    assert s.entries == 2 and not s.skipped
-    return out
+    rows = "test.double\tfloat32\t1000\t\t1\ntest.double\tfloat16\t77\t\t1\n"
+    return _exported(tmp_path, db_url, "interpreter", rows)
 
 
 def test_a_table_written_with_the_screened_range_as_text_still_imports(tmp_path, db_url, table):
@@ -296,20 +302,7 @@ def test_a_0004_database_upgrades_with_its_certificates_and_no_regret_or_detail(
     from nbx_tune.tuner.commands import db_upgrade
     from nbx_tune.tuner.store.db import _alembic_config, make_engine
 
-    engine = make_engine(any_db)
-    with engine.begin() as conn:
-        command.upgrade(_alembic_config(conn), "0004")
-        conn.execute(text("INSERT INTO seats (id, profile, kernel, dtypes, flags, bucket, created_at) "
-                          "VALUES (1, 'interpreter', 'test_double', 'float32', '', 'n=1000', '2026-12-01')"))
-        conn.execute(text("INSERT INTO tunings (id, seat_id, kind, outcome, started_at, finished_at, worker, "
-                          "device_name, device_target, driver, triton_version, torch_version, kernel_source_hash, "
-                          "config_space_hash, profile_hash, candidates, survivors, screen_s, bench_s, total_s) "
-                          "VALUES (1, 1, 'import', 'certified', '2026-12-01', '2026-12-01', 'w', 'd', "
-                          "'interpreter', 'n/a', 't', 't', 'h', 'h', 'h', 0, 0, 0, 0, 0)"))
-        conn.execute(text("INSERT INTO certificates (seat_id, tuning_id, config, median_ms, p20_ms, p80_ms, screens, "
-                          "timing_method, created_at) VALUES (1, 1, 'BLOCK=256', 1.0, 1.0, 1.0, '[]', 'w', "
-                          "'2026-12-01')"))
-    engine.dispose()
+    database_at(any_db, "0004", "test_double", "import")
     db_upgrade(any_db)
     engine = make_engine(any_db)
     try:
@@ -327,12 +320,7 @@ def test_a_0004_database_upgrades_with_its_certificates_and_no_regret_or_detail(
 
 @pytest.fixture
 def relu_table(tmp_path, db_url):
-    t = tmp_path / "relu.tsv"
-    t.write_text(HEAD + "aten.relu\tfloat32\t100\t\t1\n")
-    census(str(t), db_url)
-    out = tmp_path / "relu.json"
-    assert api.export("interpreter", str(out), db_url).entries == 1
-    return out
+    return _exported(tmp_path, db_url, "relu", "aten.relu\tfloat32\t100\t\t1\n")
 
 
 def _every_fn(d, fn):

@@ -95,18 +95,10 @@ def test_an_nvidia_target_comes_from_torch_without_tritons_driver(monkeypatch):
 
 def test_ladder_math_matches_the_definition():
     lad = builtin_profiles()["hopper"].ladder("default")
-    assert lad.bucket(1) == (1, 1)
-    assert lad.bucket(64) == (64, 64)
-    assert lad.bucket(65) == (65, 80)
-    assert lad.bucket(257) == (257, 288)
-    assert lad.bucket(4096) == (3969, 4096)
-    assert lad.bucket(8193) == (8193, 8320)
-    assert lad.bucket(16384) == (16257, 16384)
-    assert lad.bucket(16900) == (16897, 17024)
-    assert lad.bucket(32769) == (32769, 32896)
-    assert lad.bucket(33800) == (33793, 33920)
-    assert lad.bucket(65536) == (65409, 65536)
-    assert lad.bucket(70000) == (65537, 81920)
+    want = {1: (1, 1), 64: (64, 64), 65: (65, 80), 257: (257, 288), 4096: (3969, 4096), 8193: (8193, 8320),
+            16384: (16257, 16384), 16900: (16897, 17024), 32769: (32769, 32896), 33800: (33793, 33920),
+            65536: (65409, 65536), 70000: (65537, 81920)}
+    assert {n: lad.bucket(n) for n in want} == want
     with pytest.raises(ValueError):
         lad.bucket(0)
 

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import create_engine, text
 
+from conftest import database_at
 from nbx_tune.testing import planted
 from nbx_tune.kernels.runtime.registry import register
 from nbx_tune.kernels.spec import Config, Problem, seat_flags
@@ -680,24 +681,9 @@ def test_a_shortlists_ranking_is_recertified_beside_what_won_at_near_seats(db_ur
 
 
 def test_upgrading_a_0002_database_keeps_its_certificates_as_found_by_full_searches(db_url):
-    from alembic import command
-
     from nbx_tune.tuner.commands import db_upgrade
-    from nbx_tune.tuner.store.db import _alembic_config, make_engine
 
-    engine = make_engine(db_url)
-    with engine.begin() as conn:
-        command.upgrade(_alembic_config(conn), "0002")
-        conn.execute(text("INSERT INTO seats (id, profile, kernel, dtypes, flags, bucket, created_at) "
-                          "VALUES (1, 'interpreter', 'test_replay', 'float32', '', 'n=1000', '2026-12-01')"))
-        conn.execute(text("INSERT INTO tunings (id, seat_id, kind, outcome, started_at, finished_at, worker, "
-                          "device_name, device_target, driver, triton_version, torch_version, kernel_source_hash, "
-                          "config_space_hash, profile_hash, candidates, survivors, screen_s, bench_s, total_s) "
-                          "VALUES (1, 1, 'tune', 'certified', '2026-12-01', '2026-12-01', 'w', 'd', 'interpreter', "
-                          "'n/a', 't', 't', 'h', 'h', 'h', 1, 1, 0, 0, 0)"))
-        conn.execute(text("INSERT INTO certificates (seat_id, tuning_id, config, median_ms, p20_ms, p80_ms, screens, "
-                          "timing_method, created_at) VALUES (1, 1, 'BLOCK=256', 1.0, 1.0, 1.0, '[]', 'w', '2026-12-01')"))
-    engine.dispose()
+    database_at(db_url, "0002", "test_replay", "tune")
     db_upgrade(db_url)
     assert last(db_url, "SELECT c.config, c.search, c.recertified_from, t.search, t.seeded_from FROM certificates c "
                         "JOIN tunings t ON t.id = c.tuning_id") == [("BLOCK=256", "full", None, "full", None)]

@@ -248,28 +248,24 @@ def test_strategy_pruned_stops_once_two_rounds_agree_when_asked_to_settle():
     calls.clear()
     get_strategy("pruned")(CANDS, measure)
     assert len([b for b, m in calls if m == "round:4"]) == 12
+
+    def second_round_of_b2(ms):
+        """`measure`, but B=2's second timed round reads ms(what it replays)."""
+        def measured(c, mode):
+            calls.append((c["B"], mode))
+            t = replay(c, mode)
+            second = c["B"] == 2 and sum(1 for b, m in calls if b == 2 and m == mode) == 2
+            return _t(ms(t.median_ms)) if mode.startswith("round:") and second else t
+        return measured
+
     # Rounds that disagree on the first go on: B=2 first in the second round, so all four run.
     calls.clear()
-
-    def flipping(c, mode):
-        calls.append((c["B"], mode))
-        t = replay(c, mode)
-        second = c["B"] == 2 and sum(1 for b, m in calls if b == 2 and m == mode) == 2
-        return _t(t.median_ms * 0.9) if mode.startswith("round:") and second else t
-
-    get_strategy("pruned")(CANDS, flipping, settle=True)
+    get_strategy("pruned")(CANDS, second_round_of_b2(lambda ms: ms * 0.9), settle=True)
     assert len([b for b, m in calls if m == "round:4"]) == 12
-    # Near-equals (B=2 a fraction of a percent ahead in the second round) settle in two.
+    # Near-equals (B=2 half a tie ahead of B=1 in the second round) settle in two.
     calls.clear()
-
-    def near_tie(c, mode):
-        calls.append((c["B"], mode))
-        t = replay(c, mode)
-        second = c["B"] == 2 and sum(1 for b, m in calls if b == 2 and m == mode) == 2
-        best = RECORDED["B=1"]["full"]  # B=2 half a tie ahead of it in the second round
-        return _t(best * (1 - pruned.NEAR_TIE / 2)) if mode.startswith("round:") and second else t
-
-    get_strategy("pruned")(CANDS, near_tie, settle=True)
+    best = RECORDED["B=1"]["full"]
+    get_strategy("pruned")(CANDS, second_round_of_b2(lambda ms: best * (1 - pruned.NEAR_TIE / 2)), settle=True)
     assert len([b for b, m in calls if m == "round:4"]) == 6
     a, b = {1: 1.0, 2: 1.1}, {1: 1.0, 2: 1.05}
     assert pruned.settled([a, b]) and not pruned.settled([a]) and not pruned.settled([a, {1: 1.1, 2: 1.0}])

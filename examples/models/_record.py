@@ -29,6 +29,15 @@ class Scale:
     dtype: torch.dtype
 
 
+def prefill(describe: str, model: Callable, config, seq: int, device: str, dtype: torch.dtype) -> Scale:
+    """A causal LM's scale: `model(config)` run on one prefill of `seq` random token ids."""
+    return Scale(
+        describe=f"{describe}; batch 1, sequence {seq}; sdpa attention, KV cache on (prefill)",
+        build=lambda: model(config),
+        inputs=lambda: {"input_ids": torch.randint(0, config.vocab_size, (1, seq))},
+        device=device, dtype=dtype)
+
+
 def _build(scale: Scale, device: str) -> tuple[torch.nn.Module, dict]:
     """The model and its inputs on the scale's device, floats in its dtype.
 

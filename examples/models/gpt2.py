@@ -7,17 +7,12 @@
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from _record import Scale, main
+from _record import main, prefill
 
 
 def _scale(describe, config, seq, device, dtype):
-    return Scale(
-        describe=f"{describe}: GPT2LMHeadModel, {config.n_layer} layers, hidden {config.n_embd}, "
-                 f"{config.n_head} heads, vocab {config.vocab_size}; batch 1, sequence {seq}; "
-                 "sdpa attention, KV cache on (prefill)",
-        build=lambda: GPT2LMHeadModel(config),
-        inputs=lambda: {"input_ids": torch.randint(0, config.vocab_size, (1, seq))},
-        device=device, dtype=dtype)
+    return prefill(f"{describe}: GPT2LMHeadModel, {config.n_layer} layers, hidden {config.n_embd}, "
+                   f"{config.n_head} heads, vocab {config.vocab_size}", GPT2LMHeadModel, config, seq, device, dtype)
 
 
 SCALES = {

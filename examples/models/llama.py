@@ -8,19 +8,15 @@
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from _record import Scale, main
+from _record import main, prefill
 
 
 def _scale(describe, config, seq, device, dtype):
-    return Scale(
-        describe=f"{describe}: LlamaForCausalLM, {config.num_hidden_layers} layers, hidden "
-                 f"{config.hidden_size}, {config.num_attention_heads} heads "
-                 f"({config.num_key_value_heads} key/value), intermediate "
-                 f"{config.intermediate_size}, vocab {config.vocab_size}; batch 1, sequence {seq}; "
-                 "sdpa attention, KV cache on (prefill)",
-        build=lambda: LlamaForCausalLM(config),
-        inputs=lambda: {"input_ids": torch.randint(0, config.vocab_size, (1, seq))},
-        device=device, dtype=dtype)
+    return prefill(f"{describe}: LlamaForCausalLM, {config.num_hidden_layers} layers, hidden "
+                   f"{config.hidden_size}, {config.num_attention_heads} heads "
+                   f"({config.num_key_value_heads} key/value), intermediate "
+                   f"{config.intermediate_size}, vocab {config.vocab_size}",
+                   LlamaForCausalLM, config, seq, device, dtype)
 
 
 SCALES = {

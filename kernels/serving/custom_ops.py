@@ -75,20 +75,19 @@ def _cat_kv(keys: Tensor, key_states: Tensor, values: Tensor, value_states: Tens
 
 
 _LIB = torch.library.Library("nbx_tune", "DEF")  # kept for the process: the ops live as long as it
-_LIB.define("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor")
-_LIB.impl("rotary", _rotary, "CompositeImplicitAutograd")
-_LIB.define("rotary_qk(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)")
-_LIB.impl("rotary_qk", _rotary_qk, "CompositeImplicitAutograd")
-_LIB.define("silu_mul(Tensor gate, Tensor up) -> Tensor")
-_LIB.impl("silu_mul", _silu_mul, "CompositeImplicitAutograd")
-_LIB.define("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)")
-_LIB.impl("add_rms_norm", _add_rms_norm, "CompositeImplicitAutograd")
-_LIB.define("add_layer_norm(Tensor x, Tensor residual, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor)")
-_LIB.impl("add_layer_norm", _add_layer_norm, "CompositeImplicitAutograd")
-_LIB.define("rope_cos_sin(Tensor position_ids, Tensor inv_freq, float scaling, ScalarType dtype) -> (Tensor, Tensor)")
-_LIB.impl("rope_cos_sin", _rope_cos_sin, "CompositeImplicitAutograd")
-_LIB.define("cat_kv(Tensor keys, Tensor key_states, Tensor values, Tensor value_states, int dim) -> (Tensor, Tensor)")
-_LIB.impl("cat_kv", _cat_kv, "CompositeImplicitAutograd")
+for _schema, _pattern in (
+        ("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor", _rotary),
+        ("rotary_qk(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)", _rotary_qk),
+        ("silu_mul(Tensor gate, Tensor up) -> Tensor", _silu_mul),
+        ("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)", _add_rms_norm),
+        ("add_layer_norm(Tensor x, Tensor residual, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor)",
+         _add_layer_norm),
+        ("rope_cos_sin(Tensor position_ids, Tensor inv_freq, float scaling, ScalarType dtype) -> (Tensor, Tensor)",
+         _rope_cos_sin),
+        ("cat_kv(Tensor keys, Tensor key_states, Tensor values, Tensor value_states, int dim) -> (Tensor, Tensor)",
+         _cat_kv)):
+    _LIB.define(_schema)
+    _LIB.impl(_schema.partition("(")[0], _pattern, "CompositeImplicitAutograd")
 
 rotary = torch.ops.nbx_tune.rotary.default  # (x (B, H, S, D), cos and sin (B, S, D)) -> x's shape
 rotary_qk = torch.ops.nbx_tune.rotary_qk.default  # (q, k, cos, sin) -> (q's, k's): apply_rotary_pos_emb

@@ -15,23 +15,17 @@ import inspect
 import json
 import subprocess
 import sys
-import textwrap
 
+from nbx_tune.kernels import spec
 from nbx_tune.kernels.runtime import registry, table_format
 
-OLD_RULE = r'''
-import ast, hashlib, json, sys, textwrap
+# The old rule: the docstrings dropped as code_hash drops them, then `ast.dump`'s text.
+OLD_RULE = "import ast, hashlib, json, sys\n" + inspect.getsource(spec.without_docstrings) + r'''
 out = {}
 for kernel, sources in json.load(sys.stdin).items():
     h = hashlib.sha256()
     for src in sources:
-        tree = ast.parse(src)
-        for node in ast.walk(tree):
-            body = getattr(node, "body", None)
-            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module))
-                    and body and isinstance(body[0], ast.Expr)
-                    and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
-                node.body = body[1:] or [ast.Pass()]
+        tree = without_docstrings(ast.parse(src))
         h.update(ast.dump(tree, annotate_fields=False, include_attributes=False).encode())
     out[kernel] = h.hexdigest()[:16]
 json.dump(out, sys.stdout)
@@ -39,8 +33,7 @@ json.dump(out, sys.stdout)
 
 python, paths = sys.argv[1], sys.argv[2:]
 specs = registry.all_specs()
-sources = {k: [textwrap.dedent(inspect.getsource(getattr(p, "fn", p))) for p in s.source_parts()]
-           for k, s in specs.items()}
+sources = {k: [spec.part_source(p) for p in s.source_parts()] for k, s in specs.items()}
 old = json.loads(subprocess.run([python, "-c", OLD_RULE], input=json.dumps(sources), text=True,
                                 capture_output=True, check=True).stdout)
 for path in paths:

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 ROOT = Path(__file__).resolve().parents[2]
-from nbx_tune.testing.bench import environment, save, side_by_side, table, wall_ms  # noqa: E402
+from nbx_tune.testing.bench import report, side_by_side, wall_ms  # noqa: E402
 
 
 @triton.jit
@@ -92,10 +92,7 @@ def main(argv=None) -> int:
         rows.append([f"{a} + {b} on {dim}", f"{t['torch'] * 1e3:.2f}", f"{t['torch'] / t['certified']:.2f}",
                      f"{t['torch'] / t['one']:.2f}", f"BLOCK={best[0]} w{best[1]}"])
         out.append({"a": a, "b": b, "dim": dim, "ms": t, "best": best})
-    env = environment()
-    print(f"{env['date']} {env['gpu']} driver {env.get('driver')} Triton {env['triton']} torch {env['torch']}")
-    print(table(rows, ["cat", "torch us", "torch/certified", "torch/one launch", "best"]))
-    save("cat_one_launch.json", {"env": env, "rows": out})
+    report("cat_one_launch.json", ["cat", "torch us", "torch/certified", "torch/one launch", "best"], rows, out)
     return 0
 
 

@@ -29,6 +29,7 @@ from nbx_tune.tuner.certify import screen  # noqa: E402
 from nbx_tune.tuner.census.census import plan  # noqa: E402
 from nbx_tune.kernels.trace import Trace  # noqa: E402
 from nbx_tune.tuner.certify.tune import seat_job  # noqa: E402
+from nbx_tune.testing.bench import accumulating  # noqa: E402
 
 
 def cases_of(job) -> list:
@@ -43,13 +44,7 @@ _inner: dict = {}  # seconds inside the oracle phase: the GPU product, the check
 
 
 def _timed(name, fn):
-    def run(*a, **kw):
-        t0 = time.perf_counter()
-        try:
-            return fn(*a, **kw)
-        finally:
-            _inner[name] = _inner.get(name, 0.0) + time.perf_counter() - t0
-    return run
+    return accumulating(_inner, name, fn)
 
 
 def _split_the_oracle() -> None:

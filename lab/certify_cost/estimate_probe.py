@@ -20,6 +20,7 @@ from nbx_tune.tuner.execution.executor import CandidateRunner
 from nbx_tune.tuner.execution.precompile import Precompiler
 from nbx_tune.kernels.trace import make_row
 from nbx_tune.tuner.certify.tune import seat_job, static_prune
+from nbx_tune.testing.bench import accumulating
 
 
 def main() -> None:
@@ -40,15 +41,6 @@ def main() -> None:
     estimate, bursts = timing._estimate, timing._bursts
     spent = {}
 
-    def timed(name, fn):
-        def wrapped(*a, **k):
-            t = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
-        return wrapped
-
     def one_burst(torch_, sleep, step, n):
         return estimate(torch_, sleep, step, 1)
 
@@ -64,7 +56,7 @@ def main() -> None:
     base = None
     for tag, est, bur in (("A", estimate, bursts), ("B", one_burst, bursts), ("C", estimate, replayed_first),
                           ("A again", estimate, bursts)):
-        timing._estimate, timing._bursts = timed("estimates", est), bur
+        timing._estimate, timing._bursts = accumulating(spent, "estimates", est), bur
         spent.clear()
         runner._rigs.clear()
         walls, quick = [], {}

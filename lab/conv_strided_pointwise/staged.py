@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-from nbx_tune.testing.bench import environment, save, side_by_side, table, wall_ms  # noqa: E402
+from nbx_tune.testing.bench import report, side_by_side, wall_ms  # noqa: E402
 from nbx_tune.bench.conv_pointwise import _setup, pointwise_rows  # noqa: E402
 
 
@@ -73,10 +73,8 @@ def main(argv=None) -> int:
                      f"{t['torch'] / t['strided']:.2f}", f"{t['torch'] / t['staged']:.2f}", best.key()])
         out.append({"x": tuple(x.shape), "co": w.shape[0], "stride": stride, "count": count, "ms": t,
                     "staged_config": best.key(), "certified": cert.key()})
-    env = environment()
-    print(f"{env['date']} {env['gpu']} driver {env.get('driver')} Triton {env['triton']} torch {env['torch']}")
-    print(table(rows, ["row", "launches", "torch/strided (certified)", "torch/staged (best)", "staged config"]))
-    save("conv_strided_pointwise.json", {"env": env, "rows": out})
+    report("conv_strided_pointwise.json",
+           ["row", "launches", "torch/strided (certified)", "torch/staged (best)", "staged config"], rows, out)
     return 0
 
 

@@ -1,18 +1,14 @@
 """The initial schema: seats, their shapes and traces, tunings, measurements, refusals,
 certificates, and the `certified_configs` view the kernels read at launch.
-
-Revision ID: 0001
-Revises:
-Create Date: 2026-12-02
 """
 
 import sqlalchemy as sa
 from alembic import op
 
+from nbx_tune.migrations.alter import create_table
+
 revision = "0001"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 TS = sa.DateTime(timezone=True)
 
@@ -31,19 +27,24 @@ WHERE c.superseded_at IS NULL
 """
 
 
+def _timed_config() -> tuple[sa.Column, ...]:
+    """A config and its timing (median, 20th and 80th percentiles): a measurement's and a
+    certificate's alike (a column belongs to one table, so each gets its own)."""
+    return (sa.Column("config", sa.String(512), nullable=False), sa.Column("median_ms", sa.Float, nullable=False),
+            sa.Column("p20_ms", sa.Float, nullable=False), sa.Column("p80_ms", sa.Float, nullable=False))
+
+
 def upgrade() -> None:
-    op.create_table(
+    create_table(
         "traces",
-        sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("sha256", sa.String(64), nullable=False, unique=True),
         sa.Column("path", sa.Text, nullable=False),
         sa.Column("rows", sa.Integer, nullable=False),
         sa.Column("launches", sa.BigInteger, nullable=False),
         sa.Column("first_seen", TS, nullable=False),
     )
-    op.create_table(
+    create_table(
         "census_runs",
-        sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("trace_id", sa.Integer, sa.ForeignKey("traces.id"), nullable=False),
         sa.Column("profile", sa.String(64), nullable=False),
         sa.Column("started_at", TS, nullable=False),
@@ -53,9 +54,8 @@ def upgrade() -> None:
         sa.Column("pid", sa.Integer, nullable=False),
         sa.Column("summary", sa.Text),
     )
-    op.create_table(
+    create_table(
         "seats",
-        sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("profile", sa.String(64), nullable=False),
         sa.Column("kernel", sa.String(128), nullable=False),
         sa.Column("dtypes", sa.String(255), nullable=False),
@@ -66,15 +66,14 @@ def upgrade() -> None:
         sa.Column("claim_expires", sa.Float),
         sa.UniqueConstraint("profile", "kernel", "dtypes", "flags", "bucket", name="uq_seats_identity"),
     )
-    op.create_table(
+    create_table(
         "seat_shapes",
-        sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("seat_id", sa.Integer, sa.ForeignKey("seats.id"), nullable=False),
         sa.Column("problem", sa.Text, nullable=False),
         sa.Column("volume", sa.BigInteger, nullable=False),
         sa.UniqueConstraint("seat_id", "problem", name="uq_seat_shapes"),
+        indexed=("seat_id",),
     )
-    op.create_index("ix_seat_shapes_seat_id", "seat_shapes", ["seat_id"])
     op.create_table(
         "trace_needs",
         sa.Column("trace_id", sa.Integer, sa.ForeignKey("traces.id"), primary_key=True),
@@ -82,9 +81,8 @@ def upgrade() -> None:
         sa.Column("rows", sa.Integer, nullable=False),
         sa.Column("launches", sa.BigInteger, nullable=False),
     )
-    op.create_table(
+    create_table(
         "tunings",
-        sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("seat_id", sa.Integer, sa.ForeignKey("seats.id"), nullable=False),
         sa.Column("census_run_id", sa.Integer, sa.ForeignKey("census_runs.id")),
         sa.Column("kind", sa.String(16), nullable=False),
@@ -105,24 +103,19 @@ def upgrade() -> None:
         sa.Column("screen_s", sa.Float, nullable=False),
         sa.Column("bench_s", sa.Float, nullable=False),
         sa.Column("total_s", sa.Float, nullable=False),
+        indexed=("seat_id",),
     )
-    op.create_index("ix_tunings_seat_id", "tunings", ["seat_id"])
-    op.create_table(
+    create_table(
         "measurements",
-        sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("tuning_id", sa.Integer, sa.ForeignKey("tunings.id"), nullable=False),
-        sa.Column("config", sa.String(512), nullable=False),
-        sa.Column("median_ms", sa.Float, nullable=False),
-        sa.Column("p20_ms", sa.Float, nullable=False),
-        sa.Column("p80_ms", sa.Float, nullable=False),
+        *_timed_config(),
         sa.Column("method", sa.String(64), nullable=False),
         sa.Column("final", sa.Boolean, nullable=False),
         sa.Column("screens", sa.Text, nullable=False),
+        indexed=("tuning_id",),
     )
-    op.create_index("ix_measurements_tuning_id", "measurements", ["tuning_id"])
-    op.create_table(
+    create_table(
         "refusals",
-        sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("tuning_id", sa.Integer, sa.ForeignKey("tunings.id"), nullable=False),
         sa.Column("seat_id", sa.Integer, sa.ForeignKey("seats.id"), nullable=False),
         sa.Column("config", sa.String(512)),
@@ -130,19 +123,13 @@ def upgrade() -> None:
         sa.Column("detail", sa.Text, nullable=False),
         sa.Column("problem", sa.Text),
         sa.Column("created_at", TS, nullable=False),
+        indexed=("tuning_id", "seat_id", "reason"),
     )
-    op.create_index("ix_refusals_tuning_id", "refusals", ["tuning_id"])
-    op.create_index("ix_refusals_seat_id", "refusals", ["seat_id"])
-    op.create_index("ix_refusals_reason", "refusals", ["reason"])
-    op.create_table(
+    create_table(
         "certificates",
-        sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("seat_id", sa.Integer, sa.ForeignKey("seats.id"), nullable=False),
         sa.Column("tuning_id", sa.Integer, sa.ForeignKey("tunings.id"), nullable=False),
-        sa.Column("config", sa.String(512), nullable=False),
-        sa.Column("median_ms", sa.Float, nullable=False),
-        sa.Column("p20_ms", sa.Float, nullable=False),
-        sa.Column("p80_ms", sa.Float, nullable=False),
+        *_timed_config(),
         sa.Column("runner_up", sa.String(512)),
         sa.Column("runner_up_ms", sa.Float),
         sa.Column("margin", sa.Float),

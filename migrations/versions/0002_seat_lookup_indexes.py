@@ -1,17 +1,11 @@
 """Indexes for the queries a census and `nbx-tune seats` run on every call: seats by
 profile and kernel, certificates by seat, tunings by census run.
-
-Revision ID: 0002
-Revises: 0001
-Create Date: 2026-12-02
 """
 
 from alembic import op
 
 revision = "0002"
 down_revision = "0001"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,19 +1,15 @@
 """Torch baselines: a certificate's config measured against torch's own op on one GPU with
 one torch, and the `torch_baselines` view the launch read takes them from (the seats
 serve() hands back to torch: kernels/runtime/torch_rule.py).
-
-Revision ID: 0006
-Revises: 0005
-Create Date: 2026-12-05
 """
 
 import sqlalchemy as sa
 from alembic import op
 
+from nbx_tune.migrations.alter import create_table
+
 revision = "0006"
 down_revision = "0005"
-branch_labels = None
-depends_on = None
 
 # The reader's contract, as certified_configs is: baselines of current certificates only,
 # with the config they were measured against (the reader matches it to what it serves).
@@ -29,9 +25,8 @@ WHERE c.superseded_at IS NULL
 
 
 def upgrade() -> None:
-    op.create_table(
+    create_table(
         "baselines",
-        sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("certificate_id", sa.Integer, sa.ForeignKey("certificates.id"), nullable=False),
         sa.Column("device_name", sa.String(255), nullable=False),
         sa.Column("torch_version", sa.String(64), nullable=False),
@@ -40,8 +35,8 @@ def upgrade() -> None:
         sa.Column("method", sa.String(64), nullable=False),
         sa.Column("rows", sa.Text),
         sa.Column("measured_at", sa.DateTime(timezone=True), nullable=False),
+        indexed=("certificate_id",),
     )
-    op.create_index("ix_baselines_certificate_id", "baselines", ["certificate_id"])
     op.execute(BASELINES_VIEW)
 
 
