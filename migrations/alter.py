@@ -22,7 +22,14 @@ def add_columns(table: str, *columns: sa.Column) -> None:
             batch.add_column(column)
 
 
-def drop_columns(table: str, *names: str) -> None:
+def drop_columns(table: str, *names: str, in_place: bool = False) -> None:
+    """in_place: SQLite drops each column with its own ALTER TABLE (3.35 and later) instead of
+    copying the table, as a table other tables' rows point at must be (the copy's DROP TABLE
+    would break their foreign keys); for a plain column with no index or constraint."""
+    if in_place:
+        for name in names:
+            op.drop_column(table, name)
+        return
     views = _sqlite_views_reading(table)
     for name, _sql in views:
         op.execute(f'DROP VIEW "{name}"')
