@@ -9,7 +9,7 @@ import torch
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.attention.kernel import launch_attention
-from nbx_tune.kernels.attention.spec import INT32_MAX, MAX_GRID_Y, MAX_HEAD_DIM, SPEC, TORCH_DTYPES
+from nbx_tune.kernels.attention.spec import SPEC, TORCH_DTYPES, size_limit
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.spec import seat_flags
@@ -63,12 +63,9 @@ def _attention(q, k, v, is_causal, scale):
     if dtypes is None or k.dtype != q.dtype or v.dtype != q.dtype:
         raise KernelError(f"attention: dtypes {q.dtype}, {k.dtype}, {v.dtype}: one of float16, "
                           "bfloat16, float32 for all three")
-    if max(D, Dv) > MAX_HEAD_DIM:
-        raise KernelError(f"attention: head dim {max(D, Dv)} > {MAX_HEAD_DIM}")
-    if B * Hq > MAX_GRID_Y:
-        raise KernelError(f"attention: batch x heads {B * Hq} > {MAX_GRID_Y}")
-    if max(_span(q), _span(k), _span(v)) > INT32_MAX:
-        raise KernelError("attention: one head's slab spans 2^31 elements or more")
+    why = size_limit(B, Hq, D, Dv, max(_span(q), _span(k), _span(v)))
+    if why:
+        raise KernelError(f"attention: {why}")
     # In (B, Lq, Hq, Dv) memory order, as torch's fused CUDA kernels return it: a model's
     # `.transpose(1, 2).contiguous()` after attention is then a view, not a copy.
     out = launch.empty((B, Hq, Lq, Dv), q.dtype, q.device, (Lq * Hq * Dv, Dv, Hq * Dv, 1))

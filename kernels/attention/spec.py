@@ -97,6 +97,19 @@ _PARAMS = {
 _MASK_PARAM = {SDPA: "attn_mask", EFFICIENT: "attn_bias", FLASH_CPU: "attn_mask"}
 
 
+
+def size_limit(B: int, Hq: int, D: int, Dv: int, slab: int) -> str | None:
+    """Why a call of these sizes is beyond the kernels (the rule the spec and the public op
+    share), or None: head dims past MAX_HEAD_DIM, more (batch x query heads) than the grid's
+    second axis takes, or one head's slab of `slab` elements past int32 indexing."""
+    if max(D, Dv) > MAX_HEAD_DIM:
+        return f"head dim {max(D, Dv)} > {MAX_HEAD_DIM}"
+    if B * Hq > MAX_GRID_Y:
+        return f"batch x heads {B * Hq} > {MAX_GRID_Y} (the grid's second axis)"
+    if slab > INT32_MAX:
+        return "one head's slab holds 2^31 elements or more (indexed in int32)"
+    return None
+
 class AttentionSpec(KernelSpec):
     name = "attention"
     ops = (SDPA, FLASH, EFFICIENT, FLASH_CPU)
@@ -276,12 +289,9 @@ class AttentionSpec(KernelSpec):
             # bottom-right when Lq != Lk; sdpa never routes such a call to it.
             return NotServable(f"{op} with is_causal and Lq {Lq} != Lk {Lk}: the CUDA flash "
                                "kernel aligns the mask bottom-right, this kernel top-left")
-        if max(D, Dv) > MAX_HEAD_DIM:
-            return NotServable(f"head dim {max(D, Dv)} > {MAX_HEAD_DIM}")
-        if B * Hq > MAX_GRID_Y:
-            return NotServable(f"batch x heads {B * Hq} > {MAX_GRID_Y} (the grid's second axis)")
-        if max(Lq * D, Lk * D, Lk * Dv, Lq * Dv) > INT32_MAX:
-            return NotServable("one head's slab holds 2^31 elements or more (indexed in int32)")
+        why = size_limit(B, Hq, D, Dv, max(Lq * D, Lk * D, Lk * Dv, Lq * Dv))
+        if why:
+            return NotServable(why)
         if scale is None:
             scale = 1.0 / math.sqrt(D)
         if not math.isfinite(scale):

@@ -77,44 +77,17 @@ def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     return _unary("gelu_tanh" if approximate == "tanh" else "gelu", x)
 
 
-def silu(x: torch.Tensor) -> torch.Tensor:
-    return _unary("silu", x)
+def _unary_op(fn: str):
+    """The public op of a unary function with no argument but x: the kernel's `fn`."""
+    def op(x: torch.Tensor) -> torch.Tensor:
+        return _unary(fn, x)
+    op.__name__ = op.__qualname__ = fn
+    op.__doc__ = f"{fn}(x) element-wise, in x's dtype (fp32 inside)."
+    return op
 
 
-def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    return _unary("sigmoid", x)
-
-
-def tanh(x: torch.Tensor) -> torch.Tensor:
-    return _unary("tanh", x)
-
-
-def exp(x: torch.Tensor) -> torch.Tensor:
-    return _unary("exp", x)
-
-
-def log(x: torch.Tensor) -> torch.Tensor:
-    return _unary("log", x)
-
-
-def neg(x: torch.Tensor) -> torch.Tensor:
-    return _unary("neg", x)
-
-
-def rsqrt(x: torch.Tensor) -> torch.Tensor:
-    return _unary("rsqrt", x)
-
-
-def sqrt(x: torch.Tensor) -> torch.Tensor:
-    return _unary("sqrt", x)
-
-
-def sin(x: torch.Tensor) -> torch.Tensor:
-    return _unary("sin", x)
-
-
-def cos(x: torch.Tensor) -> torch.Tensor:
-    return _unary("cos", x)
+silu, sigmoid, tanh, exp, log, neg, rsqrt, sqrt, sin, cos = map(
+    _unary_op, ("silu", "sigmoid", "tanh", "exp", "log", "neg", "rsqrt", "sqrt", "sin", "cos"))
 
 
 def pow(x: torch.Tensor, exponent: float) -> torch.Tensor:

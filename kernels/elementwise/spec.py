@@ -128,18 +128,29 @@ _UNARY_OPS = {
 }
 
 
-class ElementwiseUnarySpec(KernelSpec):
-    name = "elementwise_unary"
-    ops = tuple(_UNARY_OPS)
+class _ElementwiseSpec(KernelSpec):
+    """What the unary and binary families share: one seat per element count, every dtype,
+    one config space, and no shared memory (no reduction, no layout conversion)."""
     key = (KeyDim("N", "elements"),)
     dtypes = tuple(TORCH_DTYPES)
-    description = "one-stream element-wise math: relu, gelu, silu, sigmoid, tanh, exp, log, ..."
-
     config_space = CONFIGS
     default_configs = DEFAULTS
+    routes = ""  # the ops.py function mapping the family's aten ops to its public ops
 
     def smem_bytes(self, config, problem):
-        return 0  # no reduction, no layout conversion: registers only
+        return 0  # registers only
+
+    def serve_ops(self):
+        from nbx_tune.kernels.elementwise import ops  # ops.py imports this module
+
+        return getattr(ops, self.routes)()
+
+
+class ElementwiseUnarySpec(_ElementwiseSpec):
+    name = "elementwise_unary"
+    ops = tuple(_UNARY_OPS)
+    routes = "_serve_unary"
+    description = "one-stream element-wise math: relu, gelu, silu, sigmoid, tanh, exp, log, ..."
 
     def source_parts(self):
         return (_tanh_f32, _unary_math, _unary_kernel, pow_params, small_int_pow, launch_unary, unary_plan,
@@ -223,11 +234,6 @@ class ElementwiseUnarySpec(KernelSpec):
     def output_specs(self, problem):
         return {"y": (tuple(problem.get("shape")), problem.dtypes[0])}
 
-    def serve_ops(self):
-        from nbx_tune.kernels.elementwise.ops import _serve_unary  # ops.py imports this module
-
-        return _serve_unary()
-
     def launch(self, config, problem, inputs, outputs):
         fn = dict(problem.flags)["fn"]
         params = pow_params(problem.get("exponent")) if fn == "pow" else (0.0, 0.0, 0.0)
@@ -278,18 +284,11 @@ _INPLACE_OPS = {"aten.add_.Tensor": "aten.add.Tensor", "aten.sub_.Tensor": "aten
 _ALPHA_FNS = ("add", "sub", "rsub")
 
 
-class ElementwiseBinarySpec(KernelSpec):
+class ElementwiseBinarySpec(_ElementwiseSpec):
     name = "elementwise_binary"
     ops = tuple(_BINARY_OPS) + tuple(_INPLACE_OPS)
-    key = (KeyDim("N", "elements"),)
-    dtypes = tuple(TORCH_DTYPES)
+    routes = "_serve_binary"
     description = "two-operand element-wise math with broadcasting: add, sub, mul, div, maximum, ..."
-
-    config_space = CONFIGS
-    default_configs = DEFAULTS
-
-    def smem_bytes(self, config, problem):
-        return 0  # no reduction, no layout conversion: registers only
 
     def source_parts(self):
         return (_binary_math, _binary_kernel, _contiguous_strides, _expanded_strides, binary_plan,
@@ -413,11 +412,6 @@ class ElementwiseBinarySpec(KernelSpec):
 
     def output_specs(self, problem):
         return {"out": (tuple(problem.get("out_shape")), problem.dtypes[0])}
-
-    def serve_ops(self):
-        from nbx_tune.kernels.elementwise.ops import _serve_binary  # ops.py imports this module
-
-        return _serve_binary()
 
     def launch(self, config, problem, inputs, outputs):
         fn = dict(problem.flags)["fn"]

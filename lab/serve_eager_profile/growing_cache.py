@@ -35,9 +35,8 @@ HERE = Path(__file__).resolve().parent
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--gpu", action="store_true")
-    p.add_argument("--steps", type=int, default=24)
-    p.add_argument("--seq", type=int, default=16)
-    p.add_argument("--layers", type=int, default=2)
+    for name, default in (("steps", 24), ("seq", 16), ("layers", 2)):  # decode steps, prompt, layers
+        p.add_argument(f"--{name}", type=int, default=default)
     args = p.parse_args()
     logging.getLogger("nbx_tune").setLevel(logging.ERROR)
     import nbx_tune
