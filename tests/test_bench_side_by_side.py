@@ -1,4 +1,4 @@
-"""bench/_common.side_by_side: what the benchmarks compare is timed in turned rounds."""
+"""testing/bench.side_by_side: what the benchmarks compare is timed in turned rounds."""
 
 
 from nbx_tune.testing.bench import side_by_side  # noqa: E402
