@@ -70,6 +70,21 @@ _OPS = {
     "add_rms_norm": "nbx_tune.kernels.residual_norm",
     "add_layer_norm": "nbx_tune.kernels.residual_norm",
     "cat_kv": "nbx_tune.kernels.kv_cache",
+    "gt": "nbx_tune.kernels.compare",
+    "ge": "nbx_tune.kernels.compare",
+    "lt": "nbx_tune.kernels.compare",
+    "le": "nbx_tune.kernels.compare",
+    "eq": "nbx_tune.kernels.compare",
+    "ne": "nbx_tune.kernels.compare",
+    "bitwise_and": "nbx_tune.kernels.compare",
+    "bitwise_or": "nbx_tune.kernels.compare",
+    "bitwise_xor": "nbx_tune.kernels.compare",
+    "bitwise_not": "nbx_tune.kernels.compare",
+    "logical_and": "nbx_tune.kernels.compare",
+    "logical_or": "nbx_tune.kernels.compare",
+    "logical_xor": "nbx_tune.kernels.compare",
+    "logical_not": "nbx_tune.kernels.compare",
+    "where": "nbx_tune.kernels.select",
 }
 
 
