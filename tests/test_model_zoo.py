@@ -1,0 +1,54 @@
+"""Tiny random-weight models of many transformers families under serve() on the interpreter
+(testing/model_zoo.py): the logits within 1e-4 relative of torch's, and the mask-building
+ops (comparisons, bitwise/logical ops, where, the fills shaped by a tensor) never handed to
+torch. What each family still hands to torch is recorded (printed with -s; the table is
+bench/model_zoo_coverage.py's). Four families in the fast suite, the rest marked slow."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from nbx_tune.kernels import compare, fill, select  # noqa: E402
+from nbx_tune.testing import model_zoo  # noqa: E402
+
+FAST = ("llama", "mistral", "gpt2", "bert")  # dense, sliding window, learned positions, an encoder
+SLOW = tuple(f for f in model_zoo.FAMILIES if f not in FAST)
+# The aten ops of the families this branch built: none may fall through on any family.
+MINE = {op.removesuffix(".default") for spec in (compare.SPEC, select.SPEC) for op in spec.serve_ops()} | {
+    op for op in fill.SPEC.serve_ops() if op in fill._LIKE_OPS}
+
+RECORD: dict = {}  # family -> {op: {reason: calls}}: what fell through, for the report
+
+
+def _check(family: str) -> model_zoo.Result:
+    res = model_zoo.run(family, trace=False)
+    assert not res.error, res.error
+    RECORD[family] = res.fell_through()
+    print(family, res.totals(), RECORD[family])
+    assert res.rel_err <= 1e-4, (family, res.rel_err)
+    mine = {op: why for op, why in RECORD[family].items() if op in MINE}
+    assert mine == {}, (family, mine)
+    assert all(why for whys in RECORD[family].values() for why in whys)  # every fall-through says why
+    return res
+
+
+def test_at_least_fifteen_families():
+    assert len(model_zoo.FAMILIES) >= 15
+    assert len(MINE) >= 20  # the routes were read (a broken read would pass the check vacuously)
+
+
+@pytest.mark.parametrize("family", FAST)
+def test_family_logits_match_torch_and_mask_ops_are_served(family):
+    res = _check(family)
+    if family == "mistral":  # the sliding-window mask of a padded batch runs on the kernels
+        for op in ("aten.new_ones", "aten.le.Tensor", "aten.gt.Tensor", "aten.bitwise_and.Tensor"):
+            s = res.served[op]
+            assert s["certified"] + s["default"] >= 1 and s["torch"] == 0, (op, s)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", SLOW)
+def test_slow_family_logits_match_torch_and_mask_ops_are_served(family):
+    _check(family)
