@@ -50,7 +50,8 @@ def top_fallthrough(res: model_zoo.Result, k: int = 3) -> str:
         ops[op] += sum(reasons.values())
         why[op] = max(reasons, key=reasons.get)
     ops.update(res.unrouted)
-    return "; ".join(f"{op.removeprefix('aten.')} x{n}" + (f" ({why[op][:48]})" if op in why else " (no route)")
+    # aten._local_scalar_dense is a tensor's .item(): a read by the host, no kernel's to run
+    return "; ".join(f"{op.removeprefix('aten.')} x{n} ({why[op].split(': ', 1)[-1][:28] if op in why else 'host read' if 'scalar_dense' in op else 'no route'})"
                      for op, n in ops.most_common(k))
 
 

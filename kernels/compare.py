@@ -21,15 +21,14 @@ launch serve() makes of the same call meet at one seat whatever the strides. Exa
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels.copy import block_start, stream_launch, strided_offsets
+from nbx_tune.kernels.copy import block_start, strided_offsets
+from nbx_tune.kernels.elementwise.spec import broadcast_shape
 from nbx_tune.kernels.helpers import FLOATS, contiguous_strides, torch_dtypes
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.runtime import launch
@@ -132,23 +131,6 @@ _compare_kernel = launch.recorded(_compare_kernel)  # its calls are replayed (ke
 
 
 # ----------------------------------------------------------------------------- host plan
-
-def broadcast_shape(*shapes) -> tuple[int, ...] | None:
-    """torch's broadcast of shapes, or None when they do not broadcast."""
-    rank = max((len(s) for s in shapes), default=0)
-    out = []
-    for i in range(rank):
-        d = 1
-        for s in shapes:
-            k = i - (rank - len(s))
-            if k < 0 or s[k] == 1:
-                continue
-            if d != 1 and s[k] != d:
-                return None
-            d = s[k]
-        out.append(d)
-    return tuple(out)
-
 
 def nary_plan(out_shape, operands) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
     """The output's dims merged as far as every operand ((shape, strides), broadcast to
@@ -282,6 +264,29 @@ def _number(text: str):
         else float(text)
 
 
+def row_operand(dt: str, shape) -> tuple[str, str]:
+    """A row's operand as `promote` takes it: a 0-d float64/int64/bool is what a trace writes
+    for a Python number."""
+    if not len(shape):
+        return (dt, "number" if dt in _SAMPLE else "0d")
+    return (dt, "tensor")
+
+
+def row_output(shapes) -> tuple[int, ...] | NotServable:
+    """The output shape of a row's operands, or why it is not launched (no broadcast, empty,
+    more merged dims than the kernels take)."""
+    out_shape = broadcast_shape(*shapes)
+    if out_shape is None:
+        return NotServable(f"shapes {' and '.join(format_shape(s) for s in shapes)} do not broadcast")
+    if numel(out_shape) == 0:
+        return NotServable("an empty output: nothing to launch")
+    try:
+        nary_plan(out_shape, [(s, contiguous_strides(s)) for s in shapes])
+    except ValueError as e:
+        return NotServable(str(e))
+    return out_shape
+
+
 def layout_of(out_shape, shapes) -> str:
     """`same` where every operand with dims has the output's shape, else `bcast`."""
     return "bcast" if any(len(s) and tuple(s) != tuple(out_shape) for s in shapes) else "same"
@@ -341,24 +346,17 @@ class CompareSpec(KernelSpec):
             b_shape, b_dt = tuple(row.shapes[1]), row.dtypes[1]
             if b_dt not in VALUE_DTYPES or (b_dt == "float64" and len(b_shape)):
                 return NotServable(f"dtype {b_dt} is not served ({', '.join(TORCH_DTYPES)})")
-            # a 0-d float64/int64/bool operand is what a trace writes for a Python number
-            b = (b_dt, "number" if not len(b_shape) and b_dt in _SAMPLE else "tensor" if len(b_shape) else "0d")
+            b = row_operand(b_dt, b_shape)
             extra.append(("b_shape", b_shape))
             shapes = [a_shape, b_shape]
         ct = promote(a, b)
         out_dt = result_of(fn, ct)
         if isinstance(out_dt, NotServable):
             return out_dt
-        out_shape = broadcast_shape(*shapes)
-        if out_shape is None:
-            return NotServable(f"shapes {' and '.join(format_shape(s) for s in shapes)} do not broadcast")
+        out_shape = row_output(shapes)
+        if isinstance(out_shape, NotServable):
+            return out_shape
         n = numel(out_shape)
-        if n == 0:
-            return NotServable("an empty output: nothing to launch")
-        try:
-            nary_plan(out_shape, [(s, contiguous_strides(s)) for s in shapes])
-        except ValueError as e:
-            return NotServable(str(e))
         if scalar and value_in(dict(extra)["b_value"], ct) is None:
             return NotServable(f"a fractional scalar compared in {ct} is not served")
         extra += [("ct", ct), ("out_shape", out_shape)]
@@ -416,7 +414,7 @@ class CompareSpec(KernelSpec):
         launch_compare(a, b, outputs["out"], fn, ct, None if value is None else value_in(value, ct), config)
 
     def serve_ops(self):
-        return {op: _route(op, fn) for op, fn in _OPS.items()}
+        return {op: _public(fn) for op, fn in _OPS.items()}
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
@@ -555,23 +553,14 @@ def unary(fn: str, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _route(op: str, fn: str):
-    if fn in UNARY_FNS:
-        return lambda x: unary(fn, x)
-    return lambda a, b: binary(fn, a, b)
+def _public(fn: str):
+    """The public op of `fn`: `unary` or `binary` bound to it."""
+    def op(*args):
+        return unary(fn, *args) if fn in UNARY_FNS else binary(fn, *args)
+    op.__name__ = op.__qualname__ = fn
+    op.__doc__ = f"torch.{fn} on the compare kernel (torch's promotion, broadcasting, NaN)."
+    return op
 
 
-def gt(a, b): return binary("gt", a, b)  # noqa: E704
-def ge(a, b): return binary("ge", a, b)  # noqa: E704
-def lt(a, b): return binary("lt", a, b)  # noqa: E704
-def le(a, b): return binary("le", a, b)  # noqa: E704
-def eq(a, b): return binary("eq", a, b)  # noqa: E704
-def ne(a, b): return binary("ne", a, b)  # noqa: E704
-def bitwise_and(a, b): return binary("bitwise_and", a, b)  # noqa: E704
-def bitwise_or(a, b): return binary("bitwise_or", a, b)  # noqa: E704
-def bitwise_xor(a, b): return binary("bitwise_xor", a, b)  # noqa: E704
-def logical_and(a, b): return binary("logical_and", a, b)  # noqa: E704
-def logical_or(a, b): return binary("logical_or", a, b)  # noqa: E704
-def logical_xor(a, b): return binary("logical_xor", a, b)  # noqa: E704
-def bitwise_not(x): return unary("bitwise_not", x)  # noqa: E704
-def logical_not(x): return unary("logical_not", x)  # noqa: E704
+(gt, ge, lt, le, eq, ne, bitwise_and, bitwise_or, bitwise_xor, logical_and, logical_or, logical_xor, bitwise_not,
+ logical_not) = map(_public, BINARY_FNS + UNARY_FNS)

@@ -20,12 +20,12 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels.compare import (_SAMPLE, CONFIGS, DEFAULTS, INDEX_LIMIT, TORCH_DTYPES, VALUE_DTYPES,
-                                      _operand, broadcast_shape, layout_of, levels, nary_plan, promote,
-                                      value_in, wide_value)
+from nbx_tune.kernels.compare import (CONFIGS, DEFAULTS, INDEX_LIMIT, TORCH_DTYPES, VALUE_DTYPES, _operand,
+                                      broadcast_shape, layout_of, levels, nary_plan, promote, row_operand,
+                                      row_output, value_in, wide_value)
 from nbx_tune.kernels.copy import block_start, strided_offsets
-from nbx_tune.kernels.helpers import FLOATS, contiguous_strides
-from nbx_tune.kernels.rows import format_shape, numel
+from nbx_tune.kernels.helpers import FLOATS
+from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
@@ -86,13 +86,6 @@ def launch_where(c, a, b, out, a_value, b_value, config: Config) -> None:
                         NDIM=len(sizes), INT64=max(n, extent) > INDEX_LIMIT, **config.kwargs)
 
 
-def _kind(dt: str, shape) -> tuple[str, str]:
-    """A row operand as `promote` takes it: a 0-d float64/int64/bool is a Python number."""
-    if not len(shape):
-        return (dt, "number" if dt in _SAMPLE else "0d")
-    return (dt, "tensor")
-
-
 class WhereSpec(KernelSpec):
     name = "where"
     ops = ("aten.where.self",)
@@ -117,23 +110,17 @@ class WhereSpec(KernelSpec):
         (c_dt, a_dt, b_dt), shapes = row.dtypes, [tuple(s) for s in row.shapes]
         if c_dt != "bool":
             return NotServable(f"a condition of dtype {c_dt}: torch takes bool only")
-        a, b = _kind(a_dt, shapes[1]), _kind(b_dt, shapes[2])
+        a, b = row_operand(a_dt, shapes[1]), row_operand(b_dt, shapes[2])
         for dt, kind in (a, b):
             if dt not in (VALUE_DTYPES if kind == "number" else TORCH_DTYPES):
                 return NotServable(f"dtype {dt} is not served ({', '.join(TORCH_DTYPES)})")
         out_dt = promote(a, b)
         if out_dt not in TORCH_DTYPES:
             return NotServable(f"a result of dtype {out_dt} is not served")
-        out_shape = broadcast_shape(*shapes)
-        if out_shape is None:
-            return NotServable(f"shapes {', '.join(format_shape(s) for s in shapes)} do not broadcast")
+        out_shape = row_output(shapes)
+        if isinstance(out_shape, NotServable):
+            return out_shape
         n = numel(out_shape)
-        if n == 0:
-            return NotServable("an empty output: nothing to launch")
-        try:
-            nary_plan(out_shape, [(s, contiguous_strides(s)) for s in shapes])
-        except ValueError as e:
-            return NotServable(str(e))
         extra = (("a_shape", shapes[1]), ("b_shape", shapes[2]), ("c_shape", shapes[0]), ("out_shape", out_shape))
         return Problem(self.name, (out_dt, a_dt, b_dt), seat_flags(layout=layout_of(out_shape, shapes)), (n,),
                        extra)
