@@ -285,16 +285,26 @@ def _fill(out: torch.Tensor, value, what: str) -> torch.Tensor:
         value = value.item()
     if dt in ("int32", "int64") and not float(value).is_integer():
         raise KernelError(f"{what}: a fractional value {value} into {dt} is not served")
+    if dt in ("int32", "int64") and not -_LIMIT[dt] <= value < _LIMIT[dt]:
+        raise KernelError(f"{what}: {value} does not fit {dt} (torch refuses it)")
+    if dt in FLOATS and math.isfinite(value) and abs(value) > _FLOAT_MAX:
+        raise KernelError(f"{what}: {value} is beyond float32 (torch refuses it, or makes inf)")
+    try:
+        bits = value_in(value, dt)
+    except OverflowError:  # beyond float32 (torch refuses it) or float16 (torch's inf)
+        raise KernelError(f"{what}: {value} overflows {dt}: torch's conversion") from None
     if out.numel() == 0:
         return out
     if not out.is_contiguous():
         raise KernelError(f"{what}: a non-contiguous output is not served")
     config = config_for(SPEC, (dt,), seat_flags(fn="full"), (out.numel(),))
-    launch_fill(out, value_in(value, dt), 0, False, config)
+    launch_fill(out, bits, 0, False, config)
     return out
 
 
 REMEMBERED = launch.REMEMBERED
+_LIMIT = {"int32": 2**31, "int64": 2**63}
+_FLOAT_MAX = 3.4028234663852886e38
 
 
 def arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pin_memory=None) -> torch.Tensor:

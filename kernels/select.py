@@ -188,6 +188,9 @@ SPEC = WhereSpec()
 SPECS = (SPEC,)
 
 
+_BITS = {"int32": 32, "int64": 64}
+
+
 def where(condition: torch.Tensor, self, other) -> torch.Tensor:
     """torch.where(condition, self, other): self and other tensors or Python numbers."""
     if not isinstance(condition, torch.Tensor):
@@ -208,6 +211,9 @@ def where(condition: torch.Tensor, self, other) -> torch.Tensor:
         raise KernelError(f"where: shapes {', '.join(map(str, shapes))} do not broadcast")
     values = []
     for x in (self, other):
+        if out_dt in ("int32", "int64") and not isinstance(x, torch.Tensor) and \
+                not -2 ** (_BITS[out_dt] - 1) <= x < 2 ** (_BITS[out_dt] - 1):
+            raise KernelError(f"where: {x} does not fit {out_dt} (torch refuses it)")
         v = None if isinstance(x, torch.Tensor) else value_in(x, out_dt)
         if v is None and not isinstance(x, torch.Tensor):
             raise KernelError(f"where: the value {x!r} in {out_dt} is not served")

@@ -120,6 +120,14 @@ def test_torchs_refusals_stay_torchs():
         _served(torch.where, x > 0, x, torch.randn(5))  # shapes
     with pytest.raises(RuntimeError):
         _served(torch.where, torch.ones(3, 4, dtype=torch.int64), x, x)  # a non-bool condition
+    i = torch.tensor([1, -2], dtype=torch.int32)
+    for fn in (lambda: torch.where(i > 0, i, 2**40), lambda: torch.scalar_tensor(2**40, dtype=torch.int32),
+               lambda: torch.full((2,), 1e39)):
+        with pytest.raises(RuntimeError):  # "value cannot be converted to type int without overflow"
+            _served(fn)
+    assert _same(_served(lambda: torch.scalar_tensor(-1e30, dtype=torch.float16))[0],
+                 torch.scalar_tensor(-1e30, dtype=torch.float16))  # torch's -inf
+    assert _same(_served(torch.gt, i, 2**40)[0], i > 2**40)  # a comparison wraps it, as torch does
     _, stats = _served(torch.gt, x, torch.randn(3, 4, dtype=torch.float64))
     assert "float64 is not served" in next(iter(stats["aten.gt.Tensor"]["reasons"]))
 
