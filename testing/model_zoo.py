@@ -80,13 +80,17 @@ class Result:
         t["unrouted"] = sum(self.unrouted.values())
         return dict(t)
 
+    def defaults(self) -> dict[str, int]:
+        """op -> launches on a default config (a seat no census certified)."""
+        return {op: s["default"] for op, s in self.served.items() if s["default"]}
+
     def fell_through(self) -> dict[str, dict[str, int]]:
         """op -> {reason: calls} for every served op handed to torch."""
         return {op: dict(s["reasons"]) for op, s in self.served.items() if s["torch"]}
 
     def to_dict(self) -> dict:
         return {"family": self.family, "rel_err": self.rel_err, "seconds": round(self.seconds, 3),
-                "totals": self.totals(), "fell_through": self.fell_through(), "unrouted": dict(self.unrouted),
+                "totals": self.totals(), "defaults": self.defaults(), "fell_through": self.fell_through(), "unrouted": dict(self.unrouted),
                 "error": self.error}
 
 
