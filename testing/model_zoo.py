@@ -178,3 +178,28 @@ def unrouted_ops(rows) -> Counter:
         if row.op.removesuffix(".default") not in routed:
             out[row.op] += row.count
     return out
+
+
+def trace_seats(rows, profile) -> set[str]:
+    """The seat labels a census of `rows` would tune (on `profile`)."""
+    from nbx_tune.kernels.runtime.registry import spec_for_op
+    from nbx_tune.kernels.spec import NotServable, bucket_of, seat_label
+
+    seats = set()
+    for row in rows:
+        spec = spec_for_op(row.op)
+        p = spec.problem_from_row(row) if spec is not None else None
+        if p is not None and not isinstance(p, NotServable):
+            seats.add(seat_label(spec.name, p.dtypes, p.flags, spec.key, bucket_of(profile, spec.key, p.dims)))
+    return seats
+
+
+def missed_seats(fn) -> set[str]:
+    """The seats fn() launches under serve() on a default config (no certificate read)."""
+    import nbx_tune
+    from nbx_tune.kernels.runtime import certified
+
+    certified.reload()
+    with torch.no_grad(), nbx_tune.serve():
+        fn()
+    return set(certified.launch_stats()["misses"])

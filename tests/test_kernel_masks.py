@@ -176,6 +176,22 @@ def _mask_program(x, kv):
     return (x + bias) * (ok != fill_), keys
 
 
+def test_every_seat_serve_launches_is_a_seat_of_the_recorded_trace():
+    # What a census of the trace certifies is what serve() then reads: new_ones' fill of
+    # bool and the strided clone were seats no trace row mapped to.
+    from nbx_tune.testing.model_zoo import missed_seats, trace_seats
+    from nbx_tune.tuner.trace.recorder import Recorder
+
+    x, kv = torch.randn(2, 1, 7, 7), torch.randn(2, 2, 7, 8)
+    with Recorder() as rec:
+        _mask_program(x, kv)
+    launched = missed_seats(lambda: _mask_program(x, kv))
+    assert any(s.startswith("copy|float32,float32|layout=strided") for s in launched)
+    assert any(s.startswith("fill|bool|fn=full") for s in launched)
+    assert launched - trace_seats(rec.rows, PROFILE) == set()
+
+
+@pytest.mark.slow
 def test_a_census_of_the_recorded_trace_leaves_no_default_launch_under_serve(tmp_path, db_url, monkeypatch):
     from nbx_tune.tuner import commands as api
     from nbx_tune.tuner.trace.recorder import record
