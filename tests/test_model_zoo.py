@@ -65,3 +65,19 @@ def test_family_logits_match_torch_and_mask_ops_are_served(family):
 @pytest.mark.parametrize("family", SLOW)
 def test_slow_family_logits_match_torch_and_mask_ops_are_served(family):
     _check(family)
+
+
+def test_the_coverage_bench_prints_a_row_per_family_and_refuses_an_unknown_one(tmp_path, monkeypatch, capsys):
+    import json
+
+    from nbx_tune.bench import model_zoo_coverage as bench
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert bench.main(["--families", "gpt2"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("gpt2 ")).split()
+    data = json.loads((tmp_path / "model_zoo_coverage.json").read_text())["rows"][0]
+    assert data["family"] == "gpt2" and data["rel_err"] <= 1e-4
+    # no census: every launch on a default config, as the table and the JSON say alike
+    assert "no census" in out and row[1] == "0" and int(row[2]) == data["totals"]["default"] > 0
+    assert bench.main(["--families", "gpt2,nosuch"]) == 2
