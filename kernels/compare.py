@@ -28,7 +28,7 @@ import triton.language as tl
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.copy import block_start, strided_offsets
-from nbx_tune.kernels.elementwise.spec import broadcast_shape
+from nbx_tune.kernels.elementwise.spec import _scalar_dtype, broadcast_shape
 from nbx_tune.kernels.helpers import FLOATS, contiguous_strides, torch_dtypes
 from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.runtime import launch
@@ -245,18 +245,8 @@ _OPS.update({f"aten.{fn}": fn for fn in LOGICAL_FNS + UNARY_FNS})
 
 
 def _wrapped_dtype(text: str) -> str | None:
-    if text in ("True", "False"):
-        return "bool"
-    try:
-        int(text)
-        return "int64"
-    except ValueError:
-        pass
-    try:
-        float(text)
-        return "float64"
-    except ValueError:
-        return None
+    """The dtype torch wraps a Scalar param in (bool, int64, float64), None for no number."""
+    return "bool" if text in ("True", "False") else _scalar_dtype(text)
 
 
 def _number(text: str):
@@ -371,20 +361,10 @@ class CompareSpec(KernelSpec):
         return shapes
 
     def make_inputs(self, problem, rng):
-        # Few distinct values (halves in [-2, 2], with NaN and infinities in floats): equal
-        # pairs are common, so eq/ge/le are tested on ties.
-        out = {}
-        for name, (shape, dt) in self.input_shapes(problem).items():
-            if dt == "bool":
-                v = rng.integers(0, 2, shape)
-            elif dt in ("int32", "int64"):
-                v = rng.integers(-4, 5, shape)
-            else:
-                v = rng.integers(-4, 5, shape) * 0.5
-                specials = rng.random(shape) < 0.05
-                v = np.where(specials, rng.choice([np.nan, np.inf, -np.inf, -0.0], shape), v)
-            out[name] = (np.asarray(v), dt)
-        return out
+        # Few distinct values (halves in [-2, 2]): equal pairs are common, so eq/ge/le are
+        # tested on ties.
+        return {name: (draw(rng, shape, dt, 4, lambda s: rng.integers(-4, 5, s) * 0.5), dt)
+                for name, (shape, dt) in self.input_shapes(problem).items()}
 
     def oracle(self, problem, inputs):
         fn, ct = dict(problem.flags)["fn"], problem.get("ct")
@@ -447,6 +427,17 @@ class CompareSpec(KernelSpec):
                  make_row("aten.logical_not", ["bool"], [mask[1]]),
                  make_row("aten.logical_not", [floats[0]], [same])]
         return rows
+
+
+def draw(rng, shape, dt: str, ints: int, floats) -> np.ndarray:
+    """Seeded values of one operand: bools, integers in [-ints, ints], or `floats(shape)`
+    with 5 % of them NaN, the infinities or -0.0."""
+    if dt == "bool":
+        return rng.integers(0, 2, shape)
+    if dt in ("int32", "int64"):
+        return rng.integers(-ints, ints + 1, shape)
+    v = floats(shape)
+    return np.where(rng.random(shape) < 0.05, rng.choice([np.nan, np.inf, -np.inf, -0.0], shape), v)
 
 
 def _in_compute(x, ct: str) -> np.ndarray:

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.compare import (CONFIGS, DEFAULTS, INDEX_LIMIT, TORCH_DTYPES, VALUE_DTYPES, _operand,
-                                      broadcast_shape, layout_of, levels, nary_plan, promote, row_operand,
+                                      broadcast_shape, draw, layout_of, levels, nary_plan, promote, row_operand,
                                       row_output, value_in, wide_value)
 from nbx_tune.kernels.copy import block_start, strided_offsets
 from nbx_tune.kernels.helpers import FLOATS
@@ -131,17 +131,8 @@ class WhereSpec(KernelSpec):
                 "b": (tuple(problem.get("b_shape")), b_dt)}
 
     def make_inputs(self, problem, rng):
-        out = {}
-        for name, (shape, dt) in self.input_shapes(problem).items():
-            if dt == "bool":
-                v = rng.integers(0, 2, shape)
-            elif dt in ("int32", "int64"):
-                v = rng.integers(-1000, 1000, shape)
-            else:
-                v = rng.standard_normal(shape) * 1e3
-                v = np.where(rng.random(shape) < 0.05, rng.choice([np.nan, np.inf, -np.inf, -0.0], shape), v)
-            out[name] = (np.asarray(v), dt)
-        return out
+        return {name: (draw(rng, shape, dt, 1000, lambda s: rng.standard_normal(s) * 1e3), dt)
+                for name, (shape, dt) in self.input_shapes(problem).items()}
 
     def oracle(self, problem, inputs):
         out_dt = problem.dtypes[0]
