@@ -24,9 +24,13 @@ MINE = {op.removesuffix(".default") for spec in (compare.SPEC, select.SPEC) for 
     op for op in fill.SPEC.serve_ops() if op in fill._LIKE_OPS}
 
 RECORD: dict = {}  # family -> {op: {reason: calls}}: what fell through, for the report
-# Ops with no route whose torch kernels call served ops inside (histc fills, sort copies):
-# serve() launches seats their trace rows cannot name until they are served whole.
-OPAQUE = {"aten.histc", "aten.sort"}
+# Where serve() launches seats no trace row names, until other issues' ops are served whole:
+# ops with no route whose torch kernels call served ops inside (histc and all fill, sort
+# copies, stack cats), and SDPA with a mask handed to torch, whose math path returns
+# another memory order than the CPU's fused kernel the trace ran (the model's
+# `.contiguous()` after it then copies). cause -> the kernels of the seats it may leave.
+OPAQUE = {"aten.histc": {"fill"}, "aten.all": {"fill"}, "aten.sort": {"copy"}, "aten.stack": {"cat"},
+          "aten.scaled_dot_product_attention": {"copy"}}
 
 
 def _check(family: str) -> model_zoo.Result:
@@ -42,8 +46,11 @@ def _check(family: str) -> model_zoo.Result:
     model, kwargs = model_zoo.build(family)
     rows = model_zoo.record(model, kwargs)
     unnamed = model_zoo.missed_seats(lambda: model(**kwargs)) - model_zoo.trace_seats(rows, PROFILE)
-    if not OPAQUE & {r.op for r in rows}:
-        assert unnamed == set(), (family, unnamed)
+    causes = {r.op for r in rows} & (set(OPAQUE) - {"aten.scaled_dot_product_attention"})
+    if "aten.scaled_dot_product_attention" in RECORD[family]:
+        causes.add("aten.scaled_dot_product_attention")
+    allowed = set().union(*(OPAQUE[c] for c in causes))
+    assert {seat.split("|")[0] for seat in unnamed} <= allowed, (family, unnamed, causes)
     return res
 
 
