@@ -95,7 +95,7 @@ def sdpa_seat(q, k, v, is_causal: bool):
 
 
 _memo: dict = {}
-_memo_of = [None]  # the launch state the memo was made from (certified.reload() makes another)
+_memo_of = [None]  # what the memo was made from: the launch state (certified.reload() makes another), its sizes
 
 
 def certified_seat(spec, dtypes, flags, dims) -> str:
@@ -106,9 +106,10 @@ def certified_seat(spec, dtypes, flags, dims) -> str:
     from nbx_tune.kernels.spec import bucket_of, seat_label
 
     st = certified.state()
-    if _memo_of[0] is not st:
+    made_from = (st, len(st.entries), len(st.deferred))  # a reload, or seats added in place
+    if _memo_of[0] != made_from:
         _memo.clear()
-        _memo_of[0] = st
+        _memo_of[0] = made_from
     key = (spec.name, dtypes, flags, dims)
     hit = _memo.get(key)
     if hit is None:
@@ -146,7 +147,7 @@ def _run(site, seat, kernel, fallback, args):
     """One call of a compiled node: the kernel where its seat is certified, else torch."""
     from nbx_tune.kernels.runtime import certified
 
-    stats = _stats.get(site) or _stats.setdefault(site, SiteStats())
+    stats = _stats.get(site) or _stats.setdefault(site, SiteStats(seat=site.partition(" ")[2]))
     serving = certified.SERVING
     was = serving.busy
     serving.busy = True  # as under serve(): a faster torch baseline defers, torch's own calls go to torch
@@ -331,8 +332,7 @@ def rewrite(graph: torch.fx.Graph) -> int:
                 label = certified_seat(*seat)
         except KernelError:
             continue
-        site = f"{node.name} {label}"
-        _stats.setdefault(site, SiteStats(seat=label))
+        site = f"{node.name} {label}"  # the node, and the seat it was placed for
         with graph.inserting_before(node):
             new = graph.call_function(op, (*args, site))
         vals = [_val(a) if isinstance(a, torch.fx.Node) else a for a in (*args, site)]
