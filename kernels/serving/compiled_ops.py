@@ -60,12 +60,19 @@ _tls = threading.local()
 # ----------------------------------------------------------------------------- seats
 
 
-def _kernels():
-    from nbx_tune import kernels
-    from nbx_tune.kernels import attention, matmul
+_families = []
 
-    kernels._find_device()
-    return matmul, attention
+
+def _kernels():
+    """The matmul and attention families, imported once the device is chosen (every entry
+    point's rule: no GPU, the interpreter)."""
+    if not _families:
+        from nbx_tune import kernels
+        from nbx_tune.kernels import attention, matmul
+
+        kernels._find_device()
+        _families[:] = [matmul, attention]
+    return _families
 
 
 def mm_seat(a, b, bias: bool):
@@ -143,21 +150,45 @@ def _sdpa_out(q, v):
     return torch.empty_strided((B, Hq, Lq, Dv), (Lq * Hq * Dv, Dv, Hq * Dv, 1), dtype=q.dtype, device=q.device)
 
 
-def _run(site, seat, kernel, fallback, args):
-    """One call of a compiled node: the kernel where its seat is certified, else torch."""
+_verdicts: dict = {}  # a call's key -> its seat's label, or the KernelError saying why torch runs
+_verdicts_of = [None]
+
+
+def _verdict(key, seat, args):
+    from nbx_tune.kernels.runtime import certified
+
+    st = certified._state or certified.state()
+    made_from = (st, len(st.entries), len(st.deferred))
+    if _verdicts_of[0] != made_from:
+        _verdicts.clear()
+        _verdicts_of[0] = made_from
+    v = _verdicts.get(key)
+    if v is None:
+        try:
+            v = certified_seat(*seat(*args))
+        except KernelError as e:
+            v = e
+        _verdicts[key] = v
+    return v, st
+
+
+def _run(site, key, seat, kernel, fallback, args):
+    """One call of a compiled node: the kernel where its seat is certified, else torch. The
+    seat is read once per distinct call key (shapes, strides, dtypes)."""
     from nbx_tune.kernels.runtime import certified
 
     stats = _stats.get(site) or _stats.setdefault(site, SiteStats(seat=site.partition(" ")[2]))
+    verdict, st = _verdict(key, seat, args)
     serving = certified.SERVING
     was = serving.busy
     serving.busy = True  # as under serve(): a faster torch baseline defers, torch's own calls go to torch
     try:
         try:
-            certified_seat(*seat(*args))
-            misses = certified.state().misses
-            before = misses.total
+            if isinstance(verdict, KernelError):
+                raise verdict
+            before = st.misses.total
             out = kernel(*args)
-            if misses.total != before:  # the seat went between the check and the launch
+            if st.misses.total != before:  # the seat went between the check and the launch
                 raise KernelError("no certified seat at launch")
             stats.certified += 1
             return out
@@ -168,19 +199,27 @@ def _run(site, seat, kernel, fallback, args):
         serving.busy = was
 
 
+def _key(*tensors):
+    return tuple((t.shape, t.stride(), t.dtype) for t in tensors)
+
+
 def _mm(a, b, site):
     matmul, _ = _kernels()
-    return _run(site, lambda a, b: mm_seat(a, b, False), matmul.mm, torch.mm, (a, b))
+    return _run(site, ("mm", _key(a, b)), _mm_seat, matmul.mm, torch.mm, (a, b))
 
 
 def _bmm(a, b, site):
     matmul, _ = _kernels()
-    return _run(site, lambda a, b: mm_seat(a, b, False), matmul.bmm, torch.bmm, (a, b))
+    return _run(site, ("bmm", _key(a, b)), _mm_seat, matmul.bmm, torch.bmm, (a, b))
+
+
+def _mm_seat(a, b):
+    return mm_seat(a, b, False)
 
 
 def _addmm(bias, a, b, beta, alpha, site):
     matmul, _ = _kernels()
-    return _run(site, lambda bias, a, b: mm_seat(a, b, beta != 0),
+    return _run(site, ("addmm", beta != 0, _key(a, b)), lambda bias, a, b: mm_seat(a, b, beta != 0),
                 lambda bias, a, b: matmul.addmm(bias, a, b, beta=beta, alpha=alpha),
                 lambda bias, a, b: torch.addmm(bias, a, b, beta=beta, alpha=alpha), (bias, a, b))
 
@@ -191,7 +230,7 @@ def _sdpa(q, k, v, is_causal, scale, site):
     def torch_side(q, k, v):  # in the kernel's memory order: what the fake promised Inductor
         return _sdpa_out(q, v).copy_(_sdpa_torch(q, k, v, is_causal, scale))
 
-    return _run(site, lambda q, k, v: sdpa_seat(q, k, v, is_causal),
+    return _run(site, ("sdpa", is_causal, _key(q, k, v)), lambda q, k, v: sdpa_seat(q, k, v, is_causal),
                 lambda q, k, v: attention.scaled_dot_product_attention(q, k, v, is_causal, scale),
                 torch_side, (q, k, v))
 
