@@ -93,17 +93,10 @@ def build(name: str, smoke: bool, layers: int, dtype, device):
     return cfg, model
 
 
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def variants(model, args, table_on: bool) -> dict:
     """name -> (the callable model, the context it runs in)."""
     import nbx_tune
+    from nbx_tune.bench.serve_models import _nothing
     from nbx_tune.kernels.serving import inductor_table
 
     v = {"torch eager": (model, _nothing),
