@@ -26,7 +26,7 @@ GPU, replayed from a CUDA graph captured around one call. Printed per model: com
 (the first call, Inductor's caches off), eager and graph ms, compile default's time over each
 (>= 1: as fast as compile default or faster), the logits' error against an fp32 torch run of
 the same weights beside torch bf16's own, and how many compiled nodes ran certified kernels.
-Writes compile_serve.json under $OUT (else bench_out/).
+Writes compile_serve_<models>.json under $OUT (else bench_out/).
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def main(argv=None):
             continue
         torch._dynamo.reset()
         results[name] = run_model(name, args, device, dtype, sync)
-        save("compile_serve.json", {"env": environment(), "models": results})
+        save(f"compile_serve_{'_'.join(names)}.json", {"env": environment(), "models": results})
     env = environment()
     print(f"{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}")
     report(results)

@@ -34,5 +34,5 @@ def test_smoke_runs_every_variant(tmp_path, monkeypatch):
     assert set(v) == {"torch eager", "compile default", "compile + nbx-tune", "serve(compile)"}
     for name, d in v.items():
         assert "error" not in d and d["eager_ms"] > 0 and d["err"] < 1e-4, (name, d)
-    saved = json.loads((tmp_path / "compile_serve.json").read_text())
+    saved = json.loads((tmp_path / "compile_serve_gpt2.json").read_text())
     assert set(saved["models"]) == {"gpt2"}
