@@ -136,3 +136,15 @@ def test_the_entry_is_the_fastest_survivor_and_keeps_the_refusals():
     assert [r["config"]["BLOCK_M"] for r in e["provenance"]["refusals"]] == [3, 4]
     c.measured = c.measured[2:]
     assert choices.entry(c, {}) is None
+
+
+def test_the_recording_compile_reads_inductors_key():
+    """The GPU path's first step on this torch: one compile under max-autotune, its choices
+    recorded. The key is the text Inductor's lookup makes of these operands (a weight's W.t()
+    strides included); the CPU has no Triton templates to list."""
+    if it.hook() is None:
+        pytest.skip("this torch has no Inductor lookup table")
+    g = choices.Gemm("mm", "float32", (1, 64, 48, 32), "nt")
+    key, configs = choices.enumerate_configs(g, choices.operands(g, "cpu"))
+    assert key == "((torch.float32, [64, 32], [32, 1]), (torch.float32, [32, 48], [1, 32]))+mm"
+    assert configs == []
