@@ -42,9 +42,13 @@ class Block(torch.nn.Module):
 
 @pytest.fixture(autouse=True)
 def fresh_compile():
+    """Every compile runs the pass: no graph from Inductor's cache of an earlier run."""
+    import torch._inductor.config as ic
+
     torch._dynamo.reset()
     co.reset_stats()
-    yield
+    with ic.patch(fx_graph_cache=False):
+        yield
     torch._dynamo.reset()
     co.reset_stats()
 
