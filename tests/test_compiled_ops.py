@@ -195,16 +195,9 @@ def test_serve_around_a_compiled_model_places_the_ops_and_leaves_no_pass_behind(
     assert nbx_tune.compiled_stats() == co.stats()
 
 
-@pytest.mark.slow
-def test_llama_trace_census_compiled_every_node_certified(tmp_path, db_url, monkeypatch):
-    """The user's flow: record a small transformers Llama, certify its seats by a census on
-    the interpreter, compile it (fullgraph) with the pass: every GEMM and attention node runs
-    its certified kernel and the logits are torch's."""
+def _small_llama(monkeypatch):
     pytest.importorskip("transformers")
-    from nbx_tune.tuner import commands as api
-    from nbx_tune.tuner.trace.recorder import record
-
-    root = MODELS.parent.parent
+    root = MODELS.parent.parent  # transformers probes for a package named `kernels`: not this repo's
     monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != root] + [str(MODELS)])
     spec = importlib.util.spec_from_file_location("nbx_example_llama", MODELS / "llama.py")
     module = importlib.util.module_from_spec(spec)
@@ -212,7 +205,34 @@ def test_llama_trace_census_compiled_every_node_certified(tmp_path, db_url, monk
     from _record import _build
 
     torch.manual_seed(0)
-    model, inputs = _build(module.SCALES["small"], "cpu")
+    return _build(module.SCALES["small"], "cpu")
+
+
+@pytest.mark.slow
+def test_llama_compiled_fullgraph_inside_serve(monkeypatch):
+    """serve()'s fusions swap the decoder's code; under torch.compile the swapped code traces the
+    original (the hand-off's frame walk broke the graph: fullgraph raised), and the pass serve()
+    installed places the certified ops."""
+    model, inputs = _small_llama(monkeypatch)
+    with torch.inference_mode():
+        ref = model(**inputs).logits
+    certify_trace(lambda: model(**inputs))
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.inference_mode(), nbx_tune.serve():
+        out = compiled(**inputs).logits
+    assert torch.allclose(out, ref, atol=1e-4)
+    assert _ran(co.stats()) == 17 and _ran(co.stats(), "torch") == 0, co.stats()
+
+
+@pytest.mark.slow
+def test_llama_trace_census_compiled_every_node_certified(tmp_path, db_url, monkeypatch):
+    """The user's flow: record a small transformers Llama, certify its seats by a census on
+    the interpreter, compile it (fullgraph) with the pass: every GEMM and attention node runs
+    its certified kernel and the logits are torch's."""
+    from nbx_tune.tuner import commands as api
+    from nbx_tune.tuner.trace.recorder import record
+
+    model, inputs = _small_llama(monkeypatch)
     trace = tmp_path / "llama.tsv"
     with torch.inference_mode(), record(trace):
         ref = model(**inputs).logits
