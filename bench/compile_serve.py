@@ -45,31 +45,22 @@ import torch  # noqa: E402
 
 from nbx_tune.testing.bench import environment, out_dir, per_call_ms, save, table  # noqa: E402
 
-# name -> (transformers config class, real dims, tiny dims for --smoke)
+def _decoder(cfg: str, model: str, real: tuple, tiny: tuple, **extra) -> tuple:
+    """A Llama-style decoder's entry: (hidden, heads, key/value heads, intermediate, vocab) at
+    its real dims and tiny ones for --smoke."""
+    names = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size")
+    return cfg, model, dict(zip(names, real)), {**dict(zip(names, tiny)), **extra}
+
+
+# name -> (transformers config class, model class, real dims, tiny dims for --smoke)
 MODELS = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM",
-              dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=32, intermediate_size=11008,
-                   vocab_size=32000),
-              dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=172,
-                   vocab_size=320)),
-    "gpt2": ("GPT2Config", "GPT2LMHeadModel",
-             dict(n_embd=1024, n_head=16, vocab_size=50257, n_positions=1024),
+    "llama": _decoder("LlamaConfig", "LlamaForCausalLM", (4096, 32, 32, 11008, 32000), (64, 4, 2, 172, 320)),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=1024, n_head=16, vocab_size=50257, n_positions=1024),
              dict(n_embd=64, n_head=4, vocab_size=320, n_positions=128)),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
-              dict(hidden_size=3584, num_attention_heads=28, num_key_value_heads=4, intermediate_size=18944,
-                   vocab_size=152064),
-              dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=176,
-                   vocab_size=320)),
-    "mistral": ("MistralConfig", "MistralForCausalLM",
-                dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
-                     vocab_size=32000),
-                dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=160,
-                     vocab_size=320)),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM",
-             dict(hidden_size=3072, num_attention_heads=32, num_key_value_heads=32, intermediate_size=8192,
-                  vocab_size=32064),
-             dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=128,
-                  vocab_size=320, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "qwen2": _decoder("Qwen2Config", "Qwen2ForCausalLM", (3584, 28, 4, 18944, 152064), (64, 4, 2, 176, 320)),
+    "mistral": _decoder("MistralConfig", "MistralForCausalLM", (4096, 32, 8, 14336, 32000), (64, 4, 2, 160, 320)),
+    "phi3": _decoder("Phi3Config", "Phi3ForCausalLM", (3072, 32, 32, 8192, 32064), (64, 4, 4, 128, 320),
+                     pad_token_id=0, bos_token_id=1, eos_token_id=2),  # its defaults lie past a tiny vocabulary
 }
 
 
@@ -230,6 +221,7 @@ def main(argv=None):
             continue
         torch._dynamo.reset()
         results[name] = run_model(name, args, device, dtype, sync)
+        report({name: results[name]})  # now, in case a time limit stops the run before the end
         save(f"compile_serve_{'_'.join(names)}.json", {"env": environment(), "models": results})
     env = environment()
     print(f"{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}")
