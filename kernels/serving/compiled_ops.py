@@ -295,11 +295,10 @@ def _meta(t):
                                dtype=t.dtype, device="meta")
 
 
-def _sdpa_ops() -> dict:
-    """SDPA's backend ops as a post-grad graph holds them -> the output's getitem index."""
-    names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
-    return {getattr(aten, n).default: 0 for n in names if hasattr(aten, n)}
+# SDPA's backend ops as a post-grad graph holds them (the output is item 0 of each)
+_SDPA_OPS = frozenset(getattr(aten, n).default for n in (
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu") if hasattr(aten, n))
 
 
 def _bound(node) -> dict:
@@ -333,7 +332,7 @@ def _plan(node):
         beta, alpha = float(args["beta"]), float(args["alpha"])
         seat = mm_seat(_meta(vals[1]), _meta(vals[2]), beta != 0)
         return addmm, (args["self"], args["mat1"], args["mat2"], beta, alpha), node, seat
-    if t in _sdpa_ops():
+    if t in _SDPA_OPS:
         args = _bound(node)
         if args.get("attn_mask") is not None or args.get("attn_bias") is not None or args.get("dropout_p", 0.0):
             return None
