@@ -210,6 +210,9 @@ def _install() -> None:
             lib._destroy()
         raise
     _library = list(libs.values())
+    from nbx_tune.kernels.serving import compiled_ops
+
+    compiled_ops.install_pass()  # a model compiled inside serve() places the certified kernels
 
 
 def _uninstall() -> None:
@@ -218,6 +221,9 @@ def _uninstall() -> None:
         for lib in _library:
             lib._destroy()
         _library = None
+        from nbx_tune.kernels.serving import compiled_ops
+
+        compiled_ops.remove_pass()
 
 
 class serve(contextlib.ContextDecorator):
