@@ -72,6 +72,7 @@ _OPS = {
     "cat_kv": "nbx_tune.kernels.kv_cache",
     "gelu_mul": "nbx_tune.kernels.gelu_mul",
     "softcap": "nbx_tune.kernels.softcap",
+    "score_softmax": "nbx_tune.kernels.score_softmax",
 }
 
 
