@@ -154,6 +154,12 @@ def test_a_replay_asks_the_eager_rule_again(monkeypatch):
     clock.inject(0.002, 0.001)
     monkeypatch.setattr(certified.SERVING, "busy", clock)
     assert guarded(1) == "out"
-    clock.inject(0.010, 0.004)
+    host_bound = eager_rule.HostClock()  # another op's clock at the same seat
+    host_bound.inject(0.010, 0.004)
+    monkeypatch.setattr(certified.SERVING, "busy", host_bound)
     with pytest.raises(TorchFaster, match="host time"):
         guarded(2)
+    with pytest.raises(TorchFaster, match="host time"):
+        guarded(3)  # the measured clock's verdict, remembered
+    monkeypatch.setattr(eager_rule, "_capturing", lambda: True)
+    assert guarded(4) == "out"  # under capture: the device rule, the kernel

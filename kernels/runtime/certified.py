@@ -171,20 +171,11 @@ def _defer(state: LaunchState) -> None:
         if baseline.defers(b["nbx_ms"], b["torch_ms"]):
             state.deferred[seat] = b
         if eager_rule.checked(b["nbx_ms"], b["torch_ms"]):
-            state.checks[seat] = _seat_check(b["nbx_ms"], b["torch_ms"])
+            state.checks[seat] = eager_rule.seat_check(b["nbx_ms"], b["torch_ms"], SERVING, _refuse)
 
 
-def _seat_check(nbx_ms: float, torch_ms: float):
-    """A seat's check at each served call (and each replay of one): raises TorchFaster where
-    the rules send it to torch. SERVING.busy is the op's host clock under serve()."""
-    def check():
-        clock = SERVING.busy
-        if clock:
-            why = eager_rule.torch_runs(clock, nbx_ms, torch_ms)
-            if why is not None:
-                raise TorchFaster(why)
-
-    return check
+def _refuse(why: str):
+    raise TorchFaster(why)
 
 
 def _load() -> LaunchState:

@@ -110,6 +110,39 @@ def capturing() -> bool:
     return _capturing()
 
 
+def seat_check(nbx_ms: float, torch_ms: float, serving, refuse):
+    """A seat's check at each served call and each replay of one (certified.config_for
+    installs it): calls `refuse(why)` (which raises) where `torch_runs` sends the call to
+    torch. `serving.busy` is the op's HostClock under serve(). Once the op's host times are
+    measured the seat's two verdicts are fixed: a replay then costs a dict lookup, and the
+    capture test only where eager and graph disagree."""
+    known = {}  # HostClock -> (eager verdict, graph verdict)
+
+    def check():
+        clock = serving.busy
+        if not clock:
+            return
+        both = known.get(clock)
+        if both is None:
+            why = torch_runs(clock, nbx_ms, torch_ms)
+            if clock.__class__ is HostClock and clock.ready:
+                known[clock] = verdicts(clock, nbx_ms, torch_ms)
+        else:
+            why = both[0] if both[0] == both[1] or not capturing() else both[1]
+        if why is not None:
+            refuse(why)
+
+    return check
+
+
+def verdicts(clock: HostClock, nbx_ms: float, torch_ms: float) -> tuple[str | None, str | None]:
+    """(eager, under capture): why torch runs the seat's call, or None, by a measured clock."""
+    device = torch_rule.REASON if torch_rule.defers(nbx_ms, torch_ms) else None
+    served_host, torch_host = clock.host_ms()
+    eager = eager_defers(served_host, nbx_ms, torch_host, torch_ms)
+    return (device if eager == (device is not None) else REASON if eager else None), device
+
+
 def torch_runs(clock, nbx_ms: float, torch_ms: float) -> str | None:
     """Why a served call at a seat with this baseline runs torch, or None: the kernel runs.
     `clock` is the op's HostClock under serve()'s override (anything else: the device rule)."""
@@ -123,10 +156,5 @@ def torch_runs(clock, nbx_ms: float, torch_ms: float) -> str | None:
     if not clock.ready:
         clock.wanted = True
         return torch_rule.REASON if device else None
-    served_host, torch_host = clock.host_ms()
-    eager = eager_defers(served_host, nbx_ms, torch_host, torch_ms)
-    if eager == device:
-        return torch_rule.REASON if device else None
-    if capturing():
-        return torch_rule.REASON if device else None
-    return REASON if eager else None
+    eager, graph = verdicts(clock, nbx_ms, torch_ms)
+    return graph if eager == graph or capturing() else eager
