@@ -22,7 +22,6 @@ from nbx_tune.kernels.serving import gemma_ops
 from nbx_tune.kernels.serving import serve as serving
 from nbx_tune.kernels.serving.fusions import engine as fusions
 from nbx_tune.kernels.serving.fusions import gemma
-from nbx_tune.kernels.spec import NotServable
 from nbx_tune.oracles import elementwise as ew_oracle
 from nbx_tune.oracles import score_softmax as score_oracle
 from nbx_tune.profiles import get_profile
@@ -33,7 +32,6 @@ gelu_mul, softcap, score_softmax = (importlib.import_module(f"nbx_tune.kernels.{
 PROFILE = get_profile("interpreter")
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
-SPECS = (gelu_mul.SPEC, softcap.SPEC, score_softmax.SPEC)
 
 
 def rel_err(got: torch.Tensor, want: np.ndarray) -> float:
@@ -49,27 +47,6 @@ def transformers_off_root(monkeypatch):
     if stray is not None and Path(getattr(stray, "__file__", "") or "").resolve().is_relative_to(ROOT):
         monkeypatch.delitem(sys.modules, "kernels")
     return pytest.importorskip("transformers")
-
-
-# ----------------------------------------------------------------------------- the screen
-
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
-@pytest.mark.slow
-def test_selfcheck_small_rows_pass_the_screen(spec):
-    from nbx_tune.tuner.certify.selfcheck import check_kernel
-
-    checks = check_kernel(spec, PROFILE, "cpu", "small", configs_per_row=2)
-    bad = [(c.op, c.shapes, c.dtype, str(c.config), c.reason, c.detail) for c in checks if not c.ok]
-    assert not bad
-    assert {"float16", "float32"} <= {c.dtype for c in checks}
-
-
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
-def test_gpu_rows_are_servable_and_claim_every_dtype(spec):
-    problems = [spec.problem_from_row(r) for r in spec.example_rows("gpu")]
-    assert not [p for p in problems if isinstance(p, NotServable)]
-    assert {"float16", "bfloat16", "float32"} <= {p.dtypes[0] for p in problems}
-    assert spec.default_config(PROFILE, problems[0]) in spec.configs()
 
 
 # ----------------------------------------------------------------------------- the kernels
