@@ -1,6 +1,6 @@
 """The library's fused ops on the interpreter (and the screen of Gemma's: tests/test_gemma_fusions.py):
-`nbx_tune.rotary` (rotary position embedding of one tensor), `nbx_tune.silu_mul` (silu(gate) * up) and `nbx_tune.add_rms_norm` /
-`add_layer_norm` (a residual add and the norm of the sum), `nbx_tune.rope_cos_sin` (the rotary
+`nbx_tune.rotary` (rotary position embedding of one tensor), `nbx_tune.silu_mul` (silu(gate) * up)
+and `nbx_tune.add_rms_norm` / `add_layer_norm` (a residual add and the norm of the sum), `nbx_tune.rope_cos_sin` (the rotary
 embedding's cos and sin tables), `nbx_tune.cat_kv` (a KV cache's two cats). Their kernels against the fp64
 oracles at odd shapes and strides; their torch ops (kernels/serving/custom_ops.py) against
 transformers' own code, bit for bit, and their backward; recorded rows (CPU and meta) to
