@@ -71,12 +71,14 @@ def cases(torch, dev, dt):
         ("rotary", "rotary decode 1x32x1x128", K.rotary, custom_ops.rotary,
          (r(1, 1, 32, 128).transpose(1, 2), r(1, 1, 128), r(1, 1, 128)), {}),
         ("silu_mul", "silu_mul 1x11008", K.silu_mul, custom_ops.silu_mul, (x, y), {}),
-        # Gemma's: torch's side is the pattern (2 launches for gelu_mul, 3 for softcap, 5 for the
-        # score chain with a cap and a mask: scale, div, tanh, mul, add, softmax, cast)
+        # Gemma's: torch's side is the pattern (2 launches for gelu_mul, 3 for softcap, 7 for the
+        # score chain with a cap and a mask: scale, div, tanh, mul, add, softmax, cast; 10 for the norm)
         ("gelu_mul", "gelu_mul 1x9216", K.gelu_mul, gemma_ops.gelu_mul, (r(1, 9216), r(1, 9216)), {}),
         ("softcap", "softcap 1x2048, cap 30", K.softcap, gemma_ops.softcap, (r(1, 2048), 30.0), {}),
         ("score_softmax", "score chain 1x8x1x1024, cap 50, mask", K.score_softmax, gemma_ops.score_softmax,
          (r(1, 8, 1, 1024), 0.0625, 50.0, torch.zeros(1, 1, 1, 1024, device=dev, dtype=dt)), {}),
+        ("offset_rms_norm", "Gemma's rms_norm 1x2304", K.offset_rms_norm, gemma_ops.offset_rms_norm,
+         (r(1, 2304), r(2304), 1e-6), {}),
     ]
 
 

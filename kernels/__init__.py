@@ -73,6 +73,7 @@ _OPS = {
     "gelu_mul": "nbx_tune.kernels.gelu_mul",
     "softcap": "nbx_tune.kernels.softcap",
     "score_softmax": "nbx_tune.kernels.score_softmax",
+    "offset_rms_norm": "nbx_tune.kernels.offset_rms_norm",
 }
 
 

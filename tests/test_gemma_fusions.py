@@ -1,6 +1,6 @@
 """Gemma 2's small ops as one launch each: `nbx_tune.gelu_mul` (GeGLU), `nbx_tune.softcap`
-(tanh(x / c) * c) and `nbx_tune.score_softmax` (eager attention's scale, soft-cap, mask and
-fp32 softmax). Their kernels against fp64 oracles at odd shapes; their torch ops against the
+(tanh(x / c) * c), `nbx_tune.score_softmax` (eager attention's scale, soft-cap, mask and
+fp32 softmax) and `nbx_tune.offset_rms_norm` (Gemma's RMS norm, scaled by 1 + weight). Their kernels against fp64 oracles at odd shapes; their torch ops against the
 model's own code, bit for bit; the fusions that call them (kernels/serving/fusions/gemma.py,
 eager_attention.py) on tiny transformers models under serve(), against torch's logits."""
 
@@ -23,12 +23,13 @@ from nbx_tune.kernels.serving import serve as serving
 from nbx_tune.kernels.serving.fusions import engine as fusions
 from nbx_tune.kernels.serving.fusions import gemma
 from nbx_tune.oracles import elementwise as ew_oracle
+from nbx_tune.oracles import norms as norm_oracle
 from nbx_tune.oracles import score_softmax as score_oracle
 from nbx_tune.profiles import get_profile
 
 # the modules (the package's names of the same spelling are the public ops)
-gelu_mul, softcap, score_softmax = (importlib.import_module(f"nbx_tune.kernels.{m}")
-                                    for m in ("gelu_mul", "softcap", "score_softmax"))
+gelu_mul, softcap, score_softmax, offset_rms_norm = (
+    importlib.import_module(f"nbx_tune.kernels.{m}") for m in ("gelu_mul", "softcap", "score_softmax", "offset_rms_norm"))
 PROFILE = get_profile("interpreter")
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -97,6 +98,21 @@ def test_score_softmax_matches_the_oracle(dt, cap, mask_shape):
     assert np.allclose(got.double().numpy().sum(-1), 1.0, atol=1e-2)
 
 
+@pytest.mark.parametrize("dt", sorted(DTYPES))
+@pytest.mark.parametrize("n", [37, 1100])
+def test_offset_rms_norm_matches_the_oracle_on_a_strided_x(dt, n):
+    g = torch.Generator().manual_seed(5)
+    x = (2 * torch.randn(3, 2 * n, generator=g) + 0.5).to(DTYPES[dt])[:, ::2]
+    w = (0.5 * torch.randn(n, generator=g)).to(DTYPES[dt])
+    got = offset_rms_norm.offset_rms_norm(x, w, 1e-6)
+    want = norm_oracle.offset_rms_norm(x.double().numpy(), w.double().numpy(), 1e-6)
+    assert got.shape == x.shape and got.dtype == x.dtype
+    assert rel_err(got, want) <= PROFILE.screen_rtol[dt]
+    assert rel_err(got, want) <= rel_err(gemma_ops.offset_rms_norm(x, w, 1e-6), want) * 1.01 + 1e-7
+    with pytest.raises(KernelError, match="weight"):
+        offset_rms_norm.offset_rms_norm(x, w[:-1], 1e-6)
+
+
 def test_score_softmax_refuses_what_it_does_not_serve():
     s = torch.randn(2, 3, 5, 7)
     with pytest.raises(KernelError, match="mask"):
@@ -118,6 +134,11 @@ def test_the_torch_ops_are_the_models_code_bit_for_bit(transformers_off_root):
     assert torch.equal(torch.ops.nbx_tune.gelu_mul(gate, up), ACT2FN["gelu_pytorch_tanh"](gate) * up)
     x = 40 * torch.randn(2, 9, generator=g)
     assert torch.equal(torch.ops.nbx_tune.softcap(x, 30.0), torch.tanh(x / 30.0) * 30.0)
+    norm = m.Gemma2RMSNorm(9, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.normal_()
+    h = x.half()
+    assert torch.equal(torch.ops.nbx_tune.offset_rms_norm(h, norm.weight, 1e-6), norm(h))
     q, k, v = (torch.randn(2, 4, 5, 8, generator=g) for _ in range(3))
     mask = torch.zeros(2, 1, 5, 5).masked_fill(torch.ones(5, 5).triu(1).bool(), torch.finfo(torch.float32).min)
     module = torch.nn.Module()
@@ -170,9 +191,10 @@ def test_a_tiny_gemma2_with_eager_attention_runs_its_chains_as_one_launch_each(t
     assert torch.equal(again, want)
     layers = model.config.num_hidden_layers
     assert fused["score_softmax"] == layers and fused["gelu_mul"] == layers and fused["softcap"] == 1
+    assert fused["offset_rms_norm"] == 4 * layers + 1  # four a layer and the final norm
     assert ((got - want).abs().max() / want.abs().max()).item() <= 1e-4
     st = serving.stats()
-    for op in ("nbx_tune.score_softmax", "nbx_tune.gelu_mul", "nbx_tune.softcap"):
+    for op in ("nbx_tune.score_softmax", "nbx_tune.gelu_mul", "nbx_tune.softcap", "nbx_tune.offset_rms_norm"):
         assert st[op]["certified"] + st[op]["default"] >= 1 and not st[op]["torch"], (op, st[op])
     assert "aten.tanh" not in st  # both soft-caps fused
     assert not fusions.swapped()
@@ -205,7 +227,7 @@ def test_fused_models_give_the_models_logits_bit_for_bit(transformers_off_root, 
     layers = model.config.num_hidden_layers
     assert fused["score_softmax"] == layers
     if family == "gemma2":
-        assert fused["gelu_mul"] == layers and fused["softcap"] == 1
+        assert fused["gelu_mul"] == layers and fused["softcap"] == 1 and fused["offset_rms_norm"] == 4 * layers + 1
 
 
 def test_with_dropout_in_training_the_attention_is_the_models_own(transformers_off_root, fused_only):
@@ -215,3 +237,19 @@ def test_with_dropout_in_training_the_attention_is_the_models_own(transformers_o
     with torch.no_grad():
         model(torch.randint(0, 97, (1, 5)))
     assert "score_softmax" not in fusions.stats() and fusions.stats()["gelu_mul"] == 2
+
+
+def test_a_gemma_norm_with_another_norm_method_runs_as_written(transformers_off_root, fused_only):
+    from transformers.models.gemma2 import modeling_gemma2 as m
+
+    fusions.settle()
+    assert "offset_rms_norm" in fusions.swapped().get(f"{m.__name__}.Gemma2RMSNorm.forward", "")
+
+    class EpsOutside(m.Gemma2RMSNorm):  # the same forward, another _norm
+        def _norm(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) + self.eps
+
+    norm, x = EpsOutside(8), torch.randn(2, 8)
+    with torch.no_grad():
+        norm(x)
+    assert "offset_rms_norm" not in fusions.stats()

@@ -34,7 +34,8 @@ from nbx_tune.kernels.trace import make_row
 PROFILE = get_profile("interpreter")
 SPECS = (rope.SPEC, rope.QK_SPEC, rope.COS_SIN_SPEC, swiglu.SPEC, residual_norm.RMS_SPEC, residual_norm.LAYER_SPEC,
          kv_cache.SPEC,  # and Gemma's (tests/test_gemma_fusions.py), modules named as their public ops
-         *(importlib.import_module(f"nbx_tune.kernels.{m}").SPEC for m in ("gelu_mul", "softcap", "score_softmax")))
+         *(importlib.import_module(f"nbx_tune.kernels.{m}").SPEC for m in ("gelu_mul", "softcap", "score_softmax",
+                                                                   "offset_rms_norm")))
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 

@@ -7,5 +7,5 @@ from nbx_tune.kernels.serving.fusions import cache, eager_attention, engine, gem
 
 # The order they are tried in.
 engine.FUSIONS = (llama.RMS_NORM, gpt2.GELU_TANH, llama.ROTARY, llama.SILU_MUL, llama.ADD_RMS_NORM,
-                  gpt2.ADD_LAYER_NORM, llama.ROPE_TABLES, cache.CAT_KV, gemma.FINAL_SOFTCAP,
+                  gpt2.ADD_LAYER_NORM, llama.ROPE_TABLES, cache.CAT_KV, gemma.FINAL_SOFTCAP, gemma.OFFSET_RMS_NORM,
                   eager_attention.SOFTCAPPED, eager_attention.PLAIN)

@@ -1,7 +1,7 @@
-"""The patterns of transformers' Gemma 2 (and the Gemma models that copy its code): GeGLU's
-activation (`gelu(gate, tanh) * up`, the MLP LlamaMLP's code with Gemma's activation) and the
-final logits' soft-cap (`tanh(logits / cap) * cap`, three launches on the vocabulary-sized
-logits)."""
+"""The patterns of transformers' Gemma 2 (and the Gemma models that copy its code): its RMS
+norm (in fp32, scaled by 1 + weight: ten launches, four norms a layer), GeGLU's activation
+(`gelu(gate, tanh) * up`, the MLP LlamaMLP's code with Gemma's activation) and the final
+logits' soft-cap (`tanh(logits / cap) * cap`, three launches on the vocabulary-sized logits)."""
 
 from __future__ import annotations
 
@@ -111,3 +111,31 @@ def forward(
         attentions=outputs.attentions,
     )
 '''), _final_softcap)
+
+
+# transformers' GemmaRMSNorm._norm, which the norm's forward calls as a method.
+_NORM = Pattern('''
+def _norm(self, x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+''')
+
+
+def _offset_rms_norm(original: Callable) -> Callable:
+    def forward(self, x):
+        weight = self.weight
+        if weight.dtype != x.dtype or weight.dim() != 1 or not _NORM.matches(getattr(type(self), "_norm", None)):
+            return original(self, x)  # a weight of another dtype, or another _norm: the pattern as written
+        _calls["offset_rms_norm"] += 1
+        return gemma_ops.offset_rms_norm(x, weight, self.eps)
+
+    return forward
+
+
+# transformers' GemmaRMSNorm.forward (Gemma, Gemma 2 and their copies): the norm in fp32,
+# scaled by (1 + weight) in fp32, cast back, as torch.ops.nbx_tune.offset_rms_norm.
+OFFSET_RMS_NORM = Fusion("offset_rms_norm", "nbx_tune.offset_rms_norm", Pattern('''
+def forward(self, x):
+    output = self._norm(x.float())
+    output = output * (1.0 + self.weight.float())
+    return output.type_as(x)
+'''), _offset_rms_norm)
