@@ -54,7 +54,9 @@ KERNEL, TORCH = "kernel", "torch"
 
 
 class HostClock:
-    """One aten op's host cost per call under serve(), each side's least timed call (ms)."""
+    """One aten op's host cost per call under serve(), each side's least timed call (ms).
+    Shared by threads without a lock: a call of another thread while one is timed may take
+    the timed side, which costs a sample's accuracy, never a result (both sides compute it)."""
 
     __slots__ = ("served_ms", "torch_ms", "ready", "wanted", "force", "hit")
 
