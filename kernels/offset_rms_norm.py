@@ -26,7 +26,8 @@ from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.serving import gemma_ops  # noqa: F401  (defines the torch op serve_ops names)
-from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags
+from nbx_tune.kernels.spec import (Config, KernelSpec, KeyDim, NotServable, Problem, float_params, one_dtype,
+                                   seat_flags)
 from nbx_tune.oracles import norms as oracle
 
 OP = "nbx_tune.offset_rms_norm"
@@ -87,10 +88,10 @@ class OffsetRMSNormSpec(KernelSpec):
         dt = one_dtype(row, self.dtypes)
         if isinstance(dt, NotServable):
             return dt
-        try:
-            eps = row.params.float("eps", None)
-        except ValueError as e:
-            return NotServable(f"unreadable params: {e}")
+        got = float_params(row, "eps")
+        if isinstance(got, NotServable):
+            return got
+        eps, = got
         if eps is None or not math.isfinite(eps):
             return NotServable(f"{OP} row without a finite eps")
         why = _unservable(tuple(row.shapes[0]), tuple(row.shapes[1]))

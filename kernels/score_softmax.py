@@ -28,7 +28,7 @@ from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.serving import gemma_ops  # noqa: F401  (defines the torch op serve_ops names)
-from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
+from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, float_params, seat_flags
 from nbx_tune.oracles import score_softmax as oracle
 
 OP = "nbx_tune.score_softmax"
@@ -108,10 +108,10 @@ class ScoreSoftmaxSpec(KernelSpec):
         dt = row.dtypes[0]
         if dt not in self.dtypes or any(d not in self.dtypes for d in row.dtypes):
             return NotServable(f"dtypes {', '.join(row.dtypes)}: not served")
-        try:
-            scaling, cap = row.params.float("scaling", None), row.params.float("softcap", None)
-        except ValueError as e:
-            return NotServable(f"unreadable params: {e}")
+        got = float_params(row, "scaling", "softcap")
+        if isinstance(got, NotServable):
+            return got
+        scaling, cap = got
         if scaling is None or not math.isfinite(scaling) or (cap is not None and (not math.isfinite(cap) or cap == 0)):
             return NotServable(f"{OP}: scaling {scaling!r}, softcap {cap!r}: finite numbers expected, a non-zero cap")
         shape, mask = tuple(row.shapes[0]), (tuple(row.shapes[1]) if len(row.shapes) == 2 else None)

@@ -25,7 +25,7 @@ from nbx_tune.kernels.rows import format_shape, numel
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.serving import gemma_ops  # noqa: F401  (defines the torch op serve_ops names)
-from nbx_tune.kernels.spec import KernelSpec, KeyDim, NotServable, Problem, one_dtype, seat_flags
+from nbx_tune.kernels.spec import KernelSpec, KeyDim, NotServable, Problem, float_params, one_dtype, seat_flags
 from nbx_tune.oracles import elementwise as oracle
 
 OP = "nbx_tune.softcap"
@@ -90,10 +90,10 @@ class SoftcapSpec(KernelSpec):
         dt = one_dtype(row, self.dtypes)
         if isinstance(dt, NotServable):
             return dt
-        try:
-            cap = row.params.float("cap", None)
-        except ValueError as e:
-            return NotServable(f"unreadable params: {e}")
+        got = float_params(row, "cap")
+        if isinstance(got, NotServable):
+            return got
+        cap, = got
         if cap is None or not math.isfinite(cap) or cap == 0:
             return NotServable(f"{OP}: cap {cap!r}: a finite non-zero cap expected")
         n = numel(row.shapes[0])
