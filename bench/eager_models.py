@@ -17,6 +17,8 @@ and the fusions. The goal line says whether every eager ratio is >= 1.0.
     python3 bench/eager_models.py --layers 8           # fewer layers a model (faster, same per-layer ops)
     python3 bench/eager_models.py --census-budget-s 400 --baseline   # certify and baseline the traced
                                                        # seats first (NBX_TUNE_DB), then time
+    python3 bench/eager_models.py --census-budget-s 500 --baseline --census-only   # only that: time in
+                                                       # a second call on the same database
     python3 bench/eager_models.py --smoke              # CPU interpreter, tiny models, fp32, eager only
 
 serve() serves what NBX_TUNE_DB and the shipped table hold; its eager rule acts at seats with a
@@ -124,6 +126,7 @@ def main(argv=None) -> int:
     p.add_argument("--census-budget-s", type=float, default=0,
                    help="trace the timed calls and certify their seats first, for at most this long (0: no census)")
     p.add_argument("--baseline", action="store_true", help="the census also records torch baselines")
+    p.add_argument("--census-only", action="store_true", help="stop after the census (time in another call)")
     args = p.parse_args(argv)
     if args.smoke and not os.environ.get("NBX_TUNE_DB"):  # keep the user's database clean
         os.environ["NBX_TUNE_DB"] = f"sqlite:///{os.path.join(tempfile.mkdtemp(prefix='nbx-eager-'), 'smoke.db')}"
@@ -167,6 +170,9 @@ def main(argv=None) -> int:
             write_trace(trace, rows, [f"bench/eager_models.py: {', '.join(runners)}"])
             result["census"] = run_census(trace, args.census_budget_s, ["--baseline"] if args.baseline else [])
             certified.reload()
+            if args.census_only:
+                print(f"wrote {save('eager_models_census.json', result)}")
+                return 0
 
         for name, run in runners.items():
             phase = ROWS[name][2]
