@@ -84,8 +84,10 @@ def _attention(q, k, v, is_causal, scale):
 def _serve_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
                 enable_gqa=False):
     """aten.scaled_dot_product_attention's arguments, for serve()."""
-    if attn_mask is not None:
-        raise KernelError("attention: attn_mask is not served")
+    if attn_mask is not None:  # the masked attention family's (kernels/masked_attention/)
+        from nbx_tune.kernels.masked_attention.ops import serve_masked_sdpa
+
+        return serve_masked_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if dropout_p != 0.0:
         raise KernelError(f"attention: dropout_p={dropout_p} is not served")
     if not enable_gqa and key.dim() == 4 and query.dim() == 4 and key.shape[1] != query.shape[1]:
