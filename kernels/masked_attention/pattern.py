@@ -6,6 +6,9 @@ query row's kept keys must form one interval [lo, hi) (the row's kept count equa
 + 1), and those intervals must be the pattern's, row for row. A model builds one mask per
 forward and hands it to every layer, so the check runs once per mask tensor (remembered by
 identity, version and storage) and the layers after the first launch with no mask read.
+An inference tensor (made under torch.inference_mode) has no version counter: one written in
+place after its check, between two attention calls, is not seen (torch's autograd cannot see
+it either); transformers' masks are built anew each forward and never written after.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ _SEEN_LIMIT = 64
 def recognise(mask: torch.Tensor, Lq: int, Lk: int) -> Pattern | None:
     """The pattern `mask` (bool, or additive with only 0 and -inf) equals, or None. The mask
     broadcasts to (B, H, Lq, Lk); one broadcast over the heads is needed to be a pattern."""
-    key = (mask._version, mask.data_ptr(), tuple(mask.shape), tuple(mask.stride()))
+    key = (-1 if mask.is_inference() else mask._version, mask.data_ptr(), tuple(mask.shape), tuple(mask.stride()))
     hit = _SEEN.get(id(mask))
     if hit is not None and hit[0]() is mask and hit[1:5] == key:
         return hit[5]
