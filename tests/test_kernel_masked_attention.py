@@ -290,3 +290,46 @@ def test_serve_gives_torchs_logits_on_tiny_sliding_window_and_padded_models(name
     assert err < 1e-4, err
     # The models' masks were recognised: computed, never read; the window is the model's.
     assert launches == [(True, kw.get("sliding_window", 0))] * 2
+
+
+# ----------------------------------------------------------------------------- trace and census
+
+def test_a_census_seats_what_serve_launches(tmp_path, no_repo_root_on_path, monkeypatch):
+    """Recorded on real tensors, a recognised mask's SDPA call is written as the launch serve()
+    makes (the public op's row: window, key ranges), a mask that is read as the SDPA row; the
+    census maps both to this family's seats, and serve() then launches on exactly those seats."""
+    from nbx_tune.kernels.masked_attention import ops
+    from nbx_tune.kernels.spec import bucket_of, encode_bucket, encode_dtypes, encode_flags
+    from nbx_tune.tuner.census.census import plan
+    from nbx_tune.tuner.trace.recorder import Recorder
+    from nbx_tune.kernels.trace import read_trace
+
+    model = _tiny("Mistral", sliding_window=3)
+    ids, am = torch.randint(0, 64, (2, 9)), torch.tensor([[1] * 9, [0, 0, 1, 1, 1, 1, 1, 1, 1]])
+    g = torch.Generator().manual_seed(9)
+    q, k = torch.randn(1, 2, 5, 16, generator=g), torch.randn(1, 2, 7, 16, generator=g)
+    holes = torch.rand(1, 1, 5, 7, generator=g) < 0.5
+
+    def run():
+        model(ids, attention_mask=am)
+        F.scaled_dot_product_attention(q, k, k, attn_mask=holes)
+
+    with torch.inference_mode(), Recorder(fuse=False) as rec:
+        run()
+    rec.write(tmp_path / "t.tsv")
+    trace = read_trace(tmp_path / "t.tsv")
+    ops_seen = {r.op: r for r in trace.rows if "attention" in r.op}
+    assert set(ops_seen) == {OP, "aten.scaled_dot_product_attention"}
+    assert dict(ops_seen[OP].params) == {"is_causal": "True", "window": "3", "ranges": "left", "scale": "0.25"}
+    p = plan(trace, "x", PROFILE)
+    seats = {k_ for k_ in p.seats if k_[0] == "masked_attention"}
+    assert len(seats) == 2 and not [n for n in p.not_servable if "attention" in n[1]]
+
+    launched = []
+    real = ops.config_for
+    monkeypatch.setattr(ops, "config_for", lambda spec, d, f, dims: (launched.append(
+        (spec.name, encode_dtypes(d), encode_flags(f), encode_bucket(spec.key, bucket_of(PROFILE, spec.key, dims)))),
+        real(spec, d, f, dims))[1])
+    with torch.inference_mode(), nbx_tune.serve(fuse=False):
+        run()
+    assert set(launched) == seats

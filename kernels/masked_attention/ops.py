@@ -9,7 +9,7 @@ import torch
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.masked_attention.kernel import launch_masked_attention
 from nbx_tune.kernels.masked_attention.pattern import recognise
-from nbx_tune.kernels.masked_attention.spec import MASK_KINDS, SPEC, TORCH_DTYPES, seat_of, size_limit
+from nbx_tune.kernels.masked_attention.spec import MASK_KINDS, OP, SPEC, TORCH_DTYPES, seat_of, size_limit
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.runtime.certified import config_for
 
@@ -108,3 +108,38 @@ def serve_masked_sdpa(query, key, value, attn_mask, dropout_p=0.0, is_causal=Fal
         if found is not None:
             return _launch(query, key, value, None, found.causal, found.window, found.ranges, scale)
     return _launch(query, key, value, attn_mask, False, 0, None, scale)
+
+
+def sdpa_launch_row(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                    enable_gqa=False):
+    """The trace row (op, dtypes, shapes, params) of what `serve_masked_sdpa` launches for these
+    arguments where the mask is a recognised pattern: the public op's row, its window and key
+    ranges in it, so that a census seats what serve() will run. None where serve() would read
+    the mask, or not serve the call (the recorder then writes the SDPA row as it is); a mask
+    without values (meta) cannot be recognised."""
+    if (attn_mask is None or attn_mask.is_meta or dropout_p != 0.0 or is_causal or query.dim() != 4
+            or key.dim() != 4 or value.dim() != 4 or (not enable_gqa and key.shape[1] != query.shape[1])
+            or attn_mask.dtype not in (torch.bool, query.dtype)):
+        return None
+    try:
+        found = recognise(attn_mask, query.shape[2], key.shape[2])
+    except RuntimeError:  # a mask this check cannot read (e.g. under CUDA-graph capture)
+        return None
+    if found is None:
+        return None
+    dt = str(query.dtype).removeprefix("torch.")
+    dtypes, shapes = [dt, str(key.dtype).removeprefix("torch."), str(value.dtype).removeprefix("torch.")], \
+        [tuple(query.shape), tuple(key.shape), tuple(value.shape)]
+    params = {}
+    if found.causal:
+        params["is_causal"] = "True"
+    if found.window:
+        params["window"] = str(found.window)
+    if found.ranges is not None:
+        # Which side the screen pads; the seat is the same either way.
+        params["ranges"] = "left" if bool((found.ranges[:, 0] > 0).any()) else "right"
+        dtypes.append("int32")
+        shapes.append(tuple(found.ranges.shape))
+    if scale is not None:
+        params["scale"] = repr(float(scale))
+    return OP, tuple(dtypes), tuple(shapes), tuple(sorted(params.items()))
