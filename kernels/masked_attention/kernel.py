@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nbx_tune.kernels.attention.kernel import _block as head_block
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.spec import Config
 
@@ -229,11 +230,6 @@ def _masked_combine_kernel(
 
 
 _masked_combine_kernel = launch.recorded(_masked_combine_kernel)
-
-
-def head_block(d: int) -> int:
-    """The power-of-two block a head dim is loaded in (tl.dot needs at least 16)."""
-    return max(16, triton.next_power_of_2(d))
 
 
 def launch_masked_attention(q, k, v, o, scale: float, config: Config, mask=None, mask_kind: int = NO_MASK,

@@ -7,18 +7,12 @@ from __future__ import annotations
 import torch
 
 from nbx_tune.errors import KernelError
+from nbx_tune.kernels.attention.ops import _span, checked_qkv
 from nbx_tune.kernels.masked_attention.kernel import launch_masked_attention
 from nbx_tune.kernels.masked_attention.pattern import recognise
-from nbx_tune.kernels.masked_attention.spec import MASK_KINDS, OP, SPEC, TORCH_DTYPES, seat_of, size_limit
+from nbx_tune.kernels.masked_attention.spec import MASK_KINDS, OP, SPEC, seat_of, size_limit
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.runtime.certified import config_for
-
-_DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
-
-
-def _span(t) -> int:
-    """The largest element offset inside one (batch, head) slab of a 4-D tensor."""
-    return (t.shape[2] - 1) * abs(t.stride(2)) + (t.shape[3] - 1) * abs(t.stride(3))
 
 
 def key_ranges(seq_lens: torch.Tensor, Lk: int, padding: str) -> torch.Tensor:
@@ -49,20 +43,7 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 
 
 def _launch(q, k, v, mask, causal, window, ranges, scale):
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise KernelError(f"masked_attention: expected 4-D query, key, value, got {tuple(q.shape)}, "
-                          f"{tuple(k.shape)}, {tuple(v.shape)}")
-    B, Hq, Lq, D = q.shape
-    Hkv, Lk = k.shape[1], k.shape[2]
-    Dv = v.shape[3]
-    if (k.shape[0] != B or v.shape[0] != B or v.shape[1] != Hkv or v.shape[2] != Lk
-            or k.shape[3] != D or Hkv == 0 or Hq % Hkv):
-        raise KernelError(f"masked_attention: shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} "
-                          "do not fit (B, Hq, Lq, D), (B, Hkv, Lk, D), (B, Hkv, Lk, Dv), Hkv | Hq")
-    dt = _DTYPE_NAMES.get(q.dtype)
-    if dt is None or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise KernelError(f"masked_attention: dtypes {q.dtype}, {k.dtype}, {v.dtype}: one of float16, "
-                          "bfloat16, float32 for all three")
+    B, Hq, Lq, D, Hkv, Lk, Dv, dt = checked_qkv(q, k, v, "masked_attention")
     kind = "none"
     if mask is not None:
         if mask.dtype == torch.bool:

@@ -8,9 +8,11 @@ import math
 
 import numpy as np
 
+from nbx_tune.kernels.attention.kernel import _block as head_block
+from nbx_tune.kernels.attention.spec import size_limit as attention_size_limit
 from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.masked_attention.kernel import (ADD_MASK, BOOL_MASK, NO_MASK, _full_block, _masked_attn_kernel,
-                                                      _masked_block, _masked_combine_kernel, _masked_step, head_block,
+                                                      _masked_block, _masked_combine_kernel, _masked_step,
                                                       launch_masked_attention)
 from nbx_tune.kernels.rows import format_shape
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags
@@ -18,8 +20,6 @@ from nbx_tune.oracles import masked_attention as oracle
 
 TORCH_DTYPES = torch_dtypes(*FLOATS)
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "bool": 1}
-MAX_HEAD_DIM = 256
-MAX_GRID_Y = 65535  # the grid's second axis holds batch * key/value heads
 INT32_MAX = 2**31 - 1
 DECODE_MAX_ROWS = 64  # query rows of a key/value head (group x Lq) a split-key config serves
 
@@ -50,15 +50,9 @@ DEFAULTS = (_c(128, 64, 8, 3), _c(64, 64, 4, 2), _c(32, 32, 4, 2), _c(16, 64, 4,
 
 
 def size_limit(B: int, Hkv: int, D: int, Dv: int, slab: int) -> str | None:
-    """Why a call of these sizes is beyond the kernel (the rule the spec and the public op
-    share), or None."""
-    if max(D, Dv) > MAX_HEAD_DIM:
-        return f"head dim {max(D, Dv)} > {MAX_HEAD_DIM}"
-    if B * Hkv > MAX_GRID_Y:
-        return f"batch x key/value heads {B * Hkv} > {MAX_GRID_Y} (the grid's second axis)"
-    if slab > INT32_MAX:
-        return "one head's slab holds 2^31 elements or more (indexed in int32)"
-    return None
+    """Why a call of these sizes is beyond the kernel, or None: the attention family's rule,
+    whose grid's second axis holds batch x query heads; this one's holds batch x key/value heads."""
+    return attention_size_limit(B, Hkv, D, Dv, slab)
 
 
 def seat_of(dtype: str, mask: str, causal: bool, window: int, ranges: bool, B, Hq, Hkv, Lq, Lk, D, Dv):
