@@ -10,7 +10,8 @@ left-padded batch: a bool mask (B, 1, Lq, Lk), K and V repeated to the query hea
 - best: the family's best config of its space (coarse sweep, then timed again beside torch);
 - gqa: the family's public op on the unrepeated K/V (window and seq_lens, no mask), best config;
 - read: the family reading the mask (no recognition), best config;
-- flex: torch's flex_attention with a block mask of the same pattern, compiled (if it runs).
+- flex: torch's flex_attention with a block mask of the same pattern, compiled (if it runs);
+- torch gqa: torch's SDPA on the unrepeated K/V with enable_gqa (if its masked path takes it).
 Every output is checked against torch's SDPA on fp32 copies (exit 1 on a wrong one).
 
     python bench/masked_attention.py [--rep-ms 200] [--sweep-ms 30] [--only mistral|gemma]
@@ -187,6 +188,12 @@ def main(argv=None) -> int:
             picks[label] = str(best[0])
             errs[label] = best[2]
             fns[label] = family(best[0], kk, vv, read)
+        if Hkv != Hq:  # torch on the unrepeated K/V, where its masked kernels take GQA
+            try:
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+                fns["torch gqa"] = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            except RuntimeError as e:
+                print(f"  torch gqa: {str(e).splitlines()[0][:120]}")
         flex = None if args.no_flex or args.smoke else flex_fn(q, k, v, s, n)
         if flex is not None:
             fo = flex()
@@ -198,13 +205,13 @@ def main(argv=None) -> int:
                                                           B, Hq, Hq, Lq, Lk, D, D))
         ratio = {k2: t["torch"] / t[k2] for k2 in t if k2 != "torch"}
         rows.append([name, f"{t['torch']:.3f}"] + [f"{t[c]:.3f} ({ratio[c]:.2f}x)" if c in t else "-"
-                                                  for c in ("served", "best", "gqa", "read", "flex")])
+                                                  for c in ("served", "best", "gqa", "read", "flex", "torch gqa")])
         data.append({"shape": s, "ms": t, "torch_over": ratio, "picks": picks, "served_config": str(served_cfg),
                      "errors": errs})
         print(f"{name}: torch {t['torch']:.3f} ms; " + ", ".join(f"{c} {ratio[c]:.2f}x" for c in ratio)
               + f"; best {picks.get('best')}; served {served_cfg}", flush=True)
     report("masked_attention.json", ["shape", "torch ms", "served ms (torch/it)", "best ms", "gqa ms", "read ms",
-                                     "flex ms"], rows, data)
+                                     "flex ms", "torch gqa ms"], rows, data)
     if wrong:
         print(f"{wrong} wrong result(s)")
     return 1 if wrong else 0

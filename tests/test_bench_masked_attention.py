@@ -15,7 +15,7 @@ def test_smoke_times_every_side_against_torch(tmp_path, monkeypatch):
     rows = json.loads((tmp_path / "masked_attention.json").read_text())["rows"]
     assert [r["shape"][0] for r in rows] == [s[0] for s in bench.SMOKE]
     for r in rows:
-        assert set(r["ms"]) == {"torch", "served", "best", "gqa", "read"}
+        assert {"torch", "served", "best", "gqa", "read"} <= set(r["ms"])
         assert all(t > 0 for t in r["ms"].values())
         assert all(e < 1e-4 for e in r["errors"].values())
 
