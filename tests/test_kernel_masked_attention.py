@@ -251,8 +251,8 @@ def test_serve_runs_sdpa_with_a_mask_on_the_family(mask_kind):
     mask = {"pattern": _sliding(2, 13, 13, 5, [13, 8]),
             "random": torch.rand(2, 1, 13, 13, generator=g) < 0.6,
             "additive": torch.randn(13, 13, generator=g)}[mask_kind]
-    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-    out, st = _served(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True))
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, scale=0.3)
+    out, st = _served(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, scale=0.3))
     assert st.get("torch", 0) == 0 and st["certified"] + st["default"] == 1, st
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
@@ -290,6 +290,19 @@ def test_serve_gives_torchs_logits_on_tiny_sliding_window_and_padded_models(name
     assert err < 1e-4, err
     # The models' masks were recognised: computed, never read; the window is the model's.
     assert launches == [(True, kw.get("sliding_window", 0))] * 2
+
+
+@pytest.mark.parametrize("name,kw", [("Mistral", {"sliding_window": 4}), ("Llama", {})])
+def test_serve_a_padded_decode_step_with_a_cache(name, kw, no_repo_root_on_path):
+    model = _tiny(name, **kw)
+    ids, am = torch.randint(0, 64, (2, 7)), torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7])
+    nxt, am2 = torch.randint(0, 64, (2, 1)), torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
+    with torch.inference_mode():
+        ref = model(nxt, attention_mask=am2, cache=model(ids, attention_mask=am).past_key_values).logits
+        cache = model(ids, attention_mask=am).past_key_values
+        got, st = _served(lambda: model(nxt, attention_mask=am2, cache=cache).logits)
+    assert st.get("torch", 0) == 0 and st["certified"] + st["default"] == 2, st
+    assert float((got - ref).abs().max() / ref.abs().max()) < 1e-4
 
 
 # ----------------------------------------------------------------------------- trace and census
@@ -333,3 +346,18 @@ def test_a_census_seats_what_serve_launches(tmp_path, no_repo_root_on_path, monk
     with torch.inference_mode(), nbx_tune.serve(fuse=False):
         run()
     assert set(launched) == seats
+
+
+def test_resized_problems_pass_the_screen_at_tile_edges():
+    """The screen's tile-edge shapes: the lengths moved, the mask's shape and W with them."""
+    from nbx_tune.tuner.certify import screen as screening
+
+    for row in [r for r in SPEC.example_rows("small") if r.dtypes[0] == "float32"]:
+        p = SPEC.problem_from_row(row)
+        BH, G, Lq, Lk, D, Dv, W = p.dims
+        r = SPEC.resized(p, (BH, G, Lq + 16, Lk + 31, D, Dv, W))
+        assert r.dims[2:4] == (Lq + 16, Lk + 31) and r.dims[6] == (min(p.get("window"), Lk + 31) or Lk + 31)
+        rtol = screening.output_rtols(SPEC, r, PROFILE)
+        case = screening.make_case(SPEC, r, "cpu", 7, True)
+        got = screening.screen(SPEC, SPEC.default_config(PROFILE, r), case, rtol, "cpu")
+        assert got.ok, (row.shapes, got.reason, got.detail)
