@@ -8,13 +8,14 @@ left-padded batch: a bool mask (B, 1, Lq, Lk), K and V repeated to the query hea
 - served: the family's SDPA route on the same arguments (the mask recognised once, then
   computed, never read), on the config served now (certified, or the default: marked);
 - best: the family's best config of its space (coarse sweep, then timed again beside torch);
-- gqa: the family's public op on the unrepeated K/V (window and seq_lens, no mask), best config;
-- read: the family reading the mask (no recognition), best config;
+- gqa: the family's public op on the unrepeated K/V (window and seq_lens, no mask), best of the
+  --top fastest configs of the best side's sweep;
+- read: the family reading the mask (no recognition), likewise;
 - flex: torch's flex_attention with a block mask of the same pattern, compiled (if it runs);
 - torch gqa: torch's SDPA on the unrepeated K/V with enable_gqa (if its masked path takes it).
 Every output is checked against torch's SDPA on fp32 copies (exit 1 on a wrong one).
 
-    python bench/masked_attention.py [--rep-ms 200] [--sweep-ms 30] [--only mistral|gemma]
+    python bench/masked_attention.py [--rep-ms 200] [--sweep-ms 30] [--only mistral|gemma] [--shapes TEXT]
     python bench/masked_attention.py --smoke      tiny shapes on the CPU interpreter (fp32)
 
 Prints torch / family ratios (> 1: the family is faster); JSON in $OUT/masked_attention.json.
@@ -105,6 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-ms", type=float, default=30.0)
     ap.add_argument("--only", choices=("mistral", "gemma"))
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--shapes", default="", help="only the shapes whose name holds this text")
+    ap.add_argument("--top", type=int, default=4, help="configs the gqa and read sides sweep: the best side's fastest")
     args = ap.parse_args(argv)
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
@@ -114,6 +117,7 @@ def main(argv=None) -> int:
     from nbx_tune.kernels.masked_attention import CONFIGS, SPEC
     from nbx_tune.kernels.masked_attention.kernel import BOOL_MASK, launch_masked_attention
     from nbx_tune.kernels.masked_attention.ops import serve_masked_sdpa
+    from nbx_tune.kernels.masked_attention.pattern import recognise
     from nbx_tune.kernels.masked_attention.spec import seat_of
     from nbx_tune.kernels.runtime import certified
     from nbx_tune.kernels.spec import Problem
@@ -124,6 +128,7 @@ def main(argv=None) -> int:
     tdt = getattr(torch, dt)
     shapes = SMOKE if args.smoke else (MISTRAL if args.only == "mistral" else GEMMA if args.only == "gemma"
                                        else MISTRAL + GEMMA)
+    shapes = [x for x in shapes if args.shapes in x[0]]
     timer = (lambda fn, rep: wall_ms(fn, rep)) if args.smoke else None
     profile = certified.state().profile
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -163,11 +168,15 @@ def main(argv=None) -> int:
         errs = {"served": e_served}
         wrong += not ok
         fns = {"torch": lambda: F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask), "served": served}
-        picks = {}
+        picks, ranked = {}, []
         for label, kk, vv, kvh, read in (("best", kr, vr, Hq, False), ("gqa", k, v, Hkv, False),
                                          ("read", kr, vr, Hq, True)):
             p = problem(kvh, read)
             space = [c for c in CONFIGS if not SPEC.static_refusal(profile, c, p)]
+            if Lq > 16 and not args.smoke:  # prefill: the small tiles are for small-smem devices
+                space = [c for c in space if c["BLOCK_M"] >= 64] or space
+            if label != "best":  # the other sides: the fastest few of the best's sweep (compiles cost minutes)
+                space = [c for c in space if str(c) in ranked[:args.top]] or space[:args.top]
             if args.smoke:
                 space = space[:2]
             sweep = {}
@@ -185,6 +194,8 @@ def main(argv=None) -> int:
             if not sweep:
                 continue
             best = min(sweep.values(), key=lambda t: t[1])
+            if label == "best":
+                ranked = [k3 for k3, _ in sorted(sweep.items(), key=lambda kv: kv[1][1])]
             picks[label] = str(best[0])
             errs[label] = best[2]
             fns[label] = family(best[0], kk, vv, read)
@@ -201,8 +212,9 @@ def main(argv=None) -> int:
             errs["flex"] = rel_err(fo, ref)
             fns["flex"] = flex
         t = side_by_side(fns, args.rep_ms, 4, timer)
-        served_cfg = certified.config_for(SPEC, *seat_of(dt, "none", True, window if window < Lk else 0, bool(lens),
-                                                          B, Hq, Hq, Lq, Lk, D, D))
+        found = recognise(mask, Lq, Lk)  # the seat the served route launches on
+        served_cfg = "mask read" if found is None else certified.config_for(SPEC, *seat_of(
+            dt, "none", found.causal, found.window, found.ranges is not None, B, Hq, Hq, Lq, Lk, D, D))
         ratio = {k2: t["torch"] / t[k2] for k2 in t if k2 != "torch"}
         rows.append([name, f"{t['torch']:.3f}"] + [f"{t[c]:.3f} ({ratio[c]:.2f}x)" if c in t else "-"
                                                   for c in ("served", "best", "gqa", "read", "flex", "torch gqa")])
