@@ -224,6 +224,19 @@ def test_masks_that_are_no_pattern_are_read():
     assert pattern.recognise(bias, 9, 9) is None
 
 
+def test_an_additive_mask_of_the_lowest_value_is_a_pattern_only_where_no_row_is_all_lowest():
+    mask = _sliding(2, 9, 9, 4, [9, 5])  # left padding: rows 0..3 of batch 1 see no key
+    low = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    assert pattern.recognise(low, 9, 9) is None  # torch averages those rows uniformly: read
+    q, k = torch.randn(2, 2, 9, 16), torch.randn(2, 2, 9, 16)
+    ref = F.scaled_dot_product_attention(q, k, k, attn_mask=low)
+    out, st = _served(lambda: F.scaled_dot_product_attention(q, k, k, attn_mask=low))
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    right = _sliding(2, 9, 9, 0, [9, 5], "right")  # every row keeps a key
+    low = torch.zeros(right.shape).masked_fill(~right, torch.finfo(torch.float32).min)
+    assert _fields(pattern.recognise(low, 9, 9)) == _fields(pattern.recognise(right, 9, 9))
+
+
 def test_recognition_is_redone_when_the_mask_changes_in_place():
     mask = _sliding(1, 9, 9, 4)
     assert pattern.recognise(mask, 9, 9).window == 4

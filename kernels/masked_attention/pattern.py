@@ -35,7 +35,8 @@ _SEEN_LIMIT = 64
 
 
 def recognise(mask: torch.Tensor, Lq: int, Lk: int) -> Pattern | None:
-    """The pattern `mask` (bool, or additive with only 0 and -inf) equals, or None. The mask
+    """The pattern `mask` (bool, or additive with only 0 and -inf or the dtype's lowest value)
+    equals, or None. The mask
     broadcasts to (B, H, Lq, Lk); one broadcast over the heads is needed to be a pattern."""
     key = (-1 if mask.is_inference() else mask._version, mask.data_ptr(), tuple(mask.shape), tuple(mask.stride()))
     hit = _SEEN.get(id(mask))
@@ -56,8 +57,12 @@ def _recognise(mask, Lq, Lk):
         keep = m[:, 0]
         plain = None
     else:
+        # 0 keeps a key, -inf drops it; so does the dtype's lowest value (older transformers'
+        # masks) in a row that keeps a key: exp(lowest + score - max) is 0 there. A row of
+        # lowest values alone is torch's uniform average, not an empty row: such a mask is read.
         keep = m[:, 0] == 0
-        plain = (keep | (m[:, 0] == float("-inf"))).all()  # any other bias must be read
+        lowest = m[:, 0] == torch.finfo(m.dtype).min
+        plain = (keep | lowest | (m[:, 0] == float("-inf"))).all()  # any other bias must be read
     cnt = keep.sum(-1)  # (Bm, Lq)
     k8 = keep.to(torch.uint8)
     first = k8.argmax(-1)  # the first True (argmax returns the first maximum)
@@ -85,7 +90,7 @@ def _recognise(mask, Lq, Lk):
     checks = [intervals, fits(True, None), fits(True, window), fits(False, None),
               ((ks == 0) & (ke == Lk)).all(), window]
     if plain is not None:
-        checks.append(plain)
+        checks.append(plain & (some | ~lowest.any(-1)).all())
     got = torch.stack([c.to(torch.int64) for c in checks]).tolist()  # the one host sync
     if not got[0] or (plain is not None and not got[6]):
         return None
