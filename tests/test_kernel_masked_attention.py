@@ -124,6 +124,15 @@ def test_public_op_window_and_padding_edges(Lq, Lk, window, lens, padding):
     assert torch.isfinite(out).all()
 
 
+def test_public_op_reads_a_mask_inside_the_window_and_the_sequences():
+    g = torch.Generator().manual_seed(11)
+    q, k, v = torch.randn(2, 2, 30, 16, generator=g), torch.randn(2, 2, 41, 16, generator=g), torch.randn(2, 2, 41, 16, generator=g)
+    bias = torch.where(torch.rand(2, 1, 30, 41, generator=g) < 0.2, float("-inf"), torch.randn(2, 1, 30, 41, generator=g))
+    out = masked_attention(q, k, v, bias, window=9, seq_lens=torch.tensor([41, 20]), padding="left")
+    ref = _ref(q, k, v, mask=bias.numpy(), causal=True, offset=11, window=9, ranges=np.array([[0, 41], [21, 41]]))
+    assert _rel(out, ref) < 1e-5
+
+
 @pytest.mark.parametrize("config", [c for c in CONFIGS if c["SPLIT"] > 1][:3] + [CONFIGS[0]])
 def test_split_key_decode_and_a_mask_with_empty_rows(config):
     """Decode configs split the keys; a row no slice saw a key of is 0, not NaN."""
