@@ -18,6 +18,7 @@ _OPS = {
     "bmm": "nbx_tune.kernels.matmul",
     "baddbmm": "nbx_tune.kernels.matmul",
     "scaled_dot_product_attention": "nbx_tune.kernels.attention",
+    "masked_attention": "nbx_tune.kernels.masked_attention",
     "conv2d": "nbx_tune.kernels.conv",
     "conv1d": "nbx_tune.kernels.conv",
     "softmax": "nbx_tune.kernels.softmax",
