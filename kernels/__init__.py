@@ -70,6 +70,15 @@ _OPS = {
     "add_rms_norm": "nbx_tune.kernels.residual_norm",
     "add_layer_norm": "nbx_tune.kernels.residual_norm",
     "cat_kv": "nbx_tune.kernels.kv_cache",
+    "topk": "nbx_tune.kernels.topk",
+    "sort": "nbx_tune.kernels.topk",
+    "index": "nbx_tune.kernels.index",
+    "index_put_": "nbx_tune.kernels.index",
+    "index_put": "nbx_tune.kernels.index",
+    "gather": "nbx_tune.kernels.index",
+    "cumsum": "nbx_tune.kernels.scan",
+    "histc": "nbx_tune.kernels.histc",
+    "floor_divide": "nbx_tune.kernels.floor_divide",
 }
 
 
