@@ -134,7 +134,7 @@ class FloorDivideSpec(KernelSpec):
 
     def oracle(self, problem, inputs):
         b = inputs["b"] if "b" in inputs else problem.get("other")
-        return {"y": np.broadcast_to(np.floor_divide(inputs["a"], b), self._shape(problem))}
+        return {"y": np.broadcast_to(np.floor_divide(inputs["a"], b), self._shape(problem)).copy()}
 
     def output_specs(self, problem):
         return {"y": (self._shape(problem), problem.dtypes[0])}

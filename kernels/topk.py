@@ -35,6 +35,12 @@ from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Probl
 from nbx_tune.oracles import sorting as oracle
 
 TORCH_DTYPES = torch_dtypes(*FLOATS, "int32", "int64")
+# The rank sort does E^2 comparisons a row: up to a 4096-token prefill's 8 expert ids a
+# token. Longer rows go to torch's radix sort.
+MAX_ROW = 32768
+# On the CPU (Triton's interpreter, which runs each comparison tile in numpy) a long row
+# takes minutes: there torch sorts rows over this.
+INTERPRETED_MAX_ROW = 1024
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
 
@@ -149,6 +155,8 @@ class RowSortSpec(KernelSpec):
             k, desc, kind = E, row.params.bool("descending", False), "sort"
         if k is None or not 0 < k <= E:
             return NotServable(f"{op}: k={k} with a row of {E}: nothing to launch")
+        if E > MAX_ROW:
+            return NotServable(f"{op}: a row of {E} > {MAX_ROW} (the rank sort is quadratic)")
         return Problem(self.name, (row.dtypes[0],), seat_flags(op=kind, desc=int(desc)),
                        (numel(shape) // E, E), (("dim", dim), ("k", k), ("shape", shape)))
 
@@ -191,11 +199,11 @@ class RowSortSpec(KernelSpec):
         from nbx_tune.kernels.rows import make_row
 
         if scale == "small":
+            # the interpreter runs BLOCK_I x BLOCK_J comparisons a step: short rows
             dts = ("float16", "float32", "int64", "int32")
-            cases = (("aten.topk", (13, 8), {"k": "2"}), ("aten.topk", (5, 60), {"k": "7", "largest": "False"}),
-                     ("aten.topk", (3, 257, 2), {"k": "3", "dim": "1"}), ("aten.sort", (26,), {}),
-                     ("aten.sort", (3, 45), {"descending": "True"}),
-                     ("aten.sort.stable", (300,), {"stable": "True"}))
+            cases = (("aten.topk", (13, 8), {"k": "2"}), ("aten.topk", (3, 37), {"k": "7", "largest": "False"}),
+                     ("aten.topk", (2, 19, 2), {"k": "3", "dim": "1"}), ("aten.sort", (26,), {}),
+                     ("aten.sort.stable", (2, 41), {"stable": "True", "descending": "True"}))
         else:
             dts = tuple(TORCH_DTYPES)
             # Mixtral's router (8 experts, top-2), DeepSeek-V3's (256, top-8); the sort of a
@@ -222,6 +230,9 @@ def _rank_sorted(x: torch.Tensor, k: int, dim: int, descending: bool, kind: str,
     E = shape[dim]
     if not 0 <= k <= E:
         raise KernelError(f"{kind}: k={k} out of range for a row of {E} (torch raises)")
+    limit = INTERPRETED_MAX_ROW if x.device.type == "cpu" else MAX_ROW
+    if E > limit:
+        raise KernelError(f"{kind}: a row of {E} > {limit} goes to torch (the rank sort is quadratic)")
     out_shape = list(x.shape)
     if out_shape:
         out_shape[dim] = k
