@@ -79,6 +79,7 @@ _OPS = {
     "cumsum": "nbx_tune.kernels.scan",
     "histc": "nbx_tune.kernels.histc",
     "floor_divide": "nbx_tune.kernels.floor_divide",
+    "stack": "nbx_tune.kernels.stack",
 }
 
 

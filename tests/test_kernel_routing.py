@@ -23,7 +23,8 @@ index_mod = importlib.import_module("nbx_tune.kernels.index")
 scan = importlib.import_module("nbx_tune.kernels.scan")
 histc_mod = importlib.import_module("nbx_tune.kernels.histc")
 fdiv = importlib.import_module("nbx_tune.kernels.floor_divide")
-SPECS = (*topk_mod.SPECS, *index_mod.SPECS, *scan.SPECS, *histc_mod.SPECS, *fdiv.SPECS)
+stack_mod = importlib.import_module("nbx_tune.kernels.stack")
+SPECS = (*topk_mod.SPECS, *index_mod.SPECS, *scan.SPECS, *histc_mod.SPECS, *fdiv.SPECS, *stack_mod.SPECS)
 
 
 def same(a, b) -> bool:
@@ -224,3 +225,29 @@ def test_a_zero_divisor_raises_torchs_error_under_serve():
 
     with nbx_tune.serve(), pytest.raises(RuntimeError, match="ZeroDivisionError"):
         torch.tensor([7, -7]) // 0
+
+
+# ----------------------------------------------------------------------------- float -> int casts
+
+@pytest.mark.parametrize("dst", [torch.int64, torch.int32])
+@pytest.mark.parametrize("src", [torch.float32, torch.float16])
+def test_float_to_int_casts_truncate_as_torch_with_its_nan_and_overflow(src, dst):
+    from nbx_tune.kernels import copy as cp
+
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(37, 5, generator=g) * 300).to(src)
+    special = torch.tensor([0.0, -0.0, 2.7, -2.7, 0.5, -0.5, 65504.0, float("nan"), float("inf"),
+                            -float("inf"), 3e9, -3e9, 1e-40], dtype=torch.float32).to(src)
+    for t in (x, x.t(), special):
+        assert same(cp._to_copy(t, dtype=dst), t.to(dst))
+
+
+@pytest.mark.parametrize("shape,n,dim", [((3, 7, 5), 2, -1), ((13,), 3, 0), ((2, 9), 2, 1), ((4, 6), 2, -3)])
+def test_stack_equals_torch(shape, n, dim):
+    g = torch.Generator().manual_seed(12)
+    xs = [torch.randn(shape, generator=g) for _ in range(n)]
+    if len(shape) == 2:
+        xs[0] = torch.randn(shape[::-1], generator=g).t()  # a strided operand
+    assert same(stack_mod.stack(xs, dim), torch.stack(xs, dim))
+    with pytest.raises(KernelError, match="shapes"):
+        stack_mod.stack([xs[0], torch.randn(1)], 0)
