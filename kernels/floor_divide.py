@@ -92,7 +92,7 @@ class FloorDivideSpec(KernelSpec):
     default_configs = DEFAULTS
 
     def source_parts(self):
-        return (_floor_divide_kernel, launch_floor_divide)
+        return (_floor_divide_kernel, launch_floor_divide, _strides4)
 
     def problem_from_row(self, row):
         op = row.op.removesuffix(".default")

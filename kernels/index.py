@@ -168,7 +168,7 @@ class IndexSpec(_RowsSpec):
     description = "advanced indexing along dim 0 by one integer tensor: x[idx]"
 
     def source_parts(self):
-        return (_take_rows_kernel, launch_take_rows)
+        return (_take_rows_kernel, launch_take_rows, _grid)
 
     def problem_from_row(self, row):
         if row.op != "aten.index.Tensor":
@@ -224,7 +224,7 @@ class IndexPutSpec(_RowsSpec):
     exact = False  # accumulate rounds each add to the dtype, as torch's does: judged at its tolerance
 
     def source_parts(self):
-        return (_put_rows_kernel, launch_put_rows)
+        return (_put_rows_kernel, launch_put_rows, _grid)
 
     def problem_from_row(self, row):
         if row.op.removesuffix(".default") not in self.ops:
