@@ -20,7 +20,9 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
+from nbx_tune.kernels.copy import strided_offsets
 from nbx_tune.kernels.helpers import torch_dtypes
+from nbx_tune.kernels.index import FLAT_CONFIGS, FLAT_DEFAULTS, dims4
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.runtime import launch
 from nbx_tune.kernels.runtime.certified import config_for
@@ -35,17 +37,11 @@ def _floor_divide_kernel(a_ptr, b_ptr, b_scalar, y_ptr, n, D1, D2, D3, SA0, SA1,
                          SB0, SB1, SB2, SB3, SCALAR: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
-    i3 = offs % D3
-    r = offs // D3
-    i2 = r % D2
-    r = r // D2
-    i1 = r % D1
-    i0 = r // D1
-    a = tl.load(a_ptr + i0 * SA0 + i1 * SA1 + i2 * SA2 + i3 * SA3, mask=m, other=1)
+    a = tl.load(a_ptr + strided_offsets(offs, 4, D1, D2, D3, SA0, SA1, SA2, SA3), mask=m, other=1)
     if SCALAR:
         b = b_scalar.to(a.dtype)
     else:
-        b = tl.load(b_ptr + i0 * SB0 + i1 * SB1 + i2 * SB2 + i3 * SB3, mask=m, other=1)
+        b = tl.load(b_ptr + strided_offsets(offs, 4, D1, D2, D3, SB0, SB1, SB2, SB3), mask=m, other=1)
     b = tl.where(m, b, 1)
     q = a // b
     rem = a - q * b
@@ -56,28 +52,18 @@ def _floor_divide_kernel(a_ptr, b_ptr, b_scalar, y_ptr, n, D1, D2, D3, SA0, SA1,
 _floor_divide_kernel = launch.recorded(_floor_divide_kernel)
 
 
-def _strides4(t, shape):
-    """t's strides broadcast to `shape` (rank <= 4), padded to four dims."""
-    s = list(t.expand(shape).stride())
-    return [0] * (4 - len(s)) + s
-
-
 def launch_floor_divide(a, b, y, config: Config) -> None:
     """y (contiguous) = floor(a / b), a broadcast to y's shape, b a tensor broadcast to it or
     a Python int; rank <= 4."""
     shape = tuple(y.shape)
-    dims = [1] * (4 - len(shape)) + list(shape)
-    n = y.numel()
     scalar = not isinstance(b, torch.Tensor)
-    sb = [0] * 4 if scalar else _strides4(b, shape)
-    _floor_divide_kernel[(triton.cdiv(n, config["BLOCK"]),)](
-        a, a if scalar else b, int(b) if scalar else 0, y, n, *dims[1:], *_strides4(a, shape), *sb,
-        SCALAR=scalar, **config.kwargs)
+    sb = (0,) * len(shape) if scalar else b.expand(shape).stride()
+    args = dims4(shape, a.expand(shape).stride(), sb)
+    _floor_divide_kernel[(triton.cdiv(y.numel(), config["BLOCK"]),)](
+        a, a if scalar else b, int(b) if scalar else 0, y, y.numel(), *args, SCALAR=scalar, **config.kwargs)
 
 
-CONFIGS = tuple(Config.make(BLOCK=b, num_warps=w, num_stages=1)
-                for b, w in ((128, 1), (256, 2), (512, 4), (1024, 4), (2048, 8), (4096, 8)))
-DEFAULTS = (Config.make(BLOCK=1024, num_warps=4, num_stages=1),)
+CONFIGS, DEFAULTS = FLAT_CONFIGS, FLAT_DEFAULTS
 
 
 class FloorDivideSpec(KernelSpec):
@@ -92,7 +78,7 @@ class FloorDivideSpec(KernelSpec):
     default_configs = DEFAULTS
 
     def source_parts(self):
-        return (_floor_divide_kernel, launch_floor_divide, _strides4)
+        return (_floor_divide_kernel, strided_offsets, launch_floor_divide, dims4)
 
     def problem_from_row(self, row):
         op = row.op.removesuffix(".default")

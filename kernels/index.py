@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from nbx_tune.errors import KernelError
-from nbx_tune.kernels.copy import STAGING, copy_plan, dense, launch_copy_plan
+from nbx_tune.kernels.copy import STAGING, copy_plan, dense, launch_copy_plan, strided_offsets
 from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.rows import numel
 from nbx_tune.kernels.runtime import launch, semantics
@@ -36,28 +36,29 @@ _NAMES = {v: k for k, v in DATA_DTYPES.items()}
 
 
 @triton.jit
-def _take_rows_kernel(x_ptr, idx_ptr, out_ptr, T, D, V, stride_x,
-                      BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+def _row_tile(idx_ptr, T, D, V, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's BLOCK_T indices (wrapped where negative) by BLOCK_D columns, and the mask."""
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     tm = t < T
     m = tm[:, None] & (d < D)[None, :]
     row = tl.load(idx_ptr + t, mask=tm, other=0).to(tl.int64)
-    row = tl.where(row < 0, row + V, row)
+    return t.to(tl.int64), d, m, tl.where(row < 0, row + V, row)
+
+
+@triton.jit
+def _take_rows_kernel(x_ptr, idx_ptr, out_ptr, T, D, V, stride_x,
+                      BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    t, d, m, row = _row_tile(idx_ptr, T, D, V, BLOCK_T, BLOCK_D)
     v = tl.load(x_ptr + row[:, None] * stride_x + d[None, :], mask=m)
-    tl.store(out_ptr + t.to(tl.int64)[:, None] * D + d[None, :], v, mask=m)
+    tl.store(out_ptr + t[:, None] * D + d[None, :], v, mask=m)
 
 
 @triton.jit
 def _put_rows_kernel(x_ptr, idx_ptr, val_ptr, T, D, V, stride_x, sv_t, sv_d,
                      ACC: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    tm = t < T
-    m = tm[:, None] & (d < D)[None, :]
-    row = tl.load(idx_ptr + t, mask=tm, other=0).to(tl.int64)
-    row = tl.where(row < 0, row + V, row)
-    v = tl.load(val_ptr + t.to(tl.int64)[:, None] * sv_t + d[None, :].to(tl.int64) * sv_d, mask=m)
+    t, d, m, row = _row_tile(idx_ptr, T, D, V, BLOCK_T, BLOCK_D)
+    v = tl.load(val_ptr + t[:, None] * sv_t + d[None, :].to(tl.int64) * sv_d, mask=m)
     dst = x_ptr + row[:, None] * stride_x + d[None, :]
     if ACC:
         tl.atomic_add(dst, v, mask=m)
@@ -70,14 +71,9 @@ def _gather_kernel(x_ptr, idx_ptr, out_ptr, n, D1, D2, D3, SX0, SX1, SX2, SX3, S
                    SI0, SI1, SI2, SI3, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
-    i3 = offs % D3
-    r = offs // D3
-    i2 = r % D2
-    r = r // D2
-    i1 = r % D1
-    i0 = r // D1
-    idx = tl.load(idx_ptr + i0 * SI0 + i1 * SI1 + i2 * SI2 + i3 * SI3, mask=m, other=0).to(tl.int64)
-    v = tl.load(x_ptr + i0 * SX0 + i1 * SX1 + i2 * SX2 + i3 * SX3 + idx * S_DIM, mask=m)
+    at = strided_offsets(offs, 4, D1, D2, D3, SI0, SI1, SI2, SI3)
+    idx = tl.load(idx_ptr + at, mask=m, other=0).to(tl.int64)
+    v = tl.load(x_ptr + strided_offsets(offs, 4, D1, D2, D3, SX0, SX1, SX2, SX3) + idx * S_DIM, mask=m)
     tl.store(out_ptr + offs, v, mask=m)
 
 
@@ -104,17 +100,28 @@ def launch_put_rows(x, idx, values, accumulate: bool, config: Config) -> None:
                                           **config.kwargs)
 
 
+def dims4(shape, *strides) -> list:
+    """`strided_offsets`'s arguments for a tensor of rank <= 4 (padded with leading 1s): the
+    sizes of the three innermost dims, innermost first, then per strides list its
+    outermost stride and those three, innermost first."""
+    pad = 4 - len(shape)
+    sizes = [1] * pad + list(shape)
+    out = sizes[:0:-1]
+    for s in strides:
+        s = [0] * pad + list(s)
+        out += [s[0], *s[:0:-1]]
+    return out
+
+
 def launch_gather(x, dim: int, idx, out, config: Config) -> None:
     """out (idx's shape, contiguous) = x gathered along dim; rank <= 4, indices in range."""
-    pad = 4 - idx.dim()
-    shape = (1,) * pad + tuple(idx.shape)
-    sx = [0] * pad + list(x.stride())
-    si = [0] * pad + list(idx.stride())
-    s_dim = sx[dim + pad]
-    sx[dim + pad] = 0
+    sx = list(x.stride())
+    s_dim = sx[dim]
+    sx[dim] = 0
+    d1, d2, d3, sx0, sx1, sx2, sx3, si0, si1, si2, si3 = dims4(idx.shape, sx, idx.stride())
     n = idx.numel()
-    _gather_kernel[(triton.cdiv(n, config["BLOCK"]),)](x, idx, out, n, *shape[1:], *sx, s_dim, *si,
-                                                       **config.kwargs)
+    _gather_kernel[(triton.cdiv(n, config["BLOCK"]),)](x, idx, out, n, d1, d2, d3, sx0, sx1, sx2, sx3, s_dim,
+                                                       si0, si1, si2, si3, **config.kwargs)
 
 
 def _c(bt, bd, warps):
@@ -124,9 +131,10 @@ def _c(bt, bd, warps):
 # As embedding's: one token's long row spread over programs, many short rows per program.
 ROW_CONFIGS = (_c(1, 1024, 4), _c(4, 256, 4), _c(8, 512, 8), _c(16, 128, 4), _c(32, 64, 4), _c(64, 16, 2))
 ROW_DEFAULTS = (_c(4, 256, 4),)
-GATHER_CONFIGS = tuple(Config.make(BLOCK=b, num_warps=w, num_stages=1)
-                       for b, w in ((128, 1), (256, 2), (512, 4), (1024, 4), (2048, 8), (4096, 8)))
-GATHER_DEFAULTS = (Config.make(BLOCK=1024, num_warps=4, num_stages=1),)
+# A kernel over flat elements, BLOCK a program (gather's, floor_divide's).
+FLAT_CONFIGS = tuple(Config.make(BLOCK=b, num_warps=w, num_stages=1)
+                     for b, w in ((128, 1), (256, 2), (512, 4), (1024, 4), (2048, 8), (4096, 8)))
+FLAT_DEFAULTS = (Config.make(BLOCK=1024, num_warps=4, num_stages=1),)
 
 
 def _data_values(rng, shape, dt):
@@ -168,7 +176,7 @@ class IndexSpec(_RowsSpec):
     description = "advanced indexing along dim 0 by one integer tensor: x[idx]"
 
     def source_parts(self):
-        return (_take_rows_kernel, launch_take_rows, _grid)
+        return (_take_rows_kernel, _row_tile, launch_take_rows, _grid)
 
     def problem_from_row(self, row):
         if row.op != "aten.index.Tensor":
@@ -224,7 +232,7 @@ class IndexPutSpec(_RowsSpec):
     exact = False  # accumulate rounds each add to the dtype, as torch's does: judged at its tolerance
 
     def source_parts(self):
-        return (_put_rows_kernel, launch_put_rows, _grid)
+        return (_put_rows_kernel, _row_tile, launch_put_rows, _grid)
 
     def problem_from_row(self, row):
         if row.op.removesuffix(".default") not in self.ops:
@@ -314,11 +322,11 @@ class GatherSpec(KernelSpec):
     dtypes = tuple(DATA_DTYPES)
     exact = True
     description = "gather along a dim by an integer tensor (rank <= 4)"
-    config_space = GATHER_CONFIGS
-    default_configs = GATHER_DEFAULTS
+    config_space = FLAT_CONFIGS
+    default_configs = FLAT_DEFAULTS
 
     def source_parts(self):
-        return (_gather_kernel, launch_gather)
+        return (_gather_kernel, strided_offsets, launch_gather, dims4)
 
     def problem_from_row(self, row):
         if row.op.removesuffix(".default") != "aten.gather":
