@@ -64,6 +64,7 @@ def launch_floor_divide(a, b, y, config: Config) -> None:
 
 
 CONFIGS, DEFAULTS = FLAT_CONFIGS, FLAT_DEFAULTS
+SCREEN_DIVISOR = -3  # a scalar divisor the trace does not give: negative, so the floor matters
 
 
 class FloorDivideSpec(KernelSpec):
@@ -87,11 +88,14 @@ class FloorDivideSpec(KernelSpec):
         if row.dtypes[0] not in TORCH_DTYPES:
             return NotServable(f"floor_divide: dtype {row.dtypes[0]} is not served ({', '.join(TORCH_DTYPES)})")
         shapes = [tuple(s) for s in row.shapes]
-        scalar = len(shapes) == 1
+        # A 0-d divisor is how a trace writes a Python int (`perm // top_k`), which serve()
+        # passes as a scalar: its value is not recorded, and the code does not depend on it.
+        scalar = len(shapes) == 1 or shapes[1] == ()
         if scalar:
-            other = row.params.int("other")
-            if other is None or other == 0:
-                return NotServable("floor_divide: a divisor of 0 or none")
+            other = row.params.int("other", SCREEN_DIVISOR) if len(shapes) == 1 else SCREEN_DIVISOR
+            shapes = shapes[:1]
+            if other == 0:
+                return NotServable("floor_divide: a divisor of 0")
         elif len(set(row.dtypes)) != 1:
             return NotServable(f"floor_divide: mixed dtypes {','.join(row.dtypes)}")
         try:

@@ -164,6 +164,17 @@ class _RowsSpec(KernelSpec):
     def _rows(self, problem):
         return problem.get("V"), problem.dims[1]
 
+    def _refusal(self, row, what: str, tensors: int):
+        """Why a row of `what` with `tensors` tensors is not one this spec serves, or None."""
+        if row.op.removesuffix(".default") not in self.ops:
+            return NotServable(f"{row.op}: overload not served")
+        bad = _index_dtypes(row, what)
+        if bad:
+            return bad
+        if len(row.shapes) != tensors or row.params.str("indices", "Tensor") != "Tensor":
+            return NotServable(f"{what}: one index tensor on dim 0 is served")
+        return None
+
     def input_shapes(self, problem):
         V, D = self._rows(problem)
         return {"x": (tuple(problem.get("shape")), problem.dtypes[0]),
@@ -179,13 +190,9 @@ class IndexSpec(_RowsSpec):
         return (_take_rows_kernel, _row_tile, launch_take_rows, _grid)
 
     def problem_from_row(self, row):
-        if row.op != "aten.index.Tensor":
-            return NotServable(f"{row.op}: overload not served")
-        bad = _index_dtypes(row, "index")
+        bad = self._refusal(row, "index", 2)
         if bad:
             return bad
-        if len(row.shapes) != 2 or row.params.str("indices", "Tensor") != "Tensor":
-            return NotServable("index: one index tensor on dim 0 is served")
         shape, ishape = tuple(row.shapes[0]), tuple(row.shapes[1])
         if not shape or not numel(shape) or not numel(ishape):
             return NotServable("index: an empty or 0-d tensor: nothing to launch")
@@ -235,13 +242,9 @@ class IndexPutSpec(_RowsSpec):
         return (_put_rows_kernel, _row_tile, launch_put_rows, _grid)
 
     def problem_from_row(self, row):
-        if row.op.removesuffix(".default") not in self.ops:
-            return NotServable(f"{row.op}: overload not served")
-        bad = _index_dtypes(row, "index_put_")
+        bad = self._refusal(row, "index_put_", 3)
         if bad:
             return bad
-        if len(row.shapes) != 3 or row.params.str("indices", "Tensor") != "Tensor":
-            return NotServable("index_put_: one index tensor on dim 0 is served")
         shape, ishape, vshape = (tuple(s) for s in row.shapes)
         if row.dtypes[2] != row.dtypes[0]:
             return NotServable("index_put_: values of another dtype")

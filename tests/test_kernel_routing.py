@@ -251,3 +251,39 @@ def test_stack_equals_torch(shape, n, dim):
     assert same(stack_mod.stack(xs, dim), torch.stack(xs, dim))
     with pytest.raises(KernelError, match="shapes"):
         stack_mod.stack([xs[0], torch.randn(1)], 0)
+
+
+def test_a_traced_moe_layers_routing_rows_map_to_the_seats_serve_launches():
+    """The rows a recorder writes for a MoE layer's routing (tests/test_moe_routing_serve.py's
+    models, 2 x 7 tokens, 4 experts, top-2) land on the seats the public ops look up:
+    `perm // top_k`'s 0-d divisor is the scalar seat serve() launches."""
+    from nbx_tune.kernels.runtime.registry import spec_for_op
+    rows = [make_row("aten.topk", ["float32"], [(14, 4)], {"k": "2"}),
+            make_row("aten.sort", ["int64"], [(28,)]),
+            make_row("aten.floor_divide", ["int64", "int64"], [(28,), ()]),
+            make_row("aten.index.Tensor", ["float32", "int64"], [(14, 32), (28,)], {"indices": "Tensor"}),
+            make_row("aten.histc", ["float32"], [(28,)], {"bins": "4", "max": "3"}),
+            make_row("aten.cumsum", ["float32"], [(4,)], {"dim": "0", "dtype": "int32"}),
+            make_row("aten.index_put_", ["int64"] * 3, [(28,)] * 3, {"indices": "Tensor"})]
+    import nbx_tune
+    from nbx_tune.kernels import launch_stats
+    from nbx_tune.kernels.spec import bucket_of, seat_label
+
+    g = torch.Generator().manual_seed(13)
+    probs = torch.softmax(torch.randn(14, 4, generator=g), -1)
+    with nbx_tune.serve():
+        _, top = torch.topk(probs, 2)
+        ids, perm = torch.sort(top.reshape(-1))
+        hidden = torch.randn(14, 32, generator=g)[perm // 2]
+        counts = torch.histc(ids.float(), bins=4, min=0, max=3)
+        torch.cumsum(counts, dim=0, dtype=torch.int32)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(28)
+    assert hidden.shape == (28, 32)
+    missed = launch_stats()["misses"]
+    for r in rows:
+        spec = spec_for_op(r.op)
+        p = spec.problem_from_row(r)
+        assert not isinstance(p, NotServable), (r.op, p)
+        label = seat_label(p.kernel, p.dtypes, p.flags, spec.key, bucket_of(PROFILE, spec.key, p.dims))
+        assert label in missed, (r.op, label, sorted(missed))
