@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-SMOKE = "--smoke" in sys.argv
+SMOKE = "--smoke" in sys.argv  # as a script; main(argv) sets it for a caller
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
@@ -99,14 +99,19 @@ def tie_orders(torch, dev) -> dict:
     return {k: f"{v}/{trials}" for k, v in agree.items()}
 
 
-def main() -> None:
+def main(argv=None) -> int:
+    """0 where every case served is torch's bit for bit (or handed to torch), else 1."""
+    global SMOKE
     import torch
 
     from nbx_tune.kernels.runtime import certified
 
+    argv = sys.argv[1:] if argv is None else argv
+    SMOKE = "--smoke" in argv
+
     dev = "cpu" if SMOKE else "cuda"
     all_cases = cases(torch, dev)
-    if "--no-census" not in sys.argv:
+    if "--no-census" not in argv:
         certify(all_cases)
     from nbx_tune.errors import KernelError
 
@@ -133,7 +138,10 @@ def main() -> None:
     print(f"{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}")
     print(table(rows, ["case", "torch us", "kernel us", "x", "torch's bits"]))
     print(f"torch's own ties in index order on {dev}: {ties}")
+    # the GPU's sort may order ties otherwise than torch's (the stable order): reported, not failed
+    return 0 if all(c.get("torch_bits", True) or c_name.startswith(("sort", "topk"))
+                    for c_name, c in raw.items()) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
