@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
-from pathlib import Path
 
 SMOKE = "--smoke" in sys.argv  # as a script; main(argv) sets it for a caller
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
-from nbx_tune.testing.bench import environment, save, side_by_side, table, wall_ms  # noqa: E402
+from nbx_tune.testing.bench import certify_recorded, environment, save, side_by_side, table, wall_ms  # noqa: E402
 
 
 def cases(torch, dev):
@@ -62,19 +60,10 @@ def cases(torch, dev):
 
 def certify(all_cases) -> None:
     """A census of the cases' seats, recorded from the torch ops, into a fresh database."""
-    from nbx_tune import record
-    from nbx_tune.kernels.runtime import certified
-    from nbx_tune.tuner import commands as api
-
-    work = Path(tempfile.mkdtemp(prefix="nbx-moe-routing-"))
-    with record(work / "t.tsv"):
+    def run():
         for _, fn, _, args in all_cases:
             fn(*args)
-    db = f"sqlite:///{work / 'routing.db'}"
-    rep = api.census(str(work / "t.tsv"), db, profile="interpreter" if SMOKE else None, isolate=not SMOKE)
-    print(f"census: {rep.counts()['certified']['seats']} of {len(rep.seats)} seats certified")
-    os.environ["NBX_TUNE_DB"] = db
-    certified.reload()
+    certify_recorded(run, "nbx-moe-routing-", SMOKE)
 
 
 def same(a, b) -> bool:
