@@ -75,6 +75,16 @@ _OPS = {
     "softcap": "nbx_tune.kernels.softcap",
     "score_softmax": "nbx_tune.kernels.score_softmax",
     "offset_rms_norm": "nbx_tune.kernels.offset_rms_norm",
+    "topk": "nbx_tune.kernels.topk",
+    "sort": "nbx_tune.kernels.topk",
+    "index": "nbx_tune.kernels.index",
+    "index_put_": "nbx_tune.kernels.index",
+    "index_put": "nbx_tune.kernels.index",
+    "gather": "nbx_tune.kernels.index",
+    "cumsum": "nbx_tune.kernels.scan",
+    "histc": "nbx_tune.kernels.histc",
+    "floor_divide": "nbx_tune.kernels.floor_divide",
+    "stack": "nbx_tune.kernels.stack",
 }
 
 
