@@ -70,6 +70,7 @@ _OPS = {
     "add_rms_norm": "nbx_tune.kernels.residual_norm",
     "add_layer_norm": "nbx_tune.kernels.residual_norm",
     "cat_kv": "nbx_tune.kernels.kv_cache",
+    "moe_experts": "nbx_tune.kernels.moe",
 }
 
 
