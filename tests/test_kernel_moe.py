@@ -1,0 +1,312 @@
+"""The grouped expert GEMM family (kernels/moe/, `nbx_tune.moe_experts`) on the interpreter:
+the kernels against the fp64 oracle at odd shapes and routings (empty experts, one token,
+uneven loads, a load that is no multiple of the row block, transformers' sentinel id),
+its seat and screen, the torch op against transformers' own loop, and serve() running a tiny
+Mixtral and Qwen2-MoE with their experts fused, never a variant."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import nbx_tune
+from nbx_tune.errors import KernelError
+from nbx_tune.kernels.moe import SPEC, moe_experts, moe_row, skewed_routing
+from nbx_tune.kernels.moe.kernel import launch_moe, max_blocks
+from nbx_tune.kernels.moe.spec import CONFIGS, _c
+from nbx_tune.kernels.serving import custom_ops
+from nbx_tune.kernels.serving.fusions import engine as fusions
+from nbx_tune.kernels.serving.fusions import moe as moe_fusions
+from nbx_tune.kernels.spec import NotServable, bucket_of
+from nbx_tune.oracles import moe as oracle
+from nbx_tune.profiles import get_profile
+from nbx_tune.tuner.certify import screen as screening
+from nbx_tune.tuner.certify.screen_shapes import edge_problems
+from nbx_tune.tuner.certify.selfcheck import check_kernel
+
+PROFILE = get_profile("interpreter")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def layer(T, E, K, H, I, seed=0, dtype=torch.float32, ids=None):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).to(dtype)
+    w13 = (torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).to(dtype)
+    w2 = (torch.randn(E, H, I, generator=g) / I ** 0.5).to(dtype)
+    if ids is None:
+        ids, _ = skewed_routing(np.random.default_rng(seed), T, E, K)
+        ids = torch.from_numpy(ids)
+    weights = torch.rand(ids.shape, generator=g) + 0.1
+    return x, w13, w2, ids, weights / weights.sum(1, keepdim=True)
+
+
+def reference(x, w13, w2, ids, weights) -> np.ndarray:
+    return oracle.moe_experts(*(t.double().numpy() for t in (x, w13, w2)), ids.numpy(), weights.double().numpy())
+
+
+def rel_err(got: torch.Tensor, want: np.ndarray) -> float:
+    return float(np.abs(got.double().numpy() - want).max() / np.abs(want).max())
+
+
+# ----------------------------------------------------------------------------- the kernels
+
+ROUTINGS = {
+    "skewed": None,  # most experts empty at small T, a few loaded
+    "one_expert": lambda T, E, K: torch.arange(K).repeat(T, 1),  # every pair on experts 0..K-1
+    "last_expert_only": lambda T, E, K: (E - 1 - torch.arange(K)).repeat(T, 1),
+}
+
+
+@pytest.mark.parametrize("T,E,K,H,I", [(1, 8, 2, 40, 24), (7, 5, 2, 37, 19), (45, 6, 3, 33, 17), (33, 4, 1, 20, 70)])
+@pytest.mark.parametrize("routing", sorted(ROUTINGS))
+def test_the_layer_matches_the_oracle_at_odd_shapes_and_routings(T, E, K, H, I, routing):
+    make = ROUTINGS[routing]
+    x, w13, w2, ids, w = layer(T, E, K, H, I, ids=None if make is None else make(T, E, K))
+    got = moe_experts(x, w13, w2, ids, w)
+    assert got.shape == (T, H) and got.dtype == torch.float32
+    assert rel_err(got, reference(x, w13, w2, ids, w)) <= PROFILE.screen_rtol["float32"]
+
+
+@pytest.mark.parametrize("config", [_c(16, 32, 32, 1, 4, 2), _c(32, 64, 64, 8, 4, 3), _c(64, 32, 64, 2, 4, 2)],
+                         ids=str)
+def test_every_row_block_and_group_order_gives_the_oracles_result(config):
+    """Loads of 1..40 pairs per expert against blocks of 16-64 rows: runs that end mid-block,
+    runs longer than a block, and the grouped tile order's last partial group."""
+    T, E, K, H, I = 41, 7, 2, 48, 40
+    x, w13, w2, ids, w = layer(T, E, K, H, I, seed=3)
+    out = torch.full((T, H), float("nan"))
+    launch_moe(x, w13, w2, ids, w, out, config)
+    assert rel_err(out, reference(x, w13, w2, ids, w)) <= PROFILE.screen_rtol["float32"]
+
+
+def test_fp16_matches_the_oracle():
+    x, w13, w2, ids, w = layer(19, 6, 2, 40, 24, dtype=torch.float16)
+    got = moe_experts(x, w13, w2, ids, w)
+    assert got.dtype == torch.float16
+    assert rel_err(got, reference(x, w13, w2, ids, w)) <= PROFILE.screen_rtol["float16"]
+
+
+def test_the_sentinel_expert_adds_nothing_as_in_transformers_loop():
+    """transformers marks a pair routed to another rank with id E (expert parallelism)."""
+    x, w13, w2, ids, w = layer(9, 4, 2, 24, 16)
+    ids[::2, 1] = 4
+    got = moe_experts(x, w13, w2, ids, w)
+    assert rel_err(got, reference(x, w13, w2, ids, w)) <= PROFILE.screen_rtol["float32"]
+    torch.testing.assert_close(got, custom_ops.moe_experts(x, w13, w2, ids, w), rtol=1e-5, atol=1e-6)
+
+
+def test_an_empty_batch_is_zeros_and_bad_calls_say_why():
+    x, w13, w2, ids, w = layer(4, 4, 2, 24, 16)
+    assert moe_experts(x[:0], w13, w2, ids[:0], w[:0]).shape == (0, 24)
+    with pytest.raises(KernelError, match="do not chain"):
+        moe_experts(x, w13, w2[:, :, :8], ids, w)
+    with pytest.raises(KernelError, match="dtypes"):
+        moe_experts(x.half(), w13, w2, ids, w)
+    with pytest.raises(KernelError, match="int64/int32 ids"):
+        moe_experts(x, w13, w2, ids.float(), w)
+
+
+def test_the_grid_holds_every_padded_block():
+    """Each expert with pairs pads fewer than BLOCK_M rows: the worst case of a routing is
+    one pair on each of min(E, pairs) experts and the rest on one."""
+    for S, E, bm in ((1, 8, 16), (12, 64, 16), (4096, 8, 64), (100, 60, 128)):
+        worst = min(E, S) - 1 + -(-(S - min(E, S) + 1) // bm)
+        assert max_blocks(S, E, bm) >= worst
+
+
+# ----------------------------------------------------------------------------- the seat and screen
+
+def test_rows_map_to_seats_keyed_by_tokens_per_expert():
+    p = SPEC.problem_from_row(moe_row(8, 2, 4096, 14336, 7, "bfloat16"))
+    assert p.dims == (8, 2, 4096, 14336, 2) and p.dtypes == ("bfloat16", "bfloat16") and p.get("T") == 7
+    q = SPEC.problem_from_row(moe_row(60, 4, 2048, 1408, 1001, "bfloat16", routing="bfloat16"))
+    assert q.dims[4] == 67 and q.get("routing") == "bfloat16"
+    assert SPEC.input_shapes(q)["topk_weights"] == ((1001, 4), "bfloat16")
+
+
+@pytest.mark.parametrize("dts,shapes,why", [
+    (["float32", "float16", "float32", "int64", "float32"], None, "one dtype expected"),
+    (["float32"] * 3 + ["float32", "float32"], None, "int64/int32"),
+    (["float64"] * 3 + ["int64", "float32"], None, "not served"),
+    (None, [(5, 8), (4, 6, 8), (4, 8, 4), (5, 2), (5, 2)], "do not chain"),
+    (None, [(5, 8), (4, 6, 8), (4, 8, 3), (5, 2)], "takes 5 tensors"),
+])
+def test_rows_not_served_say_why(dts, shapes, why):
+    from nbx_tune.kernels.rows import make_row
+
+    row = moe_row(4, 2, 8, 3, 5, "float32")
+    row = make_row(row.op, dts or row.dtypes, shapes or row.shapes)
+    p = SPEC.problem_from_row(row)
+    assert isinstance(p, NotServable) and why in p.reason
+
+
+def test_tile_edge_shapes_stay_in_the_seat_with_tokens_for_its_load():
+    p = SPEC.problem_from_row(moe_row(8, 2, 96, 200, 300, "float32"))
+    edges = edge_problems(SPEC, PROFILE, p)
+    bucket = bucket_of(PROFILE, SPEC.key, p.dims)
+    assert edges and all(bucket_of(PROFILE, SPEC.key, e.dims) == bucket for e in edges)
+    for e in edges:
+        E, K, _, _, M = e.dims
+        assert -(-e.get("T") * K // E) == M
+
+
+def test_the_screen_passes_the_kernel_and_catches_unweighted_experts():
+    problem = SPEC.problem_from_row(moe_row(6, 2, 40, 24, 9, "float32"))
+    case = screening.make_case(SPEC, problem, "cpu", 7, True)
+    rtol = screening.output_rtols(SPEC, problem, PROFILE)["out"]
+    out = torch.full((9, 40), float("nan"))
+    SPEC.launch(CONFIGS[0], problem, case.inputs, {"out": out})
+    assert screening.compare("out", out, case.reference("out", out), rtol, problem).ok
+    wrong = torch.full((9, 40), float("nan"))
+    unweighted = dict(case.inputs, topk_weights=torch.ones_like(case.inputs["topk_weights"]))
+    SPEC.launch(CONFIGS[0], problem, unweighted, {"out": wrong})
+    assert screening.compare("out", wrong, case.reference("out", wrong), rtol, problem).reason == "wrong_answer"
+
+
+def test_gpu_rows_are_servable_and_claim_every_dtype():
+    problems = [SPEC.problem_from_row(r) for r in SPEC.example_rows("gpu")]
+    assert not [p for p in problems if isinstance(p, NotServable)]
+    assert {"float16", "bfloat16", "float32"} <= {p.dtypes[0] for p in problems}
+    hopper = get_profile("hopper")
+    for p in problems:  # decode seats get 16-row blocks, prefill seats taller ones (fp32's may not fit)
+        config = SPEC.default_config(hopper, p)
+        assert config in SPEC.configs() and not SPEC.static_refusal(hopper, config, p)
+        if p.dtypes[0] != "float32":
+            assert (config["BLOCK_M"] == 16) == (p.dims[4] <= 16)
+
+
+@pytest.mark.slow
+def test_selfcheck_small_rows_pass_the_screen():
+    checks = check_kernel(SPEC, PROFILE, "cpu", "small", configs_per_row=2)
+    bad = [(c.shapes, c.dtype, str(c.config), c.reason, c.detail) for c in checks if not c.ok]
+    assert not bad
+    assert {"float16", "float32"} <= {c.dtype for c in checks}
+
+
+# ----------------------------------------------------------------------------- serve()
+
+@pytest.fixture
+def transformers_moe(monkeypatch):
+    """transformers imported with this repository's root off sys.path (its `kernels/` folder
+    would pass for transformers' optional `kernels` package)."""
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != ROOT])
+    stray = sys.modules.get("kernels")
+    if stray is not None and Path(getattr(stray, "__file__", "") or "").resolve().is_relative_to(ROOT):
+        monkeypatch.delitem(sys.modules, "kernels")
+    return pytest.importorskip("transformers")
+
+
+def tiny(transformers, family: str, impl: str):
+    torch.manual_seed(0)
+    if family == "mixtral":
+        cfg = transformers.MixtralConfig(vocab_size=97, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                         num_experts_per_tok=2, max_position_embeddings=64)
+        cls = transformers.MixtralForCausalLM
+    else:
+        cfg = transformers.Qwen2MoeConfig(vocab_size=97, hidden_size=48, intermediate_size=64, moe_intermediate_size=24,
+                                          shared_expert_intermediate_size=40, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, num_experts=8,
+                                          num_experts_per_tok=3, max_position_embeddings=64)
+        cls = transformers.Qwen2MoeForCausalLM
+    cfg._experts_implementation = impl
+    model = cls(cfg).eval()
+    assert model.config._experts_implementation == impl
+    return model
+
+
+def served_logits(model, ids):
+    fusions.reset_stats()
+    with torch.inference_mode():
+        ref = model(ids).logits
+        with nbx_tune.serve():
+            out = model(ids).logits
+    return ref, out, fusions.stats().get("moe_experts", 0)
+
+
+@pytest.mark.parametrize("family,impl", [
+    ("mixtral", "grouped_mm"),  # transformers' default where torch has _grouped_mm
+    pytest.param("mixtral", "eager", marks=pytest.mark.slow), pytest.param("qwen2_moe", "eager", marks=pytest.mark.slow),
+    pytest.param("qwen2_moe", "grouped_mm", marks=pytest.mark.slow)])
+def test_a_tiny_moe_model_runs_its_experts_fused_within_1e4_of_torch(transformers_moe, family, impl):
+    model = tiny(transformers_moe, family, impl)
+    ref, out, fused = served_logits(model, torch.randint(0, 97, (2, 9)))
+    assert fused == 2  # one call a layer
+    assert ((out - ref).abs().max() / ref.abs().max()).item() <= 1e-4
+
+
+@pytest.mark.slow
+def test_another_experts_implementation_runs_as_written(transformers_moe):
+    model = tiny(transformers_moe, "mixtral", "batched_mm")
+    ref, out, fused = served_logits(model, torch.randint(0, 97, (1, 5)))
+    assert fused == 0 and ((out - ref).abs().max() / ref.abs().max()).item() <= 1e-4
+
+
+@pytest.mark.slow
+def test_an_edited_experts_forward_or_gate_is_never_fused(transformers_moe, monkeypatch):
+    """A loop whose arithmetic differs (gate and up swapped) and a grouped model whose gate
+    differs run as written: the swap matches the code that would run, not the class."""
+    from transformers.models.mixtral import modeling_mixtral as m
+
+    model = tiny(transformers_moe, "mixtral", "grouped_mm")
+    monkeypatch.setattr(m.MixtralExperts, "_apply_gate",
+                        lambda self, gate_up_out: gate_up_out.chunk(2, dim=-1)[1] * self.act_fn(gate_up_out.chunk(2, dim=-1)[0]) * 2)
+    ref, out, fused = served_logits(model, torch.randint(0, 97, (1, 5)))
+    assert fused == 0 and torch.allclose(out, ref, rtol=1e-4, atol=1e-5)
+
+    class SwappedExperts(nn.Module):  # transformers' loop with gate and up exchanged
+        def __init__(self, experts):
+            super().__init__()
+            self.num_experts, self.act_fn = experts.num_experts, experts.act_fn
+            self.gate_up_proj, self.down_proj = experts.gate_up_proj, experts.down_proj
+
+        def forward(self, hidden_states, top_k_index, top_k_weights):
+            final_hidden_states = torch.zeros_like(hidden_states)
+            with torch.no_grad():
+                expert_mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1)
+                expert_mask = expert_mask.permute(2, 1, 0)
+                expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+            for expert_idx in expert_hit:
+                expert_idx = expert_idx[0]
+                if expert_idx == self.num_experts:
+                    continue
+                top_k_pos, token_idx = torch.where(expert_mask[expert_idx])
+                current_state = hidden_states[token_idx]
+                up, gate = nn.functional.linear(current_state, self.gate_up_proj[expert_idx]).chunk(2, dim=-1)
+                current_hidden_states = self.act_fn(gate) * up
+                current_hidden_states = nn.functional.linear(current_hidden_states, self.down_proj[expert_idx])
+                current_hidden_states = current_hidden_states * top_k_weights[token_idx, top_k_pos, None]
+                final_hidden_states.index_add_(0, token_idx, current_hidden_states.to(final_hidden_states.dtype))
+            return final_hidden_states
+
+    monkeypatch.undo()
+    for block in (layer.mlp for layer in model.model.layers):
+        block.experts = SwappedExperts(block.experts)
+    ref, out, fused = served_logits(model, torch.randint(0, 97, (1, 5)))
+    assert fused == 0 and torch.allclose(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_the_loop_pattern_is_transformers_experts_forward(transformers_moe):
+    from transformers.models.mixtral import modeling_mixtral as m
+    from transformers.integrations import moe as tm
+
+    assert moe_fusions.EXPERTS_LOOP_PATTERN.matches(m.MixtralExperts.forward.__wrapped__)
+    assert moe_fusions.GROUPED_FORWARD.matches(tm.grouped_mm_experts_forward)
+    assert moe_fusions.EXPERTS.pattern.matches(m.MixtralExperts.forward)
+
+
+def test_the_torch_op_is_transformers_loop_bit_for_bit(transformers_moe):
+    from transformers.models.mixtral import modeling_mixtral as m
+
+    cfg = transformers_moe.MixtralConfig(hidden_size=24, intermediate_size=16, num_local_experts=5,
+                                         num_experts_per_tok=2)
+    experts = m.MixtralExperts(cfg)
+    nn.init.normal_(experts.gate_up_proj), nn.init.normal_(experts.down_proj)
+    x, _, _, ids, w = layer(11, 5, 2, 24, 16)
+    want = m.MixtralExperts.forward.__wrapped__(experts, x, ids, w)
+    assert torch.equal(custom_ops.moe_experts(x, experts.gate_up_proj, experts.down_proj, ids, w), want)
