@@ -6,9 +6,6 @@ Mixtral and Qwen2-MoE with their experts fused, never a variant."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -30,7 +27,6 @@ from nbx_tune.tuner.certify.screen_shapes import edge_problems
 from nbx_tune.tuner.certify.selfcheck import check_kernel
 
 PROFILE = get_profile("interpreter")
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def layer(T, E, K, H, I, seed=0, dtype=torch.float32, ids=None):
@@ -191,14 +187,8 @@ def test_selfcheck_small_rows_pass_the_screen():
 # ----------------------------------------------------------------------------- serve()
 
 @pytest.fixture
-def transformers_moe(monkeypatch):
-    """transformers imported with this repository's root off sys.path (its `kernels/` folder
-    would pass for transformers' optional `kernels` package)."""
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != ROOT])
-    stray = sys.modules.get("kernels")
-    if stray is not None and Path(getattr(stray, "__file__", "") or "").resolve().is_relative_to(ROOT):
-        monkeypatch.delitem(sys.modules, "kernels")
-    return pytest.importorskip("transformers")
+def transformers_moe(transformers_module):
+    return transformers_module
 
 
 def tiny(transformers, family: str, impl: str):
