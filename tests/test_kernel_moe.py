@@ -238,7 +238,26 @@ def test_another_experts_implementation_runs_as_written(transformers_moe):
 
 
 @pytest.mark.slow
-def test_an_edited_experts_forward_or_gate_is_never_fused(transformers_moe, monkeypatch):
+def experts_class(folder, forward_source: str):
+    """A module class holding an experts module's weights whose forward is `forward_source`,
+    defined in a file of its own, so that its source can be read."""
+    import importlib.util
+    import textwrap
+
+    name = f"experts_{abs(hash(forward_source))}"
+    path = folder / f"{name}.py"
+    path.write_text("import torch\nfrom torch import nn\n\n\nclass Experts(nn.Module):\n"
+                    "    def __init__(self, experts):\n        super().__init__()\n"
+                    "        self.num_experts, self.act_fn = experts.num_experts, experts.act_fn\n"
+                    "        self.gate_up_proj, self.down_proj = experts.gate_up_proj, experts.down_proj\n"
+                    + textwrap.indent(forward_source, "    "))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Experts
+
+
+def test_an_edited_experts_forward_or_gate_is_never_fused(transformers_moe, monkeypatch, tmp_path):
     """A loop whose arithmetic differs (gate and up swapped) and a grouped model whose gate
     differs run as written: the swap matches the code that would run, not the class."""
     from transformers.models.mixtral import modeling_mixtral as m
@@ -249,36 +268,17 @@ def test_an_edited_experts_forward_or_gate_is_never_fused(transformers_moe, monk
     ref, out, fused = served_logits(model, torch.randint(0, 97, (1, 5)))
     assert fused == 0 and torch.allclose(out, ref, rtol=1e-4, atol=1e-5)
 
-    class SwappedExperts(nn.Module):  # transformers' loop with gate and up exchanged
-        def __init__(self, experts):
-            super().__init__()
-            self.num_experts, self.act_fn = experts.num_experts, experts.act_fn
-            self.gate_up_proj, self.down_proj = experts.gate_up_proj, experts.down_proj
-
-        def forward(self, hidden_states, top_k_index, top_k_weights):
-            final_hidden_states = torch.zeros_like(hidden_states)
-            with torch.no_grad():
-                expert_mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1)
-                expert_mask = expert_mask.permute(2, 1, 0)
-                expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
-            for expert_idx in expert_hit:
-                expert_idx = expert_idx[0]
-                if expert_idx == self.num_experts:
-                    continue
-                top_k_pos, token_idx = torch.where(expert_mask[expert_idx])
-                current_state = hidden_states[token_idx]
-                up, gate = nn.functional.linear(current_state, self.gate_up_proj[expert_idx]).chunk(2, dim=-1)
-                current_hidden_states = self.act_fn(gate) * up
-                current_hidden_states = nn.functional.linear(current_hidden_states, self.down_proj[expert_idx])
-                current_hidden_states = current_hidden_states * top_k_weights[token_idx, top_k_pos, None]
-                final_hidden_states.index_add_(0, token_idx, current_hidden_states.to(final_hidden_states.dtype))
-            return final_hidden_states
-
     monkeypatch.undo()
-    for block in (layer.mlp for layer in model.model.layers):
-        block.experts = SwappedExperts(block.experts)
-    ref, out, fused = served_logits(model, torch.randint(0, 97, (1, 5)))
-    assert fused == 0 and torch.allclose(out, ref, rtol=1e-4, atol=1e-5)
+    # An experts module of the loop's own text, and one with gate and up exchanged, from a file
+    # (the match reads the source): the first is fused, the second never.
+    edited = moe_fusions.EXPERTS_LOOP_SOURCE.replace("gate, up = nn.functional", "up, gate = nn.functional")
+    assert edited != moe_fusions.EXPERTS_LOOP_SOURCE
+    for source, want in ((moe_fusions.EXPERTS_LOOP_SOURCE, 2), (edited, 0)):
+        kind = experts_class(tmp_path, source)
+        for block in (layer.mlp for layer in model.model.layers):
+            block.experts = kind(block.experts)
+        ref, out, fused = served_logits(model, torch.randint(0, 97, (1, 5)))
+        assert fused == want and ((out - ref).abs().max() / ref.abs().max()).item() <= 1e-4
 
 
 def test_the_loop_pattern_is_transformers_experts_forward(transformers_moe):

@@ -63,6 +63,14 @@ def _moe_align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, n_blocks_ptr, S, E,
 
 
 @triton.jit
+def _row_block(pid_m, sorted_ptr, block_expert_ptr, S, BLOCK_M: tl.constexpr):
+    """A row block's expert, its rows in the sorted order, the pairs there and which are real."""
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + rows)
+    return tl.load(block_expert_ptr + pid_m).to(tl.int64), rows, pair, pair < S
+
+
+@triton.jit
 def _moe_gate_up_kernel(x_ptr, w_ptr, act_ptr, sorted_ptr, block_expert_ptr, n_blocks_ptr,
                         S, H, I, TOPK, MAX_BLOCKS,
                         stride_xm, stride_we, stride_wn, stride_am,
@@ -73,10 +81,7 @@ def _moe_gate_up_kernel(x_ptr, w_ptr, act_ptr, sorted_ptr, block_expert_ptr, n_b
     pid_m, pid_n = grouped_tile(tl.program_id(0), MAX_BLOCKS, tl.cdiv(I, BLOCK_N), GROUP_M)
     if pid_m >= tl.load(n_blocks_ptr):
         return
-    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + rows)
-    valid = pair < S
+    e, rows, pair, valid = _row_block(pid_m, sorted_ptr, block_expert_ptr, S, BLOCK_M)
     tok = tl.where(valid, pair // TOPK, 0).to(tl.int64)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -111,10 +116,7 @@ def _moe_down_kernel(act_ptr, w_ptr, y_ptr, weights_ptr, sorted_ptr, block_exper
     pid_m, pid_n = grouped_tile(tl.program_id(0), MAX_BLOCKS, tl.cdiv(H, BLOCK_N), GROUP_M)
     if pid_m >= tl.load(n_blocks_ptr):
         return
-    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + rows)
-    valid = pair < S
+    e, rows, pair, valid = _row_block(pid_m, sorted_ptr, block_expert_ptr, S, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     a_ptrs = act_ptr + rows.to(tl.int64)[:, None] * stride_am + rk[None, :]
