@@ -211,12 +211,19 @@ def tiny(transformers, family: str, impl: str):
 
 
 def served_logits(model, ids):
+    """torch's logits, serve()'s, and the experts calls fused (each checked to have run on the kernel)."""
+    from nbx_tune.kernels.serving import serve as serving
+
     fusions.reset_stats()
+    serving.reset_stats()
     with torch.inference_mode():
         ref = model(ids).logits
         with nbx_tune.serve():
             out = model(ids).logits
-    return ref, out, fusions.stats().get("moe_experts", 0)
+    fused = fusions.stats().get("moe_experts", 0)
+    ran = serving.stats().get("nbx_tune.moe_experts", {"default": 0, "certified": 0, "reasons": {}})
+    assert ran["default"] + ran["certified"] == fused and not ran["reasons"], ran
+    return ref, out, fused
 
 
 @pytest.mark.parametrize("family,impl", [

@@ -19,8 +19,9 @@ import numpy as np
 from nbx_tune.kernels.elementwise import _tanh_f32, _unary_math
 from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.matmul.kernel import grouped_tile
-from nbx_tune.kernels.moe.kernel import (_moe_align_kernel, _moe_down_kernel, _moe_gate_up_kernel,
-                                         _moe_topk_sum_kernel, _row_block, align_chunk, launch_moe, max_blocks)
+from nbx_tune.kernels.moe.kernel import (_expert_runs, _moe_down_kernel, _moe_gate_up_kernel, _moe_rank_kernel,
+                                         _moe_scatter_kernel, _moe_topk_sum_kernel, _row_block, launch_moe, max_blocks,
+                                         scatter_block)
 from nbx_tune.kernels.rows import format_shape
 from nbx_tune.kernels.spec import Config, KernelSpec, KeyDim, NotServable, Problem, seat_flags, uniform_inputs
 from nbx_tune.oracles import moe as oracle
@@ -68,8 +69,8 @@ class MoeExpertsSpec(KernelSpec):
     timing = "stream"  # a layer of several launches, timed as a model under CUDA graphs runs it
 
     def source_parts(self):
-        return (_moe_align_kernel, _row_block, _moe_gate_up_kernel, _moe_down_kernel, _moe_topk_sum_kernel, launch_moe,
-                max_blocks, align_chunk, grouped_tile, _unary_math, _tanh_f32)
+        return (_moe_rank_kernel, _expert_runs, _moe_scatter_kernel, _row_block, _moe_gate_up_kernel, _moe_down_kernel,
+                _moe_topk_sum_kernel, launch_moe, max_blocks, scatter_block, grouped_tile, _unary_math, _tanh_f32)
 
     def default_config(self, profile, problem):
         M = problem.dims[4]
