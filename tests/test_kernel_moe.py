@@ -226,10 +226,32 @@ def served_logits(model, ids):
     return ref, out, fused
 
 
-@pytest.mark.parametrize("family,impl", [
-    ("mixtral", "grouped_mm"),  # transformers' default where torch has _grouped_mm
-    pytest.param("mixtral", "eager", marks=pytest.mark.slow), pytest.param("qwen2_moe", "eager", marks=pytest.mark.slow),
-    pytest.param("qwen2_moe", "grouped_mm", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("impl", ["grouped_mm", "eager", "batched_mm"])
+def test_a_mixtral_block_runs_its_experts_as_the_one_op_under_serve(transformers_moe, impl):
+    """One MoE block (router, experts): the experts on the kernel where transformers would run
+    its loop or its grouped_mm forward, as written under another implementation."""
+    from transformers.models.mixtral import modeling_mixtral as m
+
+    cfg = transformers_moe.MixtralConfig(hidden_size=24, intermediate_size=20, num_local_experts=5,
+                                         num_experts_per_tok=2)
+    cfg._experts_implementation = impl
+    torch.manual_seed(0)
+    block = m.MixtralSparseMoeBlock(cfg).eval()
+    for p in block.parameters():
+        nn.init.normal_(p, std=0.3)
+    x = torch.randn(2, 7, 24)
+    fusions.reset_stats()
+    with torch.inference_mode():
+        ref = block(x)
+        with nbx_tune.serve():
+            out = block(x)
+    assert fusions.stats().get("moe_experts", 0) == (impl != "batched_mm")
+    assert ((out - ref).abs().max() / ref.abs().max()).item() <= 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,impl", [("mixtral", "grouped_mm"), ("mixtral", "eager"), ("qwen2_moe", "eager"),
+                                         ("qwen2_moe", "grouped_mm")])  # grouped_mm: transformers' default
 def test_a_tiny_moe_model_runs_its_experts_fused_within_1e4_of_torch(transformers_moe, family, impl):
     model = tiny(transformers_moe, family, impl)
     ref, out, fused = served_logits(model, torch.randint(0, 97, (2, 9)))
@@ -244,7 +266,6 @@ def test_another_experts_implementation_runs_as_written(transformers_moe):
     assert fused == 0 and ((out - ref).abs().max() / ref.abs().max()).item() <= 1e-4
 
 
-@pytest.mark.slow
 def experts_class(folder, forward_source: str):
     """A module class holding an experts module's weights whose forward is `forward_source`,
     defined in a file of its own, so that its source can be read."""
@@ -264,6 +285,7 @@ def experts_class(folder, forward_source: str):
     return module.Experts
 
 
+@pytest.mark.slow
 def test_an_edited_experts_forward_or_gate_is_never_fused(transformers_moe, monkeypatch, tmp_path):
     """A loop whose arithmetic differs (gate and up swapped) and a grouped model whose gate
     differs run as written: the swap matches the code that would run, not the class."""
