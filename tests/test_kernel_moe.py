@@ -249,6 +249,33 @@ def test_a_mixtral_block_runs_its_experts_as_the_one_op_under_serve(transformers
     assert ((out - ref).abs().max() / ref.abs().max()).item() <= 1e-5
 
 
+def test_a_recorded_mixtral_block_maps_its_experts_to_one_seat(transformers_moe):
+    """The recorder enters the fusions too: a block's trace holds one moe_experts row (the
+    router's fp32 weights included), which plans to this family's seat."""
+    from transformers.models.mixtral import modeling_mixtral as m
+
+    from nbx_tune.kernels.runtime.registry import spec_for_op
+    from nbx_tune.kernels.trace import Trace
+    from nbx_tune.profiles import current_profile
+    from nbx_tune.tuner.census.census import plan
+    from nbx_tune.tuner.trace.recorder import Recorder
+
+    cfg = transformers_moe.MixtralConfig(hidden_size=24, intermediate_size=20, num_local_experts=5,
+                                         num_experts_per_tok=2)
+    block = m.MixtralSparseMoeBlock(cfg).eval()
+    for p in block.parameters():
+        nn.init.normal_(p, std=0.3)
+    with torch.inference_mode(), Recorder() as rec:
+        block(torch.randn(2, 7, 24))
+    rows = [r for r in rec.rows if r.op == "nbx_tune.moe_experts"]
+    assert len(rows) == 1 and rows[0].dtypes == ("float32",) * 3 + ("int64", "float32")
+    assert rows[0].shapes == ((14, 24), (5, 40, 24), (5, 24, 20), (14, 2), (14, 2))
+    assert spec_for_op("nbx_tune.moe_experts") is SPEC
+    p = plan(Trace("recorded", rows), "sha", current_profile())
+    assert not p.not_servable and not p.uncovered
+    assert [key[0] for key in p.seats] == ["moe_experts"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family,impl", [("mixtral", "grouped_mm"), ("mixtral", "eager"), ("qwen2_moe", "eager"),
                                          ("qwen2_moe", "grouped_mm")])  # grouped_mm: transformers' default
