@@ -123,6 +123,8 @@ def test_rows_map_to_seats_keyed_by_tokens_per_expert():
     q = SPEC.problem_from_row(moe_row(60, 4, 2048, 1408, 1001, "bfloat16", routing="bfloat16"))
     assert q.dims[4] == 67 and q.get("routing") == "bfloat16"
     assert SPEC.input_shapes(q)["topk_weights"] == ((1001, 4), "bfloat16")
+    # DeepSeek-V3's experts: 256 of 2 x 2048 x 7168, 7.5G weight elements (offsets are int64)
+    assert SPEC.problem_from_row(moe_row(256, 8, 7168, 2048, 64, "bfloat16")).dims == (256, 8, 7168, 2048, 2)
 
 
 @pytest.mark.parametrize("dts,shapes,why", [

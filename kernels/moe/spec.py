@@ -109,7 +109,7 @@ class MoeExpertsSpec(KernelSpec):
         E, K, _, _, _ = problem.dims
         _, _, H, I, M = dims
         T = max(1, M * E // K)
-        if max(T * H, E * 2 * I * H, T * K * H) > INT32_MAX:
+        if T * K > INT32_MAX:
             return None
         extra = dict(problem.extra)
         extra["T"] = T
@@ -179,8 +179,8 @@ def moe_problem(x, w13, w2, ids, weights, dtypes, routing) -> Problem | NotServa
                            f"routing {format_shape(ids)}: the shapes do not chain")
     if min(T, H, E, I, K) == 0:
         return EMPTY
-    if max(T * H, E * I2 * H, T * K * H) > INT32_MAX:
-        return NotServable("an operand of 2^31 elements or more (the kernel indexes pairs in int32)")
+    if T * K > INT32_MAX:  # element offsets are int64; the sorted pairs are int32
+        return NotServable(f"{T * K} (token, slot) pairs: 2^31 or more (the kernel sorts pairs in int32)")
     extra = (("T", T),) if routing == "float32" else (("T", T), ("routing", routing))
     return Problem(SPEC.name, tuple(dtypes), FLAGS, (E, K, H, I, -(-T * K // E)), tuple(sorted(extra)))
 
