@@ -158,8 +158,9 @@ class MoeExpertsSpec(KernelSpec):
         if scale == "small":  # odd sizes: remainders against every block
             layers = ((5, 2, 37, 19, 3), (8, 2, 40, 24, 45), (6, 3, 33, 17, 1))
             dts = ("float32", "float16")
-        else:  # Mixtral-8x7B at decode, Qwen2-MoE-A2.7B and a DeepSeek-style layer at prefill
-            layers = ((8, 2, 4096, 14336, 7), (60, 4, 2048, 1408, 1001), (64, 6, 2048, 1408, 513))
+        else:  # Mixtral's hidden size at decode (a quarter of its intermediate: the fp32 oracle's copies
+            # of its weights stay a few GB), Qwen2-MoE-A2.7B and a DeepSeek-style layer at prefill
+            layers = ((8, 2, 4096, 3584, 7), (60, 4, 2048, 1408, 1001), (64, 6, 2048, 1408, 513))
             dts = tuple(TORCH_DTYPES)
         return [moe_row(E, K, H, I, T, dt) for dt in dts for E, K, H, I, T in layers]
 
