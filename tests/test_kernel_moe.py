@@ -321,8 +321,11 @@ def test_an_edited_experts_forward_or_gate_is_never_fused(transformers_moe, monk
     from transformers.models.mixtral import modeling_mixtral as m
 
     model = tiny(transformers_moe, "mixtral", "grouped_mm")
-    monkeypatch.setattr(m.MixtralExperts, "_apply_gate",
-                        lambda self, gate_up_out: gate_up_out.chunk(2, dim=-1)[1] * self.act_fn(gate_up_out.chunk(2, dim=-1)[0]) * 2)
+    def doubled_gate(self, gate_up_out):  # transformers' gate, times 2
+        gate, up = gate_up_out.chunk(2, dim=-1)
+        return self.act_fn(gate) * up * 2
+
+    monkeypatch.setattr(m.MixtralExperts, "_apply_gate", doubled_gate)
     ref, out, fused = served_logits(model, torch.randint(0, 97, (1, 5)))
     assert fused == 0 and torch.allclose(out, ref, rtol=1e-4, atol=1e-5)
 
