@@ -48,6 +48,7 @@ LAYERS = {  # name: (experts, top-k, hidden, intermediate, shared expert's inter
 SMOKE_LAYERS = {"mixtral": (4, 2, 32, 24, 0), "qwen2_moe": (6, 3, 40, 16, 24)}
 TOKENS = (1, 16, 64, 512, 4096)
 SMOKE_TOKENS = (1, 19)
+EAGER_CALLS = 8  # eager calls a timing round (the loop's prefill takes tens of ms a call)
 
 
 def block(transformers, torch, name, dims, impl, dtype, device):
@@ -164,10 +165,16 @@ def time_cases(torch, layers, tokens, dtype, args):
     import nbx_tune
     from nbx_tune.kernels import moe_experts
     from nbx_tune.tuner.timing.torch_baselines import graph_times
-    from nbx_tune.testing.bench import side_by_side, wall_ms
+    from nbx_tune.testing.bench import per_call_ms, side_by_side, wall_ms
 
     device = "cpu" if args.smoke else "cuda"
     rep = 1 if args.smoke else args.rep_ms
+    if args.smoke:
+        eager_timer = wall_ms
+    else:  # calls back to back, synchronized at the ends: the host's launch path included
+        def eager_timer(fn, rep_ms):
+            fn()
+            return per_call_ms(fn, EAGER_CALLS, torch.cuda.synchronize)
     cases, rows = {}, []
     for name, dims in layers.items():
         gmm = block(transformers, torch, name, dims, "grouped_mm", dtype, device)
@@ -184,14 +191,12 @@ def time_cases(torch, layers, tokens, dtype, args):
                 torch_experts = lambda: tmoe.grouped_mm_experts_forward(experts, h, ids, weights)  # noqa: E731
                 want = tmoe.grouped_mm_experts_forward(ref32, h.float(), ids, weights.float())
                 err = {"op": rel_err(op(), want), "torch": rel_err(torch_experts(), want)}
-                if args.smoke:  # the interpreter: wall clock, eager
-                    t = side_by_side({"gmm": lambda: gmm(x), "serve": lambda: served(nbx_tune, gmm, x),
-                                      "experts_gmm": torch_experts, "op": op}, rep,
-                                     timer=lambda fn, r: wall_ms(fn, r))
-                else:
-                    t = graphed_times(torch, nbx_tune, graph_times, gmm, x, torch_experts, op, rep)
-                eager = side_by_side({"loop": lambda: loop(x), "serve": lambda: served(nbx_tune, loop, x)}, rep,
-                                     timer=lambda fn, r: wall_ms(fn, r))
+                t = graphed_times(nbx_tune, graph_times, gmm, x, torch_experts, op, rep, device)
+                # serve() entered once around its calls (entering it installs the overrides): the
+                # two sides in their own rounds, not alternated
+                eager = side_by_side({"loop": lambda: loop(x)}, rep, timer=eager_timer)
+                with nbx_tune.serve():
+                    eager.update(side_by_side({"serve": lambda: loop(x)}, rep, timer=eager_timer))
             cases[f"{name} T={T}"] = {"ms": t, "eager_ms": eager, "err": err, "dims": dims}
             rows.append([name, T, f"{t['gmm']:.3f}", f"{t['serve']:.3f}", f"{t['gmm'] / t['serve']:.2f}",
                          f"{t['experts_gmm']:.3f}", f"{t['op']:.3f}", f"{t['experts_gmm'] / t['op']:.2f}",
@@ -201,18 +206,15 @@ def time_cases(torch, layers, tokens, dtype, args):
     return cases, rows
 
 
-def served(nbx_tune, b, x):
-    with nbx_tune.serve():
-        return b(x)
-
-
-def graphed_times(torch, nbx_tune, graph_times, gmm, x, torch_experts, op, rep):
+def graphed_times(nbx_tune, graph_times, gmm, x, torch_experts, op, rep, device):
     """ms per call from CUDA-graph replay, in alternating rounds: the block as torch runs it
-    and under serve() (captured inside the context), the experts alone both ways."""
+    and under serve() (captured inside the context), the experts alone both ways. On the
+    CPU (--smoke) one call of each, wall clock."""
+    kw = {"calls": 1, "device": "cpu"} if device == "cpu" else {}
     with nbx_tune.serve():
-        graph = graph_times({"serve": lambda i: gmm(x)}, rep)  # captured and replayed under serve()
+        graph = graph_times({"serve": lambda i: gmm(x)}, rep, **kw)  # captured and replayed under serve()
     other = graph_times({"gmm": lambda i: gmm(x), "experts_gmm": lambda i: torch_experts(), "op": lambda i: op()},
-                        rep)
+                        rep, **kw)
     return {**graph, **other}
 
 
