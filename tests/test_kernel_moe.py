@@ -107,6 +107,33 @@ def test_an_empty_batch_is_zeros_and_bad_calls_say_why():
         moe_experts(x, w13, w2, ids.float(), w)
 
 
+@pytest.mark.parametrize("T,E,K,bm", [(600, 4, 2, 16), (150, 64, 2, 32), (5, 3, 2, 16)])
+def test_pairs_are_sorted_stably_by_expert_in_padded_runs(T, E, K, bm):
+    """Several chunks of pairs (a chunk holds 1024 pairs at 4 experts, 128 at 64): each
+    expert's pairs in pair order from a multiple of BLOCK_M, a sentinel id nowhere."""
+    import triton
+
+    from nbx_tune.kernels.moe.kernel import _moe_count_kernel, _moe_scatter_kernel, scatter_block
+
+    ids = torch.from_numpy(skewed_routing(np.random.default_rng(5), T, E, K)[0])
+    ids[::7, 0] = E  # transformers' expert-parallel sentinel
+    flat, S, e_pad = ids.reshape(-1), T * K, triton.next_power_of_2(E)
+    sb = scatter_block(e_pad)
+    chunks = -(-S // sb)
+    counts = torch.zeros(E, dtype=torch.int32)
+    table = torch.empty((chunks, e_pad), dtype=torch.int32)
+    rows = torch.full((max_blocks(S, E, bm) * bm,), -1, dtype=torch.int32)
+    _moe_count_kernel[(chunks,)](flat, counts, table, S, E, E_PAD=e_pad, BLOCK=sb)
+    _moe_scatter_kernel[(chunks,)](flat, counts, table, rows, S, E, BLOCK_M=bm, E_PAD=e_pad, BLOCK=sb, ROWS=sb)
+    start = 0
+    for e in range(E):
+        want = torch.nonzero(flat == e).flatten().int()
+        assert counts[e] == len(want) and torch.equal(rows[start:start + len(want)], want)
+        assert (rows[start + len(want):start + -(-len(want) // bm) * bm] == -1).all()  # padding untouched
+        start += -(-len(want) // bm) * bm
+    assert (rows[start:] == -1).all()
+
+
 def test_the_grid_holds_every_padded_block():
     """Each expert with pairs pads fewer than BLOCK_M rows: the worst case of a routing is
     one pair on each of min(E, pairs) experts and the rest on one."""

@@ -2,10 +2,11 @@
 decides the code a seat runs (every function here is in the spec's `source_parts`).
 
 A layer is five launches and a memset, whatever the number of experts:
-1. `_moe_rank_kernel`: each (token, slot) pair's rank among its expert's pairs (an atomic
-   count per expert);
-2. `_moe_scatter_kernel`: the pairs in expert order, each expert's run padded to a multiple
-   of BLOCK_M rows; every later program reads the E counts and finds its run from them;
+1. `_moe_count_kernel`: per chunk of pairs, its pairs of each expert (a table) and the
+   expert totals;
+2. `_moe_scatter_kernel`: the (token, slot) pairs in a stable expert order, each expert's run
+   padded to a multiple of BLOCK_M rows; every later program reads the E totals and finds its
+   run from them;
 3. `_moe_gate_up_kernel`: per row block, x @ W_gate[e]^T and x @ W_up[e]^T in two
    accumulators and silu(gate) * up in the epilogue, written in sorted order;
 4. `_moe_down_kernel`: that @ W_down[e]^T times the pair's routing weight, in fp32, written
@@ -26,19 +27,20 @@ from nbx_tune.kernels.elementwise import _unary_math
 from nbx_tune.kernels.matmul.kernel import grouped_tile
 
 SUM_BLOCK = 512  # columns a program of the top-k sum adds: a memory-bound pass, not tuned
-RANK_BLOCK = 1024  # pairs a program of the ranking takes
 
 
 @triton.jit
-def _moe_rank_kernel(ids_ptr, counts_ptr, rank_ptr, S, E, BLOCK: tl.constexpr):
-    """Each routed pair's rank among its expert's pairs, by an atomic count per expert. Which
-    pair gets which rank varies from run to run; no result does: a row's products do not
-    depend on where in its expert's run it sits."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+def _moe_count_kernel(ids_ptr, counts_ptr, chunk_counts_ptr, S, E, E_PAD: tl.constexpr, BLOCK: tl.constexpr):
+    """Per chunk of BLOCK pairs: its pairs of each expert, a row of the chunk table, and added
+    to the expert totals (integer atomics: the totals are the same in any order)."""
+    c = tl.program_id(0)
+    experts = tl.arange(0, E_PAD)
+    offs = c * BLOCK + tl.arange(0, BLOCK)
     e = tl.load(ids_ptr + offs, mask=offs < S, other=-1)
-    routed = (offs < S) & (e >= 0) & (e < E)
-    rank = tl.atomic_add(counts_ptr + tl.where(routed, e, 0), tl.full((BLOCK,), 1, tl.int32), mask=routed)
-    tl.store(rank_ptr + offs, rank, mask=routed)
+    hot = (e[:, None] == experts[None, :]) & (experts[None, :] < E)
+    n = tl.sum(hot.to(tl.int32), axis=0)
+    tl.store(chunk_counts_ptr + c * E_PAD + experts, n)
+    tl.atomic_add(counts_ptr + experts, n, mask=experts < E)
 
 
 @triton.jit
@@ -53,16 +55,25 @@ def _expert_runs(counts_ptr, E, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr):
 
 
 @triton.jit
-def _moe_scatter_kernel(ids_ptr, rank_ptr, counts_ptr, sorted_ptr, S, E, BLOCK_M: tl.constexpr,
-                        E_PAD: tl.constexpr, BLOCK: tl.constexpr):
-    """sorted[the start of its expert's run + its rank] = the pair."""
+def _moe_scatter_kernel(ids_ptr, counts_ptr, chunk_counts_ptr, sorted_ptr, S, E, BLOCK_M: tl.constexpr,
+                        E_PAD: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """Each pair of a chunk at its sorted row: the start of its expert's run, plus the expert's
+    pairs in earlier chunks (the chunk table's rows above, ROWS at a time), plus those before
+    it in the chunk. The order is stable: by expert, then by pair."""
+    c = tl.program_id(0)
     experts, _, pad_start, _ = _expert_runs(counts_ptr, E, BLOCK_M, E_PAD)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lines = tl.arange(0, ROWS)
+    for r0 in range(0, c, ROWS):
+        above = tl.load(chunk_counts_ptr + (r0 + lines)[:, None] * E_PAD + experts[None, :],
+                        mask=(r0 + lines < c)[:, None], other=0)
+        pad_start += tl.sum(above, axis=0)
+    offs = c * BLOCK + tl.arange(0, BLOCK)
     e = tl.load(ids_ptr + offs, mask=offs < S, other=-1)
     routed = (offs < S) & (e >= 0) & (e < E)
-    start = tl.sum(tl.where(e[:, None] == experts[None, :], pad_start[None, :], 0), axis=1)
-    rank = tl.load(rank_ptr + offs, mask=routed, other=0)
-    tl.store(sorted_ptr + start + rank, offs, mask=routed)
+    hot = (e[:, None] == experts[None, :]) & routed[:, None]
+    before = tl.cumsum(hot.to(tl.int32), axis=0) - 1
+    dest = tl.sum(tl.where(hot, before + pad_start[None, :], 0), axis=1)
+    tl.store(sorted_ptr + dest, offs, mask=routed)
 
 
 @triton.jit
@@ -164,7 +175,9 @@ def max_blocks(pairs: int, experts: int, block_m: int) -> int:
 
 
 def scatter_block(e_pad: int) -> int:
-    return max(16, min(1024, 8192 // e_pad))  # pairs a program of the scatter takes: a (BLOCK, E_PAD) one-hot
+    """Pairs a chunk holds (and chunk-table rows the scatter sums at a time): (BLOCK, E_PAD)
+    one-hots of at most 8192 lanes."""
+    return max(16, min(1024, 8192 // e_pad))
 
 
 def launch_moe(hidden, w_gate_up, w_down, topk_ids, topk_weights, out, config) -> None:
@@ -179,13 +192,14 @@ def launch_moe(hidden, w_gate_up, w_down, topk_ids, topk_weights, out, config) -
     dev = hidden.device
     ids = topk_ids.reshape(-1)
     e_pad = triton.next_power_of_2(E)
-    counts = torch.zeros(E, dtype=torch.int32, device=dev)
-    rank = torch.empty(S, dtype=torch.int32, device=dev)
-    sorted_ids = torch.empty(blocks * bm, dtype=torch.int32, device=dev)
-    _moe_rank_kernel[(triton.cdiv(S, RANK_BLOCK),)](ids, counts, rank, S, E, BLOCK=RANK_BLOCK, num_warps=4)
     sb = scatter_block(e_pad)
-    _moe_scatter_kernel[(triton.cdiv(S, sb),)](ids, rank, counts, sorted_ids, S, E, BLOCK_M=bm, E_PAD=e_pad,
-                                               BLOCK=sb, num_warps=4)
+    chunks = triton.cdiv(S, sb)
+    counts = torch.zeros(E, dtype=torch.int32, device=dev)
+    chunk_counts = torch.empty((chunks, e_pad), dtype=torch.int32, device=dev)
+    sorted_ids = torch.empty(blocks * bm, dtype=torch.int32, device=dev)
+    _moe_count_kernel[(chunks,)](ids, counts, chunk_counts, S, E, E_PAD=e_pad, BLOCK=sb, num_warps=4)
+    _moe_scatter_kernel[(chunks,)](ids, counts, chunk_counts, sorted_ids, S, E, BLOCK_M=bm, E_PAD=e_pad, BLOCK=sb,
+                                   ROWS=sb, num_warps=4)
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
     opts = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     act = torch.empty((blocks * bm, I), dtype=hidden.dtype, device=dev)

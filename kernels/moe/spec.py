@@ -19,7 +19,7 @@ import numpy as np
 from nbx_tune.kernels.elementwise import _tanh_f32, _unary_math
 from nbx_tune.kernels.helpers import FLOATS, torch_dtypes
 from nbx_tune.kernels.matmul.kernel import grouped_tile
-from nbx_tune.kernels.moe.kernel import (_expert_runs, _moe_down_kernel, _moe_gate_up_kernel, _moe_rank_kernel,
+from nbx_tune.kernels.moe.kernel import (_expert_runs, _moe_count_kernel, _moe_down_kernel, _moe_gate_up_kernel,
                                          _moe_scatter_kernel, _moe_topk_sum_kernel, _row_block, launch_moe, max_blocks,
                                          scatter_block)
 from nbx_tune.kernels.rows import format_shape
@@ -69,7 +69,7 @@ class MoeExpertsSpec(KernelSpec):
     timing = "stream"  # a layer of several launches, timed as a model under CUDA graphs runs it
 
     def source_parts(self):
-        return (_moe_rank_kernel, _expert_runs, _moe_scatter_kernel, _row_block, _moe_gate_up_kernel, _moe_down_kernel,
+        return (_moe_count_kernel, _expert_runs, _moe_scatter_kernel, _row_block, _moe_gate_up_kernel, _moe_down_kernel,
                 _moe_topk_sum_kernel, launch_moe, max_blocks, scatter_block, grouped_tile, _unary_math, _tanh_f32)
 
     def default_config(self, profile, problem):
