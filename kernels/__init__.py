@@ -70,6 +70,10 @@ _OPS = {
     "add_rms_norm": "nbx_tune.kernels.residual_norm",
     "add_layer_norm": "nbx_tune.kernels.residual_norm",
     "cat_kv": "nbx_tune.kernels.kv_cache",
+    "gelu_mul": "nbx_tune.kernels.gelu_mul",
+    "softcap": "nbx_tune.kernels.softcap",
+    "score_softmax": "nbx_tune.kernels.score_softmax",
+    "offset_rms_norm": "nbx_tune.kernels.offset_rms_norm",
     "moe_experts": "nbx_tune.kernels.moe",
 }
 

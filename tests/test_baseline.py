@@ -146,7 +146,7 @@ def test_a_remembered_call_at_a_deferred_seat_asks_again_on_replay(monkeypatch):
     rec = launch._Record(())
     monkeypatch.setattr(launch._tls, "rec", rec, raising=False)
     certified.config_for(get_spec("elementwise_unary"), *seat[1:3], (15,))
-    assert rec.guards == [certified._torch_if_serving]
+    assert rec.guards == [certified.state().checks[seat]]
     ran = []
 
     def replay(*inputs):
