@@ -85,6 +85,7 @@ _OPS = {
     "histc": "nbx_tune.kernels.histc",
     "floor_divide": "nbx_tune.kernels.floor_divide",
     "stack": "nbx_tune.kernels.stack",
+    "moe_experts": "nbx_tune.kernels.moe",
 }
 
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,7 +29,6 @@ from nbx_tune.profiles import get_profile
 gelu_mul, softcap, score_softmax, offset_rms_norm = (
     importlib.import_module(f"nbx_tune.kernels.{m}") for m in ("gelu_mul", "softcap", "score_softmax", "offset_rms_norm"))
 PROFILE = get_profile("interpreter")
-ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
@@ -40,14 +37,9 @@ def rel_err(got: torch.Tensor, want: np.ndarray) -> float:
 
 
 @pytest.fixture
-def transformers_off_root(monkeypatch):
-    """transformers importable with this repository's root off sys.path (its `kernels/`
-    folder would pass for transformers' optional `kernels` package)."""
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != ROOT])
-    stray = sys.modules.get("kernels")
-    if stray is not None and Path(getattr(stray, "__file__", "") or "").resolve().is_relative_to(ROOT):
-        monkeypatch.delitem(sys.modules, "kernels")
-    return pytest.importorskip("transformers")
+def transformers_off_root(transformers_module):
+    """transformers (conftest's transformers_module: the root off sys.path)."""
+    return transformers_module
 
 
 # ----------------------------------------------------------------------------- the kernels

@@ -9,8 +9,6 @@ seats; a census of those seats; and serve() running the torch ops on the certifi
 from __future__ import annotations
 
 import importlib
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,19 +34,12 @@ SPECS = (rope.SPEC, rope.QK_SPEC, rope.COS_SIN_SPEC, swiglu.SPEC, residual_norm.
          kv_cache.SPEC,  # and Gemma's (tests/test_gemma_fusions.py), modules named as their public ops
          *(importlib.import_module(f"nbx_tune.kernels.{m}").SPEC for m in ("gelu_mul", "softcap", "score_softmax",
                                                                    "offset_rms_norm")))
-ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
 @pytest.fixture
-def transformers_llama(monkeypatch):
-    """transformers' Llama module, imported with this repository's root off sys.path (its
-    `kernels/` folder would pass for transformers' optional `kernels` package)."""
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != ROOT])
-    stray = sys.modules.get("kernels")
-    if stray is not None and Path(getattr(stray, "__file__", "") or "").resolve().is_relative_to(ROOT):
-        monkeypatch.delitem(sys.modules, "kernels")
-    pytest.importorskip("transformers")
+def transformers_llama(transformers_module):
+    """transformers' Llama module (conftest's transformers_module: the root off sys.path)."""
     from transformers.models.llama import modeling_llama
 
     return modeling_llama

@@ -296,6 +296,7 @@ _WHOLE = {
     **_entry_points(torch.ops.nbx_tune.add_layer_norm),
     **_entry_points(torch.ops.nbx_tune.rope_cos_sin),
     **_entry_points(torch.ops.nbx_tune.cat_kv),
+    **_entry_points(torch.ops.nbx_tune.moe_experts),
 }
 
 
