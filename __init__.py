@@ -11,6 +11,9 @@ _LAZY = {
     "serve": ("nbx_tune.kernels.serving.serve", "serve"),
     "serve_stats": ("nbx_tune.kernels.serving.serve", "stats"),
     "NbxError": ("nbx_tune.errors", "NbxError"),
+    "compiled": ("nbx_tune.kernels.serving.compiled_ops", "compiled"),
+    "compile_backend": ("nbx_tune.kernels.serving.compiled_ops", "compile_backend"),
+    "compiled_stats": ("nbx_tune.kernels.serving.compiled_ops", "stats"),
 }
 
 

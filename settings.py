@@ -29,7 +29,11 @@ def db_url(explicit: str | None = None) -> str:
     return f"sqlite:///{default_db_path()}"
 
 
-def table_paths() -> list[Path]:
-    """Exported certified tables named by NBX_TUNE_TABLE (os.pathsep-separated)."""
-    raw = os.environ.get(ENV_TABLE, "").strip()
+def table_paths(env: str = ENV_TABLE) -> list[Path]:
+    """Exported certified tables named by NBX_TUNE_TABLE (os.pathsep-separated); Inductor's
+    certified template choices by NBX_TUNE_INDUCTOR_TABLE (kernels/serving/inductor_table.py)."""
+    raw = os.environ.get(env, "").strip()
     return [Path(p) for p in raw.split(os.pathsep) if p.strip()]
+
+
+ENV_INDUCTOR_TABLE = "NBX_TUNE_INDUCTOR_TABLE"

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
-from pathlib import Path
 
 SMOKE = "--smoke" in sys.argv
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
-from nbx_tune.testing.bench import environment, per_call_ms, save, side_by_side, table, wall_ms  # noqa: E402
+from nbx_tune.testing.bench import (certify_recorded, environment, per_call_ms, save, side_by_side, table,  # noqa: E402
+                                   wall_ms)
 
 
 def cases(torch, dev, dt):
@@ -73,19 +72,10 @@ def cases(torch, dev, dt):
 
 def certify(all_cases) -> None:
     """A census of the fused ops' seats, recorded from the torch ops, into a fresh database."""
-    from nbx_tune import record
-    from nbx_tune.kernels.runtime import certified
-    from nbx_tune.tuner import commands as api
-
-    work = Path(tempfile.mkdtemp(prefix="nbx-fused-"))
-    with record(work / "t.tsv"):
+    def run():
         for _, _, pattern, args in all_cases:
             pattern(*args)
-    db = f"sqlite:///{work / 'fused.db'}"
-    rep = api.census(str(work / "t.tsv"), db, profile="interpreter" if SMOKE else None, isolate=not SMOKE)
-    print(f"census: {rep.counts()['certified']['seats']} of {len(rep.seats)} seats certified")
-    os.environ["NBX_TUNE_DB"] = db
-    certified.reload()
+    certify_recorded(run, "nbx-fused-", SMOKE)
 
 
 def eager_us(fn, sync, calls: int) -> float:

@@ -9,6 +9,16 @@ Triton's launch: every call before the direct launch), and torch's op.
 
     python bench/launch_overhead.py            # on the GPU, after a census of its ops
     python bench/launch_overhead.py --cpu      # the CPU: own work and ordinary path, mocked kernels
+    python bench/launch_overhead.py --serve    # on the GPU: serve()'s path against torch's op, per family
+    python bench/launch_overhead.py --serve --smoke   # the same on the CPU interpreter, few calls
+    python bench/launch_overhead.py --serve --only softcap,gelu_mul   # some families only
+
+--serve times what a model under serve() pays per call eager: torch's own op called as a
+model calls it, under serve() (the dispatcher's override, serve()'s route, the kernel's
+replay; or torch where serve() hands the call back, kernels/runtime/eager_rule.py) against
+the same call without serve(), host microseconds per call over back-to-back calls, side by
+side, with what serve() ran (certified, default, torch and why) and the host times its
+eager rule measured.
 
 The census certifies the ops' seats first (recorded from the torch ops, about 3 s a seat);
 --no-census times the declared defaults instead (a miss counted on every call).
@@ -23,13 +33,14 @@ import tempfile
 import time
 from pathlib import Path
 
-CPU = "--cpu" in sys.argv
+SMOKE = "--smoke" in sys.argv
+CPU = "--cpu" in sys.argv or SMOKE
 if CPU:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
 from nbx_tune.testing.bench import environment, save, table  # noqa: E402
 
-CALLS, RUNS = (300, 5) if CPU else (1000, 7)
+CALLS, RUNS = (3, 2) if SMOKE else (300, 5) if CPU else (1000, 7)
 
 
 def cases(torch, dev, dt):
@@ -38,7 +49,7 @@ def cases(torch, dev, dt):
     import torch.nn.functional as F
 
     from nbx_tune import kernels as K
-    from nbx_tune.kernels.serving import custom_ops
+    from nbx_tune.kernels.serving import custom_ops, gemma_ops
     from nbx_tune.kernels.softmax import softmax
 
     def r(*shape):
@@ -60,6 +71,14 @@ def cases(torch, dev, dt):
         ("rotary", "rotary decode 1x32x1x128", K.rotary, custom_ops.rotary,
          (r(1, 1, 32, 128).transpose(1, 2), r(1, 1, 128), r(1, 1, 128)), {}),
         ("silu_mul", "silu_mul 1x11008", K.silu_mul, custom_ops.silu_mul, (x, y), {}),
+        # Gemma's: torch's side is the pattern (2 launches for gelu_mul, 3 for softcap, 7 for the
+        # score chain with a cap and a mask: scale, div, tanh, mul, add, softmax, cast; 10 for the norm)
+        ("gelu_mul", "gelu_mul 1x9216", K.gelu_mul, gemma_ops.gelu_mul, (r(1, 9216), r(1, 9216)), {}),
+        ("softcap", "softcap 1x2048, cap 30", K.softcap, gemma_ops.softcap, (r(1, 2048), 30.0), {}),
+        ("score_softmax", "score chain 1x8x1x1024, cap 50, mask", K.score_softmax, gemma_ops.score_softmax,
+         (r(1, 8, 1, 1024), 0.0625, 50.0, torch.zeros(1, 1, 1, 1024, device=dev, dtype=dt)), {}),
+        ("offset_rms_norm", "Gemma's rms_norm 1x2304", K.offset_rms_norm, gemma_ops.offset_rms_norm,
+         (r(1, 2304), r(2304), 1e-6), {}),
     ]
 
 
@@ -151,6 +170,43 @@ def certify(torch, all_cases) -> None:
     certified.reload()
 
 
+def serve_side_by_side(torch, all_cases, sync) -> None:
+    """Per family: host us per call of torch's op as a model calls it, under serve() and
+    without, in alternating rounds; what serve() ran and its eager rule's host times."""
+    import nbx_tune
+    from nbx_tune.kernels.serving import serve as serving
+
+    rows, raw = [], {}
+    for family, name, _, ref, args, kw in all_cases:
+        call = (lambda ref=ref, args=args, kw=kw: ref(*args, **kw))
+        with nbx_tune.serve():
+            for _ in range(3):  # compile, record, and let the eager rule ask for host times
+                call()
+        times = {"torch": [], "serve": []}
+        for rnd in range(2 if SMOKE else 4):  # turned rounds: drift reaches both alike
+            for side in (("torch", "serve") if rnd % 2 == 0 else ("serve", "torch")):
+                if side == "serve":
+                    with nbx_tune.serve():
+                        times[side].append(host_us(call, sync))
+                else:
+                    times[side].append(host_us(call, sync))
+        serving.reset_stats()
+        with nbx_tune.serve():
+            call()
+        ran = serving.stats()
+        t, s = (statistics.median(times[k]) for k in ("torch", "serve"))
+        what = "; ".join(f"{op}: {d['certified']} certified, {d['default']} default, {d['torch']} torch"
+                         + (f" ({', '.join(d['reasons'])})" if d["reasons"] else "") for op, d in ran.items())
+        raw[name] = {"family": family, "torch_us": t, "serve_us": s, "ran": ran}
+        rows.append([family, name, f"{t:.2f}", f"{s:.2f}", f"{t / s:.2f}", what[:110]])
+    clocks = serving.host_clocks()
+    save("launch_overhead_serve_smoke.json" if SMOKE else "launch_overhead_serve.json",
+         {"env": environment(), "us_per_call": raw, "host_clocks_ms": clocks, "calls": CALLS, "runs": RUNS})
+    print(table(rows, ["family", "call", "torch us", "serve us", "torch/serve", "serve ran (one call)"]))
+    for op, c in clocks.items():
+        print(f"eager rule's host times, {op}: served {c['served_ms'] * 1e3:.2f} us, torch {c['torch_ms'] * 1e3:.2f} us")
+
+
 def main() -> None:
     import torch
 
@@ -160,8 +216,18 @@ def main() -> None:
     dt = torch.float32 if CPU else torch.bfloat16
     sync = (lambda: None) if CPU else torch.cuda.synchronize
     all_cases = cases(torch, dev, dt)
+    only = next((a.split("=", 1)[1] if "=" in a else sys.argv[i + 1] for i, a in enumerate(sys.argv)
+                 if a.startswith("--only")), None)
+    if only:
+        all_cases = [c for c in all_cases if c[0] in only.split(",")]
     if not CPU and "--no-census" not in sys.argv:
         certify(torch, all_cases)
+    if "--serve" in sys.argv:
+        env = environment()
+        print(f"{env['date']} {env['gpu']} driver {env['driver']} Triton {env['triton']} torch {env['torch']}, "
+              f"{str(dt).removeprefix('torch.')}, host us per call over {CALLS} back-to-back calls")
+        serve_side_by_side(torch, all_cases, sync)
+        return
     real_through, real_remember = launch.through_triton, launch.remember
     rows, raw = [], {}
     for family, name, op, ref, args, kw in all_cases:

@@ -64,12 +64,12 @@ def totals(stats: dict) -> dict:
     return t
 
 
-def run_census(trace, budget_s: float) -> dict:
+def run_census(trace, budget_s: float, extra=()) -> dict:
     """`nbx-tune census --model trace` in a child process, as a user runs it, into the database
     this process serves from (NBX_TUNE_DB is inherited). Past budget_s it gets SIGINT (the
     census marks its run interrupted and keeps every seat certified so far), then a dry run
-    reports the coverage it left."""
-    cmd = [sys.executable, "-m", "nbx_tune.cli.app", "census", "--model", str(trace), "--json"]
+    reports the coverage it left. `extra`: more census arguments (`--baseline`)."""
+    cmd = [sys.executable, "-m", "nbx_tune.cli.app", "census", "--model", str(trace), "--json", *extra]
     log = out_dir() / "serve_models_census.log"
     t0 = time.time()
     with open(log, "w") as err:
@@ -90,7 +90,7 @@ def run_census(trace, budget_s: float) -> dict:
     try:
         rep = json.loads(stdout)
     except ValueError:  # interrupted or failed: read what the database holds now
-        dry = subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True)
+        dry = subprocess.run([c for c in cmd if c != "--baseline"] + ["--dry-run"], capture_output=True, text=True)
         try:
             rep = json.loads(dry.stdout)
         except ValueError:

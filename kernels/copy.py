@@ -311,8 +311,6 @@ def cast_supported(src: str, dst: str) -> str | None:
             return f"dtype {dt} is not served ({', '.join(TORCH_DTYPES)})"
     if dst == "bool" and src != "bool":
         return "casts to bool are not served"
-    if dst in INT_DTYPES and src in FLOAT_DTYPES:
-        return "casts from floats to integers are not served"
     return None
 
 
@@ -436,6 +434,9 @@ class CopySpec(KernelSpec):
                 rows.append(make_row("aten._to_copy", [src], [shapes[(i + j) % 2]], {"dtype": dst}))
             rows.append(make_row("aten.clone", [src], [shapes[i % 2]]))
             rows.append(make_row("aten.copy_", [src, floats[-1 - i]], [shapes[1 - i % 2]] * 2))
+        # A router's float ids to integers (truncated toward zero, as torch casts).
+        rows += [make_row("aten._to_copy", [floats[-1]], [shapes[0]], {"dtype": "int64"}),
+                 make_row("aten._to_copy", [floats[0]], [shapes[1]], {"dtype": "int32"})]
         # The rotary positions (int64 -> float32) and a mask (bool -> int64).
         # A strided clone (a repeat_kv's expanded keys) and a cast of a transposed view: the
         # recorder's layout=strided rows (`layout_params`).

@@ -28,7 +28,7 @@ from nbx_tune.kernels.runtime.certified import config_for
 from nbx_tune.kernels.copy import dense
 from nbx_tune.kernels.norms import TORCH_DTYPES, RowSpec, norm_smem
 from nbx_tune.kernels.rows import format_shape, numel
-from nbx_tune.kernels.spec import NotServable, Problem, one_dtype, seat_flags
+from nbx_tune.kernels.spec import NotServable, Problem, float_params, one_dtype, seat_flags
 from nbx_tune.oracles import norms as oracle
 
 OP_RMS = "nbx_tune.add_rms_norm"
@@ -141,10 +141,10 @@ class _AddNormSpec(RowSpec):
         dt = one_dtype(row, self.dtypes)
         if isinstance(dt, NotServable):
             return dt
-        try:
-            eps = row.params.float("eps", None)
-        except ValueError as e:
-            return NotServable(f"unreadable params: {e}")
+        got = float_params(row, "eps")
+        if isinstance(got, NotServable):
+            return got
+        eps, = got
         if eps is None:
             return NotServable(f"{self.op} row without eps")
         shape = tuple(row.shapes[0])

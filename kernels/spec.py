@@ -154,6 +154,14 @@ def plain_row(row, op: str, tensors: int, served: Sequence[str]) -> str | NotSer
     return one_dtype(row, served)
 
 
+def float_params(row, *names: str) -> tuple | NotServable:
+    """A row's float params `names` (None where absent), or why its params cannot be read."""
+    try:
+        return tuple(row.params.float(n, None) for n in names)
+    except ValueError as e:
+        return NotServable(f"unreadable params: {e}")
+
+
 # ----------------------------------------------------------------------------- the spec
 
 class KernelSpec:

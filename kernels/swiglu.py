@@ -84,7 +84,7 @@ class SiluMulSpec(KernelSpec):
                 _stream_store, block_start, stream_launch)
 
     def problem_from_row(self, row):
-        dt = plain_row(row, OP, 2, self.dtypes)
+        dt = plain_row(row, self.ops[0], 2, self.dtypes)
         if isinstance(dt, NotServable):
             return dt
         if tuple(row.shapes[0]) != tuple(row.shapes[1]):
@@ -114,7 +114,7 @@ class SiluMulSpec(KernelSpec):
         return {"out": (tuple(problem.get("shape")), problem.dtypes[0])}
 
     def serve_ops(self):
-        return {OP: silu_mul}
+        return {self.ops[0]: silu_mul}
 
     def launch(self, config, problem, inputs, outputs):
         launch_silu_mul(inputs["gate"], inputs["up"], outputs["out"], config)
@@ -126,7 +126,7 @@ class SiluMulSpec(KernelSpec):
             shapes, dts = ((3, 37, 5), (1000,), (1, 1, 43)), ("float16", "float32")
         else:  # Llama-7B's MLP: a prefill's, a decode step's, and an odd one
             shapes, dts = ((1, 512, 11008), (1, 1, 11008), (3, 1001, 4097)), tuple(TORCH_DTYPES)
-        return [make_row(OP, [dt, dt], [s, s]) for dt in dts for s in shapes]
+        return [make_row(self.ops[0], [dt, dt], [s, s]) for dt in dts for s in shapes]
 
 
 SPEC = SiluMulSpec()
@@ -138,32 +138,41 @@ SPECS = (SPEC,)
 REMEMBERED = launch.REMEMBERED
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up: gate and up of one shape and dtype (fp16, bf16, fp32)."""
-    try:  # the direct launch (kernels/runtime/launch.py)
-        key = (SPEC, *launch.tensor_key(gate), *launch.tensor_key(up))
-    except AttributeError:
-        raise KernelError("silu_mul: gate and up must be tensors") from None
-    hit = REMEMBERED.get(key)
-    if hit is not None:
-        return hit(gate, up)
-    return launch.remember(key, (gate, up), _silu_mul_call, gate, up)
+def gated_op(spec: KernelSpec, launcher):
+    """The public op act(gate) * up of a gated activation's spec (this one's, kernels/gelu_mul.py's):
+    gate and up of one shape and dtype (fp16, bf16, fp32), launched by `launcher(gate, up, out, config)`."""
+    name = spec.name
 
+    def op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        try:  # the direct launch (kernels/runtime/launch.py)
+            key = (spec, *launch.tensor_key(gate), *launch.tensor_key(up))
+        except AttributeError:
+            raise KernelError(f"{name}: gate and up must be tensors") from None
+        hit = REMEMBERED.get(key)
+        if hit is not None:
+            return hit(gate, up)
+        return launch.remember(key, (gate, up), call, gate, up)
 
-def _silu_mul_call(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    dt = _NAMES.get(gate.dtype)
-    if dt is None or up.dtype != gate.dtype:
-        raise KernelError(f"silu_mul: dtypes {gate.dtype}, {up.dtype}: one of float16, bfloat16, float32 expected")
-    if gate.shape != up.shape:
-        raise KernelError(f"silu_mul: gate {format_shape(gate.shape)} and up {format_shape(up.shape)}: "
-                          "one shape expected")
-    if gate.device != up.device:
-        raise KernelError(f"silu_mul: gate on {gate.device}, up on {up.device}")
-    gate, up = dense(gate), dense(up)
-    out = launch.empty(gate.shape, gate.dtype, gate.device)
-    n = out.numel()
-    if n == 0:
+    def call(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        dt = _NAMES.get(gate.dtype)
+        if dt is None or up.dtype != gate.dtype:
+            raise KernelError(f"{name}: dtypes {gate.dtype}, {up.dtype}: one of float16, bfloat16, float32 expected")
+        if gate.shape != up.shape:
+            raise KernelError(f"{name}: gate {format_shape(gate.shape)} and up {format_shape(up.shape)}: "
+                              "one shape expected")
+        if gate.device != up.device:
+            raise KernelError(f"{name}: gate on {gate.device}, up on {up.device}")
+        gate, up = dense(gate), dense(up)
+        out = launch.empty(gate.shape, gate.dtype, gate.device)
+        n = out.numel()
+        if n == 0:
+            return out
+        launcher(gate, up, out, config_for(spec, (dt,), _FLAGS, (n,)))
         return out
-    launch_silu_mul(gate, up, out, config_for(SPEC, (dt,), _FLAGS, (n,)))
-    return out
 
+    op.__name__ = op.__qualname__ = name
+    return op
+
+
+silu_mul = gated_op(SPEC, launch_silu_mul)
+silu_mul.__doc__ = "silu(gate) * up: gate and up of one shape and dtype (fp16, bf16, fp32)."

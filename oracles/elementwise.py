@@ -167,3 +167,13 @@ def maximum(a, b):
 def minimum(a, b):
     """Element-wise min; NaN in either operand gives NaN (torch.minimum)."""
     return np.minimum(_f64(a), _f64(b))
+
+
+def gelu_mul(gate, up):
+    """gelu(gate) in its tanh form, times up (a GeGLU's activation: Gemma's MLP)."""
+    return gelu(gate, "tanh") * _f64(up)
+
+
+def softcap(x, cap: float):
+    """tanh(x / cap) * cap: logits soft-capped to (-cap, cap) (Gemma 2)."""
+    return np.tanh(_f64(x) / cap) * cap

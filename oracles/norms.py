@@ -56,3 +56,8 @@ def group_norm(x, groups: int, weight=None, bias=None, eps: float = 1e-5):
     if bias is not None:
         out = out + np.asarray(bias, dtype=np.float64).reshape(per_channel)
     return out, mean, rstd
+
+
+def offset_rms_norm(x, weight, eps: float):
+    """x * rstd * (1 + weight) over the last dim (Gemma's RMS norm, its weight an offset from 1)."""
+    return rms_norm(x, 1, 1.0 + np.asarray(weight, dtype=np.float64), eps)[0]

@@ -36,6 +36,13 @@
 # skips it), then torch against serve(), eager and CUDA graphs; needs transformers' wheels in .whl), pycache (later stages keep Python's bytecode under /tmp/pycache, as an installed package
 # has it: the device image ships torch without .pyc files, so every process compiles
 # torch's sources as it imports them). Studies (lab/<study>/) are run directly, not from here.
+# compile (bench/compile_serve.py: torch.compile default / max-autotune / with nbx-tune / serve() around it, eager and
+# in CUDA graphs, with compile times; COMPILE_ARGS, default two models), inductor (Inductor's GEMM template choices
+# certified for the Llama-7B trace, then compile_serve with that table: the "compile + nbx table" row).
+# moe_check (the grouped expert GEMM against fp64, every dtype), moe (the census of bench/moe_layer.py's
+# expert seats: Mixtral-8x7B, Qwen2-MoE-A2.7B, a DeepSeek-style layer at 1-4096 tokens, then the export to
+# $OUT/moe_hopper.json), moe_time (those layers under serve() against torch's grouped_mm and expert loop,
+# CUDA graphs: bench/moe_layer.py; MOE_ARGS e.g. --layers mixtral --tokens 1,4096).
 # Limits are env overrides: TRUST_S ORACLE_S CENSUS8B_S FAULT_S CHECK_S CHECK_RUN_S CENSUS_S LAUNCH_S COST_S QUALITY_S
 # AGREE_S BASELINE_S COVERAGE_S SERVED_S DIRECT_S POINTWISE_S TMA_S PROFILE_S FLEET_S RECERT_S COMPARE_S SPEED_S ATTN_S SERVE_S EW_S
 # (COMPARE_BUDGET_S, SPEED_BUDGET_S, ATTN_BUDGET_S, EW_BUDGET_S: when compare, speed, attn, ew stop starting new work);
@@ -100,6 +107,11 @@ for s in $STAGES; do case $s in
   fused) stage ${FUSED_S:-240} python3 proofs/gpu_check.py --skip-fault --seconds 100 --configs-per-row 3 \
            --jobs 12 --kernels rotary,rotary_qk,silu_mul,add_rms_norm,add_layer_norm,rope_cos_sin,cat_kv
          stage ${FUSED_S:-240} python3 bench/fused_ops.py ;;
+  moe_check) stage ${MOE_CHECK_S:-300} python3 proofs/gpu_check.py --skip-fault --seconds 240 --configs-per-row 3 \
+           --kernels moe_experts ;;
+  moe) stage ${MOE_S:-560} python3 bench/moe_layer.py --census-only --census-budget-s ${MOE_CENSUS_S:-480}
+       python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/moe_hopper.json" ;;
+  moe_time) stage ${MOE_TIME_S:-560} python3 bench/moe_layer.py --no-census ${MOE_ARGS:-} ;;
   served) stage ${SERVED_S:-60} python3 bench/served_tables.py ;;
   direct) stage ${DIRECT_S:-300} python3 proofs/direct_launch_check.py ;;
   fleet) stage ${FLEET_S:-500} python3 bench/fleet_scaling.py --gpus 0 0,1 ${FLEET_ARGS:-} ;;
@@ -119,5 +131,9 @@ for s in $STAGES; do case $s in
   replay) stage 60 python3 bench/ranking_replay.py ;;  # rankers replayed on the session database's full tunings
   quality) stage ${QUALITY_S:-280} python3 bench/kernel_quality.py ${QUALITY_ARGS:-} ;;
   serve) stage ${SERVE_S:-420} python3 bench/serve_models.py ${SERVE_ARGS:-} ;;
+  compile) stage ${COMPILE_S:-560} python3 bench/compile_serve.py ${COMPILE_ARGS:---models llama,qwen2 --budget-s 240} ;;
+  inductor) stage ${INDUCTOR_S:-560} sh -c "python3 bench/inductor_choices.py --trace examples/traces/llama2_7b_seq512_bf16.tsv \
+              -o $OUT/inductor_choices.json --budget-s 300 && NBX_TUNE_INDUCTOR_TABLE=$OUT/inductor_choices.json \
+              python3 bench/compile_serve.py --models llama --no-census" ;;
   *) echo "unknown stage $s" | tee -a "$LOG" ;;
 esac; done

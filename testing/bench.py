@@ -67,6 +67,25 @@ def save(name: str, data) -> Path:
     return p
 
 
+def certify_recorded(run, prefix: str, interpreter: bool) -> None:
+    """A census of the seats of the ops `run()` calls, recorded as a trace, into a fresh
+    database that this process's launches then read (NBX_TUNE_DB)."""
+    import tempfile
+
+    from nbx_tune import record
+    from nbx_tune.kernels.runtime import certified
+    from nbx_tune.tuner import commands as api
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    with record(work / "t.tsv"):
+        run()
+    db = f"sqlite:///{work / 'census.db'}"
+    rep = api.census(str(work / "t.tsv"), db, profile="interpreter" if interpreter else None, isolate=not interpreter)
+    print(f"census: {rep.counts()['certified']['seats']} of {len(rep.seats)} seats certified")
+    os.environ["NBX_TUNE_DB"] = db
+    certified.reload()
+
+
 def report(name: str, header: list[str], rows: list[list], data) -> None:
     """A study's end: the environment line and the table of `rows` printed, and
     {"env", "rows": data} saved as `name` in the output folder."""

@@ -72,6 +72,7 @@ _ALIASES = {
     "bfloat16": ("_to_copy",), "int": ("_to_copy",), "long": ("_to_copy",), "bool": ("_to_copy",),
     "zeros_like": ("zeros", "full"), "ones_like": ("ones", "full"), "full_like": ("full",),
     "zero_": ("zero_",), "fill": ("fill_",), "concat": ("cat",), "concatenate": ("cat",),
+    "argsort": ("sort",), "msort": ("sort",), "__getitem__": ("index",), "take_along_dim": ("gather",),
 }
 
 

@@ -39,6 +39,21 @@ def isolated_env(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def transformers_module(monkeypatch):
+    """transformers, imported with this repository's root off sys.path (its `kernels/` folder
+    would pass for transformers' optional `kernels` package)."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != root])
+    stray = sys.modules.get("kernels")
+    if stray is not None and Path(getattr(stray, "__file__", "") or "").resolve().is_relative_to(root):
+        monkeypatch.delitem(sys.modules, "kernels")
+    return pytest.importorskip("transformers")
+
+
+@pytest.fixture
 def db_url(tmp_path):
     return f"sqlite:///{tmp_path / 'nbx.db'}"
 

@@ -146,7 +146,7 @@ def test_a_remembered_call_at_a_deferred_seat_asks_again_on_replay(monkeypatch):
     rec = launch._Record(())
     monkeypatch.setattr(launch._tls, "rec", rec, raising=False)
     certified.config_for(get_spec("elementwise_unary"), *seat[1:3], (15,))
-    assert rec.guards == [certified._torch_if_serving]
+    assert rec.guards == [certified.state().checks[seat]]
     ran = []
 
     def replay(*inputs):
@@ -167,7 +167,7 @@ def test_a_remembered_call_at_a_deferred_seat_asks_again_on_replay(monkeypatch):
 @pytest.fixture
 def certified_db(tmp_path, db_url):
     trace = tmp_path / "t.tsv"
-    trace.write_text(HEAD + "aten.relu\tfloat32\t4x40\t\t3\naten.neg\tfloat32\t300\t\t2\naten.cumsum\tint64\t1x24\tdim=-1\t5\n")
+    trace.write_text(HEAD + "aten.relu\tfloat32\t4x40\t\t3\naten.neg\tfloat32\t300\t\t2\naten.logcumsumexp\tint64\t1x24\tdim=-1\t5\n")
     r = cli("census", "--model", trace, "--db", db_url, "--json")
     assert r.exit_code == 0, r.output
     return trace

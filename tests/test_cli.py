@@ -33,7 +33,7 @@ def test_every_command_has_help(cmd):
 @pytest.fixture
 def trace_file(tmp_path):
     p = tmp_path / "t.tsv"
-    p.write_text(HEAD + "test.double\tfloat32\t1000\t\t2\naten.cumsum\tint64\t1x24\tdim=-1\t5\n")
+    p.write_text(HEAD + "test.double\tfloat32\t1000\t\t2\naten.logcumsumexp\tint64\t1x24\tdim=-1\t5\n")
     return p
 
 
@@ -43,7 +43,7 @@ def test_census_json_then_queries(tmp_path, trace_file, db_url):
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
     assert rep["coverage"]["certified"] == {"seats": 1, "launches": 2}
-    assert rep["not_covered"] == [{"op": "aten.cumsum", "launches": 5, "reason": "no kernel serves this op"}]
+    assert rep["not_covered"] == [{"op": "aten.logcumsumexp", "launches": 5, "reason": "no kernel serves this op"}]
     seat_id = rep["seats"][0]["id"]
 
     r = run("seats", "--db", db_url, "--json")
@@ -86,7 +86,7 @@ def test_census_json_then_queries(tmp_path, trace_file, db_url):
 def test_census_draws_tables_and_progress(trace_file, db_url):
     r = run("census", "--model", str(trace_file), "--db", db_url)
     assert r.exit_code == 0, r.output
-    for text in ("Coverage of", "not covered", "Seats after census run 1", "certified", "aten.cumsum"):
+    for text in ("Coverage of", "not covered", "Seats after census run 1", "certified", "aten.logcumsumexp"):
         assert text in r.stdout
     r = run("census", "--model", str(trace_file), "--db", db_url, "--dry-run")
     assert r.exit_code == 0 and "dry run: nothing written" in r.stdout

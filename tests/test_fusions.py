@@ -378,7 +378,7 @@ def test_transformers_patterns_are_swapped_and_their_variants_are_not(fused, mon
     wanted = {"models.llama.modeling_llama.LlamaRMSNorm": True,
               "models.qwen2.modeling_qwen2.Qwen2RMSNorm": True,
               "models.mistral.modeling_mistral.MistralRMSNorm": True,
-              "models.gemma.modeling_gemma.GemmaRMSNorm": False,  # (1 + weight)
+              "models.gemma.modeling_gemma.GemmaRMSNorm": True,  # (1 + weight): its own op, not rms_norm
               "models.llama.modeling_llama.LlamaMLP": True,
               "models.gpt2.modeling_gpt2.GPT2MLP": False,
               "activations.NewGELUActivation": True,  # GPT-2's gelu_new
@@ -400,6 +400,7 @@ def test_transformers_patterns_are_swapped_and_their_variants_are_not(fused, mon
                      ("qwen2.modeling_qwen2.Qwen2RotaryEmbedding", "rope_cos_sin")):
         assert swapped[f"transformers.models.{path}.forward"] == f"nbx_tune.{op}", path
     assert swapped["transformers.cache_utils.DynamicLayer.update"] == "nbx_tune.cat_kv"  # a class, not a module
+    assert swapped["transformers.models.gemma.modeling_gemma.GemmaRMSNorm.forward"] == "nbx_tune.offset_rms_norm"
     # the rotary tables behind dynamic_rope_update: one op, and the pattern where inv_freq is not float32
     from transformers import LlamaConfig
 

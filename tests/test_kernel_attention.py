@@ -192,7 +192,6 @@ def test_problem_from_real_rows():
 
 @pytest.mark.parametrize("op,shapes,params,why", [
     (SDPA, [(1, 2, 5, 16)] * 3, {"dropout_p": "0.1"}, "dropout"),
-    (SDPA, [(1, 2, 5, 16)] * 3 + [(5, 5)], {}, "attn_mask"),
     (SDPA, [(1, 2, 5, 16)] * 3, {"attn_mask": "Tensor"}, "attn_mask"),
     (EFFICIENT, [(1, 2, 5, 16)] * 3 + [(1, 2, 5, 5)], {"compute_log_sumexp": "True"}, "attn_bias"),
     (FLASH_CPU, [(1, 2, 5, 16)] * 3 + [(5, 5)], {}, "attn_mask"),
@@ -220,6 +219,11 @@ def test_rows_not_servable(op, shapes, params, why):
     p = SPEC.problem_from_row(make_row(op, dts, shapes, params))
     assert isinstance(p, NotServable), p
     assert why in p.reason
+
+
+def test_sdpa_rows_with_a_mask_are_the_masked_familys():
+    p = SPEC.problem_from_row(make_row(SDPA, ["float16"] * 4, [(1, 2, 5, 16)] * 3 + [(5, 5)], {}))
+    assert p.kernel == "masked_attention" and dict(p.flags)["mask"] == "add"
 
 
 def test_dtypes_not_servable():

@@ -1,6 +1,6 @@
-"""The library's fused ops on the interpreter: `nbx_tune.rotary` (rotary position embedding of
-one tensor), `nbx_tune.silu_mul` (silu(gate) * up) and `nbx_tune.add_rms_norm` /
-`add_layer_norm` (a residual add and the norm of the sum), `nbx_tune.rope_cos_sin` (the rotary
+"""The library's fused ops on the interpreter (and the screen of Gemma's: tests/test_gemma_fusions.py):
+`nbx_tune.rotary` (rotary position embedding of one tensor), `nbx_tune.silu_mul` (silu(gate) * up)
+and `nbx_tune.add_rms_norm` / `add_layer_norm` (a residual add and the norm of the sum), `nbx_tune.rope_cos_sin` (the rotary
 embedding's cos and sin tables), `nbx_tune.cat_kv` (a KV cache's two cats). Their kernels against the fp64
 oracles at odd shapes and strides; their torch ops (kernels/serving/custom_ops.py) against
 transformers' own code, bit for bit, and their backward; recorded rows (CPU and meta) to
@@ -8,8 +8,7 @@ seats; a census of those seats; and serve() running the torch ops on the certifi
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import importlib
 
 import numpy as np
 import pytest
@@ -32,20 +31,15 @@ from nbx_tune.kernels.trace import make_row
 
 PROFILE = get_profile("interpreter")
 SPECS = (rope.SPEC, rope.QK_SPEC, rope.COS_SIN_SPEC, swiglu.SPEC, residual_norm.RMS_SPEC, residual_norm.LAYER_SPEC,
-         kv_cache.SPEC)
-ROOT = Path(__file__).resolve().parents[1]
+         kv_cache.SPEC,  # and Gemma's (tests/test_gemma_fusions.py), modules named as their public ops
+         *(importlib.import_module(f"nbx_tune.kernels.{m}").SPEC for m in ("gelu_mul", "softcap", "score_softmax",
+                                                                   "offset_rms_norm")))
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
 @pytest.fixture
-def transformers_llama(monkeypatch):
-    """transformers' Llama module, imported with this repository's root off sys.path (its
-    `kernels/` folder would pass for transformers' optional `kernels` package)."""
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != ROOT])
-    stray = sys.modules.get("kernels")
-    if stray is not None and Path(getattr(stray, "__file__", "") or "").resolve().is_relative_to(ROOT):
-        monkeypatch.delitem(sys.modules, "kernels")
-    pytest.importorskip("transformers")
+def transformers_llama(transformers_module):
+    """transformers' Llama module (conftest's transformers_module: the root off sys.path)."""
     from transformers.models.llama import modeling_llama
 
     return modeling_llama

@@ -26,7 +26,7 @@ TRACE = (
     "aten.add.Tensor\tfloat32,float32\t8x32;8x32\t\t12\n"
     "aten.add.Tensor\tfloat32,float32\t4x8;4x8\t\t3\n"
     "aten.mm\tbfloat16,bfloat16\t16x16;16x16\t\t1\n"  # refused here: the interpreter cannot screen bf16
-    "aten.cumsum\tint64\t1x24\tdim=-1\t7\n"    # no kernel
+    "aten.logcumsumexp\tint64\t1x24\tdim=-1\t7\n"    # no kernel
     "aten.mm\tfloat32,float32\t16x16;17x16\t\t2\n"  # not servable
 )
 LAUNCHES = 5 + 12 + 3 + 1 + 7 + 2
@@ -57,8 +57,8 @@ def test_coverage_puts_every_launch_of_the_trace_in_one_category(data):
         assert sum(r["by_category"].values()) == r["launches"]
     assert sum(cov["totals"].values()) == LAUNCHES
     rows = {r["op"]: r for r in cov["rows"]}
-    assert rows["aten.cumsum"]["by_category"]["no kernel"] == 7
-    assert rows["aten.cumsum"]["why"] == ["no kernel serves this op"]
+    assert rows["aten.logcumsumexp"]["by_category"]["no kernel"] == 7
+    assert rows["aten.logcumsumexp"]["why"] == ["no kernel serves this op"]
     mm = rows["aten.mm"]
     assert mm["by_category"]["default"] == 1 and mm["by_category"]["no kernel"] == 2  # bf16 refused; bad shapes
     assert any("dtype_unscreenable" in w for w in mm["why"]) and any(w.startswith("line 8: ") for w in mm["why"])

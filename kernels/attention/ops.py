@@ -48,21 +48,29 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return launch.remember(key, (q, k, v), _attention, q, k, v, is_causal, scale)
 
 
-def _attention(q, k, v, is_causal, scale):
+def checked_qkv(q, k, v, who: str) -> tuple:
+    """(B, Hq, Lq, D, Hkv, Lk, Dv, dtype name) of a query, key and value the attention kernels
+    take (4-D, fitting shapes, one float dtype), else KernelError naming `who`."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise KernelError(f"attention: expected 4-D query, key, value, got {tuple(q.shape)}, "
+        raise KernelError(f"{who}: expected 4-D query, key, value, got {tuple(q.shape)}, "
                           f"{tuple(k.shape)}, {tuple(v.shape)}")
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     Dv = v.shape[3]
     if (k.shape[0] != B or v.shape[0] != B or v.shape[1] != Hkv or v.shape[2] != Lk
             or k.shape[3] != D or Hkv == 0 or Hq % Hkv):
-        raise KernelError(f"attention: shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} "
+        raise KernelError(f"{who}: shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} "
                           "do not fit (B, Hq, Lq, D), (B, Hkv, Lk, D), (B, Hkv, Lk, Dv), Hkv | Hq")
     dtypes = _DTYPE_NAMES.get(q.dtype)
     if dtypes is None or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise KernelError(f"attention: dtypes {q.dtype}, {k.dtype}, {v.dtype}: one of float16, "
+        raise KernelError(f"{who}: dtypes {q.dtype}, {k.dtype}, {v.dtype}: one of float16, "
                           "bfloat16, float32 for all three")
+    return B, Hq, Lq, D, Hkv, Lk, Dv, dtypes[0]
+
+
+def _attention(q, k, v, is_causal, scale):
+    B, Hq, Lq, D, Hkv, Lk, Dv, dt = checked_qkv(q, k, v, "attention")
+    dtypes = (dt,)
     why = size_limit(B, Hq, D, Dv, max(_span(q), _span(k), _span(v)))
     if why:
         raise KernelError(f"attention: {why}")
@@ -84,8 +92,10 @@ def _attention(q, k, v, is_causal, scale):
 def _serve_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
                 enable_gqa=False):
     """aten.scaled_dot_product_attention's arguments, for serve()."""
-    if attn_mask is not None:
-        raise KernelError("attention: attn_mask is not served")
+    if attn_mask is not None:  # the masked attention family's (kernels/masked_attention/)
+        from nbx_tune.kernels.masked_attention.ops import serve_masked_sdpa
+
+        return serve_masked_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if dropout_p != 0.0:
         raise KernelError(f"attention: dropout_p={dropout_p} is not served")
     if not enable_gqa and key.dim() == 4 and query.dim() == 4 and key.shape[1] != query.shape[1]:

@@ -238,6 +238,10 @@ class AttentionSpec(KernelSpec):
         if unknown:
             return NotServable(f"{op}: unknown param(s) {', '.join(unknown)}")
         mask_param = _MASK_PARAM.get(op)
+        if op == SDPA and len(row.shapes) == 4:  # with an attn_mask: the masked attention family's seat
+            from nbx_tune.kernels.masked_attention.spec import SPEC as MASKED
+
+            return MASKED.problem_from_row(row)
         if len(row.shapes) != 3:
             what = f" ({mask_param} given)" if mask_param and len(row.shapes) == 4 else ""
             return NotServable(f"{op}: serves query, key and value only, the row has "

@@ -15,7 +15,8 @@ certificate is served.
 A seat with no certificate gets the kernel's declared default config, the miss is counted
 (`launch_stats()`), and the log says so once per seat. Under serve() a seat whose torch
 baseline on this GPU is faster raises `TorchFaster`, and torch runs the op (the rule:
-kernels/runtime/torch_rule.py); a replay of such a call asks again.
+kernels/runtime/torch_rule.py; eager, host time counts too: kernels/runtime/eager_rule.py);
+a replay of such a call asks again.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from pathlib import Path
 
 from nbx_tune import settings
 from nbx_tune.errors import KernelError, NbxError, TorchFaster
-from nbx_tune.kernels.runtime import torch_rule as baseline, certified_view, launch, table_format, validity
+from nbx_tune.kernels.runtime import (torch_rule as baseline, certified_view, eager_rule, launch, table_format,
+                                      validity)
 from nbx_tune.kernels.spec import (Config, KernelSpec, Problem, bucket_of, decode_bucket,
                                    decode_flags, label_of, seat_label)
 
@@ -49,7 +51,9 @@ class MissTally(Counter):
 
 
 class Serving(threading.local):
-    busy = False  # inside serve()'s call of a kernel (kernels/serving/serve.py sets it): seats defer to torch
+    # inside serve()'s call of a kernel, the op's eager_rule.HostClock (kernels/serving/serve.py
+    # sets it; any truthy value counts): seats may defer to torch
+    busy = False
 
 
 SERVING = Serving()
@@ -65,10 +69,11 @@ class LaunchState:
     entries: dict = field(default_factory=dict)  # (kernel, dtypes, flags, bucket) -> (Config, source)
     baselines: dict = field(default_factory=dict)  # (kernel, dtypes, flags, bucket) -> [baseline dicts]
     deferred: dict = field(default_factory=dict)  # seat -> the baseline that sends it to torch under serve()
+    checks: dict = field(default_factory=dict)  # seat -> its call's check under serve() (_seat_check)
     # seat -> the GPUs its baselines were measured on, where none holds here (another GPU,
     # torch or config): serve() runs the kernel there, and says once how to measure this GPU
     unmeasured: dict = field(default_factory=dict)
-    # (kernel, dtypes, flags, dims) -> (Config, miss seat or None, deferring baseline or None)
+    # (kernel, dtypes, flags, dims) -> (Config, miss seat or None, the seat's check or None)
     memo: dict = field(default_factory=dict)
     misses: Counter = field(default_factory=MissTally)
     stale: list = field(default_factory=list)  # (source, seat label, why)
@@ -162,8 +167,15 @@ def _defer(state: LaunchState) -> None:
         b = baseline.applicable(found, str(hit[0]), state.device_name, state.torch_version)
         if b is None:
             state.unmeasured[seat] = sorted({str(x.get("device_name")) for x in found})
-        elif baseline.defers(b["nbx_ms"], b["torch_ms"]):
+            continue
+        if baseline.defers(b["nbx_ms"], b["torch_ms"]):
             state.deferred[seat] = b
+        if eager_rule.checked(b["nbx_ms"], b["torch_ms"]):
+            state.checks[seat] = eager_rule.seat_check(b["nbx_ms"], b["torch_ms"], SERVING, _refuse)
+
+
+def _refuse(why: str):
+    raise TorchFaster(why)
 
 
 def _load() -> LaunchState:
@@ -234,7 +246,7 @@ def _resolve(st: LaunchState, spec: KernelSpec, dtypes, flags, dims) -> tuple:
                         "TRACE` measures them here, and serve() then runs torch where it is faster",
                         len(st.unmeasured), st.device_name, st.torch_version,
                         ", ".join(sorted({g for gs in st.unmeasured.values() for g in gs})))
-        return (hit[0], None, st.deferred.get(seat))
+        return (hit[0], None, st.checks.get(seat))
     label = seat_label(spec.name, dtypes, flags, spec.key, bucket)
     cfg = spec.default_config(st.profile, Problem(spec.name, dtypes, flags, tuple(dims)))
     if label not in st.warned:
@@ -246,14 +258,9 @@ def _resolve(st: LaunchState, spec: KernelSpec, dtypes, flags, dims) -> tuple:
     return (cfg, label, None)
 
 
-def _torch_if_serving() -> None:
-    if SERVING.busy:
-        raise TorchFaster(baseline.REASON)
-
-
 def config_for(spec: KernelSpec, dtypes: tuple, flags: tuple, dims: tuple) -> Config:
     """The config a launch uses: certified for its seat, else the declared default. Under
-    serve(), raises TorchFaster at a seat torch's baseline beats."""
+    serve(), raises TorchFaster at a seat torch beats (its baseline; eager, host time too)."""
     st = _state or state()
     key = (spec.name, dtypes, flags, dims)
     hit = st.memo.get(key)
@@ -262,8 +269,8 @@ def config_for(spec: KernelSpec, dtypes: tuple, flags: tuple, dims: tuple) -> Co
             st.memo.clear()
         hit = st.memo[key] = _resolve(st, spec, dtypes, flags, dims)
     if hit[2] is not None:  # outside serve() the kernel runs; a replay of this call asks again
-        launch.guard(_torch_if_serving)
-        _torch_if_serving()
+        launch.guard(hit[2])
+        hit[2]()
     if hit[1] is not None:
         st.misses[hit[1]] += 1
         launch.note_miss(st.misses, hit[1])  # a replay of this call counts it too

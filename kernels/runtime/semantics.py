@@ -57,15 +57,17 @@ def check_writable(what: str, out: torch.Tensor, *inputs) -> None:
             raise KernelError(f"{what}: an input overlaps the written-to tensor (torch refuses it)")
 
 
-def check_indices(what: str, indices: torch.Tensor, n: int) -> None:
-    """Every index in [0, n): on the CPU checked here (KernelError, so torch raises its
-    IndexError), on a GPU asserted on the device without a host sync."""
+def check_indices(what: str, indices: torch.Tensor, n: int, negative: bool = False) -> None:
+    """Every index in [0, n) ([-n, n) with `negative`: advanced indexing counts from the
+    end): on the CPU checked here (KernelError, so torch raises its own error), on a GPU
+    asserted on the device without a host sync."""
     if indices.numel() == 0:
         return
+    low = -n if negative else 0
     if indices.device.type == "cpu":
         lo, hi = torch.aminmax(indices)
-        if int(lo) < 0 or int(hi) >= n:
-            raise KernelError(f"{what}: an index out of range [0, {n}) (torch raises IndexError)")
+        if int(lo) < low or int(hi) >= n:
+            raise KernelError(f"{what}: an index out of range [{low}, {n}) (torch raises)")
     else:
-        torch._assert_async(((indices >= 0) & (indices < n)).all(),
+        torch._assert_async(((indices >= low) & (indices < n)).all(),
                             f"{what}: index out of range in self")

@@ -8,6 +8,7 @@ as several small aten ops, so that serve() runs it as one launch.
     torch.ops.nbx_tune.add_layer_norm(x, residual, weight, bias, eps)  # the same with a layer norm
     torch.ops.nbx_tune.rope_cos_sin(position_ids, inv_freq, scaling, dtype)  # LlamaRotaryEmbedding's tables
     torch.ops.nbx_tune.cat_kv(keys, key_states, values, value_states, dim)  # a KV cache's two cats
+    torch.ops.nbx_tune.moe_experts(hidden, w_gate_up, w_down, topk_ids, topk_weights)  # routed experts
 
 Each op's torch implementation is the pattern itself, written as the model writes it, and is
 registered as a composite (CompositeImplicitAutograd): outside serve() it runs the pattern's
@@ -74,6 +75,22 @@ def _cat_kv(keys: Tensor, key_states: Tensor, values: Tensor, value_states: Tens
     return torch.cat([keys, key_states], dim=dim), torch.cat([values, value_states], dim=dim)
 
 
+def _moe_experts(hidden: Tensor, w_gate_up: Tensor, w_down: Tensor, topk_ids: Tensor, topk_weights: Tensor) -> Tensor:
+    # transformers' experts loop (MixtralExperts.forward with a SiLU), one expert at a time;
+    # an id outside [0, E) (its expert-parallel sentinel) adds nothing.
+    final = torch.zeros_like(hidden)
+    mask = F.one_hot(topk_ids.long().clamp(-1, w_gate_up.shape[0]) % (w_gate_up.shape[0] + 1),
+                     num_classes=w_gate_up.shape[0] + 1).permute(2, 1, 0)
+    for e in range(w_gate_up.shape[0]):
+        top_k_pos, token_idx = torch.where(mask[e])
+        if token_idx.numel() == 0:
+            continue
+        gate, up = F.linear(hidden[token_idx], w_gate_up[e]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, w_down[e]) * topk_weights[token_idx, top_k_pos, None]
+        final.index_add_(0, token_idx, y.to(final.dtype))
+    return final
+
+
 _LIB = torch.library.Library("nbx_tune", "DEF")  # kept for the process: the ops live as long as it
 for _schema, _pattern in (
         ("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor", _rotary),
@@ -85,7 +102,9 @@ for _schema, _pattern in (
         ("rope_cos_sin(Tensor position_ids, Tensor inv_freq, float scaling, ScalarType dtype) -> (Tensor, Tensor)",
          _rope_cos_sin),
         ("cat_kv(Tensor keys, Tensor key_states, Tensor values, Tensor value_states, int dim) -> (Tensor, Tensor)",
-         _cat_kv)):
+         _cat_kv),
+        ("moe_experts(Tensor hidden, Tensor w_gate_up, Tensor w_down, Tensor topk_ids, Tensor topk_weights) -> Tensor",
+         _moe_experts)):
     _LIB.define(_schema)
     _LIB.impl(_schema.partition("(")[0], _pattern, "CompositeImplicitAutograd")
 
@@ -96,3 +115,4 @@ add_rms_norm = torch.ops.nbx_tune.add_rms_norm.default  # (x, residual, weight, 
 add_layer_norm = torch.ops.nbx_tune.add_layer_norm.default  # (x, residual, weight, bias, eps) -> (normed, sum)
 rope_cos_sin = torch.ops.nbx_tune.rope_cos_sin.default  # (position_ids, inv_freq, scaling, dtype) -> (cos, sin)
 cat_kv = torch.ops.nbx_tune.cat_kv.default  # (keys, key_states, values, value_states, dim) -> (keys, values)
+moe_experts = torch.ops.nbx_tune.moe_experts.default  # (hidden (T, H), w_gate_up, w_down, ids, weights) -> (T, H)

@@ -14,7 +14,9 @@ never reach Python. On leaving, the overrides are destroyed and torch's kernels 
 
 A call falls through to torch, counted with its reason, when the op's function raises
 `KernelError` (a dtype, layout or argument it does not serve; a seat whose torch baseline
-on this GPU is faster: kernels/runtime/torch_rule.py) or anything else. Torch ops
+on this GPU is faster: kernels/runtime/torch_rule.py; eager, outside a CUDA graph's
+capture, one where torch finishes sooner counting host time: kernels/runtime/eager_rule.py,
+whose host times serve() measures per op, `host_clocks()`) or anything else. Torch ops
 that a kernel calls itself (allocations, copies, a `.contiguous()`) go straight to torch.
 Per call the override costs a thread-local read and two writes, the miss tally read twice
 and one count (lab/serve_eager_profile/cpu_overhead.py measures it).
@@ -28,14 +30,15 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 
-from nbx_tune.errors import KernelError
-from nbx_tune.kernels.runtime import certified
+from nbx_tune.errors import KernelError, TorchFaster
+from nbx_tune.kernels.runtime import certified, eager_rule
 from nbx_tune.kernels.serving.fusions import engine as fusions
 
 log = logging.getLogger("nbx_tune")
@@ -53,6 +56,7 @@ class OpStats:
 
 
 _stats: dict[str, OpStats] = {}
+_clocks: dict = {}  # aten op -> its eager_rule.HostClock: what its calls cost the host, served and torch
 # busy: inside a served function, whose own torch calls go to torch (every thread starts
 # outside); the config read sends a seat torch is faster at back to torch while it is set.
 _tls = certified.SERVING
@@ -149,6 +153,7 @@ def _make_kernel(op: str, fn, original, slots, composite: bool, keyset):
     backend key alone, which is what the dispatcher hands a backend kernel
     (tests/test_serve_host.py checks it does)."""
     stats = _stats.setdefault(op, OpStats())
+    clock = _clocks.setdefault(op, eager_rule.HostClock())
     tls = _tls
     pending = fusions.pending  # the list itself (settle changes it in place): a local read per call
 
@@ -163,11 +168,16 @@ def _make_kernel(op: str, fn, original, slots, composite: bool, keyset):
             return original.call_boxed(keyset, *_torch_args(slots, args), **kwargs)
         if pending:  # model code imported under the context: swap it before it runs on
             fusions.settle()
+        if clock.wanted and not eager_rule.capturing():  # a seat asked for this op's host times
+            return _timed(clock, kernel, args, kwargs)
         misses = (certified._state or certified.state()).misses
         before = misses.total
-        tls.busy = True
+        tls.busy = clock
         try:
             out = fn(*args, **kwargs)
+        except TorchFaster as e:  # a seat torch is faster at (kernels/runtime/eager_rule.py)
+            stats.torch[e.args[0]] += 1
+            return original.call_boxed(keyset, *_torch_args(slots, args), **kwargs)
         except Exception as e:  # not served: torch runs it, and the reason is counted
             why = _reason(e)
             if not stats.torch[why] and not isinstance(e, KernelError):
@@ -183,6 +193,30 @@ def _make_kernel(op: str, fn, original, slots, composite: bool, keyset):
         return out
 
     return kernel
+
+
+def _timed(clock, kernel, args, kwargs):
+    """One call of an op whose host cost is being measured (eager_rule.HostClock): the side
+    with fewer samples runs, through the override's own code, and is timed if it reached a
+    seat's check (which made it take that side)."""
+    side = clock.turn()
+    clock.force, clock.hit, clock.wanted = side, False, False
+    try:
+        t0 = time.perf_counter()
+        out = kernel(*args, **kwargs)
+        ms = (time.perf_counter() - t0) * 1e3
+    finally:
+        hit, clock.force = clock.hit, None
+        clock.wanted = not clock.ready
+    if hit:
+        clock.add(side, ms)
+    return out
+
+
+def host_clocks() -> dict:
+    """aten op -> its eager host cost per call under serve() (ms), served and torch, where
+    measured (kernels/runtime/eager_rule.py)."""
+    return {op: dict(zip(("served_ms", "torch_ms"), c.host_ms())) for op, c in sorted(_clocks.items()) if c.ready}
 
 
 def _install() -> None:
@@ -210,6 +244,9 @@ def _install() -> None:
             lib._destroy()
         raise
     _library = list(libs.values())
+    from nbx_tune.kernels.serving import compiled_ops
+
+    compiled_ops.install_pass()  # a model compiled inside serve() places the certified kernels
 
 
 def _uninstall() -> None:
@@ -218,6 +255,9 @@ def _uninstall() -> None:
         for lib in _library:
             lib._destroy()
         _library = None
+        from nbx_tune.kernels.serving import compiled_ops
+
+        compiled_ops.remove_pass()
 
 
 class serve(contextlib.ContextDecorator):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nbx_tune.errors import NbxError
-from nbx_tune.kernels.runtime.registry import spec_for_op
+from nbx_tune.kernels.runtime.registry import get_spec, spec_for_op
 from nbx_tune.kernels.spec import (NotServable, bucket_of, encode_bucket, encode_dtypes, encode_flags, label_of,
                                    split_label)
 from nbx_tune.tuner.census.status import seat_status
@@ -85,6 +85,8 @@ def plan(trace: Trace, sha256: str, profile, notice=None) -> Plan:
         if isinstance(problem, NotServable):
             p.not_servable.append((row.line, row.op, problem.reason, row.count))
             continue
+        if problem.kernel != spec.name:  # a row one family hands to another (SDPA with a mask)
+            spec = get_spec(problem.kernel)
         try:
             bucket = bucket_of(profile, spec.key, problem.dims)
         except ValueError as e:

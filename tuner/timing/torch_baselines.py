@@ -177,14 +177,16 @@ def spec_call(spec, problem, config, device: str):
 
 def served(row):
     """(spec, problem) when a kernel serves the row, else None."""
-    from nbx_tune.kernels.runtime.registry import spec_for_op
+    from nbx_tune.kernels.runtime.registry import get_spec, spec_for_op
     from nbx_tune.kernels.spec import NotServable
 
     spec = spec_for_op(row.op)
     if spec is None:
         return None
     problem = spec.problem_from_row(row)
-    return None if isinstance(problem, NotServable) else (spec, problem)
+    if isinstance(problem, NotServable):
+        return None
+    return (spec if problem.kernel == spec.name else get_spec(problem.kernel)), problem
 
 
 # ----------------------------------------------------------------------------- timing

@@ -302,7 +302,16 @@ _WHOLE = {
     **_entry_points(torch.ops.nbx_tune.add_layer_norm),
     **_entry_points(torch.ops.nbx_tune.rope_cos_sin),
     **_entry_points(torch.ops.nbx_tune.cat_kv),
+    **_entry_points(torch.ops.nbx_tune.moe_experts),
 }
+
+
+def _masked_sdpa_row(op, args, kwargs):
+    """SDPA with a mask serve() computes instead of reading (kernels/masked_attention/pattern.py):
+    the row of the launch serve() makes, or None."""
+    from nbx_tune.kernels.masked_attention.ops import sdpa_launch_row
+
+    return sdpa_launch_row(**{a.name: v for a, v, _ in _bound(op, args, kwargs)})
 
 
 class _WholeOps(TorchFunctionMode):
@@ -332,6 +341,8 @@ class _WholeOps(TorchFunctionMode):
         else:
             key = describe(op, args, kwargs)
         with self.recorder.paused():
+            if op is torch.ops.aten.scaled_dot_product_attention.default:
+                key = _masked_sdpa_row(op, args, kwargs) or key
             out = func(*args, **kwargs)
             if op is torch.ops.aten.scaled_dot_product_attention.default and out.is_meta \
                     and out.dim() == 4:

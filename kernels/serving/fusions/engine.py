@@ -259,7 +259,9 @@ def _swap(owner, attr: str, original, one_op: Callable, fusion: Fusion, where: s
         # A reference taken while swapped (`from m import f` in a module imported then)
         # outlives the context: outside one it is the original again. With grad wanted the
         # original runs too: serve()'s kernels are forward only, the model's ops have a backward.
-        return (one_op if _active and not torch.is_grad_enabled() else original)(*args, **kwargs)
+        # Under torch.compile the original is traced: Inductor fuses it (compiled_ops.py).
+        return (one_op if _active and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+                else original)(*args, **kwargs)
 
     fused.__qualname__ = getattr(original, "__qualname__", attr)
     fused.__doc__ = f"{where} fused into {fusion.op} by nbx-tune."

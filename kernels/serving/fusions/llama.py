@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from nbx_tune.kernels.serving import custom_ops, hand_off
+from nbx_tune.kernels.serving.fusions import gemma
 from nbx_tune.kernels.serving.fusions.engine import Fusion, Pattern, _add_and_hand_off, _calls, _fusable, is_rms_norm
 
 
@@ -85,8 +86,8 @@ def is_silu(module) -> bool:
 
 def _silu_mul(original: Callable) -> Callable:
     def forward(self, x):
-        if not is_silu(self.act_fn):
-            return original(self, x)  # another activation: the pattern as written
+        if not is_silu(self.act_fn):  # GeGLU (Gemma), or another activation: the pattern as written
+            return gemma.gated_gelu(original, self, x)
         _calls["silu_mul"] += 1
         return self.down_proj(custom_ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
 

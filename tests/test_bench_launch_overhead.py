@@ -1,0 +1,27 @@
+"""bench/launch_overhead.py --serve --smoke: serve()'s path against torch's op, per family, on
+the CPU interpreter, side by side, with what serve() ran."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_serve_smoke_times_both_sides_of_each_family(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "launch_overhead.py"), "--serve", "--smoke",
+                        "--only", "softcap,gelu_mul"], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "torch/serve" in r.stdout
+    rep = json.loads((tmp_path / "launch_overhead_serve_smoke.json").read_text())
+    assert {d["family"] for d in rep["us_per_call"].values()} == {"softcap", "gelu_mul"}
+    for d in rep["us_per_call"].values():
+        assert d["torch_us"] > 0 and d["serve_us"] > 0
+        ran = next(iter(d["ran"].values()))
+        assert ran["certified"] + ran["default"] == 1  # the call ran on the family's kernel

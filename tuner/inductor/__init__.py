@@ -1,0 +1,1 @@
+"""Certified max-autotune choices: Inductor's GEMM template configs screened and timed (choices.py)."""
