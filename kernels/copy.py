@@ -309,8 +309,6 @@ def cast_supported(src: str, dst: str) -> str | None:
     for dt in (src, dst):
         if dt not in TORCH_DTYPES:
             return f"dtype {dt} is not served ({', '.join(TORCH_DTYPES)})"
-    if dst == "bool" and src != "bool":
-        return "casts to bool are not served"
     return None
 
 
@@ -437,6 +435,9 @@ class CopySpec(KernelSpec):
         # A router's float ids to integers (truncated toward zero, as torch casts).
         rows += [make_row("aten._to_copy", [floats[-1]], [shapes[0]], {"dtype": "int64"}),
                  make_row("aten._to_copy", [floats[0]], [shapes[1]], {"dtype": "int32"})]
+        # An attention mask's `.bool()` (x != 0: NaN is true, -0.0 false, as torch casts).
+        rows += [make_row("aten._to_copy", ["int64"], [shapes[1]], {"dtype": "bool"}),
+                 make_row("aten._to_copy", [floats[0]], [shapes[0]], {"dtype": "bool"})]
         # The rotary positions (int64 -> float32) and a mask (bool -> int64).
         # A strided clone (a repeat_kv's expanded keys) and a cast of a transposed view: the
         # recorder's layout=strided rows (`layout_params`).

@@ -216,3 +216,12 @@ def test_a_census_of_the_recorded_trace_leaves_no_default_launch_under_serve(tmp
     assert {op: s["default"] for op, s in stats.items() if s["default"]} == {}
     assert "aten.fill_.Scalar" not in stats  # new_ones served whole, as recorded
     assert "layout=strided" in path.read_text()  # the clone's row says what serve() launches
+
+
+def test_casts_to_bool_are_served_as_torch_casts():
+    # an attention mask's .bool(): every family handed it to torch before
+    m = torch.tensor([[0, 1, 5], [-3, 0, 0]])
+    x = torch.tensor([0.0, -0.0, float("nan"), float("inf"), 1e-45, -2.5])
+    for t in (m, x, x.half(), m.t()):
+        got, stats = _served(lambda: t.bool())
+        assert _same(got, t.bool()) and stats["aten._to_copy"]["torch"] == 0
