@@ -170,12 +170,13 @@ def record(model, kwargs, path=None):
 def unrouted_ops(rows) -> Counter:
     """Launches of trace rows whose op no served kernel is routed for (they run on torch,
     unseen by serve_stats): op -> launches."""
+    from nbx_tune.kernels.runtime.registry import spec_for_op
     from nbx_tune.kernels.serving.serve import routes
 
     routed = routes()
     out = Counter()
-    for row in rows:
-        if row.op.removesuffix(".default") not in routed:
+    for row in rows:  # a row a kernel's spec reads (the library's own ops) is covered too
+        if row.op.removesuffix(".default") not in routed and spec_for_op(row.op) is None:
             out[row.op] += row.count
     return out
 
