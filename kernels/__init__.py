@@ -86,6 +86,21 @@ _OPS = {
     "floor_divide": "nbx_tune.kernels.floor_divide",
     "stack": "nbx_tune.kernels.stack",
     "moe_experts": "nbx_tune.kernels.moe",
+    "gt": "nbx_tune.kernels.compare",
+    "ge": "nbx_tune.kernels.compare",
+    "lt": "nbx_tune.kernels.compare",
+    "le": "nbx_tune.kernels.compare",
+    "eq": "nbx_tune.kernels.compare",
+    "ne": "nbx_tune.kernels.compare",
+    "bitwise_and": "nbx_tune.kernels.compare",
+    "bitwise_or": "nbx_tune.kernels.compare",
+    "bitwise_xor": "nbx_tune.kernels.compare",
+    "bitwise_not": "nbx_tune.kernels.compare",
+    "logical_and": "nbx_tune.kernels.compare",
+    "logical_or": "nbx_tune.kernels.compare",
+    "logical_xor": "nbx_tune.kernels.compare",
+    "logical_not": "nbx_tune.kernels.compare",
+    "where": "nbx_tune.kernels.select",
 }
 
 

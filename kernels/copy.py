@@ -17,6 +17,7 @@ answer (round to nearest even), checked bit for bit in every dtype.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -211,6 +212,19 @@ def launch_copy_seat(x, y, plan, config: Config) -> None:
     _flat_copy_kernel[grid](x, y, n, INT64=n > INDEX_LIMIT, **kw)
 
 
+def layout_params(x: torch.Tensor, y: torch.Tensor) -> dict[str, str]:
+    """What a trace row of a clone or cast of x into y (torch's output) says beyond shapes,
+    so that a census certifies the seat serve() launches (`_copy_into`): nothing for the
+    flat copy, else `layout=strided` and x's strides, which the screen copies through."""
+    try:
+        plan = copy_plan(tuple(y.shape), x.stride(), y.stride())
+    except ValueError:
+        return {}
+    if plan[1] or x.dim() == 0:
+        return {}
+    return {"layout": "strided", "strides": "x".join(str(s) for s in x.stride())}
+
+
 def dense(x: torch.Tensor) -> torch.Tensor:
     """x where it is contiguous, else a contiguous copy made by the copy kernel into
     `launch.empty`: unlike `x.contiguous()` (a torch op, which a replay cannot make again),
@@ -295,8 +309,6 @@ def cast_supported(src: str, dst: str) -> str | None:
     for dt in (src, dst):
         if dt not in TORCH_DTYPES:
             return f"dtype {dt} is not served ({', '.join(TORCH_DTYPES)})"
-    if dst == "bool" and src != "bool":
-        return "casts to bool are not served"
     return None
 
 
@@ -354,6 +366,7 @@ class CopySpec(KernelSpec):
             src_dt, shape = row.dtypes[0], row.shapes[0]
             out_dt = row.params.str("dtype", src_dt) if op == "aten._to_copy" else src_dt
             known = {"dtype", "non_blocking"} if op == "aten._to_copy" else set()
+            known |= {"layout", "strides"}
         unknown = set(row.params) - known
         if unknown:
             return NotServable(f"{op}: unsupported params {', '.join(sorted(unknown))}")
@@ -363,17 +376,38 @@ class CopySpec(KernelSpec):
         n = numel(shape)
         if n == 0:
             return NotServable("an empty tensor: nothing to launch")
-        return Problem(self.name, (out_dt, src_dt), seat_flags(layout="flat"), (n,),
-                       (("shape", tuple(shape)),))
+        extra = [("shape", tuple(shape))]
+        layout = row.params.str("layout", "flat")
+        if layout == "strided":  # the recorder's note of a copy serve() runs strided (`layout_params`)
+            try:
+                strides = row.params.ints("strides")
+            except ValueError as e:
+                return NotServable(f"{op}: bad strides: {e}")
+            if strides is None or len(strides) != len(shape) or min(strides, default=0) < 0:
+                return NotServable(f"{op}: strides= must give one stride >= 0 per dim of {format_shape(shape)}")
+            extra.append(("strides", tuple(strides)))
+        elif layout != "flat":
+            return NotServable(f"{op}: layout={layout} (flat or strided)")
+        return Problem(self.name, (out_dt, src_dt), seat_flags(layout=layout), (n,), tuple(extra))
 
     def input_shapes(self, problem):
-        return {"x": (tuple(problem.get("shape")), problem.dtypes[1])}
+        strides = problem.get("strides")
+        if strides is None:
+            return {"x": (tuple(problem.get("shape")), problem.dtypes[1])}
+        extent = 1 + sum((d - 1) * s for d, s in zip(problem.get("shape"), strides))
+        return {"x": ((extent,), problem.dtypes[1])}
 
     def make_inputs(self, problem, rng):
-        return {"x": (_inputs_of(problem.dtypes[1], tuple(problem.get("shape")), rng), problem.dtypes[1])}
+        return {"x": (_inputs_of(problem.dtypes[1], self.input_shapes(problem)["x"][0], rng), problem.dtypes[1])}
 
     def oracle(self, problem, inputs):
-        return {"y": oracle.cast(inputs["x"], problem.dtypes[0]).reshape(tuple(problem.get("shape")))}
+        shape, strides = tuple(problem.get("shape")), problem.get("strides")
+        x = inputs["x"]
+        if strides is not None:  # the strided view's elements, in row-major order
+            index = sum(np.arange(d).reshape([-1 if i == k else 1 for i in range(len(shape))]) * s
+                        for k, (d, s) in enumerate(zip(shape, strides)))
+            x = np.asarray(x).reshape(-1)[np.broadcast_to(index, shape)]
+        return {"y": oracle.cast(x, problem.dtypes[0]).reshape(shape)}
 
     def output_specs(self, problem):
         return {"y": (tuple(problem.get("shape")), problem.dtypes[0])}
@@ -382,7 +416,10 @@ class CopySpec(KernelSpec):
         return {"aten._to_copy": _to_copy, "aten.clone": clone, "aten.copy_": copy_}
 
     def launch(self, config, problem, inputs, outputs):
-        launch_copy(inputs["x"], outputs["y"], config)
+        x = inputs["x"]
+        if problem.get("strides") is not None:
+            x = x.as_strided(tuple(problem.get("shape")), tuple(problem.get("strides")))
+        launch_copy(x, outputs["y"], config)
 
     def example_rows(self, scale):
         from nbx_tune.kernels.rows import make_row
@@ -398,7 +435,15 @@ class CopySpec(KernelSpec):
         # A router's float ids to integers (truncated toward zero, as torch casts).
         rows += [make_row("aten._to_copy", [floats[-1]], [shapes[0]], {"dtype": "int64"}),
                  make_row("aten._to_copy", [floats[0]], [shapes[1]], {"dtype": "int32"})]
+        # An attention mask's `.bool()` (x != 0: NaN is true, -0.0 false, as torch casts).
+        rows += [make_row("aten._to_copy", ["int64"], [shapes[1]], {"dtype": "bool"}),
+                 make_row("aten._to_copy", [floats[0]], [shapes[0]], {"dtype": "bool"})]
         # The rotary positions (int64 -> float32) and a mask (bool -> int64).
+        # A strided clone (a repeat_kv's expanded keys) and a cast of a transposed view: the
+        # recorder's layout=strided rows (`layout_params`).
+        rows += [make_row("aten.clone", ["float32"], [(2, 2, 3, 7, 8)], {"layout": "strided", "strides": "112x56x0x8x1"}),
+                 make_row("aten._to_copy", ["float16"], [(37, 5)], {"dtype": "float32", "layout": "strided",
+                                                                 "strides": "1x37"})]
         rows += [make_row("aten._to_copy", ["int64"], [shapes[0]], {"dtype": "float32"}),
                  make_row("aten._to_copy", ["bool"], [shapes[1]], {"dtype": "int64"}),
                  make_row("aten.clone", ["int64"], [shapes[1]])]

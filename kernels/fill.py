@@ -121,16 +121,23 @@ def arange_plan(start, end, step, dtype: str | None) -> tuple[str, int] | str:
 
 
 _FULL_OPS = ("aten.full", "aten.zeros", "aten.ones", "aten.fill_.Scalar", "aten.zero_")
+# Constant fills shaped by another tensor or by a number: torch runs them as an allocation and
+# a `fill_`, so served whole they launch the seat their trace row maps to (`fn=full`).
+_LIKE_OPS = ("aten.new_ones", "aten.new_zeros", "aten.new_full", "aten.full_like", "aten.zeros_like",
+             "aten.ones_like", "aten.scalar_tensor")
 _ARANGE_OPS = ("aten.arange", "aten.arange.start", "aten.arange.start_step")
 _ALLOWED = {"aten.arange": {"end", "dtype"}, "aten.arange.start": {"start", "end", "dtype"},
             "aten.arange.start_step": {"start", "end", "step", "dtype"},
             "aten.full": {"size", "fill_value", "dtype"}, "aten.zeros": {"size", "dtype"},
-            "aten.ones": {"size", "dtype"}, "aten.fill_.Scalar": {"value"}, "aten.zero_": set()}
+            "aten.ones": {"size", "dtype"}, "aten.fill_.Scalar": {"value"}, "aten.zero_": set(),
+            "aten.new_ones": {"size", "dtype"}, "aten.new_zeros": {"size", "dtype"},
+            "aten.new_full": {"size", "fill_value", "dtype"}, "aten.full_like": {"fill_value", "dtype"},
+            "aten.zeros_like": {"dtype"}, "aten.ones_like": {"dtype"}, "aten.scalar_tensor": {"s", "dtype"}}
 
 
 class FillSpec(KernelSpec):
     name = "fill"
-    ops = _ARANGE_OPS + _FULL_OPS
+    ops = _ARANGE_OPS + _FULL_OPS + _LIKE_OPS
     key = (KeyDim("N", "elements"),)
     dtypes = tuple(TORCH_DTYPES)
     exact = True
@@ -162,7 +169,9 @@ class FillSpec(KernelSpec):
                     return NotServable("an empty arange: nothing to launch")
                 return Problem(self.name, (dt,), seat_flags(fn="arange"), (n,),
                                (("shape", (n,)), ("start", int(start)), ("step", int(step))))
-            if op in ("aten.fill_.Scalar", "aten.zero_"):
+            if op in _LIKE_OPS:
+                shape, dt, value = _like_row(op, row)
+            elif op in ("aten.fill_.Scalar", "aten.zero_"):
                 if len(row.shapes) != 1:
                     return NotServable(f"{op} takes one tensor, the row has {len(row.shapes)}")
                 shape, dt = row.shapes[0], row.dtypes[0]
@@ -207,7 +216,7 @@ class FillSpec(KernelSpec):
 
     def serve_ops(self):
         return {**{op: arange for op in _ARANGE_OPS}, "aten.full": full, "aten.zeros": zeros,
-                "aten.ones": ones, "aten.fill_.Scalar": fill_, "aten.zero_": zero_}
+                "aten.ones": ones, "aten.fill_.Scalar": fill_, "aten.zero_": zero_, **_like_routes()}
 
     def launch(self, config, problem, inputs, outputs):
         if dict(problem.flags)["fn"] == "arange":
@@ -241,6 +250,21 @@ SPEC = FillSpec()
 SPECS = (SPEC,)
 
 
+def _like_row(op: str, row):
+    """(shape, dtype, value) of a `_LIKE_OPS` row; ValueError on a bad one."""
+    if op == "aten.scalar_tensor":
+        if row.shapes:
+            raise ValueError("scalar_tensor takes no tensor")
+        return (), row.params.str("dtype", "float32"), _number(row.params.str("s"))
+    if len(row.shapes) != 1:
+        raise ValueError(f"{op} takes one tensor, the row has {len(row.shapes)}")
+    shape = row.params.ints("size", ()) if op.startswith("aten.new_") else row.shapes[0]
+    value = {"aten.new_ones": 1, "aten.ones_like": 1, "aten.new_zeros": 0, "aten.zeros_like": 0}.get(op)
+    if value is None:
+        value = _number(row.params.str("fill_value"))
+    return tuple(shape), row.params.str("dtype", row.dtypes[0]), value
+
+
 # ----------------------------------------------------------------------------- public ops
 
 def _dt(dtype, default) -> str:
@@ -261,16 +285,26 @@ def _fill(out: torch.Tensor, value, what: str) -> torch.Tensor:
         value = value.item()
     if dt in ("int32", "int64") and not float(value).is_integer():
         raise KernelError(f"{what}: a fractional value {value} into {dt} is not served")
+    if dt in ("int32", "int64") and not -_LIMIT[dt] <= value < _LIMIT[dt]:
+        raise KernelError(f"{what}: {value} does not fit {dt} (torch refuses it)")
+    if dt in FLOATS and math.isfinite(value) and abs(value) > _FLOAT_MAX:
+        raise KernelError(f"{what}: {value} is beyond float32 (torch refuses it, or makes inf)")
+    try:
+        bits = value_in(value, dt)
+    except OverflowError:  # beyond float32 (torch refuses it) or float16 (torch's inf)
+        raise KernelError(f"{what}: {value} overflows {dt}: torch's conversion") from None
     if out.numel() == 0:
         return out
     if not out.is_contiguous():
         raise KernelError(f"{what}: a non-contiguous output is not served")
     config = config_for(SPEC, (dt,), seat_flags(fn="full"), (out.numel(),))
-    launch_fill(out, value_in(value, dt), 0, False, config)
+    launch_fill(out, bits, 0, False, config)
     return out
 
 
 REMEMBERED = launch.REMEMBERED
+_LIMIT = {"int32": 2**31, "int64": 2**63}
+_FLOAT_MAX = 3.4028234663852886e38
 
 
 def arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pin_memory=None) -> torch.Tensor:
@@ -321,3 +355,52 @@ def fill_(self: torch.Tensor, value) -> torch.Tensor:
 
 def zero_(self: torch.Tensor) -> torch.Tensor:
     return _fill(self, 0, "zero_")
+
+
+def _like_out(self, size, dtype, layout, device, memory_format=None) -> torch.Tensor:
+    """The output of a `_LIKE_OPS` fill of self (new_*: of `size`), in self's dtype and on
+    its device by default."""
+    if not isinstance(self, torch.Tensor):
+        raise KernelError("fill: the operand must be a tensor")
+    if layout not in (None, torch.strided):
+        raise KernelError(f"fill: layout {layout} is not served")
+    dt = TORCH_DTYPES[_dt(dtype, _dt(self.dtype, ""))]
+    device = self.device if device is None else device
+    if size is not None:
+        return torch.empty(tuple(size), dtype=dt, device=device)
+    return torch.empty_like(self, dtype=dt, device=device, memory_format=memory_format or torch.preserve_format)
+
+
+def new_full(self, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _fill(_like_out(self, size, dtype, layout, device), fill_value, "new_full")
+
+
+def new_ones(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _fill(_like_out(self, size, dtype, layout, device), 1, "new_ones")
+
+
+def new_zeros(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _fill(_like_out(self, size, dtype, layout, device), 0, "new_zeros")
+
+
+def full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return _fill(_like_out(self, None, dtype, layout, device, memory_format), fill_value, "full_like")
+
+
+def ones_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return _fill(_like_out(self, None, dtype, layout, device, memory_format), 1, "ones_like")
+
+
+def zeros_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return _fill(_like_out(self, None, dtype, layout, device, memory_format), 0, "zeros_like")
+
+
+def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
+    out = torch.empty((), dtype=TORCH_DTYPES[_dt(dtype, torch.get_default_dtype())], device=device)
+    return _fill(out, s, "scalar_tensor")
+
+
+def _like_routes() -> dict:
+    return {"aten.new_ones": new_ones, "aten.new_zeros": new_zeros, "aten.new_full": new_full,
+            "aten.full_like": full_like, "aten.zeros_like": zeros_like, "aten.ones_like": ones_like,
+            "aten.scalar_tensor": scalar_tensor}

@@ -274,7 +274,6 @@ def test_recorded_rows_map_to_the_new_kernels():
 @pytest.mark.parametrize("row,why", [
     (make_row("aten._to_copy", ["float32"], [(5, 7)], {"dtype": "int16"}), "int16"),
     (make_row("aten._to_copy", ["float64"], [(5, 7)], {"dtype": "float32"}), "float64"),
-    (make_row("aten._to_copy", ["float32"], [(5, 7)], {"dtype": "bool"}), "to bool"),
     (make_row("aten.cat", ["float32", "float16"], [(5, 7), (5, 7)]), "mixed dtypes"),
     (make_row("aten.cat", ["float32", "float32"], [(5, 7), (5, 8)]), "do not concatenate"),
     (make_row("aten.embedding", ["float32", "float32"], [(5, 7), (3,)]), "index dtype"),

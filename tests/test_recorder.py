@@ -162,8 +162,14 @@ def test_views_and_metadata_ops_are_not_recorded():
     assert views.rows == ()
     with Recorder() as copy:  # a transposed tensor made contiguous is a real copy
         x.t().contiguous()
-    # memory_format=contiguous_format is passed, and never written.
-    assert row_map(copy.rows) == {("aten.clone", ("float32",), ((6, 4),), ""): 1}
+    # memory_format=contiguous_format is passed, and never written; that the copy reads its
+    # input strided is (the copy kernel's seat flag: kernels/copy.py layout_params).
+    assert row_map(copy.rows) == {("aten.clone", ("float32",), ((6, 4),), "layout=strided,strides=1x6"): 1}
+    with Recorder() as flat:  # a contiguous clone and a cast: the flat copy, nothing said
+        x.clone()
+        x.to(torch.float16)
+    assert row_map(flat.rows) == {("aten.clone", ("float32",), ((4, 6),), ""): 1,
+                                  ("aten._to_copy", ("float32",), ((4, 6),), "dtype=float16"): 1}
 
 
 @pytest.mark.parametrize("device,grad_mode", [

@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_leaves
 
 from nbx_tune.errors import TraceError
 from nbx_tune.kernels.serving.fusions import engine as fusions
+from nbx_tune.kernels.copy import layout_params as copy_layout_params
 from nbx_tune.kernels.matmul import operand_major
 from nbx_tune.kernels.trace import Params, TraceRow, read_trace, write_trace
 
@@ -172,6 +173,9 @@ def describe(func: torch._ops.OpOverload, args, kwargs) -> _Key:
 # alignment a launch reads off the strides): which arguments, and `layout` says `t` for
 # one stored transposed (a linear layer's W.t()), since a row's shapes cannot.
 _MATRIX_OPERANDS = {"aten.mm": (0, 1), "aten.bmm": (0, 1), "aten.addmm": (1, 2), "aten.baddbmm": (1, 2)}
+# The copies whose seat depends on the strides of their input and output (kernels/copy.py:
+# flat or strided), which a row's shapes cannot say: the row says it (`layout_params`).
+_COPIES = ("aten.clone", "aten._to_copy")
 
 
 class Recorder:
@@ -268,6 +272,8 @@ class _Dispatches(TorchDispatchMode):
                 return func._op_dk(_COMPOSITE, *args, **kwargs)
         key = None if _skipped(func) else describe(func, args, kwargs)
         out = func(*args, **kwargs)
+        if key is not None and key[0] in _COPIES and isinstance(out, torch.Tensor):
+            key = (*key[:3], key[3] + tuple(copy_layout_params(args[0], out).items()))
         if key is not None:
             self.recorder.count(key)
         return out
