@@ -14,7 +14,9 @@
 # only the import (the shipped table, its baselines with it) into the session database.
 # refresh: the shipped hopper table imported (each entry screened here), then census_all: only
 # the seats a code change left stale or new are tuned, from their history; then the export.
-# Other stages: coverage (the data-movement, batch norm and pooling families and the integer
+# masked, routing, eager, opinfo, zoo (issues 63 and 66: bench/masked_attention.py, the routing and mask
+# families' GPU proof then bench/moe_routing.py, bench/eager_models.py, bench/opinfo_serve.py, bench/model_zoo_coverage.py;
+# *_ARGS pass arguments, *_S limits). Other stages: coverage (the data-movement, batch norm and pooling families and the integer
 # element-wise path against fp64, every dtype), served (what the launch read serves: shipped table,
 # another target, a sibling device), direct (the direct launch's GPU proof, every family), tma (every TMA config at odd shapes), profile (a census under cProfile),
 # pointwise (ResNet-50's 1x1 convolutions: torch, the implicit GEMM's old certified config, the
@@ -103,7 +105,7 @@ for s in $STAGES; do case $s in
   census8b) census ${CENSUS8B_S:-500} examples/traces/llama3_8b_seq1024_bf16.tsv
             stage 30 python3 bench/screen_share.py
             stage 30 sh -c "python3 -m nbx_tune.cli.app unscreened --json > $OUT/unscreened.json; cat $OUT/unscreened.json | head -c 2000" ;;
-  launch) stage ${LAUNCH_S:-150} python3 bench/launch_overhead.py ;;
+  launch) stage ${LAUNCH_S:-150} python3 bench/launch_overhead.py ${LAUNCH_ARGS:-} ;;
   fused) stage ${FUSED_S:-240} python3 proofs/gpu_check.py --skip-fault --seconds 100 --configs-per-row 3 \
            --jobs 12 --kernels rotary,rotary_qk,silu_mul,add_rms_norm,add_layer_norm,rope_cos_sin,cat_kv
          stage ${FUSED_S:-240} python3 bench/fused_ops.py ;;
@@ -113,6 +115,13 @@ for s in $STAGES; do case $s in
        python3 -m nbx_tune.cli.app export --profile hopper -o "$OUT/moe_hopper.json" ;;
   moe_time) stage ${MOE_TIME_S:-560} python3 bench/moe_layer.py --no-census ${MOE_ARGS:-} ;;
   served) stage ${SERVED_S:-60} python3 bench/served_tables.py ;;
+  masked) stage ${MASKED_S:-560} python3 bench/masked_attention.py ${MASKED_ARGS:---only mistral --shapes prefill} ;;
+  routing) stage ${ROUTING_CHECK_S:-240} python3 proofs/gpu_check.py --skip-fault --seconds 200 --configs-per-row 3 \
+             --kernels row_sort,index_rows,index_put_rows,gather,cumsum,histc,floor_divide,stack,compare,where,copy,fill
+           stage ${ROUTING_S:-300} python3 bench/moe_routing.py ;;
+  eager) stage ${EAGER_S:-560} python3 bench/eager_models.py ${EAGER_ARGS:-} ;;
+  opinfo) stage ${OPINFO_S:-300} python3 bench/opinfo_serve.py ${OPINFO_ARGS:---max-samples 8} ;;
+  zoo) stage ${ZOO_S:-560} python3 bench/model_zoo_coverage.py --census --dtype bfloat16 ${ZOO_ARGS:-} ;;
   direct) stage ${DIRECT_S:-300} python3 proofs/direct_launch_check.py ;;
   fleet) stage ${FLEET_S:-500} python3 bench/fleet_scaling.py --gpus 0 0,1 ${FLEET_ARGS:-} ;;
   tma) stage ${TMA_S:-200} python3 proofs/tma_check.py ;;
