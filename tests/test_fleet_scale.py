@@ -149,3 +149,73 @@ def test_the_listing_reads_never_tuned_seats_in_one_query_and_keeps_their_cost(a
         assert db_count(any_db, "seats", "WHERE queue_cost IS NULL") == 1
     finally:
         store.close()
+
+
+def test_a_claim_at_a_free_head_is_two_statements_and_reads_a_small_window(any_db):
+    from nbx_tune.tuner.store import CLAIM_FIRST
+
+    store = Store(any_db)
+    try:
+        ids = _seats(store, 4 * CLAIM_WINDOW)
+        stmts, params = [], []
+
+        def seen(conn, cur, stmt, p, ctx, many):
+            stmts.append(stmt)
+            params.append(sum(len(v) if isinstance(v, (list, tuple)) else 1 for v in (p.values() if isinstance(
+                p, dict) else p)) if p else 0)
+        event.listen(store.engine, "before_cursor_execute", seen)
+        mark = store.last_tuning_id()
+        stmts.clear(), params.clear()
+        assert store.claim_next(ids, "me:1", 60, since_tuning=mark, finished=set(), held={}) == ids[0]
+        # One read of the window (holders, leases and tunings since the caller's list
+        # together), one statement that locks and takes the seat (before: four, each
+        # with the whole 256-id window bound).
+        mine = [s for s in stmts if s.split()[0] in ("SELECT", "UPDATE")]
+        assert len(mine) == 2, stmts
+        assert max(params) <= CLAIM_FIRST + 4, params
+    finally:
+        store.close()
+
+
+def test_a_seat_never_tuned_plans_its_search_without_its_history_or_every_audit(any_db, monkeypatch):
+    from types import SimpleNamespace
+
+    from nbx_tune.kernels.runtime.registry import get_spec
+    from nbx_tune.profiles import get_profile
+    from nbx_tune.tuner.search import seat_search
+
+    from nbx_tune.bench import fleet_sim
+
+    store = Store(any_db)
+    try:
+        profile = get_profile(fleet_sim.PROFILE)
+        seats = fleet_sim.seat_mix(3, 1.0, profile)
+        fleet_sim.enqueue(store, seats)
+        rec = store.seat_records(profile=profile.name)[0]
+        monkeypatch.setattr(store, "history", lambda *a: pytest.fail("a never-tuned seat's history read"))
+        monkeypatch.setattr(store, "shortcut_losses", lambda *a: pytest.fail("every audit's loss read"))
+        seat_search.for_seat(store, rec, get_spec(rec.seat.kernel), profile)
+        assert store.has_audit(profile.name, rec.seat.kernel) is False
+    finally:
+        store.close()
+
+
+def test_has_audit_says_what_shortcut_losses_would(any_db):
+    from nbx_tune.tuner.store.models import Tuning
+
+    store = Store(any_db)
+    try:
+        ids = _seats(store, 2)
+        prov = dict(worker="w", device_name="d", device_target="t", driver="-", triton_version="-",
+                    torch_version="-", kernel_source_hash="-", config_space_hash="-", profile_hash="-")
+        with store.session() as s:
+            s.add(Tuning(seat_id=ids[0], kind="tune", outcome="certified", started_at=utcnow(), search="audit",
+                         shortcut_loss=None, **prov))
+        assert not store.has_audit("p", "k") and store.shortcut_losses("p", "k") == []  # no loss measured
+        with store.session() as s:
+            s.add(Tuning(seat_id=ids[1], kind="tune", outcome="certified", started_at=utcnow(), search="audit",
+                         shortcut_loss=0.02, **prov))
+        assert store.has_audit("p", "k") and store.shortcut_losses("p", "k") == [0.02]
+        assert not store.has_audit("p", "other") and not store.has_audit("q", "k")
+    finally:
+        store.close()

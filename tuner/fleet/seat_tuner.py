@@ -87,7 +87,7 @@ class SeatTuner:
         # its first: the whole space then compiles while the seats before it are timed, and
         # is queued at the pool's lowest priority when the kernel's first seat starts. That
         # last seat is made its pending seat of the smallest shape (`_audited_last`).
-        unaudited = {ln.kernel for ln in todo if not self.store.shortcut_losses(self.profile.name, ln.kernel)}
+        unaudited = {ln.kernel for ln in todo if not self.store.has_audit(self.profile.name, ln.kernel)}
         todo = self._audited_last(todo, unaudited)
         last = {ln.kernel: ln.id for ln in todo}
         self.audit_later = {ln.id for ln in todo if ln.kernel in unaudited and last[ln.kernel] != ln.id}
