@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import time
+from collections import namedtuple
 from contextlib import contextmanager
 from itertools import islice
 from dataclasses import dataclass, field
@@ -60,6 +61,10 @@ def _dead_local_holder(holder: str) -> bool:
     except PermissionError:  # alive, someone else's
         return False
     return False
+
+
+SeatKey = namedtuple("SeatKey", "id profile kernel dtypes flags bucket")
+TuningKey = namedtuple("TuningKey", "id seat_id kind outcome search survivors seeded_from shortcut_loss")
 
 
 @dataclass
@@ -483,21 +488,27 @@ class Store:
 
     def kernel_measurements(self, profile: str, kernel: str, limit: int = 200):
         """The newest tunings of a kernel on a profile that timed something, newest first:
-        [(Seat, Tuning, [(config, median_ms)], [(config, reason)])], what a ranked search
-        learns from (tuner/search/ranked.py)."""
+        [(seat, tuning, [(config, median_ms)], [(config, reason)])], what a ranked search
+        learns from (tuner/search/ranked.py). The seat and tuning are named tuples of the
+        columns searches read (SeatKey, TuningKey), not mapped objects: a seat's search reads
+        this before every seat, and loading 200 tunings' full rows was most of its cost."""
         with self.session(write=False) as s:
-            rows = s.execute(select(Seat, Tuning).join(Tuning, Tuning.seat_id == Seat.id)
+            rows = s.execute(select(*(getattr(Seat, c) for c in SeatKey._fields),
+                                    *(getattr(Tuning, c) for c in TuningKey._fields))
+                             .join(Tuning, Tuning.seat_id == Seat.id)
                              .where(Seat.profile == profile, Seat.kernel == kernel, Tuning.kind != "import",
                                     Tuning.survivors > 0)
                              .order_by(Tuning.id.desc()).limit(limit)).all()
+            n = len(SeatKey._fields)
+            rows = [(SeatKey(*r[:n]), TuningKey(*r[n:])) for r in rows]
             ids = [t.id for _, t in rows]
             meas, refused = {}, {}
             if ids:
                 for tid, c, ms in s.execute(select(Measurement.tuning_id, Measurement.config, Measurement.median_ms)
-                                            .where(Measurement.tuning_id.in_(ids))):
+                                            .where(_among(s, Measurement.tuning_id, ids))):
                     meas.setdefault(tid, []).append((c, ms))
                 for tid, c, why in s.execute(select(Refusal.tuning_id, Refusal.config, Refusal.reason)
-                                             .where(Refusal.tuning_id.in_(ids), Refusal.config.is_not(None))):
+                                             .where(_among(s, Refusal.tuning_id, ids), Refusal.config.is_not(None))):
                     refused.setdefault(tid, []).append((c, why))
             return [(seat, t, meas.get(t.id, []), refused.get(t.id, [])) for seat, t in rows]
 
