@@ -1,26 +1,31 @@
 """The fleet's queue at scale, simulated on one machine against a real PostgreSQL.
 
-N simulated workers (threads, grouped into hosts that share one connection pool) run the
-fleet's own loop (`fleet.run_worker` -> `SeatTuner.tune_claimed` -> `Store.write_result`)
-on M seats enqueued from the shipped table's seat mix. Only the tuning itself is faked: a
-benchmarker that sleeps the seat's duration and returns a certificate. One extra worker
-is "killed" mid-seat (it claims a seat and stops beating) to time how long its seat waits.
+N simulated workers run the fleet's own loop (`fleet.run_worker` ->
+`SeatTuner.tune_claimed` -> `Store.write_result`) on M seats enqueued from the shipped
+table's seat mix. The workers are dealt to --hosts host processes (threads there, each
+worker with its own Store and a pool of --pool connections, as a worker process has); only
+the tuning is faked: a benchmarker that sleeps the seat's duration and returns a
+certificate. One extra worker "on another host" claims a seat and stops beating, to time
+how long its seat waits.
 
-Seat durations: the shipped table (kernels/tables/hopper.json) records no tuning time and
-no launch counts, so each seat's duration is the fleet's own estimate of its tuning time
-(`runner.seat_cost` at the entry's largest screened shape), scaled so the mean seat takes
---mean-seat-s seconds of GPU time, and slept for --scale of that (0.02: a 60 s seat
-sleeps 1.2 s). "queue %" is the workers' time outside the sleep against the time slept,
-so a scaled run overstates it by 1/scale; "q s/seat" is that time per certificate and
-"q % 1x" the same against the unscaled mean seat (what it would cost a real fleet).
+Seat durations: the shipped table (kernels/tables/hopper.json) records no tuning time, so
+each seat's duration is the fleet's own estimate of its tuning time (`runner.seat_cost` at
+the entry's largest screened shape), scaled so the mean seat takes --mean-seat-s seconds
+of GPU time, and slept for --scale of that (or the scale --wall picks: the one whose ideal
+wall time is --wall seconds). The queue's overhead per certificate ("q s/seat") is the
+workers' time outside the sleep, plus the heartbeats' round trips, plus the server's CPU;
+"queue %" sets it against the scaled sleep, "q % 1x" against the unscaled mean seat.
 
     python3 bench/fleet_sim.py --db postgresql+psycopg://nbx:nbx@127.0.0.1:5432/nbx_test \\
-        --workers 10 50 --seats 2000                    # each pair in its own fresh database
+        --workers 10 50 --seats 2000 --pool 1          # each pair in its own fresh database
 
-    python3 bench/fleet_sim.py --workers 1000 --seats 5000 --scale 0.002 --pool 2 \
-        --pooler postgresql+psycopg://nbx:nbx@127.0.0.1:6432     # through PgBouncer (transaction mode)
+    python3 bench/fleet_sim.py --workers 1000 --seats 2000 --wall 60 --hosts 16 --lease 30 \\
+        --pooler postgresql+psycopg://nbx:nbx@127.0.0.1:6433   # through PgBouncer (transaction mode)
 
-Prints one row per (workers, seats); writes fleet_sim.json under $OUT when set.
+PgBouncer for it: `[databases] * = host=127.0.0.1 port=5432 user=nbx password=nbx`,
+`pool_mode = transaction`, `auth_type = any`, `max_client_conn = 5000`,
+`default_pool_size = 20`, started with `ulimit -n 20000`. Prints one row per
+(workers, seats); writes fleet_sim.json under $OUT when set.
 """
 
 from __future__ import annotations
