@@ -23,6 +23,17 @@ def _seats(store, n):
         return list(s.scalars(Seat.__table__.select().with_only_columns(Seat.id).order_by(Seat.id)))
 
 
+def _sim_queue(store, n):
+    """n seats of the simulation's mix (the shipped table's), enqueued: (profile, seats)."""
+    from nbx_tune.bench import fleet_sim
+    from nbx_tune.profiles import get_profile
+
+    profile = get_profile(fleet_sim.PROFILE)
+    seats = fleet_sim.seat_mix(n, 1.0, profile)
+    fleet_sim.enqueue(store, seats)
+    return profile, seats
+
+
 def test_a_claim_reads_a_window_of_the_queue_not_all_of_it(any_db):
     store = Store(any_db)
     try:
@@ -117,19 +128,14 @@ def test_the_listing_reads_never_tuned_seats_in_one_query_and_keeps_their_cost(a
 
     from nbx_tune.kernels.runtime.registry import get_spec
     from nbx_tune.kernels.spec import Problem
-    from nbx_tune.profiles import get_profile
     from nbx_tune.tuner.fleet import seat_tuner as runner
     from nbx_tune.tuner.fleet.seat_tuner import SeatTuner, seat_cost
-
-    from nbx_tune.bench import fleet_sim
 
     from conftest import db_count
 
     store = Store(any_db)
     try:
-        profile = get_profile(fleet_sim.PROFILE)
-        seats = fleet_sim.seat_mix(40, 1.0, profile)
-        fleet_sim.enqueue(store, seats)
+        profile, seats = _sim_queue(store, 40)
         tuner = SeatTuner(store, profile, SimpleNamespace(name="SimGPU", target="cuda:90", driver="sim"), None, None)
         recs = store.seat_records(profile=profile.name)
         want = [r.seat.id for r in sorted(recs, key=lambda r: (-seat_cost(get_spec(r.seat.kernel), r.problems,
@@ -180,19 +186,12 @@ def test_a_claim_at_a_free_head_is_two_statements_and_reads_a_small_window(any_d
 
 
 def test_a_seat_never_tuned_plans_its_search_without_its_history_or_every_audit(any_db, monkeypatch):
-    from types import SimpleNamespace
-
     from nbx_tune.kernels.runtime.registry import get_spec
-    from nbx_tune.profiles import get_profile
     from nbx_tune.tuner.search import seat_search
-
-    from nbx_tune.bench import fleet_sim
 
     store = Store(any_db)
     try:
-        profile = get_profile(fleet_sim.PROFILE)
-        seats = fleet_sim.seat_mix(3, 1.0, profile)
-        fleet_sim.enqueue(store, seats)
+        profile, _ = _sim_queue(store, 3)
         rec = store.seat_records(profile=profile.name)[0]
         monkeypatch.setattr(store, "history", lambda *a: pytest.fail("a never-tuned seat's history read"))
         monkeypatch.setattr(store, "shortcut_losses", lambda *a: pytest.fail("every audit's loss read"))
@@ -227,15 +226,12 @@ def test_workers_listing_a_fresh_queue_at_once_work_out_each_cost_once(any_db, m
     import threading
     from types import SimpleNamespace
 
-    from nbx_tune.profiles import get_profile
     from nbx_tune.tuner.fleet import seat_tuner as runner
     from nbx_tune.tuner.fleet.seat_tuner import SeatTuner
 
-    from nbx_tune.bench import fleet_sim
-
-    profile = get_profile(fleet_sim.PROFILE)
-    seats = fleet_sim.seat_mix(60, 1.0, profile)
-    fleet_sim.enqueue(Store(any_db), seats)
+    admin = Store(any_db)
+    profile, _ = _sim_queue(admin, 60)
+    admin.close()
     calls, whole = [], runner.seat_cost
     monkeypatch.setattr(runner, "seat_cost", lambda *a: calls.append(1) or whole(*a))
     stores = [Store(any_db) for _ in range(4)]
