@@ -1,26 +1,31 @@
 """The fleet's queue at scale, simulated on one machine against a real PostgreSQL.
 
-N simulated workers (threads, grouped into hosts that share one connection pool) run the
-fleet's own loop (`fleet.run_worker` -> `SeatTuner.tune_claimed` -> `Store.write_result`)
-on M seats enqueued from the shipped table's seat mix. Only the tuning itself is faked: a
-benchmarker that sleeps the seat's duration and returns a certificate. One extra worker
-is "killed" mid-seat (it claims a seat and stops beating) to time how long its seat waits.
+N simulated workers run the fleet's own loop (`fleet.run_worker` ->
+`SeatTuner.tune_claimed` -> `Store.write_result`) on M seats enqueued from the shipped
+table's seat mix. The workers are dealt to --hosts host processes (threads there, each
+worker with its own Store and a pool of --pool connections, as a worker process has); only
+the tuning is faked: a benchmarker that sleeps the seat's duration and returns a
+certificate. One extra worker "on another host" claims a seat and stops beating, to time
+how long its seat waits.
 
-Seat durations: the shipped table (kernels/tables/hopper.json) records no tuning time and
-no launch counts, so each seat's duration is the fleet's own estimate of its tuning time
-(`runner.seat_cost` at the entry's largest screened shape), scaled so the mean seat takes
---mean-seat-s seconds of GPU time, and slept for --scale of that (0.02: a 60 s seat
-sleeps 1.2 s). "queue %" is the workers' time outside the sleep against the time slept,
-so a scaled run overstates it by 1/scale; "q s/seat" is that time per certificate and
-"q % 1x" the same against the unscaled mean seat (what it would cost a real fleet).
+Seat durations: the shipped table (kernels/tables/hopper.json) records no tuning time, so
+each seat's duration is the fleet's own estimate of its tuning time (`runner.seat_cost` at
+the entry's largest screened shape), scaled so the mean seat takes --mean-seat-s seconds
+of GPU time, and slept for --scale of that (or the scale --wall picks: the one whose ideal
+wall time is --wall seconds). The queue's overhead per certificate ("q s/seat") is the
+workers' time outside the sleep, plus the heartbeats' round trips, plus the server's CPU;
+"queue %" sets it against the scaled sleep, "q % 1x" against the unscaled mean seat.
 
     python3 bench/fleet_sim.py --db postgresql+psycopg://nbx:nbx@127.0.0.1:5432/nbx_test \\
-        --workers 10 50 --seats 2000                    # each pair in its own fresh database
+        --workers 10 50 --seats 2000 --pool 1          # each pair in its own fresh database
 
-    python3 bench/fleet_sim.py --workers 1000 --seats 5000 --scale 0.002 --pool 2 \
-        --pooler postgresql+psycopg://nbx:nbx@127.0.0.1:6432     # through PgBouncer (transaction mode)
+    python3 bench/fleet_sim.py --workers 1000 --seats 2000 --wall 60 --hosts 16 --lease 30 \\
+        --pooler postgresql+psycopg://nbx:nbx@127.0.0.1:6433   # through PgBouncer (transaction mode)
 
-Prints one row per (workers, seats); writes fleet_sim.json under $OUT when set.
+PgBouncer for it: `[databases] * = host=127.0.0.1 port=5432 user=nbx password=nbx`,
+`pool_mode = transaction`, `auth_type = any`, `max_client_conn = 5000`,
+`default_pool_size = 20`, started with `ulimit -n 20000`. Prints one row per
+(workers, seats); writes fleet_sim.json under $OUT when set.
 """
 
 from __future__ import annotations
@@ -172,9 +177,89 @@ def db_cpu_s(conn) -> float:
     return total / tick
 
 
-def run_one(url: str, workers: int, n_seats: int, args) -> dict:
+def _host_store(url: str, args):
+    """A simulated worker's Store: its own connection pool (at most --pool connections),
+    straight to the server or through the pooler."""
+    from nbx_tune.tuner.store import Store
+
+    via, extra = url, {}
+    if args["pooler"]:  # the hosts reach the database through a pooler (PgBouncer, transaction mode)
+        p = make_url(args["pooler"])
+        via = make_url(url).set(host=p.host, port=p.port).render_as_string(hide_password=False)
+        extra = {"connect_args": {"prepare_threshold": None}}  # no server-side prepared statements
+    st = Store.__new__(Store)  # the schema was checked once, by the run's own Store
+    st.url = url
+    st.engine = create_engine(via, pool_size=args["pool"], max_overflow=0, pool_timeout=600, pool_pre_ping=True,
+                              **extra)
+    st._sessions = sessionmaker(st.engine, expire_on_commit=False)
+    return st
+
+
+def host_main(index: int, url: str, workers: list, args: dict, durations: dict, configs: dict,
+              ready, go, out_path: str) -> None:
+    """One simulated host, in a process of its own: its workers (threads sharing the host's
+    pool) run the fleet's loop until the queue is empty; what they measured goes to out_path."""
     from nbx_tune.profiles import get_profile
     from nbx_tune.tuner.fleet import workers as fleet, seat_tuner as runner
+    from nbx_tune.tuner.fleet.seat_tuner import SeatTuner
+    from nbx_tune.tuner.store import Store
+
+    profile = get_profile(PROFILE)
+    # Each worker its own Store and connection pool, as a worker process has on a real host
+    # (its loop and its heartbeat each take a connection); hosts of many workers need the
+    # pooler in front of the server.
+    stores = {i: _host_store(url, args) for i in workers}
+    sleeper = Sleeper(durations, configs, args["scale"])
+    clocks = {name: ClaimClock() for name in ("claim_next", "extend_claim", "write_result")}
+    for name, clock in clocks.items():
+        clock.install(Store, name)
+    runner.tune_seat = sleeper
+    device = SimpleNamespace(name="SimGPU", target="cuda:90", driver="sim")
+    reports, errors = [], []
+
+    profs = []
+
+    def work(i):
+        tuner = SeatTuner(stores[i], profile, device, None, None, holder=f"simhost{index}:{i}:gpu{i}",
+                          claim_ttl=args["lease"])
+        try:
+            if os.environ.get("FLEET_SIM_PROFILE"):  # where a host's CPU goes (a study's switch)
+                import cProfile
+
+                profs.append(cProfile.Profile())
+                reports.append(profs[-1].runcall(fleet.run_worker, tuner))
+            else:
+                reports.append(fleet.run_worker(tuner))
+        except BaseException as e:  # noqa: BLE001 (reported, and fails the run's checks)
+            import traceback
+            errors.append(f"{tuner.holder}: {type(e).__name__}: {e}" + (traceback.format_exc() if args["debug"] else ""))
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in workers]
+    ready.release()
+    go.wait()
+    cpu0, t_go = sum(os.times()[:2]), time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for st in stores.values():
+        st.close()
+    if profs:
+        import pstats
+
+        pstats.Stats(*profs).dump_stats(os.path.join(os.environ["FLEET_SIM_PROFILE"], f"host{index}.prof"))
+    json.dump({"claims": clocks["claim_next"].lat, "beats": clocks["extend_claim"].lat,
+               "writes": clocks["write_result"].lat, "slept": sleeper.slept,
+               "busy": [r.seconds for r in reports], "per": [len(r.tuned) for r in reports], "tuned": sum(len(r.tuned) for r in reports),
+               "lost": sum(len(r.lost) for r in reports), "errors": errors,
+               "cpu_s": sum(os.times()[:2]) - cpu0, "span_s": time.perf_counter() - t_go}, open(out_path, "w"))
+
+
+def run_one(url: str, workers: int, n_seats: int, args) -> dict:
+    import multiprocessing as mp
+    import tempfile
+
+    from nbx_tune.profiles import get_profile
     from nbx_tune.tuner.fleet.seat_tuner import SeatTuner
     from nbx_tune.tuner.store import Store
 
@@ -182,85 +267,71 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
     seats = seat_mix(n_seats, args.mean_seat_s, profile)
     admin = Store(url)
     enqueue(admin, seats)
-    sleeper = Sleeper({b: d for _, _, _, b, _, _, d, _, _ in seats},
-                      {b: (c, ms) for _, _, _, b, _, _, _, c, ms in seats}, args.scale)
-    device = SimpleNamespace(name="SimGPU", target="cuda:90", driver="sim")
-    hosts = []
-    n_hosts = max(1, -(-workers // args.per_host))
-    via, extra = url, {}
-    if args.pooler:  # the hosts reach the database through a pooler (PgBouncer, transaction mode)
-        p = make_url(args.pooler)
-        via = make_url(url).set(host=p.host, port=p.port).render_as_string(hide_password=False)
-        extra = {"connect_args": {"prepare_threshold": None}}  # no server-side prepared statements
-    for _ in range(n_hosts):  # one connection pool per simulated host, shared by its workers
-        st = Store(url)
-        st.engine.dispose()
-        st.engine = create_engine(via, pool_size=args.pool, max_overflow=0, pool_timeout=600, pool_pre_ping=True,
-                                  **extra)
-        st._sessions = sessionmaker(st.engine, expire_on_commit=False)
-        hosts.append(st)
-    mon = create_engine(url, isolation_level="AUTOCOMMIT", poolclass=None)
+    durations = {b: d for _, _, _, b, _, _, d, _, _ in seats}
+    configs = {b: (c, ms) for _, _, _, b, _, _, _, c, ms in seats}
+    n_hosts = min(workers, args.hosts)
+    ctx = mp.get_context("spawn")
+    ready, go = ctx.Semaphore(0), ctx.Event()
+    tmp = tempfile.mkdtemp(prefix="fleet_sim-")
+    hargs = {"pooler": args.pooler, "pool": args.pool, "scale": args.scale, "lease": args.lease,
+             "debug": args.debug}
+    procs = []
+    for h in range(n_hosts):  # workers dealt round-robin to the hosts
+        mine = list(range(h, workers, n_hosts))
+        p = ctx.Process(target=host_main, args=(h, url, mine, hargs, durations, configs, ready, go,
+                                                os.path.join(tmp, f"host{h}.json")), daemon=True)
+        p.start()
+        procs.append(p)
+    for _ in procs:  # every host imported and connected before the clock starts
+        ready.acquire()
+    mon = create_engine(url, isolation_level="AUTOCOMMIT")
     mc = mon.connect()
     db = make_url(url).database
-    x0 = mc.execute(text("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = :d"),
-                    {"d": db}).scalar()
+    stat = text("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = :d")
+    x0 = mc.execute(stat, {"d": db}).scalar()
     cpu0 = db_cpu_s(mc)
-    clock = ClaimClock()
-    restore_claim = clock.install(Store)
-    beats = ClaimClock()
-    restore_beat = beats.install(Store, "extend_claim")
-    orig_tune = runner.tune_seat
-    runner.tune_seat = sleeper
-    reports, errors, spans = [], [], {}
     peak = {"conns": 0}
     stop = threading.Event()
 
     def watch():
-        while not stop.wait(0.25):
+        while not stop.wait(0.5):
             n = mc.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = :d"), {"d": db}).scalar()
             peak["conns"] = max(peak["conns"], n - 1)
-
-    def work(i):
-        st = hosts[i // args.per_host]
-        tuner = SeatTuner(st, profile, device, None, None, holder=f"simhost{i // args.per_host}:{i}:gpu{i % args.per_host}",
-                          claim_ttl=args.lease)
-        try:
-            rep = fleet.run_worker(tuner)
-            reports.append(rep)
-        except BaseException as e:  # noqa: BLE001 (reported, and fails the run's checks)
-            import traceback
-            errors.append(f"{tuner.holder}: {type(e).__name__}: {e}" + (traceback.format_exc() if args.debug else ""))
 
     death = {}
 
     def killed():
-        """A worker on another host that claims the first free seat after a second and dies."""
+        """A worker on another host that claims the first free seat after a while and dies."""
         time.sleep(args.kill_after)
-        tuner = SeatTuner(hosts[0], profile, device, None, None, holder=DEAD, claim_ttl=args.lease)
-        mark = hosts[0].last_tuning_id()
-        todo = tuner.needing_work()
-        sid = hosts[0].claim_next([t[0] for t in todo], DEAD, args.lease, since_tuning=mark)
+        tuner = SeatTuner(admin, profile, SimpleNamespace(name="SimGPU", target="cuda:90", driver="sim"), None,
+                          None, holder=DEAD, claim_ttl=args.lease)
+        mark = admin.last_tuning_id()
+        todo = tuner.needing_work(untuned_only=True)
+        sid = admin.claim_next([t[0] for t in todo], DEAD, args.lease, since_tuning=mark)
         death.update(seat=sid, at=time.time())
 
     watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    killer = threading.Thread(target=killed, daemon=True)
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(workers)]
-    threads.append(threading.Thread(target=killed, daemon=True))
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    go.set()
+    watcher.start()
+    killer.start()
+    for p in procs:
+        p.join()
+    killer.join()
     wall = time.perf_counter() - t0
     stop.set()
     watcher.join()
-    runner.tune_seat = orig_tune
-    restore_claim()
-    restore_beat()
     time.sleep(1.0)  # PostgreSQL publishes a backend's transaction counts within a second
     cpu = db_cpu_s(mc) - cpu0
-    x1 = mc.execute(text("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = :d"),
-                    {"d": db}).scalar()
+    x1 = mc.execute(stat, {"d": db}).scalar()
+    hosts = []
+    for h in range(n_hosts):
+        try:
+            hosts.append(json.load(open(os.path.join(tmp, f"host{h}.json"))))
+        except (OSError, ValueError):
+            hosts.append({"claims": [], "beats": [], "writes": [], "slept": 0.0, "busy": [], "tuned": 0,
+                          "per": [], "lost": 0, "errors": [f"host {h} died (exit code {procs[h].exitcode})"], "cpu_s": 0.0})
     q = lambda sql: mc.execute(text(sql)).scalar()  # noqa: E731
     n_tunings = q("SELECT count(*) FROM tunings")
     n_seats_tuned = q("SELECT count(DISTINCT seat_id) FROM tunings")
@@ -274,47 +345,58 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
             reclaim = started.astimezone(timezone.utc).timestamp() - death["at"]
     mc.close()
     mon.dispose()
-    for st in hosts:
-        st.close()
     admin.close()
-    # A worker's span: launch to its last certificate; what is not sleeping there is the
-    # queue's (listing, claiming, re-checking, heartbeats, writing). The tail (waiting for
-    # others' last seats) is the seat mix's, reported apart.
-    lat = sorted(clock.lat)
-    busy = sum(r.seconds for r in reports)
+    lat = sorted(x for h in hosts for x in h["claims"])
+    beats = [x for h in hosts for x in h["beats"]]
+    writes = sorted(x for h in hosts for x in h["writes"])
+    slept = sum(h["slept"] for h in hosts)
+    busy = sum(sum(h["busy"]) for h in hosts)
+    certs = max(1, n_certs)
+    pct = lambda xs, f: round(1000 * xs[min(len(xs) - 1, int(f * len(xs)))], 2) if xs else None  # noqa: E731
+    # The queue's time per certificate: what a worker spends outside its (scaled) sleep
+    # (listing, claiming, the seat's reads and search planning, writing), the heartbeats'
+    # round trips (on their own thread, counted anyway) and the server's CPU, against the
+    # seat's tuning time: the scaled sleep (what this run's load is) and the unscaled seat.
+    worker_q = (busy - slept) / certs
+    queue_s = worker_q + sum(beats) / certs + cpu / certs
+    mean_sleep = slept / certs
     return {
         "workers": workers, "seats": n_seats, "hosts": n_hosts, "pool_per_host": args.pool,
         "pooler": bool(args.pooler),
         "scale": args.scale, "mean_seat_s": args.mean_seat_s, "lease_s": args.lease,
         "wall_s": round(wall, 2), "seats_per_s": round(n_certs / wall, 1),
-        "claim_p50_ms": round(1000 * lat[len(lat) // 2], 2) if lat else None,
-        "claim_p99_ms": round(1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2) if lat else None,
-        "claims": len(lat),
-        "tx_per_cert": round((x1 - x0) / max(1, n_certs), 1),
-        "db_cpu_s": round(cpu, 1), "db_cpu_ms_per_cert": round(1000 * cpu / max(1, n_certs), 2),
+        "offered_seats_per_s": round(workers / max(mean_sleep, 1e-9), 1),
+        "claim_p50_ms": pct(lat, 0.5), "claim_p99_ms": pct(lat, 0.99), "claims": len(lat),
+        "write_p50_ms": pct(writes, 0.5), "write_p99_ms": pct(writes, 0.99),
+        "tx_per_cert": round((x1 - x0) / certs, 1),
+        "db_cpu_s": round(cpu, 1), "db_cpu_ms_per_cert": round(1000 * cpu / certs, 2),
+        "sim_cpu_ms_per_cert": round(1000 * sum(h["cpu_s"] for h in hosts) / certs, 1),
         "db_conns_peak": peak["conns"],
-        "slept_s": round(sleeper.slept, 1), "worker_s": round(busy, 1),
-        "queue_overhead_pct": round(100 * (busy - sleeper.slept) / max(sleeper.slept, 1e-9), 2),
-        # Per certificate, the workers' time outside the (scaled) sleep, and that against
-        # the unscaled seat (--mean-seat-s): what the queue would cost a real fleet's GPUs
-        # if every second of it were spent the same way at full scale.
-        "queue_s_per_seat": round((busy - sleeper.slept) / max(1, n_certs), 3),
-        "queue_pct_unscaled": round(100 * (busy - sleeper.slept) / max(1, n_certs) / args.mean_seat_s, 3),
-        "ideal_wall_s": round(sleeper.slept / workers, 1),
-        "heartbeats_per_s": round(len(beats.lat) / wall, 1), "leases_lost": sum(len(r.lost) for r in reports),
+        "slept_s": round(slept, 1), "worker_s": round(busy, 1),
+        "queue_s_per_seat": round(queue_s, 4), "worker_q_s_per_seat": round(worker_q, 4),
+        "queue_overhead_pct": round(100 * queue_s / max(mean_sleep, 1e-9), 2),
+        "queue_pct_unscaled": round(100 * queue_s / args.mean_seat_s, 3),
+        "ideal_wall_s": round(slept / workers, 1),
+        "heartbeats_per_s": round(len(beats) / wall, 1), "leases_lost": sum(h["lost"] for h in hosts),
         "tunings": n_tunings, "seats_tuned": n_seats_tuned, "tuned_twice": twice, "certified": n_certs,
         "left_held": held, "exactly_once": n_tunings == n_seats == n_seats_tuned == n_certs and twice == 0,
         "no_lost_seat": n_certs == n_seats and held == 0, "dead_seat": death.get("seat"),
-        "reclaim_s": round(reclaim, 2) if reclaim is not None else None, "errors": errors[:5],
+        "reclaim_s": round(reclaim, 2) if reclaim is not None else None,
+        "errors": [e for h in hosts for e in h["errors"]][:5],
+        "host_span_s": [round(h.get("span_s", 0), 1) for h in hosts],
+        "seats_per_worker_min_max": [min(x for h in hosts for x in h["per"]), max(x for h in hosts for x in h["per"])]
+        if any(h["per"] for h in hosts) else None,
     }
 
 
-COLS = [("workers", 7), ("seats", 7), ("seats_per_s", 9), ("claim_p50_ms", 9), ("claim_p99_ms", 9),
-        ("tx_per_cert", 8), ("db_cpu_ms_per_cert", 9), ("db_conns_peak", 6), ("queue_overhead_pct", 9), ("queue_s_per_seat", 8), ("queue_pct_unscaled", 7),
-        ("heartbeats_per_s", 6), ("leases_lost", 5),
-        ("exactly_once", 6), ("no_lost_seat", 6), ("reclaim_s", 8), ("wall_s", 8)]
-HEADS = ["workers", "seats", "seats/s", "claim p50", "claim p99", "tx/cert", "dbCPU ms", "conns",
-         "queue %", "q s/seat", "q % 1x", "hb/s", "lost", "once", "nolost", "reclaim", "wall s"]
+COLS = [("workers", 7), ("seats", 7), ("hosts", 5), ("seats_per_s", 8), ("offered_seats_per_s", 8),
+        ("claim_p50_ms", 9), ("claim_p99_ms", 9), ("write_p50_ms", 9), ("tx_per_cert", 7),
+        ("db_cpu_ms_per_cert", 8), ("sim_cpu_ms_per_cert", 8), ("db_conns_peak", 5), ("heartbeats_per_s", 6),
+        ("queue_s_per_seat", 8), ("queue_overhead_pct", 8), ("queue_pct_unscaled", 7), ("leases_lost", 5),
+        ("exactly_once", 5), ("no_lost_seat", 6), ("reclaim_s", 7), ("wall_s", 7), ("ideal_wall_s", 6)]
+HEADS = ["workers", "seats", "hosts", "seats/s", "offered", "claim p50", "claim p99", "write p50", "tx/cert",
+         "dbCPUms", "simCPUms", "conns", "hb/s", "q s/seat", "queue %", "q % 1x", "lost", "once", "nolost",
+         "reclaim", "wall s", "ideal"]
 
 
 def main(argv=None) -> int:
@@ -324,10 +406,14 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, nargs="+", default=[10, 50])
     ap.add_argument("--seats", type=int, nargs="+", default=[2000])
     ap.add_argument("--scale", type=float, default=0.02, help="slept / simulated tuning time")
+    ap.add_argument("--wall", type=float, help="instead of --scale: the scale that makes each run's ideal wall "
+                    "time (seats x mean seat x scale / workers) this many seconds")
     ap.add_argument("--mean-seat-s", type=float, default=60.0, help="simulated GPU seconds of the mean seat")
     ap.add_argument("--lease", type=float, default=5.0, help="claim lease, s (the CLI's default is 120)")
-    ap.add_argument("--per-host", type=int, default=8, help="workers sharing one host's connection pool")
-    ap.add_argument("--pool", type=int, default=1, help="connections per simulated host")
+    ap.add_argument("--hosts", type=int, default=8, help="simulated hosts: processes of their own, the "
+                    "workers dealt among them (threads sharing the host's connection pool)")
+    ap.add_argument("--pool", type=int, default=2, help="connections per simulated worker (its loop and its "
+                    "heartbeat); above ~40 workers, use --pooler: the server's max_connections is 100")
     ap.add_argument("--pooler", help="the workers connect through this pooler's host:port (PgBouncer in "
                     "transaction mode, its databases entry '* = host=... port=...'), e.g. "
                     "postgresql+psycopg://nbx:nbx@127.0.0.1:6432")
@@ -343,6 +429,8 @@ def main(argv=None) -> int:
     for n_seats in args.seats:
         for workers in args.workers:
             url = fresh_db(args.db)
+            if args.wall:  # the offered load: workers / (mean seat x scale) seats a second
+                args.scale = args.wall * workers / (n_seats * args.mean_seat_s)
             try:
                 r = run_one(url, workers, n_seats, args)
             finally:

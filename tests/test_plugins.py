@@ -165,3 +165,33 @@ def test_the_families_made_packages_are_built_in_not_plugins(monkeypatch):
     modules = {type(s).__module__ for s in registry.all_specs().values()}
     assert "nbx_tune.kernels.elementwise.spec" in modules
     assert registry.plugin_modules() == []
+
+
+def test_threads_asking_for_the_registry_at_once_each_see_all_of_it(monkeypatch):
+    # A process of many worker threads (bench/fleet_sim.py's hosts): before, the first
+    # thread marked the registry loaded before filling it, and the others, finding some
+    # specs missing, took the queue's seats for unknown kernels and stopped.
+    import threading
+
+    import time
+
+    def fresh():
+        monkeypatch.setattr(registry, "_specs", {})
+        monkeypatch.setattr(registry, "_by_op", {})
+        monkeypatch.setattr(registry, "_loaded", False)
+    fresh()
+    want = set(registry.all_specs())
+    fresh()
+    slow = registry.register  # each spec takes a moment, as a first import does
+    monkeypatch.setattr(registry, "register", lambda *a: time.sleep(0.005) or slow(*a))
+    start, seen = threading.Barrier(8), []
+
+    def ask():
+        start.wait()
+        seen.append(set(registry.all_specs()))
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == [want] * 8

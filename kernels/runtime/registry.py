@@ -9,6 +9,7 @@ or `SPEC` (one); an entry point may also name a spec object directly.
 from __future__ import annotations
 
 import importlib
+import threading
 from importlib.metadata import entry_points
 
 from nbx_tune.errors import KernelError
@@ -29,6 +30,8 @@ def _builtin(module: str) -> bool:
 _specs: dict[str, KernelSpec] = {}
 _by_op: dict[str, KernelSpec] = {}
 _loaded = False
+_loading = False
+_LOAD_LOCK = threading.RLock()
 _plugin_paths: set[str] = set()
 
 
@@ -100,21 +103,30 @@ def load_plugin(path: str) -> list[KernelSpec]:
 
 
 def _ensure_loaded() -> None:
-    global _loaded
+    # Under a lock, and marked loaded only when done: a second thread asking meanwhile (a
+    # process of many workers) waits for the whole registry instead of reading it half
+    # filled. The loading thread itself may ask again while importing (re-entrant).
+    global _loaded, _loading
     if _loaded:
         return
-    _loaded = True
-    for m in BUILTIN_MODULES:
-        for s in _specs_of(importlib.import_module(m), m):
-            register(s, m)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    with _LOAD_LOCK:
+        if _loaded or _loading:
+            return
+        _loading = True
         try:
-            obj = ep.load()
-        except Exception as e:
-            raise KernelError(f"plugin entry point {ep.name} ({ep.value}): cannot load: "
-                              f"{type(e).__name__}: {e}") from None
-        for s in _specs_of(obj, f"entry point {ep.name}"):
-            register(s, ep.value)
+            for m in BUILTIN_MODULES:
+                for s in _specs_of(importlib.import_module(m), m):
+                    register(s, m)
+            for ep in entry_points(group=ENTRY_POINT_GROUP):
+                try:
+                    obj = ep.load()
+                except Exception as e:
+                    raise KernelError(f"plugin entry point {ep.name} ({ep.value}): cannot load: "
+                                      f"{type(e).__name__}: {e}") from None
+                for s in _specs_of(obj, f"entry point {ep.name}"):
+                    register(s, ep.value)
+        finally:
+            _loaded, _loading = True, False
 
 
 def all_specs() -> dict[str, KernelSpec]:

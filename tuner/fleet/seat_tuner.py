@@ -87,7 +87,7 @@ class SeatTuner:
         # its first: the whole space then compiles while the seats before it are timed, and
         # is queued at the pool's lowest priority when the kernel's first seat starts. That
         # last seat is made its pending seat of the smallest shape (`_audited_last`).
-        unaudited = {ln.kernel for ln in todo if not self.store.shortcut_losses(self.profile.name, ln.kernel)}
+        unaudited = {ln.kernel for ln in todo if not self.store.has_audit(self.profile.name, ln.kernel)}
         todo = self._audited_last(todo, unaudited)
         last = {ln.kernel: ln.id for ln in todo}
         self.audit_later = {ln.id for ln in todo if ln.kernel in unaudited and last[ln.kernel] != ln.id}
@@ -263,7 +263,11 @@ class SeatTuner:
         seats with a tuning have their records read and their status judged, which
         `untuned_only` skips (a worker's listing when its list runs dry: seats enqueued since)."""
         untuned = [t for t in self.store.untuned_seats(self.profile.name) if _spec_or_none(t[1]) is not None]
-        missing = [t[0] for t in untuned if t[3] is None]
+        if any(t[3] is None for t in untuned):
+            # Worked out by one worker at a time; the others find them stored (fill_queue_costs).
+            self.store.fill_queue_costs(self.profile.name, self._queue_cost)
+            untuned = [t for t in self.store.untuned_seats(self.profile.name) if _spec_or_none(t[1]) is not None]
+        missing = [t[0] for t in untuned if t[3] is None]  # a census was writing them: costed here
         costs = {}
         if missing:
             shapes = self.store.seat_problems(missing)
@@ -281,6 +285,10 @@ class SeatTuner:
                 out.append((seat_cost(spec, rec.problems, self.profile), s.id, s.kernel, s.label))
         out.sort(key=lambda t: (-t[0], t[1]))
         return [t[1:] for t in out]
+
+    def _queue_cost(self, kernel: str, problems) -> float | None:
+        spec = _spec_or_none(kernel)
+        return None if spec is None else seat_cost(spec, problems, self.profile)
 
 
 def seat_cost(spec, problems, profile) -> float:

@@ -50,7 +50,9 @@ def for_seat(store, rec, spec, profile, audit_later: bool = False):
     s = rec.seat
     label = "|".join((s.kernel, s.dtypes, s.flags, s.bucket))
     if mode() == "auto":
-        seed = seed_from_history(store.history(s.id), store.judged_configs)
+        # A seat never tuned has no history to read (most of a fresh queue's seats).
+        seed = seed_from_history(store.history(s.id), store.judged_configs) \
+            if rec.last_tuning is not None else None
         if seed is None:
             entry = shipped(profile.name).get((s.kernel, s.dtypes, s.flags, s.bucket))
             seed = seed_from_entry(entry, f"shipped table {profile.name}.json") if entry else None
@@ -72,7 +74,7 @@ def ranked(store, s, label: str, profile, audit_later: bool = False) -> Ranked:
              for o, _, meas, refused in store.kernel_measurements(profile.name, s.kernel) if o.id != s.id]
     seat = (s.dtypes, s.flags, s.bucket)
     table = [] if mode() == "cold" else shipped_votes(profile.name, s.kernel, seat)
-    audit = (not audit_later and not store.shortcut_losses(profile.name, s.kernel)) \
+    audit = (not audit_later and not store.has_audit(profile.name, s.kernel)) \
         or label_fraction(label) < AUDIT_RATE
     return Ranked(label, seat, prior, audit, table)
 

@@ -11,12 +11,13 @@ import json
 import os
 import socket
 import time
+from collections import namedtuple
 from contextlib import contextmanager
 from itertools import islice
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import ARRAY, Integer, any_, bindparam, false as sa_false, func, select, update
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -27,7 +28,9 @@ from nbx_tune.tuner.store.models import (Baseline, CensusRun, Certificate, Measu
                                          SeatShape, Trace, TraceNeed, Tuning, utcnow)
 
 LOCK_RETRIES = 8
-CLAIM_WINDOW = 256  # seat ids a claim reads at a time (claim_next)
+CLAIM_WINDOW = 256  # seat ids a claim reads at a time, at most (claim_next)
+QUEUE_COST_LOCK = 0x6E627863  # the advisory lock a fresh queue's costs are worked out under
+CLAIM_FIRST = 16  # ... and in its first read: a window grows fourfold per read up to CLAIM_WINDOW
 
 
 class LeaseLost(StoreError):
@@ -61,6 +64,10 @@ def _dead_local_holder(holder: str) -> bool:
     return False
 
 
+SeatKey = namedtuple("SeatKey", "id profile kernel dtypes flags bucket")
+TuningKey = namedtuple("TuningKey", "id seat_id kind outcome search survivors seeded_from shortcut_loss")
+
+
 @dataclass
 class SeatRecord:
     """A seat with what its status is derived from."""
@@ -72,6 +79,14 @@ class SeatRecord:
     problems: list[Problem] = field(default_factory=list)
     launches: int = 0
     seat_refusal: Refusal | None = None  # the last tuning's refusal of the whole seat
+
+
+def _among(session: Session, column, ids: list):
+    """`column IN ids`: on PostgreSQL `= ANY(:ids)`, one array parameter, so the statement's
+    text is the same for any number of ids (prepared once by the driver)."""
+    if session.bind.dialect.name == "postgresql":
+        return column == any_(bindparam("ids", ids, type_=ARRAY(Integer)))
+    return column.in_(ids)
 
 
 def insert_ignore(session: Session, model, values: dict, keys: tuple[str, ...]) -> None:
@@ -219,7 +234,7 @@ class Store:
                    finished: set | None = None, held: dict | None = None) -> int | None:
         """Claim the first of `seat_ids`, in their order, that nobody live holds (workers
         pass the longest seats first, so the last seats of a queue are short ones). The
-        ids are read CLAIM_WINDOW at a time, only as far as the first free one, and only
+        ids are read in windows (CLAIM_FIRST, growing to CLAIM_WINDOW), only as far as the first free one, and only
         that row is locked (SELECT ... FOR UPDATE SKIP LOCKED on PostgreSQL, passing over a
         row another worker is claiming this instant; SQLite serializes writers with BEGIN
         IMMEDIATE): a claim costs the same at the head of a 100,000-seat queue as of a
@@ -231,25 +246,34 @@ class Store:
         ids = iter(seat_ids)
         now = time.time()
         free = (Seat.claimed_by.is_(None)) | (Seat.claim_expires < now) | (Seat.claimed_by == holder)
+        if since_tuning is None:
+            done = sa_false()
+        else:
+            done = select(Tuning.id).where(Tuning.seat_id == Seat.id, Tuning.id > since_tuning).exists()
+        size = CLAIM_FIRST  # most claims find a free seat near the head: read little first
         with self.session() as s:
-            while window := list(islice(ids, CLAIM_WINDOW)):
-                if since_tuning is not None:
-                    done = set(s.scalars(select(Tuning.seat_id).where(Tuning.seat_id.in_(window),
-                                                                      Tuning.id > since_tuning)))
-                    if finished is not None:
-                        finished |= done
-                    window = [x for x in window if x not in done]
-                state = {i: (by, end) for i, by, end in s.execute(
-                    select(Seat.id, Seat.claimed_by, Seat.claim_expires).where(Seat.id.in_(window)))}
+            while window := list(islice(ids, size)):
+                size = min(CLAIM_WINDOW, 4 * size)
+                # One statement a window: each seat's holder, lease and whether it was tuned
+                # since the caller's list (on PostgreSQL the ids as one array parameter,
+                # a statement prepared once, not a list of placeholders rendered per call).
+                state = {i: (by, end, was_done) for i, by, end, was_done in s.execute(
+                    select(Seat.id, Seat.claimed_by, Seat.claim_expires, done).where(_among(s, Seat.id, window)))}
                 for sid in window:
-                    by, end = state.get(sid, (None, None))
+                    by, end, was_done = state.get(sid, (None, None, False))
+                    if was_done:
+                        if finished is not None:
+                            finished.add(sid)
+                        continue
                     if by is not None and by != holder and end is not None and end >= now:
                         if held is not None:
                             held[sid] = end
                         continue
-                    if s.scalar(select(Seat.id).where(Seat.id == sid, free).with_for_update(skip_locked=True)):
-                        s.execute(update(Seat).where(Seat.id == sid)
-                                  .values(claimed_by=holder, claim_expires=now + ttl_s))
+                    # Locked and taken in one statement, passing over a row another worker
+                    # is claiming this instant (SKIP LOCKED; SQLite has one writer at a time).
+                    mine = select(Seat.id).where(Seat.id == sid, free).with_for_update(skip_locked=True)
+                    if s.execute(update(Seat).where(Seat.id == mine.scalar_subquery())
+                                 .values(claimed_by=holder, claim_expires=now + ttl_s)).rowcount == 1:
                         return sid
             return None
 
@@ -272,6 +296,37 @@ class Store:
                                               .where(SeatShape.seat_id.in_(ids[i:i + 5000]))):
                     out.setdefault(sid, []).append(Problem.from_json(problem))
         return out
+
+    def fill_queue_costs(self, profile: str, cost_of) -> None:
+        """Work out (`cost_of(kernel, problems)`, None to leave one unset) and store the
+        costs of the profile's never-tuned seats that have none, one lister at a time (an
+        advisory lock on PostgreSQL, the write lock on SQLite): a fleet's workers starting
+        together on a fresh queue would each read every seat's shapes and work out every
+        cost (1,000 workers on 2,000 seats: 2 minutes of the simulation's start on two
+        cores). The first does it; the others wait for it, then find the costs stored.
+        Rows a census is writing this instant are passed over (SKIP LOCKED, as in
+        set_queue_costs): the next listing costs them."""
+        with self.session() as s:
+            if s.bind.dialect.name == "postgresql":
+                s.execute(select(func.pg_advisory_xact_lock(QUEUE_COST_LOCK)))
+            rows = s.execute(select(Seat.id, Seat.kernel).where(
+                Seat.profile == profile, Seat.queue_cost.is_(None),
+                ~select(Tuning.id).where(Tuning.seat_id == Seat.id).exists())
+                .with_for_update(skip_locked=True, of=Seat)).all()
+            if not rows:
+                return
+            ids = [sid for sid, _ in rows]
+            shapes: dict[int, list] = {}
+            for i in range(0, len(ids), 5000):
+                for sid, problem in s.execute(select(SeatShape.seat_id, SeatShape.problem)
+                                              .where(_among(s, SeatShape.seat_id, ids[i:i + 5000]))):
+                    shapes.setdefault(sid, []).append(Problem.from_json(problem))
+            costs = [{"sid": sid, "cost": c} for sid, kernel in rows
+                     if (c := cost_of(kernel, shapes.get(sid, []))) is not None]
+            seats = Seat.__table__
+            if costs:
+                s.connection().execute(update(seats).where(seats.c.id == bindparam("sid"))
+                                       .values(queue_cost=bindparam("cost")), costs)
 
     def set_queue_costs(self, costs: dict[int, float]) -> None:
         """Record seats' queue costs (a listing's work, kept for the next worker's)."""
@@ -465,23 +520,38 @@ class Store:
 
     def kernel_measurements(self, profile: str, kernel: str, limit: int = 200):
         """The newest tunings of a kernel on a profile that timed something, newest first:
-        [(Seat, Tuning, [(config, median_ms)], [(config, reason)])], what a ranked search
-        learns from (tuner/search/ranked.py)."""
+        [(seat, tuning, [(config, median_ms)], [(config, reason)])], what a ranked search
+        learns from (tuner/search/ranked.py). The seat and tuning are named tuples of the
+        columns searches read (SeatKey, TuningKey), not mapped objects: a seat's search reads
+        this before every seat, and loading 200 tunings' full rows was most of its cost."""
         with self.session(write=False) as s:
-            rows = s.execute(select(Seat, Tuning).join(Tuning, Tuning.seat_id == Seat.id)
+            rows = s.execute(select(*(getattr(Seat, c) for c in SeatKey._fields),
+                                    *(getattr(Tuning, c) for c in TuningKey._fields))
+                             .join(Tuning, Tuning.seat_id == Seat.id)
                              .where(Seat.profile == profile, Seat.kernel == kernel, Tuning.kind != "import",
                                     Tuning.survivors > 0)
                              .order_by(Tuning.id.desc()).limit(limit)).all()
+            n = len(SeatKey._fields)
+            rows = [(SeatKey(*r[:n]), TuningKey(*r[n:])) for r in rows]
             ids = [t.id for _, t in rows]
             meas, refused = {}, {}
             if ids:
                 for tid, c, ms in s.execute(select(Measurement.tuning_id, Measurement.config, Measurement.median_ms)
-                                            .where(Measurement.tuning_id.in_(ids))):
+                                            .where(_among(s, Measurement.tuning_id, ids))):
                     meas.setdefault(tid, []).append((c, ms))
                 for tid, c, why in s.execute(select(Refusal.tuning_id, Refusal.config, Refusal.reason)
-                                             .where(Refusal.tuning_id.in_(ids), Refusal.config.is_not(None))):
+                                             .where(_among(s, Refusal.tuning_id, ids), Refusal.config.is_not(None))):
                     refused.setdefault(tid, []).append((c, why))
             return [(seat, t, meas.get(t.id, []), refused.get(t.id, [])) for seat, t in rows]
+
+    def has_audit(self, profile: str, kernel: str) -> bool:
+        """Whether a kernel was ever audited on a profile with a loss measured (what
+        `shortcut_losses` would return something for), through the audits' own index:
+        asked before each seat, it must not read every tuning."""
+        with self.session(write=False) as s:
+            return s.scalar(select(Tuning.id).join(Seat, Seat.id == Tuning.seat_id)
+                            .where(Tuning.search == "audit", Seat.profile == profile, Seat.kernel == kernel,
+                                   Tuning.shortcut_loss.is_not(None)).limit(1)) is not None
 
     def shortcut_losses(self, profile: str, kernel: str | None = None) -> list[float]:
         """The losses audits measured for ranked searches (tunings.search = 'audit')."""

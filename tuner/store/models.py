@@ -109,6 +109,9 @@ class Tuning(Base):
     made under."""
 
     __tablename__ = "tunings"
+    # The audits alone (migration 0008): Store.has_audit, asked before every seat.
+    __table_args__ = (Index("ix_tunings_audits", "seat_id", sqlite_where=sql_text("search = 'audit'"),
+                            postgresql_where=sql_text("search = 'audit'")),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     seat_id: Mapped[int] = mapped_column(ForeignKey("seats.id"), index=True)
     census_run_id: Mapped[int | None] = mapped_column(ForeignKey("census_runs.id"), index=True)
