@@ -27,7 +27,7 @@ def test_an_unknown_model_is_one_line(capsys):
 
 
 @pytest.mark.slow
-def test_smoke_runs_every_variant(tmp_path, monkeypatch):
+def test_smoke_runs_every_variant(tmp_path, monkeypatch, transformers_module):
     monkeypatch.setenv("OUT", str(tmp_path))
     results = cs.main(["--smoke", "--no-census", "--models", "gpt2"])
     v = results["gpt2"]["variants"]

@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_leaves
 
 from nbx_tune.errors import TraceError
 from nbx_tune.kernels.serving.fusions import engine as fusions
+from nbx_tune.kernels.serving import gemma_ops  # noqa: F401  (defines the torch ops _WHOLE names)
 from nbx_tune.kernels.copy import layout_params as copy_layout_params
 from nbx_tune.kernels.matmul import operand_major
 from nbx_tune.kernels.trace import Params, TraceRow, read_trace, write_trace
@@ -303,6 +304,11 @@ _WHOLE = {
     **_entry_points(torch.ops.nbx_tune.rope_cos_sin),
     **_entry_points(torch.ops.nbx_tune.cat_kv),
     **_entry_points(torch.ops.nbx_tune.moe_experts),
+    # and Gemma's (kernels/serving/gemma_ops.py)
+    **_entry_points(torch.ops.nbx_tune.gelu_mul),
+    **_entry_points(torch.ops.nbx_tune.softcap),
+    **_entry_points(torch.ops.nbx_tune.score_softmax),
+    **_entry_points(torch.ops.nbx_tune.offset_rms_norm),
 }
 
 
