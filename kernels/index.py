@@ -190,6 +190,10 @@ class IndexSpec(_RowsSpec):
         return (_take_rows_kernel, _row_tile, launch_take_rows, _grid)
 
     def problem_from_row(self, row):
+        if len(row.shapes) > 2 and row.op.removesuffix(".default") in self.ops:  # x[i0, i1]: another family's
+            from nbx_tune.kernels.index_nd import SPEC as INDEX_ND
+
+            return INDEX_ND.problem_from_row(row)
         bad = self._refusal(row, "index", 2)
         if bad:
             return bad
@@ -423,7 +427,12 @@ def _dim0_index(what: str, x, indices):
 
 
 def index(self: torch.Tensor, indices) -> torch.Tensor:
-    """aten.index.Tensor with one integer index tensor: self[idx] along dim 0."""
+    """aten.index.Tensor with one integer index tensor: self[idx] along dim 0 (with more,
+    kernels/index_nd.py's family)."""
+    if len(indices) > 1:
+        from nbx_tune.kernels.index_nd import index_nd
+
+        return index_nd(self, indices)
     idx = _dim0_index("index", self, indices)
     D = numel(self.shape[1:])
     out = launch.empty((*idx.shape, *self.shape[1:]), self.dtype, self.device)

@@ -183,7 +183,7 @@ def unrouted_ops(rows) -> Counter:
 
 def trace_seats(rows, profile) -> set[str]:
     """The seat labels a census of `rows` would tune (on `profile`)."""
-    from nbx_tune.kernels.runtime.registry import spec_for_op
+    from nbx_tune.kernels.runtime.registry import get_spec, spec_for_op
     from nbx_tune.kernels.spec import NotServable, bucket_of, seat_label
 
     seats = set()
@@ -191,6 +191,7 @@ def trace_seats(rows, profile) -> set[str]:
         spec = spec_for_op(row.op)
         p = spec.problem_from_row(row) if spec is not None else None
         if p is not None and not isinstance(p, NotServable):
+            spec = get_spec(p.kernel)  # a row one family hands to another (x[i0, i1], SDPA with a mask)
             seats.add(seat_label(spec.name, p.dtypes, p.flags, spec.key, bucket_of(profile, spec.key, p.dims)))
     return seats
 

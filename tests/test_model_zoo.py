@@ -29,7 +29,7 @@ RECORD: dict = {}  # family -> {op: {reason: calls}}: what fell through, for the
 # copies, stack cats), and SDPA with a mask handed to torch, whose math path returns
 # another memory order than the CPU's fused kernel the trace ran (the model's
 # `.contiguous()` after it then copies). cause -> the kernels of the seats it may leave.
-OPAQUE = {"aten.histc": {"fill"}, "aten.all": {"fill"}, "aten.sort": {"copy"}, "aten.stack": {"cat"},
+OPAQUE = {"aten.histc": {"fill"}, "aten.sort": {"copy"}, "aten.stack": {"cat"},
           "aten.scaled_dot_product_attention": {"copy"}}
 
 
