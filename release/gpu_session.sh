@@ -117,7 +117,7 @@ for s in $STAGES; do case $s in
   served) stage ${SERVED_S:-60} python3 bench/served_tables.py ;;
   masked) stage ${MASKED_S:-560} python3 bench/masked_attention.py ${MASKED_ARGS:---only mistral --shapes prefill} ;;
   routing) stage ${ROUTING_CHECK_S:-240} python3 proofs/gpu_check.py --skip-fault --seconds 200 --configs-per-row 3 \
-             --kernels row_sort,index_rows,index_put_rows,gather,cumsum,histc,floor_divide,stack,compare,where,copy,fill
+             --kernels row_sort,index_rows,index_nd,index_put_rows,gather,all_any,cumsum,histc,floor_divide,stack,compare,where,copy,fill
            stage ${ROUTING_S:-300} python3 bench/moe_routing.py ;;
   eager) stage ${EAGER_S:-560} python3 bench/eager_models.py ${EAGER_ARGS:-} ;;
   opinfo) stage ${OPINFO_S:-300} python3 bench/opinfo_serve.py ${OPINFO_ARGS:---max-samples 8} ;;

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from nbx_tune.kernels import compare, fill, select  # noqa: E402
+from nbx_tune.kernels import all_any, compare, fill, select  # noqa: E402
 from nbx_tune.profiles import get_profile  # noqa: E402
 from nbx_tune.testing import model_zoo  # noqa: E402
 
@@ -20,12 +20,12 @@ PROFILE = get_profile("interpreter")
 FAST = ("llama", "mistral", "gpt2", "bert")  # dense, sliding window, learned positions, an encoder
 SLOW = tuple(f for f in model_zoo.FAMILIES if f not in FAST)
 # The aten ops of the families this branch built: none may fall through on any family.
-MINE = {op.removesuffix(".default") for spec in (compare.SPEC, select.SPEC) for op in spec.serve_ops()} | {
-    op for op in fill.SPEC.serve_ops() if op in fill._LIKE_OPS}
+MINE = {op.removesuffix(".default") for spec in (compare.SPEC, select.SPEC, all_any.SPEC) for op in spec.serve_ops()} | {
+    op for op in fill.SPEC.serve_ops() if op in fill._LIKE_OPS} | {"aten.index.Tensor"}  # x[i0, i1]: index_nd
 
 RECORD: dict = {}  # family -> {op: {reason: calls}}: what fell through, for the report
 # Where serve() launches seats no trace row names, until other issues' ops are served whole:
-# ops with no route whose torch kernels call served ops inside (histc and all fill, sort
+# ops with no route whose torch kernels call served ops inside (histc fills, sort
 # copies, stack cats), and SDPA with a mask handed to torch, whose math path returns
 # another memory order than the CPU's fused kernel the trace ran (the model's
 # `.contiguous()` after it then copies). cause -> the kernels of the seats it may leave.
