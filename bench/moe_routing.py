@@ -2,7 +2,8 @@
 one run, at a decode step's and a 4096-token prefill's sizes (Mixtral: 8 experts, top-2;
 DeepSeek-V3's router: 256, top-8; hidden 4096, bf16 tokens): topk, the sort of the routed
 expert ids, `perm // k`, the tokens' gather, histc, cumsum, the inverse permutation's
-index_put_. Per case: device time of each and the ratio, and whether the outputs are torch's
+index_put_; and a padded batch's mask read at every (batch, key) pair (x[i0, i1]) and its
+`.all()`, which every family with a padded batch makes. Per case: device time of each and the ratio, and whether the outputs are torch's
 bit for bit. Then where torch's own order of ties is the stable one the kernels give: the
 expert ids' sort (ties everywhere) and a top-k over rows with ties, on this GPU.
 
@@ -29,7 +30,8 @@ def cases(torch, dev):
     """(name, torch's op, the kernels' public op that serve() calls for it, args)."""
     import importlib
 
-    K = {m: importlib.import_module(f"nbx_tune.kernels.{m}") for m in ("topk", "index", "scan", "histc", "floor_divide")}
+    K = {m: importlib.import_module(f"nbx_tune.kernels.{m}") for m in ("topk", "index", "scan", "histc", "floor_divide",
+                                                                         "all_any")}
     hidden, tokens = (32, 14) if SMOKE else (4096, 4096)
     g = torch.Generator(device=dev).manual_seed(0)
     out = []
@@ -55,6 +57,12 @@ def cases(torch, dev):
                 (f"index_put_ {label} {n * k}", lambda inv, p, a: inv.index_put_((p,), a),
                  lambda inv, p, a: K["index"].index_put_(inv, [p], a),
                  (torch.empty_like(perm), perm, torch.arange(n * k, device=dev)))]
+    b, L = (2, 7) if SMOKE else (8, 4096)
+    mask = torch.rand(b, L, device=dev, generator=g) < 0.9
+    at = (torch.arange(b, device=dev)[:, None, None, None], torch.arange(L, device=dev)[None, None, None, :])
+    out += [(f"index mask {b}x{L}[batch, key]", lambda m, i, j: m[i, j], lambda m, i, j: K["index"].index(m, [i, j]),
+             (mask, *at)),
+            (f"all mask {b}x{L}", torch.all, K["all_any"].all, (mask,))]
     return out
 
 
