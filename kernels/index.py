@@ -190,7 +190,8 @@ class IndexSpec(_RowsSpec):
         return (_take_rows_kernel, _row_tile, launch_take_rows, _grid)
 
     def problem_from_row(self, row):
-        if len(row.shapes) > 2 and row.op.removesuffix(".default") in self.ops:  # x[i0, i1]: another family's
+        if (len(row.shapes) > 2 or "None" in row.params.str("indices", "")) and row.op.removesuffix(".default") \
+                in self.ops:  # x[i0, i1] and x[:, i]: another family's
             from nbx_tune.kernels.index_nd import SPEC as INDEX_ND
 
             return INDEX_ND.problem_from_row(row)
@@ -427,9 +428,9 @@ def _dim0_index(what: str, x, indices):
 
 
 def index(self: torch.Tensor, indices) -> torch.Tensor:
-    """aten.index.Tensor with one integer index tensor: self[idx] along dim 0 (with more,
-    kernels/index_nd.py's family)."""
-    if len(indices) > 1:
+    """aten.index.Tensor with one integer index tensor: self[idx] along dim 0 (with more, or
+    after sliced dims, kernels/index_nd.py's family)."""
+    if len(indices) != 1:  # several tensors, or sliced dims before one (None entries)
         from nbx_tune.kernels.index_nd import index_nd
 
         return index_nd(self, indices)

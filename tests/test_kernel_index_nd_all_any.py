@@ -95,18 +95,36 @@ def test_several_index_tensors_equal_torch_with_negative_broadcast_and_int32_ind
             assert same(index_mod.index(t, list(idx)), t[idx]), (t.shape, [i.shape for i in idx])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_indices_after_sliced_dims_equal_torch(dtype):
+    """x[:, i] and x[:, :, i0, i1]: the sliced dims stay first (torch's None entries)."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(3, 4, 7, 5, 2, generator=g) * 50).to(dtype)
+    i0, i1 = torch.randint(-6, 6, (6, 1), generator=g), torch.randint(-5, 5, (1, 3), generator=g)
+    j = torch.tensor([-1, 2, 0, -4, 1])  # negative ones wrap
+    transposed = x.permute(1, 0, 2, 3, 4).contiguous().permute(1, 0, 2, 3, 4)  # one sliced dim: any stride
+    for t, cases in ((x, 3), (x[:, :, 1:], 3), (transposed, 2)):  # x[:, :, 1:]: strided, each side one run
+        for key, indices in (((slice(None), j), [None, j]), ((slice(None), j.view(5, 1)), [None, j.view(5, 1)]),
+                             ((slice(None), slice(None), i0, i1), [None, None, i0, i1]))[:cases]:
+            assert same(index_mod.index(t, indices), t[key]), (t.shape, key)
+
+
 def test_index_nd_refuses_what_torch_answers_otherwise():
     x = torch.randn(5, 4, 3)
     i = torch.tensor([0, 1])
     for indices, why in (([i, torch.tensor([4])], "out of range"), ([i, torch.tensor([-5])], "out of range"),
-                         ([i, torch.tensor([0, 1, 2])], "broadcast"), ([i, None], "None"),
+                         ([None, torch.tensor([4])], "out of range"),
+                         ([i, torch.tensor([0, 1, 2])], "broadcast"), ([i, None, i], "None"),
                          ([torch.tensor([True, False, True, False, True]), i[:1]], "mask"),
                          ([i, i.to(torch.int32)], "dtype"), ([i, i, i, i], "indices for 3 dims"),
+                         ([None, None, i, i], "indices for 3 dims"),
                          ([i.view(1, 1, 1, 1, 2), i], "rank 5")):
         with pytest.raises(KernelError, match=why):
             index_mod.index(x, indices)
     with pytest.raises(KernelError, match="collapse"):
         index_mod.index(torch.randn(3, 4, 5, 6).transpose(2, 3), [i, i])
+    with pytest.raises(KernelError, match="collapse"):
+        index_mod.index(torch.randn(3, 4, 5).transpose(0, 1), [None, None, i])  # the sliced dims transposed
 
 
 def test_out_of_range_indices_raise_torchs_index_error_under_serve():
@@ -127,16 +145,19 @@ def test_out_of_range_indices_raise_torchs_index_error_under_serve():
     assert stats["certified"] + stats["default"] == 1 and stats["torch"] == 3
 
 
-def test_multi_index_rows_go_to_index_nd_and_a_none_row_is_refused():
+def test_multi_index_and_sliced_rows_go_to_index_nd_and_a_none_between_is_refused():
     spec = index_mod.INDEX_SPEC
     p = spec.problem_from_row(make_row("aten.index.Tensor", ["bool", "int64", "int64"],
                                        [(2, 7), (2, 1, 1, 1), (1, 1, 1, 7)]))
-    assert p.kernel == "index_nd" and p.dims == (14, 1) and dict(p.flags) == {"k": "2"}
+    assert p.kernel == "index_nd" and p.dims == (14, 1) and dict(p.flags) == {"k": "2", "outer": "0"}
     assert spec.problem_from_row(make_row("aten.index.Tensor", ["float32", "int64"], [(9, 4), (3,)])).kernel \
         == "index_rows"
-    sliced = spec.problem_from_row(make_row("aten.index.Tensor", ["float32", "int64", "int64"], [(9, 4, 3), (3,), (3,)],
+    sliced = spec.problem_from_row(make_row("aten.index.Tensor", ["float32", "int64", "int64"], [(9, 4, 3, 2), (3,), (3,)],
                                             {"indices": "NonexTensorxTensor"}))
-    assert isinstance(sliced, NotServable) and "None" in sliced.reason
+    assert sliced.kernel == "index_nd" and sliced.dims == (27, 2) and dict(sliced.flags) == {"k": "2", "outer": "1"}
+    apart = spec.problem_from_row(make_row("aten.index.Tensor", ["float32", "int64", "int64"], [(9, 4, 3), (3,), (3,)],
+                                           {"indices": "TensorxNonexTensor"}))
+    assert isinstance(apart, NotServable) and "None" in apart.reason
 
 
 # ----------------------------------------------------------------------------- all, any
@@ -191,9 +212,9 @@ def test_all_any_refuse_what_they_do_not_serve():
 
 
 def test_a_recorded_trace_names_the_seats_serve_launches():
-    """A padded batch's mask read and its `.all()` (an encoder's), recorded: the rows map to
-    the index_nd and all_any seats serve() launches; before, the mask read fell through
-    ("one index tensor on dim 0") and aten.all had no route."""
+    """A padded batch's mask read, its `.all()` (an encoder's) and x[:, i], recorded: the rows
+    map to the index_nd and all_any seats serve() launches; before, the mask read fell
+    through ("one index tensor on dim 0") and aten.all had no route."""
     import nbx_tune
     from nbx_tune.kernels.serving import serve as serving
     from nbx_tune.testing import model_zoo
@@ -205,7 +226,7 @@ def test_a_recorded_trace_names_the_seats_serve_launches():
     def forward():
         m = mask.bool()
         b, k = torch.arange(2)[:, None, None, None], torch.arange(7)[None, None, None, :]
-        return m[b, k], m.all(), m.any(dim=-1)
+        return m[b, k], m.all(), m.any(dim=-1), m[:, torch.tensor([6, 0, -1])]
 
     with torch.no_grad(), Recorder() as rec:
         forward()
@@ -220,5 +241,6 @@ def test_a_recorded_trace_names_the_seats_serve_launches():
     for g, w in zip(got, forward()):
         assert same(g, w)
     stats = nbx_tune.serve_stats()
-    for op in ("aten.index.Tensor", "aten.all", "aten.any.dim"):
-        assert stats[op]["torch"] == 0 and stats[op]["certified"] + stats[op]["default"] == 1, (op, stats[op])
+    for op, calls in (("aten.index.Tensor", 2), ("aten.all", 1), ("aten.any.dim", 1)):
+        assert stats[op]["torch"] == 0 and stats[op]["certified"] + stats[op]["default"] == calls, (op, stats[op])
+    assert {"outer=0", "outer=1"} <= {f for s in missed if s.startswith("index_nd") for f in s.split("|")[2].split(",")}
