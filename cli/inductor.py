@@ -67,14 +67,14 @@ def certify(
                       f"{c.error or (w.outcome + (' (current)' if w.current else ' (not current: ' + w.why + ')'))} "
                       f"[{c.seconds:.0f} s]", highlight=False)
 
-    api.inductor_certify([str(t) for t in trace], db, profile, limit, budget_s, one)
+    run = api.inductor_certify([str(t) for t in trace], db, profile, limit, budget_s, one)
     if json_out:
-        render.print_json([{"gemm": c.gemm.__dict__, "error": c.error, "seconds": c.seconds,
+        render.print_json({"profile": run.profile, "db": run.db, "gemms": [{"gemm": c.gemm.__dict__, "error": c.error, "seconds": c.seconds,
                             "entry": c.record, **({"written": c.written.__dict__} if c.written else {})}
-                           for c in rows])
+                           for c in rows]})
         return
-    t = Table(title=f"Inductor choices certified: {sum(1 for c in rows if c.written and c.written.current)} "
-                    f"current of {len(rows)} GEMMs")
+    t = Table(title=f"Inductor choices certified for {run.profile}: "
+                    f"{sum(1 for c in rows if c.written and c.written.current)} current of {len(rows)} GEMMs")
     for col in ("GEMM", "configs", "refused", "chosen", "aten/chosen", "s"):
         t.add_column(col)
     for c in rows:
@@ -83,6 +83,8 @@ def certify(
                   str(len(p.get("refusals", []))), c.error or config_text(c.record["config"]), _speed(p),
                   f"{c.seconds:.0f}")
     out.print(t)
+    out.print(f"recorded in {run.db}; `nbx-tune inductor export --profile {run.profile} -o T.json` writes the table",
+              highlight=False)
 
 
 @inductor_app.command("list")

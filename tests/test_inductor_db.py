@@ -318,3 +318,57 @@ def test_an_unreadable_database_costs_its_choices_not_the_compile(tmp_path, monk
     assert any("cannot read Inductor choices from the database" in r.getMessage() for r in caplog.records)
     monkeypatch.setenv("NBX_TUNE_DB", f"sqlite:///{tmp_path / 'none.db'}")
     assert it.current_table() == ({}, []) and not (tmp_path / "none.db").exists()  # never created
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, tmp_path):
+    """`inductor_certify` as on a GPU: Inductor's configs for each GEMM made up (one passes,
+    one is refused), everything else real. Returns the trace."""
+    from nbx_tune.profiles import get_profile
+    from nbx_tune.profiles.detect import DeviceInfo
+    from nbx_tune.tuner import commands as api
+    from nbx_tune.tuner.inductor.commands import CertifyRun
+
+    def fake_certify(g, rtol):
+        c = choices.Choice(g, KEY, aten_ms=0.06)
+        c.measured = [choices.Measured(_cfg(128), 1e-3, 0.05), choices.Measured(_cfg(64), 0.5, None, "inaccurate")]
+        return c
+
+    def on_gpu(traces, db, profile, limit, budget_s, on_gemm):
+        with Store(db) as store:
+            return CertifyRun("hopper", store.url, choices.certify_traces(
+                traces, store, get_profile("hopper"), DeviceInfo("cuda:90", H100[2], "580"), limit, budget_s, on_gemm))
+
+    monkeypatch.setattr(choices, "certify", fake_certify)
+    monkeypatch.setattr(api, "inductor_certify", on_gpu)
+    trace = tmp_path / "t.tsv"
+    trace.write_text("# nbx-tune trace v1\nop\tdtypes\tshapes\tparams\tcount\n"
+                     "aten.mm\tbfloat16,bfloat16\t512x4096;4096x4096\tlayout=nt\t8\n")
+    return trace
+
+
+def test_the_bench_says_in_one_line_it_needs_a_gpu(db_url, tmp_path):
+    from nbx_tune.bench import inductor_choices as bench
+
+    with pytest.raises(SystemExit, match="^error: inductor certify needs a GPU[^\n]*$"):
+        bench.main(["--trace", "t.tsv", "-o", str(tmp_path / "x.json"), "--db", db_url])
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_the_bench_certifies_through_the_store_and_exports_the_profiles_table(db_url, tmp_path, fake_gpu, capsys):
+    from nbx_tune.bench import inductor_choices as bench
+
+    out = tmp_path / "hopper.json"
+    bench.main(["--trace", str(fake_gpu), "-o", str(out), "--db", db_url])
+    printed = capsys.readouterr().out
+    assert "1.20" in printed and "1 choices of hopper written" in printed  # aten 0.06 ms / chosen 0.05
+    [e] = it.read(out)["entries"]
+    assert e["config"] == _cfg(128) and e["provenance"]["refusals"][0]["reason"] == "inaccurate"
+
+
+def test_cli_certify_reports_each_gemm_and_what_became_current(db_url, fake_gpu):
+    rc, out, err = _cli("inductor", "certify", "--trace", str(fake_gpu), "--db", db_url, "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["profile"] == "hopper" and d["gemms"][0]["written"]["current"]
+    rc, out, err = _cli("inductor", "certify", "--trace", str(fake_gpu), "--db", db_url)
+    assert rc == 0 and "0 current of 1 GEMMs" in out and "as fast or faster" in err  # the same again: kept

@@ -4,6 +4,8 @@ the database's, export them to a table and import one."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from nbx_tune.errors import NbxError
 
 NEEDS_GPU = ("inductor certify needs a GPU with Inductor's Triton GEMM templates (Inductor lists none "
@@ -28,7 +30,14 @@ def inductor_here() -> tuple:
     return torch.__version__, triton_version, gpu
 
 
-def inductor_certify(traces, db=None, profile=None, limit: int = 0, budget_s=None, on_gemm=None):
+@dataclass
+class CertifyRun:
+    profile: str
+    db: str  # the URL as it may be printed
+    gemms: list = field(default_factory=list)  # [choices.Certified]
+
+
+def inductor_certify(traces, db=None, profile=None, limit: int = 0, budget_s=None, on_gemm=None) -> CertifyRun:
     """Certify the traces' GEMM choices on this GPU into the database (tuner/inductor/choices.py)."""
     import torch
 
@@ -48,7 +57,8 @@ def inductor_certify(traces, db=None, profile=None, limit: int = 0, budget_s=Non
         gemm_problems(t)
     prof = resolve_profile(profile, for_tuning=True)
     with Store(db) as store:
-        return certify_traces(traces, store, prof, device_info(), limit, budget_s, on_gemm)
+        return CertifyRun(prof.name, store.url, certify_traces(traces, store, prof, device_info(), limit, budget_s,
+                                                               on_gemm))
 
 
 def _store(db):

@@ -34,7 +34,7 @@ KINDS = ("certify", "import")
 class Written:
     certification_id: int
     key: str
-    outcome: str  # chosen | refused (no config passed) | unchanged (the current choice, again)
+    outcome: str  # chosen | refused (no config passed) | unchanged (an import of the current choice, again)
     current: bool  # this certification's config is the one served now
     why: str
 
@@ -82,7 +82,7 @@ def _write(s, profile: str, rec: dict, kind: str) -> Written:
                                                     InductorChoice.superseded_at.is_(None)).with_for_update())
     cur_cert = s.get(InductorCertification, current.certification_id) if current is not None else None
     measured = _utc(prov["measured_at"])
-    if (current is not None and config is not None and current.config == config_text(config)
+    if (kind == "import" and current is not None and config is not None and current.config == config_text(config)
             and current.ms == prov["ms"] and _aware(cur_cert.measured_at) == measured):
         return Written(cur_cert.id, rec["key"], "unchanged", True, "this choice is already current")
     g = rec.get("gemm") or {}

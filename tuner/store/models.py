@@ -239,7 +239,7 @@ class InductorCertification(Base):
     layout: Mapped[str | None] = mapped_column(String(8))
     kind: Mapped[str] = mapped_column(String(16))  # certify | import
     outcome: Mapped[str] = mapped_column(String(16))  # chosen | refused (no config passed)
-    candidates: Mapped[int] = mapped_column(Integer)
+    candidates: Mapped[int | None] = mapped_column(Integer)  # configs tried, where known
     aten_ms: Mapped[float | None] = mapped_column(Float)
     torch_version: Mapped[str] = mapped_column(String(64))
     triton_version: Mapped[str] = mapped_column(String(64))
