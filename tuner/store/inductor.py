@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 
 from nbx_tune.errors import NbxError, StoreError
 from nbx_tune.kernels.serving import inductor_table
@@ -70,8 +71,14 @@ def write(store, profile: str, records: list[dict], kind: str = "certify", where
         raise ValueError(kind)
     for i, rec in enumerate(records):  # all checked before the database is touched
         _check(rec, f"{where}[{i}]")
-    with store.session() as s:
-        out = [_write(s, profile, rec, kind) for rec in records]
+    for attempt in range(3):
+        try:
+            with store.session() as s:
+                out = [_write(s, profile, rec, kind) for rec in records]
+            break
+        except IntegrityError:  # another writer made a key's first choice meanwhile: judged against it now
+            if attempt == 2:
+                raise
     _read_back(store, profile, out)
     return out
 
