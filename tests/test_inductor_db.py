@@ -372,3 +372,16 @@ def test_cli_certify_reports_each_gemm_and_what_became_current(db_url, fake_gpu)
     assert rc == 0 and d["profile"] == "hopper" and d["gemms"][0]["written"]["current"]
     rc, out, err = _cli("inductor", "certify", "--trace", str(fake_gpu), "--db", db_url)
     assert rc == 0 and "0 current of 1 GEMMs" in out and "as fast or faster" in err  # the same again: kept
+
+
+def test_a_write_a_reader_would_not_find_is_never_reported(db_url, monkeypatch):
+    real = idb._write
+
+    def claims_another(s, profile, rec, kind):
+        w = real(s, profile, rec, kind)
+        w.certification_id += 1000  # what the write reports is not what was committed
+        return w
+
+    monkeypatch.setattr(idb, "_write", claims_another)
+    with Store(db_url) as store, pytest.raises(NbxError, match="not read back"):
+        idb.write(store, "hopper", [_rec()])
