@@ -38,7 +38,7 @@ def upgrade() -> None:
         sa.Column("layout", sa.String(8)),
         sa.Column("kind", sa.String(16), nullable=False),
         sa.Column("outcome", sa.String(16), nullable=False),
-        sa.Column("candidates", sa.Integer, nullable=False),
+        sa.Column("candidates", sa.Integer),
         sa.Column("aten_ms", sa.Float),
         sa.Column("torch_version", sa.String(64), nullable=False),
         sa.Column("triton_version", sa.String(64), nullable=False),
