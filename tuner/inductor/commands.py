@@ -106,8 +106,9 @@ def inductor_export(profile, out: str, db=None) -> dict:
         name = _profile_name(profile)
         if name is None or name not in held:
             has = ", ".join(f"{n} ({k} choices)" for n, k in held.items()) or "no choice of any profile"
+            try_ = f"; nbx-tune inductor export --profile {next(iter(held))} -o {out}" if held else ""
             raise NbxError(f"inductor export: {'which profile? ' if name is None else ''}database {store.url} holds "
-                           f"{has}{'' if name is None else f', none of profile {name}'}; nothing written")
+                           f"{has}{'' if name is None else f', none of profile {name}'}{try_}; nothing written")
         return {"path": str(out), "profile": name, "entries": idb.export_table(store, name, out)}
 
 
