@@ -305,6 +305,11 @@ def test_serving_reads_the_database_first_and_never_a_stale_entry(db_url, tmp_pa
     served, stale = it.current_table()
     assert served == {KEY: [_cfg(32)], KEY2: [_cfg(64)]}  # KEY2: the table's, the database's is stale
     assert [k for k, why in stale if "torch 1.13.0" in why] == [KEY2]
+    if it.hook() is not None:  # install() hands Inductor exactly that table
+        import torch._inductor.config as ic
+
+        with it.choices() as on:
+            assert on and ic.inductor_choices_class().table == served
     monkeypatch.delenv(it.settings.ENV_INDUCTOR_TABLE)
     assert it.current_table()[0] == {KEY: [_cfg(32)]}
 
