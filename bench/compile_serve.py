@@ -18,8 +18,9 @@ Variants, each a prefill of one sequence:
   compile time; --no-max-autotune leaves it out, it costs minutes per model);
 - compile + nbx-tune (`nbx_tune.compiled(model)`: default mode, GEMM and attention nodes on
   the certified kernels where a seat is certified and torch is not faster);
-- compile + nbx table (max-autotune with Inductor's template choices read from the certified
-  table of NBX_TUNE_INDUCTOR_TABLE, kernels/serving/inductor_table.py; only when one is set);
+- compile + nbx table (max-autotune with Inductor's certified template choices, read from the
+  database (NBX_TUNE_DB) and NBX_TUNE_INDUCTOR_TABLE's tables, kernels/serving/inductor_table.py;
+  only where some choice holds here);
 - serve(compile) (torch.compile(model) first called inside `nbx_tune.serve()`, timed inside it).
 Each is timed as eager calls (wall time per call, the host's launch path included) and, on a
 GPU, replayed from a CUDA graph captured around one call. Printed per model: compile seconds
@@ -106,7 +107,7 @@ def run_model(name: str, args, device, dtype, sync) -> dict:
     import nbx_tune
     from nbx_tune.bench.serve_models import graphed, rel_err, run_census
     from nbx_tune.kernels.runtime import certified
-    from nbx_tune.kernels.serving import compiled_ops
+    from nbx_tune.kernels.serving import compiled_ops, inductor_table
     from nbx_tune.tuner.trace.recorder import record
 
     seq = 24 if args.smoke else args.seq
@@ -126,7 +127,7 @@ def run_model(name: str, args, device, dtype, sync) -> dict:
                 model(input_ids=ids, use_cache=False)
             res["census"] = run_census(trace, args.census_budget_s)
             certified.reload()
-        table_on = bool(os.environ.get("NBX_TUNE_INDUCTOR_TABLE"))
+        table_on = bool(inductor_table.current_table()[0])  # choices that hold here: the database's or a table's
         fns = {}
         for vname, (fn, ctx) in variants(model, args, table_on).items():
             call = lambda fn=fn: fn(input_ids=ids, use_cache=False).logits  # noqa: E731

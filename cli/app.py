@@ -19,6 +19,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from nbx_tune.cli import render
+from nbx_tune.cli.inductor import inductor_app
 from nbx_tune.errors import NbxError
 from nbx_tune.tuner import commands as api
 
@@ -44,6 +45,7 @@ profiles_app = typer.Typer(help="Device profiles: list, show, check.", no_args_i
 db_app = typer.Typer(help="The database schema: upgrade, current.", no_args_is_help=True)
 app.add_typer(profiles_app, name="profiles")
 app.add_typer(db_app, name="db")
+app.add_typer(inductor_app, name="inductor")
 
 out = Console()
 err = Console(stderr=True)

@@ -142,7 +142,8 @@ for s in $STAGES; do case $s in
   serve) stage ${SERVE_S:-420} python3 bench/serve_models.py ${SERVE_ARGS:-} ;;
   compile) stage ${COMPILE_S:-560} python3 bench/compile_serve.py ${COMPILE_ARGS:---models llama,qwen2 --budget-s 240} ;;
   inductor) stage ${INDUCTOR_S:-560} sh -c "python3 bench/inductor_choices.py --trace examples/traces/llama2_7b_seq512_bf16.tsv \
-              -o $OUT/inductor_choices.json --budget-s 300 && NBX_TUNE_INDUCTOR_TABLE=$OUT/inductor_choices.json \
+              -o $OUT/inductor_choices.json --budget-s 300 && python3 -m nbx_tune.cli.app inductor list --json \
+              > $OUT/inductor_list.json && NBX_TUNE_INDUCTOR_TABLE=$OUT/inductor_choices.json \
               python3 bench/compile_serve.py --models llama --no-census" ;;
   *) echo "unknown stage $s" | tee -a "$LOG" ;;
 esac; done

@@ -468,3 +468,8 @@ def _missing_sqlite(url: str, raise_it: bool = False) -> bool:
     if raise_it:
         raise StoreError(f"no database at {path} (a mistyped --db? a census creates one)")
     return True
+
+
+# Inductor's certified template choices: `nbx-tune inductor ...` (their own module).
+from nbx_tune.tuner.inductor.commands import (inductor_certify, inductor_export, inductor_import,  # noqa: E402,F401
+                                              inductor_list, inductor_show)

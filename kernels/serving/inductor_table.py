@@ -10,15 +10,18 @@ use instead of the search. With one config Inductor compiles it and times nothin
     install()                      # Inductor's choices read the certified table from now on
     with choices(): compiled(x)    # the same, for a block
 
-The table is a JSON file (`write` / `read`; NBX_TUNE_INDUCTOR_TABLE names them,
-os.pathsep-separated, then `kernels/tables/inductor/<profile>.json` if shipped):
+The choices come from the database (its `inductor_current` view, NBX_TUNE_DB: what
+`nbx-tune inductor certify` and `import` write), then from tables, JSON files (`write` /
+`read`; NBX_TUNE_INDUCTOR_TABLE names them, os.pathsep-separated, then
+`kernels/tables/inductor/<profile>.json` if shipped; `nbx-tune inductor export` writes one):
 
     {"format": "nbx-tune inductor choices v1", "profile": "hopper",
      "entries": [{"key": "<Inductor's device-agnostic lookup key>", "op": "mm",
+                  "gemm": {"dtype": "bfloat16", "dims": [B, M, N, K], "layout": "nt"},   # optional
                   "config": {"template_id": "triton::mm", "BLOCK_M": 128, ..., "template_hash": ...},
-                  "provenance": {"torch_version", "triton_version", "device_name", "max_rel_err",
-                                 "ms", "aten_ms", "candidates", "refusals": [{"config", "reason"}],
-                                 "measured_at"}}]}
+                  "provenance": {"torch_version", "triton_version", "device_name", "driver", "max_rel_err",
+                                 "ms", "aten_ms", "runner_up_ms", "candidates",
+                                 "refusals": [{"config", "reason"}], "measured_at"}}]}
 
 An entry is served only where it holds (`stale_reason`): torch of the same major.minor (the
 templates and their keys are torch's), the same Triton, the same GPU name. Inductor itself
@@ -39,11 +42,13 @@ from pathlib import Path
 from nbx_tune import settings
 from nbx_tune.errors import NbxError
 from nbx_tune.files import write_atomic
+from nbx_tune.kernels.runtime import certified_view
 from nbx_tune.kernels.runtime.torch_rule import torch_minor
 
 log = logging.getLogger("nbx_tune")
 
 FORMAT = "nbx-tune inductor choices v1"
+VIEW = "inductor_current"  # the database's current choices (migration 0009)
 TABLE_DIR = Path(__file__).resolve().parents[1] / "tables" / "inductor"
 PROVENANCE = {"torch_version": str, "triton_version": str, "device_name": str, "max_rel_err": float,
               "ms": float, "measured_at": str}
@@ -55,7 +60,10 @@ NO_HOOK = ("nbx-tune: torch {version} has no Inductor template lookup table "
 # ----------------------------------------------------------------------------- the file
 
 
-def _problem(e) -> str | None:
+def entry_problem(e) -> str | None:
+    """What is wrong with a table entry, or None: the one check of the format, for the file and
+    for what the database imports. `gemm` (the problem: dtype, [B, M, N, K], layout),
+    `provenance.refusals`, `candidates` and `driver` are optional; where present they are checked."""
     if not isinstance(e, dict):
         return "expected an object"
     for k, typ in (("key", str), ("op", str), ("config", dict), ("provenance", dict)):
@@ -63,17 +71,40 @@ def _problem(e) -> str | None:
             return f"{k}: missing or not a {typ.__name__}"
     if not isinstance(e["config"].get("template_id"), str):
         return "config.template_id: missing"
+    prov = e["provenance"]
     for k, typ in PROVENANCE.items():
-        v = e["provenance"].get(k)
-        if typ is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        v = prov.get(k)
+        if typ is float and not _number(v):
             return f"provenance.{k}: not a number"
         if typ is str and (not isinstance(v, str) or not v):
             return f"provenance.{k}: missing"
     try:
-        datetime.fromisoformat(e["provenance"]["measured_at"])
+        datetime.fromisoformat(prov["measured_at"])
     except ValueError:
         return "provenance.measured_at: not an ISO date and time"
+    for k in ("aten_ms", "runner_up_ms"):
+        if prov.get(k) is not None and not _number(prov[k]):
+            return f"provenance.{k}: not a number"
+    if prov.get("candidates") is not None and (isinstance(prov["candidates"], bool)
+                                               or not isinstance(prov["candidates"], int)):
+        return "provenance.candidates: not an integer"
+    if prov.get("driver") is not None and not isinstance(prov["driver"], str):
+        return "provenance.driver: not a string"
+    refusals = prov.get("refusals", [])
+    if not isinstance(refusals, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("config"), dict) and isinstance(r.get("reason"), str)
+            for r in refusals):
+        return "provenance.refusals: expected a list of {config, reason}"
+    g = e.get("gemm")
+    if g is not None and not (isinstance(g, dict) and isinstance(g.get("dtype"), str)
+                              and isinstance(g.get("layout"), str) and isinstance(g.get("dims"), list)
+                              and len(g["dims"]) == 4 and all(type(d) is int for d in g["dims"])):
+        return "gemm: expected {dtype, dims: [B, M, N, K], layout}"
     return None
+
+
+def _number(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float))
 
 
 def read(path: Path) -> dict:
@@ -89,7 +120,7 @@ def read(path: Path) -> dict:
     if not isinstance(doc.get("profile"), str) or not isinstance(doc.get("entries"), list):
         raise NbxError(f"{path}: expected a profile name and a list of entries")
     for i, e in enumerate(doc["entries"]):
-        why = _problem(e)
+        why = entry_problem(e)
         if why:
             raise NbxError(f"{path}: entries[{i}]: {why}")
     return doc
@@ -98,7 +129,7 @@ def read(path: Path) -> dict:
 def write(path: Path, profile: str, entries: list[dict]) -> None:
     """Write a table whole (or nothing); entries are checked as `read` checks them."""
     for i, e in enumerate(entries):
-        why = _problem(e)
+        why = entry_problem(e)
         if why:
             raise NbxError(f"{path}: entries[{i}]: {why}")
     doc = {"format": FORMAT, "profile": profile, "entries": sorted(entries, key=lambda e: (e["op"], e["key"]))}
@@ -171,8 +202,19 @@ def handler_class():
     return CertifiedChoices
 
 
+def db_entries(url: str, profile: str) -> list[dict]:
+    """The database's current choices of `profile` as table entries (stale or not: the reader
+    judges); none where the database (a SQLite file) does not exist. Raises what the driver raises."""
+    rows = certified_view.read_view(url, profile, VIEW) or []
+    keys = ("torch_version", "triton_version", "device_name", "max_rel_err", "ms", "aten_ms")
+    return [{"key": r["key"], "op": r["op"], "config": json.loads(r["config"]),
+             "provenance": {**{k: r[k] for k in keys}, "measured_at": str(r["measured_at"])}} for r in rows]
+
+
 def current_table() -> tuple[dict, list]:
-    """The certified lookup table for this process's profile, torch, Triton and GPU."""
+    """The certified lookup table for this process's profile, torch, Triton and GPU: the
+    database's current choices (NBX_TUNE_DB) first, then the tables' (NBX_TUNE_INDUCTOR_TABLE,
+    the shipped one). A database that cannot be read costs its choices, never the compile."""
     import torch
     import triton
 
@@ -180,6 +222,11 @@ def current_table() -> tuple[dict, list]:
 
     profile = current_profile()
     docs = []
+    try:
+        docs.append({"entries": db_entries(settings.db_url(), profile.name)})
+    except Exception as e:
+        log.warning("nbx-tune: cannot read Inductor choices from the database (%s: %s); the tables' are used",
+                    type(e).__name__, (str(e).splitlines() or [""])[0])
     for path in table_paths(profile.name):
         doc = read(path)
         if doc["profile"] == profile.name:

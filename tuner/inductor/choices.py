@@ -100,19 +100,26 @@ class Choice:
     aten_ms: float | None = None
 
 
-def entry(choice: Choice, provenance: dict) -> dict | None:
-    """The table entry of the fastest config that passed the screen, or None where none did."""
+def record(choice: Choice, provenance: dict) -> dict:
+    """The certification as the database keeps it (tuner/store/inductor.py): the table entry of
+    the fastest config that passed the screen, `config` None where none did; every refusal kept."""
     ok = sorted((m for m in choice.measured if m.refusal is None and m.ms is not None), key=lambda m: m.ms)
-    if not ok:
-        return None
-    win = ok[0]
-    return {"key": choice.key, "op": choice.gemm.op, "config": dict(win.config),
-            "provenance": {**provenance, "max_rel_err": win.err, "ms": win.ms, "aten_ms": choice.aten_ms,
-                           "runner_up_ms": ok[1].ms if len(ok) > 1 else None,
+    win = ok[0] if ok else None
+    g = choice.gemm
+    return {"key": choice.key, "op": g.op, "config": dict(win.config) if win else None,
+            "gemm": {"dtype": g.dtype, "dims": list(g.dims), "layout": g.layout},
+            "provenance": {**provenance, "max_rel_err": win.err if win else None, "ms": win.ms if win else None,
+                           "aten_ms": choice.aten_ms, "runner_up_ms": ok[1].ms if len(ok) > 1 else None,
                            "candidates": len(choice.measured),
                            "refusals": [{"config": m.config, "reason": m.refusal}
                                         for m in choice.measured if m.refusal is not None],
                            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}}
+
+
+def entry(choice: Choice, provenance: dict) -> dict | None:
+    """The table entry of the fastest config that passed the screen, or None where none did."""
+    r = record(choice, provenance)
+    return r if r["config"] is not None else None
 
 
 # ----------------------------------------------------------------------------- on the GPU
@@ -200,3 +207,54 @@ def certify(g: Gemm, rtol: float, warmup_ms: float = 25, rep_ms: float = 100) ->
         if m.refusal is None:
             m.ms = gpu_time(lambda: compiled(*args), warmup_ms, rep_ms)[0]
     return choice
+
+
+@dataclass
+class Certified:
+    """One GEMM of a run: what the store recorded (None where nothing was), or why not."""
+
+    gemm: Gemm
+    record: dict | None = None
+    written: object = None  # tuner.store.inductor.Written
+    error: str | None = None
+    seconds: float = 0.0
+
+
+def certify_traces(traces, store, profile, device, limit: int = 0, budget_s: float | None = None,
+                   on_gemm=None) -> list[Certified]:
+    """Certify the traces' GEMMs (most launched first, at most `limit`; none started past
+    `budget_s`) on this GPU, each written through the store as it finishes, with its refusals:
+    a run stopped midway keeps what it finished. `on_gemm(Certified)` after each."""
+    import time
+
+    import torch
+    import triton
+
+    from nbx_tune.tuner.store import inductor as db
+
+    gemms = list(dict.fromkeys(g for t in traces for g in gemm_problems(t)))  # a bad trace fails first
+    if limit:
+        gemms = gemms[:limit]
+    prov = {"torch_version": torch.__version__, "triton_version": triton.__version__,
+            "device_name": device.name, "driver": device.driver}
+    out, t0 = [], time.monotonic()
+    for g in gemms:
+        c = Certified(g)
+        if budget_s is not None and time.monotonic() - t0 > budget_s:
+            c.error = "not started: past the budget"
+        else:
+            t1 = time.monotonic()
+            try:
+                choice = certify(g, profile.screen_rtol[g.dtype])
+            except Exception as e:  # Inductor's API moved, a GEMM it cannot compile: a row, not a crash
+                choice, c.error = None, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+            if choice is None and c.error is None:
+                c.error = "Inductor made no template choice for it"
+            if choice is not None:
+                c.record = record(choice, prov)
+                c.written = db.write(store, profile.name, [c.record], where=f"certification of {g}")[0]
+            c.seconds = time.monotonic() - t1
+        out.append(c)
+        if on_gemm is not None:
+            on_gemm(c)
+    return out

@@ -4,6 +4,7 @@ create exactly this; `tests/test_store.py` checks the two agree.
     traces ─< trace_needs >─ seats ─< seat_shapes
     census_runs                 seats ─< tunings ─< measurements
                                          tunings ─< refusals, certificates ─< baselines
+    inductor_certifications ─< inductor_refusals, inductor_choices
 
 A seat is (profile, kernel, dtypes, flags, bucket); the kernel source hash, config-space
 hash, Triton version, profile hash and device it was tuned under live on its tunings, so a
@@ -220,3 +221,59 @@ class Baseline(Base):
     method: Mapped[str] = mapped_column(String(64))  # how both sides were timed
     rows: Mapped[str | None] = mapped_column(Text)  # JSON: the trace rows timed, with counts and times
     measured_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class InductorCertification(Base):
+    """One certification (or import) of Inductor's template configs for one GEMM lookup key
+    on a profile (tuner/inductor/choices.py), with the versions its staleness is judged on
+    (kernels/serving/inductor_table.stale_reason)."""
+
+    __tablename__ = "inductor_certifications"
+    __table_args__ = (Index("ix_inductor_certifications_profile_key", "profile", "key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    profile: Mapped[str] = mapped_column(String(64))
+    key: Mapped[str] = mapped_column(Text)  # Inductor's lookup key: input dtypes, sizes, strides + op
+    op: Mapped[str] = mapped_column(String(16))  # mm | addmm | bmm
+    dtype: Mapped[str | None] = mapped_column(String(32))  # the problem, where known (an old table's entry: no)
+    dims: Mapped[str | None] = mapped_column(String(128))  # JSON [B, M, N, K]
+    layout: Mapped[str | None] = mapped_column(String(8))
+    kind: Mapped[str] = mapped_column(String(16))  # certify | import
+    outcome: Mapped[str] = mapped_column(String(16))  # chosen | refused (no config passed)
+    candidates: Mapped[int | None] = mapped_column(Integer)  # configs tried, where known
+    aten_ms: Mapped[float | None] = mapped_column(Float)
+    torch_version: Mapped[str] = mapped_column(String(64))
+    triton_version: Mapped[str] = mapped_column(String(64))
+    device_name: Mapped[str] = mapped_column(String(255))
+    driver: Mapped[str | None] = mapped_column(String(64))
+    measured_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class InductorRefusal(Base):
+    __tablename__ = "inductor_refusals"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    certification_id: Mapped[int] = mapped_column(ForeignKey("inductor_certifications.id"), index=True)
+    config: Mapped[str] = mapped_column(Text)  # JSON, as Inductor's lookup table holds it
+    reason: Mapped[str] = mapped_column(Text)
+
+
+class InductorChoice(Base):
+    """A certification's chosen config. At most one per (profile, key) is current
+    (superseded_at IS NULL), held by a partial unique index as certificates are."""
+
+    __tablename__ = "inductor_choices"
+    __table_args__ = (
+        Index("uq_inductor_choices_current", "profile", "key", unique=True,
+              sqlite_where=sql_text("superseded_at IS NULL"), postgresql_where=sql_text("superseded_at IS NULL")),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    certification_id: Mapped[int] = mapped_column(ForeignKey("inductor_certifications.id"), index=True)
+    profile: Mapped[str] = mapped_column(String(64))
+    key: Mapped[str] = mapped_column(Text)
+    config: Mapped[str] = mapped_column(Text)  # JSON: template_id, its parameters, template_hash
+    ms: Mapped[float] = mapped_column(Float)
+    max_rel_err: Mapped[float] = mapped_column(Float)
+    runner_up_ms: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    superseded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    superseded_reason: Mapped[str | None] = mapped_column(Text)
