@@ -7,6 +7,9 @@ functions for the interpreter or for a GPU at import), so it is set here, at col
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# The CLI's rich consoles are made at import and keep the width they found then; tests read
+# whole lines of its tables, so every process (xdist's workers too) gets one wide width.
+os.environ["COLUMNS"] = "400"
 
 import pytest  # noqa: E402
 
