@@ -88,6 +88,10 @@ def cases(torch, dev, dt):
          (r(1, 2304), r(2304), 1e-6), {}),
         ("embedding", "embedding 1x8 of 32000x256", lambda i, w: K.embedding(w, i), F.embedding,
          (torch.randint(0, 32000, (1, 8), device=dev), r(32000, 256)), {}),
+        # a mask's ops: a comparison with a number, and where with a value
+        ("compare", "gt 1x1x8x1024 > 0", K.gt, torch.gt, (r(1, 1, 8, 1024), 0), {}),
+        ("where", "where mask 1x1x8x1024, -1e4", K.where, torch.where,
+         (r(1, 1, 8, 1024) > 0, r(1, 1, 8, 1024), -1e4), {}),
         # a model's linear with a bias: torch.addmm on the transposed weight
         ("addmm", "linear 4x256 -> 256 with bias", lambda a, w, b: K.addmm(b, a, w.t()), F.linear,
          (r(4, 256), r(256, 256), r(256)), {}),

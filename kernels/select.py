@@ -14,6 +14,8 @@ as in `compare`, so a trace row and serve()'s launch of one call meet. Exact.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import triton
@@ -218,6 +220,8 @@ def _where(condition: torch.Tensor, self, other) -> torch.Tensor:
         if out_dt in ("int32", "int64") and not isinstance(x, torch.Tensor) and \
                 not -2 ** (_BITS[out_dt] - 1) <= x < 2 ** (_BITS[out_dt] - 1):
             raise KernelError(f"where: {x} does not fit {out_dt} (torch refuses it)")
+        if out_dt in FLOATS and not isinstance(x, torch.Tensor) and x == 0 and math.copysign(1.0, x) < 0:
+            raise KernelError("where: a value of -0.0 (the launch passes +0.0; torch keeps the sign)")
         v = None if isinstance(x, torch.Tensor) else value_in(x, out_dt)
         if v is None and not isinstance(x, torch.Tensor):
             raise KernelError(f"where: the value {x!r} in {out_dt} is not served")

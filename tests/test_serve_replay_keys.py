@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import nbx_tune
+from nbx_tune.errors import KernelError
 from nbx_tune.kernels import compare, div, layer_norm, mul, select
 from nbx_tune.kernels.runtime import certified
 from nbx_tune.kernels.serving import serve as serving
@@ -188,3 +189,73 @@ def test_where_and_compare_under_serve_are_replayed_and_torchs(fake):
     assert fake.log == ["triton"] * 2 + ["direct"] * 4  # gt and where, recorded once each
     st = serving.stats()
     assert st["aten.where.self"]["certified"] + st["aten.where.self"]["default"] == 3
+
+
+# ----------------------------------------------------------------------------- fills
+
+def test_full_and_scalar_tensor_replay_keyed_by_size_dtype_and_value(fake):
+    from nbx_tune.kernels import fill
+
+    cpu = torch.device("cpu")
+    calls = [("full", (2, 3), 1.5, torch.float32), ("full", (2, 3), 1.5, torch.float32),
+             ("full", (2, 3), -1.5, torch.float32), ("full", (2, 3), 1, torch.float32),
+             ("full", (3, 2), 1.5, torch.float32), ("full", (2, 3), 1.5, torch.float16),
+             ("full", (2, 3), 1, torch.int64), ("scalar_tensor", (), 2.5, torch.float32),
+             ("scalar_tensor", (), -2.5, torch.float32)]
+    for what, size, v, dt in calls:
+        got = fill.full(size, v, dtype=dt, device=cpu) if what == "full" else \
+            fill.scalar_tensor(v, dtype=dt, device=cpu)
+        _same(got, torch.full(size, v, dtype=dt))
+    assert fake.log == ["triton", "direct"] + ["triton"] * 7
+
+
+def test_zeros_follow_a_changed_default_dtype(fake):
+    from nbx_tune.kernels import fill
+
+    cpu = torch.device("cpu")
+    first = [fill.zeros((4,), device=cpu) for _ in range(2)]
+    was = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float16)
+    try:
+        half = fill.zeros((4,), device=cpu)
+    finally:
+        torch.set_default_dtype(was)
+    assert [t.dtype for t in first] == [torch.float32] * 2 and half.dtype == torch.float16
+    assert fake.log == ["triton", "direct", "triton"]
+
+
+def test_fill_and_zero_in_place_replay_on_each_calls_tensor(fake):
+    a, b = torch.randn(3, 5), torch.randn(3, 5)
+    with nbx_tune.serve():
+        a.fill_(2.0)
+        b.fill_(2.0)  # the replay writes b, not a
+        a.fill_(-3.0)
+        b.zero_()
+    _same(a, torch.full((3, 5), -3.0))
+    _same(b, torch.zeros(3, 5))
+    assert fake.log == ["triton", "direct", "triton", "triton"]
+
+
+def test_where_with_a_value_under_serve_replays_both_launches(fake):
+    m, x = torch.rand(2, 9) > 0.5, torch.randn(2, 9)
+    with nbx_tune.serve():
+        got = [torch.where(m, x, -1e4) for _ in range(3)]
+    for g in got:
+        _same(g, torch.where(m, x, -1e4))
+    assert fake.log == ["triton"] * 2 + ["direct"] * 4  # the wrapped value's scalar_tensor and where
+
+
+def test_a_negative_zero_fill_or_where_value_runs_torch_under_serve(fake):
+    """The fill and where launches pass a value of -0.0 as +0.0: serve() hands those calls
+    to torch, whose result keeps the sign."""
+    m, x = torch.rand(2, 9) > 0.5, torch.randn(2, 9)
+    with nbx_tune.serve():
+        full, where = torch.full((2, 3), -0.0), torch.where(m, x, -0.0)
+        twice = torch.where(m, x, 0.0)  # +0.0 is served
+    _same(full, torch.full((2, 3), -0.0))
+    _same(where, torch.where(m, x, -0.0))
+    _same(twice, torch.where(m, x, 0.0))
+    st = serving.stats()  # where's wrapped -0.0 is a scalar_tensor, which torch makes
+    assert st["aten.full"]["torch"] == 1 and st["aten.scalar_tensor"]["torch"] == 1
+    with pytest.raises(KernelError, match="-0.0"):  # a value -0.0 given to where itself
+        select.where(m, x, -0.0)
