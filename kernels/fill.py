@@ -336,18 +336,30 @@ def _created(what: str, size, dt, device, value) -> torch.Tensor:
     """A new tensor of `size` filled with `value`, replayed (kernels/runtime/launch.py) where
     the call names its device and `value` is a Python number: the key holds the op, the size,
     the dtype resolved (the default dtype may change), the device and the value by its repr
-    (its type, and -0.0 apart from 0.0). device=None is the default device, which may change:
-    the ordinary path, always."""
+    (its type, and -0.0 apart from 0.0). device=None is the default device, and "cuda" the
+    current one, which may change: the key holds the device resolved, or the call takes the
+    ordinary path."""
     if device is None or not isinstance(value, (bool, int, float)):
         return _fill(torch.empty(tuple(size), dtype=dt, device=device), value, what)
     try:
-        key = (SPEC, what, tuple(size), dt, device, repr(value))
-    except TypeError:  # not a sequence of sizes: torch's error
-        raise KernelError(f"{what}: size {size!r} is not a sequence") from None
-    hit = REMEMBERED.get(key)
+        dev = _resolved(device)
+        key = (SPEC, what, tuple(size), dt, dev, repr(value))
+        hit = REMEMBERED.get(key)
+    except TypeError:  # not a sequence of sizes, an unhashable size, a device not resolved: the ordinary path
+        return _fill(torch.empty(size, dtype=dt, device=device), value, what)
     if hit is not None:
         return hit()
-    return launch.remember(key, (), _create, what, key[2], dt, device, value)
+    return launch.remember(key, (), _create, what, key[2], dt, dev, value)
+
+
+def _resolved(device):
+    """The device a tensor made on `device` lands on, or TypeError where that depends on more."""
+    dev = device if isinstance(device, torch.device) else torch.device(device)
+    if dev.index is not None or dev.type == "cpu":
+        return dev
+    if dev.type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    raise TypeError(f"the current {dev.type} device")
 
 
 def _create(what, size, dt, device, value) -> torch.Tensor:

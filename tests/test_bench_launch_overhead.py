@@ -25,3 +25,19 @@ def test_serve_smoke_times_both_sides_of_each_family(tmp_path):
         assert d["torch_us"] > 0 and d["serve_us"] > 0
         ran = next(iter(d["ran"].values()))
         assert ran["certified"] + ran["default"] == 1  # the call ran on the family's kernel
+
+
+@pytest.mark.slow
+def test_serve_cpu_times_serves_own_work_with_launches_mocked(tmp_path):
+    """--serve --cpu: every call of the families asked for runs the kernel's replay (certified,
+    the launch mocked), timed against torch's CPU op."""
+    env = {**os.environ, "OUT": str(tmp_path), "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "launch_overhead.py"), "--serve", "--cpu",
+                        "--only", "where,layer_norm"], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "launches mocked" in r.stdout
+    rep = json.loads((tmp_path / "launch_overhead_serve_cpu.json").read_text())
+    assert {d["family"] for d in rep["us_per_call"].values()} == {"where", "layer_norm"}
+    for d in rep["us_per_call"].values():
+        assert d["torch_us"] > 0 and d["serve_us"] > 0
+        assert all(s["certified"] >= 1 and not s["default"] and not s["torch"] for s in d["ran"].values())

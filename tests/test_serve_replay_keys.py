@@ -259,3 +259,17 @@ def test_a_negative_zero_fill_or_where_value_runs_torch_under_serve(fake):
     assert st["aten.full"]["torch"] == 1 and st["aten.scalar_tensor"]["torch"] == 1
     with pytest.raises(KernelError, match="-0.0"):  # a value -0.0 given to where itself
         select.where(m, x, -0.0)
+
+
+def test_a_fills_key_holds_the_device_it_lands_on(monkeypatch):
+    """"cuda" is the current device, which may change between calls: the key holds the
+    device resolved, so a replay never allocates on the device of an earlier call."""
+    from nbx_tune.kernels import fill
+
+    for index in (0, 1):
+        monkeypatch.setattr(torch.cuda, "current_device", lambda index=index: index)
+        assert fill._resolved("cuda") == torch.device("cuda", index)
+        assert fill._resolved(torch.device("cuda")) == torch.device("cuda", index)
+    assert fill._resolved("cuda:1") == torch.device("cuda", 1) and fill._resolved("cpu") == torch.device("cpu")
+    with pytest.raises(TypeError):  # another kind's current device: the ordinary path
+        fill._resolved("xpu")
