@@ -311,8 +311,12 @@ _FLOAT_MAX = 3.4028234663852886e38
 
 def arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pin_memory=None) -> torch.Tensor:
     """aten.arange (end), .start (start, end) and .start_step: exact values only."""
-    key = (SPEC, "arange", type(start), start, type(end), end, type(step), step, dtype, device)
-    hit = REMEMBERED.get(key)
+    try:  # "cuda" is the current device, which may change: keyed resolved (`_resolved`)
+        key = (SPEC, "arange", type(start), start, type(end), end, type(step), step, dtype,
+               device if device is None else _resolved(device))
+        hit = REMEMBERED.get(key)
+    except TypeError:  # unhashable, or a device not resolved: the ordinary path
+        return _arange_call(start, end, step, dtype, device)
     if hit is not None:  # the direct launch (kernels/runtime/launch.py)
         return hit()
     return launch.remember(key, (), _arange_call, start, end, step, dtype, device)

@@ -273,3 +273,17 @@ def test_a_fills_key_holds_the_device_it_lands_on(monkeypatch):
     assert fill._resolved("cuda:1") == torch.device("cuda", 1) and fill._resolved("cpu") == torch.device("cpu")
     with pytest.raises(TypeError):  # another kind's current device: the ordinary path
         fill._resolved("xpu")
+
+
+def test_an_arange_on_cuda_is_keyed_by_the_current_device(fake, monkeypatch):
+    """arange(n, device="cuda") lands on the current device: a replay recorded while it was
+    another must not be served (the key holds the device resolved)."""
+    from nbx_tune.kernels import fill
+
+    keys = []
+    monkeypatch.setattr(fill.launch, "remember", lambda key, inputs, slow, *a: keys.append(key) or slow(*a))
+    monkeypatch.setattr(fill, "_arange_call", lambda *a: torch.arange(3))
+    for index in (0, 1):
+        monkeypatch.setattr(torch.cuda, "current_device", lambda index=index: index)
+        fill.arange(3, device="cuda")
+    assert [k[-1] for k in keys] == [torch.device("cuda", 0), torch.device("cuda", 1)]
