@@ -283,6 +283,8 @@ def _fill(out: torch.Tensor, value, what: str) -> torch.Tensor:
         raise KernelError(f"{what}: dtype {out.dtype} is not served ({', '.join(TORCH_DTYPES)})")
     if isinstance(value, torch.Tensor):
         value = value.item()
+    if dt in FLOATS and value == 0 and math.copysign(1.0, value) < 0:
+        raise KernelError(f"{what}: -0.0 (the launch writes +0.0; torch keeps the sign)")
     if dt in ("int32", "int64") and not float(value).is_integer():
         raise KernelError(f"{what}: a fractional value {value} into {dt} is not served")
     if dt in ("int32", "int64") and not -_LIMIT[dt] <= value < _LIMIT[dt]:
@@ -309,8 +311,12 @@ _FLOAT_MAX = 3.4028234663852886e38
 
 def arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pin_memory=None) -> torch.Tensor:
     """aten.arange (end), .start (start, end) and .start_step: exact values only."""
-    key = (SPEC, "arange", type(start), start, type(end), end, type(step), step, dtype, device)
-    hit = REMEMBERED.get(key)
+    try:  # "cuda" is the current device, which may change: keyed resolved (`_resolved`)
+        key = (SPEC, "arange", type(start), start, type(end), end, type(step), step, dtype,
+               device if device is None else _resolved(device))
+        hit = REMEMBERED.get(key)
+    except TypeError:  # unhashable, or a device not resolved: the ordinary path
+        return _arange_call(start, end, step, dtype, device)
     if hit is not None:  # the direct launch (kernels/runtime/launch.py)
         return hit()
     return launch.remember(key, (), _arange_call, start, end, step, dtype, device)
@@ -330,31 +336,70 @@ def _arange_call(start, end, step, dtype, device) -> torch.Tensor:
     return out
 
 
+def _created(what: str, size, dt, device, value) -> torch.Tensor:
+    """A new tensor of `size` filled with `value`, replayed (kernels/runtime/launch.py) where
+    the call names its device and `value` is a Python number: the key holds the op, the size,
+    the dtype resolved (the default dtype may change), the device and the value by its repr
+    (its type, and -0.0 apart from 0.0). device=None is the default device, and "cuda" the
+    current one, which may change: the key holds the device resolved, or the call takes the
+    ordinary path."""
+    if device is None or not isinstance(value, (bool, int, float)):
+        return _fill(torch.empty(tuple(size), dtype=dt, device=device), value, what)
+    try:
+        dev = _resolved(device)
+        key = (SPEC, what, tuple(size), dt, dev, repr(value))
+        hit = REMEMBERED.get(key)
+    except TypeError:  # not a sequence of sizes, an unhashable size, a device not resolved: the ordinary path
+        return _fill(torch.empty(size, dtype=dt, device=device), value, what)
+    if hit is not None:
+        return hit()
+    return launch.remember(key, (), _create, what, key[2], dt, dev, value)
+
+
+def _resolved(device):
+    """The device a tensor made on `device` lands on, or TypeError where that depends on more."""
+    dev = device if isinstance(device, torch.device) else torch.device(device)
+    if dev.index is not None or dev.type == "cpu":
+        return dev
+    if dev.type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    raise TypeError(f"the current {dev.type} device")
+
+
+def _create(what, size, dt, device, value) -> torch.Tensor:
+    return _fill(launch.empty(size, dt, device), value, what)
+
+
 def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None) -> torch.Tensor:
     default = ("bool" if isinstance(fill_value, bool) else "int64" if isinstance(fill_value, int)
                else "float32")
-    out = torch.empty(tuple(size), dtype=TORCH_DTYPES[_dt(dtype, default)], device=device)
-    return _fill(out, fill_value, "full")
+    return _created("full", size, TORCH_DTYPES[_dt(dtype, default)], device, fill_value)
 
 
 def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None) -> torch.Tensor:
-    out = torch.empty(tuple(size), dtype=TORCH_DTYPES[_dt(dtype, torch.get_default_dtype())],
-                      device=device)
-    return _fill(out, 0, "zeros")
+    return _created("zeros", size, TORCH_DTYPES[_dt(dtype, torch.get_default_dtype())], device, 0)
 
 
 def ones(size, *, dtype=None, layout=None, device=None, pin_memory=None) -> torch.Tensor:
-    out = torch.empty(tuple(size), dtype=TORCH_DTYPES[_dt(dtype, torch.get_default_dtype())],
-                      device=device)
-    return _fill(out, 1, "ones")
+    return _created("ones", size, TORCH_DTYPES[_dt(dtype, torch.get_default_dtype())], device, 1)
 
 
 def fill_(self: torch.Tensor, value) -> torch.Tensor:
-    return _fill(self, value, "fill_")
+    return _in_place(self, value, "fill_")
 
 
 def zero_(self: torch.Tensor) -> torch.Tensor:
-    return _fill(self, 0, "zero_")
+    return _in_place(self, 0, "zero_")
+
+
+def _in_place(self, value, what: str) -> torch.Tensor:
+    """self filled in place; replayed where value is a Python number (the key: the op, self's
+    layout and the value's repr)."""
+    if not isinstance(value, (bool, int, float)) or not isinstance(self, torch.Tensor):
+        return _fill(self, value, what)
+    key = (SPEC, what, *launch.tensor_key(self), repr(value))
+    hit = REMEMBERED.get(key)
+    return hit(self) if hit is not None else launch.remember(key, (self,), _fill, self, value, what)
 
 
 def _like_out(self, size, dtype, layout, device, memory_format=None) -> torch.Tensor:
@@ -396,8 +441,7 @@ def zeros_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, m
 
 
 def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
-    out = torch.empty((), dtype=TORCH_DTYPES[_dt(dtype, torch.get_default_dtype())], device=device)
-    return _fill(out, s, "scalar_tensor")
+    return _created("scalar_tensor", (), TORCH_DTYPES[_dt(dtype, torch.get_default_dtype())], device, s)
 
 
 def _like_routes() -> dict:

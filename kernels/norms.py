@@ -688,32 +688,48 @@ def _group_norm(x, num_groups, weight, bias, eps):
     return y
 
 
+# Keys of the native ops' replays: their results (out, mean, rstd) are not the public ops',
+# so a key of theirs must never be one of layer_norm's or group_norm's (issue 60's lesson).
+_NATIVE_LAYER_NORM, _NATIVE_GROUP_NORM = "aten.native_layer_norm", "aten.native_group_norm"
+
+
 def _serve_native_layer_norm(x, normalized_shape, weight, bias, eps):
     """aten.native_layer_norm for serve(): (out, mean, rstd), the statistics in float32
-    shaped as torch's (x's leading dims, then ones)."""
+    shaped as torch's (x's leading dims, then ones). Replayed like the public op (`_direct`)."""
+    return _direct(_NATIVE_LAYER_NORM, _native_layer_norm, x, normalized_shape, weight, bias, eps)
+
+
+def _native_layer_norm(x, normalized_shape, weight, bias, eps):
     dtypes, N, ns, x, weight, bias = _layer_norm_args(x, normalized_shape, weight, bias)
-    y = torch.empty_like(x)
+    y = launch.empty(x.shape, x.dtype, x.device)
     M = x.numel() // N if N else 0
     stat_shape = (*x.shape[:x.dim() - len(ns)], *(1,) * len(ns))
-    stats = torch.empty((2, M), device=x.device, dtype=torch.float32)
+    # two allocations, not one buffer's rows: a replay returns an allocation or a view of all of it
+    mean, rstd = (launch.empty((M,), torch.float32, x.device) for _ in range(2))
     if M and N:
         config = config_for(LAYER_NORM, dtypes, _WB_FLAGS[(weight is not None, bias is not None)], (N,))
-        launch_row_norm(x, weight, bias, y, stats[0], stats[1], M, N, eps, False, config)
-    return y, stats[0].view(stat_shape), stats[1].view(stat_shape)
+        launch_row_norm(x, weight, bias, y, mean, rstd, M, N, eps, False, config)
+    return y, mean.view(stat_shape), rstd.view(stat_shape)
 
 
 def _serve_native_group_norm(x, weight, bias, N, C, HxW, group, eps):
-    """aten.native_group_norm for serve(): (out, mean, rstd), the statistics (N, group)."""
+    """aten.native_group_norm for serve(): (out, mean, rstd), the statistics (N, group).
+    Replayed like the public op, every size argument in the key (HxW is not checked against x)."""
+    return _direct(_NATIVE_GROUP_NORM, _native_group_norm, x, (N, C, HxW, group), weight, bias, eps)
+
+
+def _native_group_norm(x, sizes, weight, bias, eps):
+    N, C, HxW, group = sizes
     dtypes = _dtype_of("group_norm", x, weight, bias)
     if x.dim() < 2 or x.shape[0] != N or x.shape[1] != C or group <= 0 or C % group:
         raise KernelError(f"group_norm: {tuple(x.shape)} is not ({N}, {C}, ...) in {group} groups")
     _check_affine("group_norm", weight, (C,))
     _check_affine("group_norm", bias, (C,))
     x, weight, bias = _contig(x), _contig(weight), _contig(bias)
-    y = torch.empty_like(x)
-    stats = torch.empty((2, N * group), device=x.device, dtype=x.dtype)
+    y = launch.empty(x.shape, x.dtype, x.device)
+    mean, rstd = (launch.empty((N, group), x.dtype, x.device) for _ in range(2))
     if x.numel():
         config = config_for(GROUP_NORM, dtypes, _WB_FLAGS[(weight is not None, bias is not None)],
                             ((C // group) * HxW,))
-        launch_group_norm(x, weight, bias, y, stats[0], stats[1], N, C, HxW, group, eps, config)
-    return y, stats[0].view(N, group), stats[1].view(N, group)
+        launch_group_norm(x, weight, bias, y, mean, rstd, N, C, HxW, group, eps, config)
+    return y, mean, rstd

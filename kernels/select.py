@@ -14,6 +14,8 @@ as in `compare`, so a trace row and serve()'s launch of one call meet. Exact.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import triton
@@ -21,8 +23,8 @@ import triton.language as tl
 
 from nbx_tune.errors import KernelError
 from nbx_tune.kernels.compare import (CONFIGS, DEFAULTS, INDEX_LIMIT, TORCH_DTYPES, VALUE_DTYPES, _operand,
-                                      broadcast_shape, draw, layout_of, levels, nary_plan, promote, row_operand,
-                                      row_output, value_in, wide_value)
+                                      broadcast_shape, draw, layout_of, levels, nary_plan, operand_key, promote,
+                                      row_operand, row_output, value_in, wide_value)
 from nbx_tune.kernels.copy import block_start, strided_offsets
 from nbx_tune.kernels.helpers import FLOATS
 from nbx_tune.kernels.rows import numel
@@ -184,6 +186,19 @@ _BITS = {"int32": 32, "int64": 64}
 
 def where(condition: torch.Tensor, self, other) -> torch.Tensor:
     """torch.where(condition, self, other): self and other tensors or Python numbers."""
+    try:  # the direct launch (kernels/runtime/launch.py): a value operand is in the key, not an input
+        dev = condition.device
+        (sk, s_in), (ok, o_in) = operand_key(self, dev), operand_key(other, dev)
+        key = (SPEC, *launch.tensor_key(condition), sk, ok)
+    except AttributeError:  # not a tensor: the checks say so
+        return _where(condition, self, other)
+    hit = launch.REMEMBERED.get(key)
+    if hit is not None:
+        return hit(condition, s_in, o_in)
+    return launch.remember(key, (condition, s_in, o_in), _where, condition, self, other)
+
+
+def _where(condition: torch.Tensor, self, other) -> torch.Tensor:
     if not isinstance(condition, torch.Tensor):
         raise KernelError("where: the condition must be a tensor")
     if condition.dtype != torch.bool:
@@ -205,6 +220,8 @@ def where(condition: torch.Tensor, self, other) -> torch.Tensor:
         if out_dt in ("int32", "int64") and not isinstance(x, torch.Tensor) and \
                 not -2 ** (_BITS[out_dt] - 1) <= x < 2 ** (_BITS[out_dt] - 1):
             raise KernelError(f"where: {x} does not fit {out_dt} (torch refuses it)")
+        if out_dt in FLOATS and not isinstance(x, torch.Tensor) and x == 0 and math.copysign(1.0, x) < 0:
+            raise KernelError("where: a value of -0.0 (the launch passes +0.0; torch keeps the sign)")
         v = None if isinstance(x, torch.Tensor) else value_in(x, out_dt)
         if v is None and not isinstance(x, torch.Tensor):
             raise KernelError(f"where: the value {x!r} in {out_dt} is not served")

@@ -155,3 +155,18 @@ def database_at(url: str, revision: str, kernel: str, kind: str) -> None:
                               "VALUES (1, 1, 'BLOCK=256', 1.0, 1.0, 1.0, '[]', 'w', '2026-12-01')"))
     finally:
         engine.dispose()
+
+
+@pytest.fixture
+def fake_triton(monkeypatch):
+    """testing/fake_compiled.py's stand-in for Triton's compiled kernels, so that calls are
+    remembered and replayed under the interpreter (kernels/runtime/launch.py); no replay
+    outlives the test."""
+    from nbx_tune.kernels.runtime import launch
+    from nbx_tune.testing.fake_compiled import FakeTriton
+
+    f = FakeTriton()
+    monkeypatch.setattr(launch, "through_triton", f)
+    launch.forget()
+    yield f
+    launch.forget()

@@ -161,17 +161,18 @@ def _binary_plan_for(fn, a, b, b_is_value, b_dt, python_number):
 
 
 def _binary(fn: str, a: torch.Tensor, b, alpha: float = 1.0) -> torch.Tensor:
-    # The direct launch (kernels/runtime/launch.py). A Python number is in the key with its type (an
-    # int and a float are different seats); so is the value of a scalar tensor on another
+    # The direct launch (kernels/runtime/launch.py). A Python number is in the key by its repr,
+    # which holds its type (an int and a float are different seats) and tells -0.0 from 0.0
+    # (x / -0.0 is -inf) and every NaN alike; so is the value of a scalar tensor on another
     # device, which the launch passes as a number. b is a: one input, both operands at its address.
     try:
         dev = a.device
         if not isinstance(b, torch.Tensor):
-            bk, b_in = (type(b), b), False
+            bk, b_in = repr(b), False
         elif b is a:
             bk, b_in = None, False
         elif b.device != dev:
-            bk, b_in = (b.dtype, b.device, b.item() if b.dim() == 0 else b.shape), True
+            bk, b_in = (b.dtype, b.device, repr(b.item()) if b.dim() == 0 else b.shape), True
         else:
             bk, b_in = (b.shape, b.stride(), b.dtype, b.data_ptr() & 15), True
         key = (BINARY_SPEC, fn, alpha, a.shape, a.stride(), a.dtype, dev, a.data_ptr() & 15, bk)

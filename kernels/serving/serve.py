@@ -128,11 +128,17 @@ def _wrapped(value, like):
     return torch.scalar_tensor(value, dtype=dt, device="cpu")
 
 
+_NUMBERS = (int, float, complex)
+
+
 def _torch_args(slots, args):
-    if not any(i < len(args) and isinstance(args[i], (int, float, complex)) for i in slots):
+    for i in slots:  # a loop, not any(<generator>): torch's calls pay it (a kernel's own, fall-throughs)
+        if i < len(args) and isinstance(args[i], _NUMBERS):
+            break
+    else:
         return args
     like = next((a for a in args if isinstance(a, torch.Tensor)), None)
-    return tuple(_wrapped(a, like) if i in slots and isinstance(a, (int, float, complex)) else a
+    return tuple(_wrapped(a, like) if i in slots and isinstance(a, _NUMBERS) else a
                  for i, a in enumerate(args))
 
 
