@@ -210,7 +210,7 @@ def host_main(index: int, url: str, workers: list, args: dict, durations: dict, 
     # pooler in front of the server.
     stores = {i: _host_store(url, args) for i in workers}
     sleeper = Sleeper(durations, configs, args["scale"])
-    clocks = {name: ClaimClock() for name in ("claim_next", "extend_claim", "write_result")}
+    clocks = {name: ClaimClock() for name in ("claim_untuned", "claim_next", "extend_claim", "write_result")}
     for name, clock in clocks.items():
         clock.install(Store, name)
     runner.tune_seat = sleeper
@@ -248,7 +248,7 @@ def host_main(index: int, url: str, workers: list, args: dict, durations: dict, 
         import pstats
 
         pstats.Stats(*profs).dump_stats(os.path.join(os.environ["FLEET_SIM_PROFILE"], f"host{index}.prof"))
-    json.dump({"claims": clocks["claim_next"].lat, "beats": clocks["extend_claim"].lat,
+    json.dump({"claims": clocks["claim_untuned"].lat + clocks["claim_next"].lat, "beats": clocks["extend_claim"].lat,
                "writes": clocks["write_result"].lat, "slept": sleeper.slept,
                "busy": [r.seconds for r in reports], "per": [len(r.tuned) for r in reports], "tuned": sum(len(r.tuned) for r in reports),
                "lost": sum(len(r.lost) for r in reports), "errors": errors,
@@ -260,13 +260,16 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
     import tempfile
 
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner.fleet.seat_tuner import SeatTuner
+    from nbx_tune.tuner.fleet.seat_tuner import SeatTuner, queue_cost
     from nbx_tune.tuner.store import Store
 
     profile = get_profile(PROFILE)
     seats = seat_mix(n_seats, args.mean_seat_s, profile)
     admin = Store(url)
+    t_enq = time.perf_counter()
     enqueue(admin, seats)
+    admin.fill_queue_costs(PROFILE, queue_cost(profile))  # as census --enqueue does: no worker costs a seat
+    enqueue_s = time.perf_counter() - t_enq
     durations = {b: d for _, _, _, b, _, _, d, _, _ in seats}
     configs = {b: (c, ms) for _, _, _, b, _, _, _, c, ms in seats}
     n_hosts = min(workers, args.hosts)
@@ -305,10 +308,8 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
         time.sleep(args.kill_after)
         tuner = SeatTuner(admin, profile, SimpleNamespace(name="SimGPU", target="cuda:90", driver="sim"), None,
                           None, holder=DEAD, claim_ttl=args.lease)
-        mark = admin.last_tuning_id()
-        todo = tuner.needing_work(untuned_only=True)
-        sid = admin.claim_next([t[0] for t in todo], DEAD, args.lease, since_tuning=mark)
-        death.update(seat=sid, at=time.time())
+        got = tuner.claim_untuned()
+        death.update(seat=got and got[0], at=time.time())
 
     watcher = threading.Thread(target=watch, daemon=True)
     killer = threading.Thread(target=killed, daemon=True)
@@ -364,7 +365,7 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
         "workers": workers, "seats": n_seats, "hosts": n_hosts, "pool_per_host": args.pool,
         "pooler": bool(args.pooler),
         "scale": args.scale, "mean_seat_s": args.mean_seat_s, "lease_s": args.lease,
-        "wall_s": round(wall, 2), "seats_per_s": round(n_certs / wall, 1),
+        "wall_s": round(wall, 2), "enqueue_s": round(enqueue_s, 2), "seats_per_s": round(n_certs / wall, 1),
         "offered_seats_per_s": round(workers / max(mean_sleep, 1e-9), 1),
         "claim_p50_ms": pct(lat, 0.5), "claim_p99_ms": pct(lat, 0.99), "claims": len(lat),
         "write_p50_ms": pct(writes, 0.5), "write_p99_ms": pct(writes, 0.99),

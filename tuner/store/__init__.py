@@ -17,7 +17,7 @@ from itertools import islice
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import ARRAY, Integer, any_, bindparam, false as sa_false, func, select, update
+from sqlalchemy import ARRAY, Integer, String, any_, bindparam, false as sa_false, func, select, update
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -81,11 +81,11 @@ class SeatRecord:
     seat_refusal: Refusal | None = None  # the last tuning's refusal of the whole seat
 
 
-def _among(session: Session, column, ids: list):
+def _among(session: Session, column, ids: list, name: str = "ids", type_=Integer):
     """`column IN ids`: on PostgreSQL `= ANY(:ids)`, one array parameter, so the statement's
     text is the same for any number of ids (prepared once by the driver)."""
     if session.bind.dialect.name == "postgresql":
-        return column == any_(bindparam("ids", ids, type_=ARRAY(Integer)))
+        return column == any_(bindparam(name, ids, type_=ARRAY(type_)))
     return column.in_(ids)
 
 
@@ -277,6 +277,44 @@ class Store:
                         return sid
             return None
 
+    def claim_untuned(self, profile: str, holder: str, ttl_s: float, kernels) -> tuple | None:
+        """Claim the longest never-tuned seat of `profile` (of one of `kernels`: those this
+        worker can tune) that nobody live holds, in one statement ordered by the server:
+        `UPDATE seats ... WHERE id = (SELECT id ... ORDER BY queue_cost DESC LIMIT 1 FOR
+        UPDATE SKIP LOCKED) RETURNING ...`, over the partial index of the seats never tuned
+        (ix_seats_claim_order). A dead holder's seat is free once its lease has ended; a row
+        another worker is claiming this instant is passed over, never waited on (SQLite has
+        one writer at a time). A seat whose cost is unknown yet goes first (NULLS FIRST:
+        the index read backwards), as an unknown length is not one to leave to the tail.
+        Returns (id, kernel, label) or None."""
+        now = time.time()
+        with self.session() as s:
+            pick = (select(Seat.id).where(
+                Seat.profile == profile, ~Seat.tuned,
+                _among(s, Seat.kernel, sorted(kernels), "kernels", String),
+                (Seat.claimed_by.is_(None)) | (Seat.claim_expires < now) | (Seat.claimed_by == holder))
+                .order_by(Seat.queue_cost.desc().nulls_first(), Seat.id.desc()).limit(1)
+                .with_for_update(skip_locked=True))
+            row = s.execute(update(Seat).where(Seat.id == pick.scalar_subquery())
+                            .values(claimed_by=holder, claim_expires=now + ttl_s)
+                            .returning(Seat.id, Seat.kernel, Seat.dtypes, Seat.flags, Seat.bucket)).first()
+            return None if row is None else (row[0], row[1], label_of(*row[1:]))
+
+    def untuned_held(self, profile: str, kernels) -> bool:
+        """Whether a never-tuned seat of `profile` (of one of `kernels`) is held: a worker
+        that finds none free waits for its holder to finish it, or for its lease to end."""
+        with self.session(write=False) as s:
+            return s.scalar(select(Seat.id).where(
+                Seat.profile == profile, ~Seat.tuned, Seat.claimed_by.is_not(None),
+                _among(s, Seat.kernel, sorted(kernels), "kernels", String)).limit(1)) is not None
+
+    def untuned_without_cost(self, profile: str) -> bool:
+        """Whether a never-tuned seat of `profile` has no queue cost stored (a census that
+        recorded it did not work it out, or is adding a shape to it)."""
+        with self.session(write=False) as s:
+            return s.scalar(select(Seat.id).where(Seat.profile == profile, ~Seat.tuned,
+                                                  Seat.queue_cost.is_(None)).limit(1)) is not None
+
     def untuned_seats(self, profile: str) -> list[tuple]:
         """The profile's seats never tuned, in one query without their records (a seat
         with no tuning is pending): (id, kernel, label, queue cost or None)."""
@@ -376,7 +414,7 @@ class Store:
         raised, so a seat is tuned twice at most, never certified twice."""
         with self.session() as s:
             held = s.execute(update(Seat).where(Seat.id == seat_id, Seat.claimed_by == worker)
-                             .values(claimed_by=None, claim_expires=None))
+                             .values(claimed_by=None, claim_expires=None, tuned=True))  # out of claim_untuned's
             if held.rowcount != 1:
                 raise LeaseLost(f"seat {seat_id}: {worker}'s claim was taken by another worker; "
                                 "its result is dropped")
