@@ -97,8 +97,14 @@ def test_a_tuned_seat_leaves_the_claim_and_a_worker_never_lists_the_untuned(any_
         order = []
         write = store.write_result
         monkeypatch.setattr(store, "write_result", lambda sid, *a: order.append(sid) or write(sid, *a))
-        rep = run_worker(SeatTuner(store, profile, SIM, None, None, holder="w:1"))
+        tuner = SeatTuner(store, profile, SIM, None, None, holder="w:1")
+        listed_at, whole = [], tuner.needing_work
+        monkeypatch.setattr(tuner, "needing_work", lambda **kw: listed_at.append(len(order)) or whole(**kw))
+        rep = run_worker(tuner)
         assert len(rep.tuned) == 12 and sorted(order) == sorted(ids.values())
+        # The seats needing Python's judgement listed once, at the start: not when the never-tuned
+        # ran out, when every worker would read every tuned seat's records.
+        assert listed_at == [0], listed_at
         assert [cost[i] for i in order] == sorted((cost[i] for i in order), reverse=True)
         assert db_count(any_db, "seats", "WHERE tuned") == 12 == db_count(any_db, "tunings")
         assert store.claim_untuned(profile.name, "w:2", 60, [k for k, *_ in seats]) is None

@@ -58,7 +58,8 @@ def run_worker(tuner, reporter=None, max_seats: int | None = None, wait_for_held
     rep = WorkerReport(tuner.holder, tuner.profile.name, tuner.device.name)
     t0 = time.perf_counter()
     tuner.cost_queue()  # costs a census left unset, so the server orders every seat
-    listed = _Listed(tuner)
+    listed = _Listed(tuner)  # listed now, not when the never-tuned run out: by then the
+    # tuned seats are the whole queue, and each worker would read all of their records
     server, taken = True, set()
     while max_seats is None or len(rep.tuned) < max_seats:
         got = tuner.claim_untuned() if server else None
@@ -96,15 +97,14 @@ class _Listed:
     after a wait when nothing else is left."""
 
     def __init__(self, tuner):
-        self.tuner, self.todo, self.labels = tuner, None, {}
-        self.gone, self.held, self.head, self.mark, self.again = set(), {}, 0, None, False
+        self.tuner = tuner
+        self.mark = tuner.store.last_tuning_id()  # a claim skips seats tuned since the list
+        listed = tuner.needing_work(tuned_only=True)
+        self.todo, self.labels = [x[0] for x in listed], {sid: (k, label) for sid, k, label in listed}
+        self.gone, self.held, self.head, self.again = set(), {}, 0, False
 
     def claim(self):
         t = self.tuner
-        if self.todo is None:
-            self.mark = t.store.last_tuning_id()  # a claim skips seats tuned since the list
-            listed = t.needing_work(tuned_only=True)
-            self.todo, self.labels = [x[0] for x in listed], {sid: (k, label) for sid, k, label in listed}
         todo, gone, held = self.todo, self.gone, self.held
         while self.head < len(todo) and (todo[self.head] in gone or todo[self.head] in held):
             self.head += 1  # a claim reads the list from its first seat not known gone or held
@@ -126,7 +126,7 @@ class _Listed:
         self.again = True  # after a wait, every held seat is looked at again
 
     def left(self) -> int:
-        return 0 if self.todo is None else len(self.todo) - len(self.gone)
+        return len(self.todo) - len(self.gone)
 
 
 def worker_timeline(rows, t_launch: float, t_end: float) -> list[dict]:
