@@ -181,6 +181,7 @@ def _host_store(url: str, args):
     """A simulated worker's Store: its own connection pool (at most --pool connections),
     straight to the server or through the pooler."""
     from nbx_tune.tuner.store import Store
+    from nbx_tune.tuner.store.db import ping_when_idle
 
     via, extra = url, {}
     if args["pooler"]:  # the hosts reach the database through a pooler (PgBouncer, transaction mode)
@@ -189,8 +190,8 @@ def _host_store(url: str, args):
         extra = {"connect_args": {"prepare_threshold": None}}  # no server-side prepared statements
     st = Store.__new__(Store)  # the schema was checked once, by the run's own Store
     st.url = url
-    st.engine = create_engine(via, pool_size=args["pool"], max_overflow=0, pool_timeout=600, pool_pre_ping=True,
-                              **extra)
+    st.engine = create_engine(via, pool_size=args["pool"], max_overflow=0, pool_timeout=600, **extra)
+    ping_when_idle(st.engine)  # as Store's own engine
     st._sessions = sessionmaker(st.engine, expire_on_commit=False)
     return st
 

@@ -117,3 +117,35 @@ def test_census_enqueue_works_out_the_queue_costs(tmp_path, any_db):
 
     enqueue(tmp_path, any_db)
     assert db_count(any_db, "seats") == 8 and db_count(any_db, "seats", "WHERE queue_cost IS NULL") == 0
+
+
+def test_a_claimed_seats_reads_are_one_transaction_reading_no_history_it_lacks(any_db, monkeypatch):
+    from nbx_tune.bench import fleet_sim
+    from nbx_tune.profiles import get_profile
+    from nbx_tune.tuner.certify.tune import NullReporter
+    from nbx_tune.tuner.fleet import seat_tuner as runner
+    from nbx_tune.tuner.fleet.seat_tuner import SeatTuner, queue_cost
+
+    store = Store(any_db)
+    try:
+        profile = get_profile(fleet_sim.PROFILE)
+        seats = fleet_sim.seat_mix(6, 1.0, profile)
+        fleet_sim.enqueue(store, seats)
+        store.fill_queue_costs(profile.name, queue_cost(profile))
+        monkeypatch.setattr(runner, "tune_seat", fleet_sim.Sleeper({x[3]: 0.0 for x in seats},
+                                                                   {x[3]: (x[7], x[8]) for x in seats}, 1.0))
+        tuner = SeatTuner(store, profile, SIM, None, None, holder="w:1")
+        sid, kernel, label = tuner.claim_untuned()
+        tuner.tune_claimed(sid, kernel, label, 0, 1, None, NullReporter())  # the kernel has a tuning now
+        sid, kernel, label = tuner.claim_untuned()
+        begins, stmts = [], []
+        event.listen(store.engine, "begin", lambda conn: begins.append(1))
+        event.listen(store.engine, "before_cursor_execute", lambda c, cur, stmt, *a: stmts.append(stmt))
+        assert tuner.tune_claimed(sid, kernel, label, 0, 1, None, NullReporter()) == "tuned"
+        # Its reads (records, the kernel's measurements, audits) in one transaction, its write
+        # in another (before: four); no certificate, tuning or refusal of a never-tuned seat read
+        # (the one certificate read is the write's check for a current one).
+        assert len(begins) == 2, stmts
+        assert sum("FROM certificates" in s for s in stmts) == 1, stmts
+    finally:
+        store.close()

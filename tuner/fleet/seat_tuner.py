@@ -148,14 +148,18 @@ class SeatTuner:
         spec = get_spec(kernel)
         try:
             with _Heartbeat(self.store, seat_id, self.holder, self.claim_ttl):
-                rec = self.store.seat_records(seat_ids=[seat_id])[0]
-                st = seat_status(rec, spec, self.profile)
-                if not self._worth_it(rec, spec, st):
+                with self.store.reading():  # the seat's reads and its search's, one transaction
+                    rec = self.store.seat_records(seat_ids=[seat_id])[0]
+                    st = seat_status(rec, spec, self.profile)
+                    worth = self._worth_it(rec, spec, st)
+                    if worth:
+                        reporter.seat_start(label, index, total, len(spec.configs()))
+                        started = datetime.now(timezone.utc)
+                        search = seat_search.for_seat(self.store, rec, spec, self.profile,
+                                                      seat_id in self.audit_later)
+                if not worth:
                     self.store.release(seat_id, self.holder)
                     return None
-                reporter.seat_start(label, index, total, len(spec.configs()))
-                started = datetime.now(timezone.utc)
-                search = seat_search.for_seat(self.store, rec, spec, self.profile, seat_id in self.audit_later)
                 kind, result = "rescreen", self._rescreened(rec, spec, st, label, reporter)
                 if result is None:
                     kind, result = "tune", tune_seat(spec, self.profile, label, rec.problems, self.executor,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from collections import namedtuple
 from contextlib import contextmanager
@@ -131,11 +132,32 @@ class Store:
         self.close()
 
     @contextmanager
+    def reading(self):
+        """The reads of this thread inside the block share one transaction (one connection
+        checkout, BEGIN and COMMIT instead of one per read): a seat's reads before its
+        tuning, several Store calls, are one round of the database. Writes keep their own."""
+        local = self.__dict__.setdefault("_pinned", threading.local())
+        if getattr(local, "session", None) is not None:
+            yield
+            return
+        with self.session(write=False) as s:
+            local.session = s
+            try:
+                yield
+            finally:
+                local.session = None
+
+    @contextmanager
     def session(self, write: bool = True):
         """One transaction. A writer's BEGIN takes the write lock (SQLite: BEGIN IMMEDIATE,
         with a busy timeout) and is retried while another writer holds it, so users never
         see "database is locked"; once begun, the block runs to commit or rollback. A read
-        (write=False) takes no lock: queries never wait behind a census."""
+        (write=False) takes no lock: queries never wait behind a census. A read inside
+        `reading()` joins its transaction."""
+        pinned = None if write else getattr(self.__dict__.get("_pinned"), "session", None)
+        if pinned is not None:
+            yield pinned
+            return
         s = self._sessions()
         try:
             self._begin(s, write)
@@ -483,15 +505,19 @@ class Store:
             if not recs:
                 return []
             ids = list(recs)
+            # A seat never tuned (seats.tuned: set with its first tuning) has no certificate,
+            # tuning or refusal to read: a worker's freshly claimed seat reads its shapes alone.
+            tuned = [st.id for st in seats if st.tuned]
             for c, t in s.execute(select(Certificate, Tuning).join(Tuning, Tuning.id == Certificate.tuning_id)
-                                  .where(Certificate.seat_id.in_(ids), Certificate.superseded_at.is_(None))):
+                                  .where(Certificate.seat_id.in_(tuned), Certificate.superseded_at.is_(None))
+                                  ) if tuned else ():
                 recs[c.seat_id].cert, recs[c.seat_id].cert_tuning = c, t
             last = (select(Tuning.seat_id, func.max(Tuning.id).label("tid"))
-                    .where(Tuning.seat_id.in_(ids)).group_by(Tuning.seat_id).subquery())
-            for t in s.scalars(select(Tuning).join(last, Tuning.id == last.c.tid)):
+                    .where(Tuning.seat_id.in_(tuned)).group_by(Tuning.seat_id).subquery())
+            for t in s.scalars(select(Tuning).join(last, Tuning.id == last.c.tid)) if tuned else ():
                 recs[t.seat_id].last_tuning = t
             for r in s.scalars(select(Refusal).join(last, Refusal.tuning_id == last.c.tid)
-                               .where(Refusal.config.is_(None))):
+                               .where(Refusal.config.is_(None))) if tuned else ():
                 recs[r.seat_id].seat_refusal = r
             for sid, problem in s.execute(select(SeatShape.seat_id, SeatShape.problem)
                                           .where(SeatShape.seat_id.in_(ids))):
