@@ -88,7 +88,7 @@ def test_a_worker_lists_the_queue_at_start_and_when_dry_not_per_claim(db_url):
                 return None  # every seat here needs its status judged: all from the listing
 
             def untuned_held(self):
-                return False
+                return None
 
             def tune_claimed(self, sid, kernel, label, *a):
                 done.add(sid)

@@ -265,7 +265,8 @@ class SeatTuner:
         (Store.claim_untuned): (id, kernel, label) or None."""
         return self.store.claim_untuned(self.profile.name, self.holder, self.claim_ttl, _known_kernels())
 
-    def untuned_held(self) -> bool:
+    def untuned_held(self) -> float | None:
+        """The earliest lease end of a held never-tuned seat (None: none held)."""
         return self.store.untuned_held(self.profile.name, _known_kernels())
 
     def cost_queue(self) -> None:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 from nbx_tune.errors import NbxError
 
-IDLE_POLL_S = 0.5  # a worker that waits for others' last seats looks again this often
+IDLE_POLL_S = 0.5  # a worker that waits for others' last seats looks again after this,
+IDLE_MAX_S = 4.0  # doubling while it finds nothing, up to this (1,000 waiting: 250 looks a second)
 
 
 @dataclass
@@ -60,7 +61,7 @@ def run_worker(tuner, reporter=None, max_seats: int | None = None, wait_for_held
     tuner.cost_queue()  # costs a census left unset, so the server orders every seat
     listed = _Listed(tuner)  # listed now, not when the never-tuned run out: by then the
     # tuned seats are the whole queue, and each worker would read all of their records
-    server, taken = True, set()
+    server, taken, idle = True, set(), IDLE_POLL_S
     while max_seats is None or len(rep.tuned) < max_seats:
         got = tuner.claim_untuned() if server else None
         if got is not None and got[0] in taken:
@@ -72,12 +73,18 @@ def run_worker(tuner, reporter=None, max_seats: int | None = None, wait_for_held
             got = listed.claim()
         if got is None:
             # Nothing free: wait while other live workers hold seats (they finish them, or
-            # die and their leases end), then look again.
-            if not wait_for_held or not (listed.held or tuner.untuned_held()):
+            # die and their leases end), then look again: at the earliest held lease's end
+            # (a dead holder's seat is free then) or after `idle`, which doubles while
+            # nothing turns up (before: every worker of a fleet looked twice a second).
+            end = tuner.untuned_held()
+            if not wait_for_held or (end is None and not listed.held):
                 break
-            time.sleep(IDLE_POLL_S)
+            due = idle if end is None else max(IDLE_POLL_S / 10, end - time.time())
+            time.sleep(min(idle, due))
+            idle = min(IDLE_MAX_S, 2 * idle)
             listed.look_again()
             continue
+        idle = IDLE_POLL_S
         sid, kernel, label = got
         taken.add(sid)
         if tuner.tune_claimed(sid, kernel, label, len(rep.tuned), len(rep.tuned) + listed.left() + 1,

@@ -322,13 +322,14 @@ class Store:
                             .returning(Seat.id, Seat.kernel, Seat.dtypes, Seat.flags, Seat.bucket)).first()
             return None if row is None else (row[0], row[1], label_of(*row[1:]))
 
-    def untuned_held(self, profile: str, kernels) -> bool:
-        """Whether a never-tuned seat of `profile` (of one of `kernels`) is held: a worker
-        that finds none free waits for its holder to finish it, or for its lease to end."""
+    def untuned_held(self, profile: str, kernels) -> float | None:
+        """The earliest lease end of the held never-tuned seats of `profile` (of one of
+        `kernels`), or None when none is held: a worker that finds no seat free waits for
+        their holders to finish them, or for that lease to end."""
         with self.session(write=False) as s:
-            return s.scalar(select(Seat.id).where(
+            return s.scalar(select(func.min(Seat.claim_expires)).where(
                 Seat.profile == profile, ~Seat.tuned, Seat.claimed_by.is_not(None),
-                _among(s, Seat.kernel, sorted(kernels), "kernels", String)).limit(1)) is not None
+                _among(s, Seat.kernel, sorted(kernels), "kernels", String)))
 
     def untuned_without_cost(self, profile: str) -> bool:
         """Whether a never-tuned seat of `profile` has no queue cost stored (a census that
