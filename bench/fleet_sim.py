@@ -22,6 +22,9 @@ workers' time outside the sleep, plus the heartbeats' round trips, plus the serv
     python3 bench/fleet_sim.py --workers 1000 --seats 2000 --wall 60 --hosts 16 --lease 30 \\
         --pooler postgresql+psycopg://nbx:nbx@127.0.0.1:6433   # through PgBouncer (transaction mode)
 
+    python3 bench/fleet_sim.py --workers 1000 --seats 100000 --wall 2500 --stop-after 480 ...
+        # a queue too long to finish here: no claim after 480 s, each seat certified at most once
+
 PgBouncer for it: `[databases] * = host=127.0.0.1 port=5432 user=nbx password=nbx`,
 `pool_mode = transaction`, `auth_type = any`, `max_client_conn = 5000`,
 `default_pool_size = 20`, started with `ulimit -n 20000`. Prints one row per
@@ -181,6 +184,7 @@ def _host_store(url: str, args):
     """A simulated worker's Store: its own connection pool (at most --pool connections),
     straight to the server or through the pooler."""
     from nbx_tune.tuner.store import Store
+    from nbx_tune.tuner.store.db import ping_when_idle
 
     via, extra = url, {}
     if args["pooler"]:  # the hosts reach the database through a pooler (PgBouncer, transaction mode)
@@ -189,8 +193,8 @@ def _host_store(url: str, args):
         extra = {"connect_args": {"prepare_threshold": None}}  # no server-side prepared statements
     st = Store.__new__(Store)  # the schema was checked once, by the run's own Store
     st.url = url
-    st.engine = create_engine(via, pool_size=args["pool"], max_overflow=0, pool_timeout=600, pool_pre_ping=True,
-                              **extra)
+    st.engine = create_engine(via, pool_size=args["pool"], max_overflow=0, pool_timeout=600, **extra)
+    ping_when_idle(st.engine)  # as Store's own engine
     st._sessions = sessionmaker(st.engine, expire_on_commit=False)
     return st
 
@@ -210,7 +214,7 @@ def host_main(index: int, url: str, workers: list, args: dict, durations: dict, 
     # pooler in front of the server.
     stores = {i: _host_store(url, args) for i in workers}
     sleeper = Sleeper(durations, configs, args["scale"])
-    clocks = {name: ClaimClock() for name in ("claim_next", "extend_claim", "write_result")}
+    clocks = {name: ClaimClock() for name in ("claim_untuned", "claim_next", "extend_claim", "write_result")}
     for name, clock in clocks.items():
         clock.install(Store, name)
     runner.tune_seat = sleeper
@@ -222,6 +226,10 @@ def host_main(index: int, url: str, workers: list, args: dict, durations: dict, 
     def work(i):
         tuner = SeatTuner(stores[i], profile, device, None, None, holder=f"simhost{index}:{i}:gpu{i}",
                           claim_ttl=args["lease"])
+        if args["stop_after"]:  # a run cut short: past the deadline no seat is free, none held
+            claim, held = tuner.claim_untuned, tuner.untuned_held
+            tuner.claim_untuned = lambda: None if time.time() > deadline else claim()
+            tuner.untuned_held = lambda: None if time.time() > deadline else held()
         try:
             if os.environ.get("FLEET_SIM_PROFILE"):  # where a host's CPU goes (a study's switch)
                 import cProfile
@@ -234,10 +242,21 @@ def host_main(index: int, url: str, workers: list, args: dict, durations: dict, 
             import traceback
             errors.append(f"{tuner.holder}: {type(e).__name__}: {e}" + (traceback.format_exc() if args["debug"] else ""))
 
+    # What a worker process works out once (the registry, each kernel's source hash, the
+    # shipped table its searches seed from), done before the clock starts: the run measures
+    # the queue, not a process's start (a real worker does hundreds of seats after it).
+    from nbx_tune.kernels.runtime.registry import all_specs
+    from nbx_tune.tuner.certify import provenance
+    from nbx_tune.tuner.search.seat_search import shipped
+
+    for spec in all_specs().values():
+        provenance.current(spec, profile, device)
+    shipped(PROFILE)
     threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in workers]
     ready.release()
     go.wait()
     cpu0, t_go = sum(os.times()[:2]), time.perf_counter()
+    deadline = time.time() + (args["stop_after"] or 0)
     for t in threads:
         t.start()
     for t in threads:
@@ -248,7 +267,7 @@ def host_main(index: int, url: str, workers: list, args: dict, durations: dict, 
         import pstats
 
         pstats.Stats(*profs).dump_stats(os.path.join(os.environ["FLEET_SIM_PROFILE"], f"host{index}.prof"))
-    json.dump({"claims": clocks["claim_next"].lat, "beats": clocks["extend_claim"].lat,
+    json.dump({"claims": clocks["claim_untuned"].lat + clocks["claim_next"].lat, "beats": clocks["extend_claim"].lat,
                "writes": clocks["write_result"].lat, "slept": sleeper.slept,
                "busy": [r.seconds for r in reports], "per": [len(r.tuned) for r in reports], "tuned": sum(len(r.tuned) for r in reports),
                "lost": sum(len(r.lost) for r in reports), "errors": errors,
@@ -260,13 +279,16 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
     import tempfile
 
     from nbx_tune.profiles import get_profile
-    from nbx_tune.tuner.fleet.seat_tuner import SeatTuner
+    from nbx_tune.tuner.fleet.seat_tuner import SeatTuner, queue_cost
     from nbx_tune.tuner.store import Store
 
     profile = get_profile(PROFILE)
     seats = seat_mix(n_seats, args.mean_seat_s, profile)
     admin = Store(url)
+    t_enq = time.perf_counter()
     enqueue(admin, seats)
+    admin.fill_queue_costs(PROFILE, queue_cost(profile))  # as census --enqueue does: no worker costs a seat
+    enqueue_s = time.perf_counter() - t_enq
     durations = {b: d for _, _, _, b, _, _, d, _, _ in seats}
     configs = {b: (c, ms) for _, _, _, b, _, _, _, c, ms in seats}
     n_hosts = min(workers, args.hosts)
@@ -274,7 +296,7 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
     ready, go = ctx.Semaphore(0), ctx.Event()
     tmp = tempfile.mkdtemp(prefix="fleet_sim-")
     hargs = {"pooler": args.pooler, "pool": args.pool, "scale": args.scale, "lease": args.lease,
-             "debug": args.debug}
+             "debug": args.debug, "stop_after": args.stop_after}
     procs = []
     for h in range(n_hosts):  # workers dealt round-robin to the hosts
         mine = list(range(h, workers, n_hosts))
@@ -305,10 +327,8 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
         time.sleep(args.kill_after)
         tuner = SeatTuner(admin, profile, SimpleNamespace(name="SimGPU", target="cuda:90", driver="sim"), None,
                           None, holder=DEAD, claim_ttl=args.lease)
-        mark = admin.last_tuning_id()
-        todo = tuner.needing_work(untuned_only=True)
-        sid = admin.claim_next([t[0] for t in todo], DEAD, args.lease, since_tuning=mark)
-        death.update(seat=sid, at=time.time())
+        got = tuner.claim_untuned()
+        death.update(seat=got and got[0], at=time.time())
 
     watcher = threading.Thread(target=watch, daemon=True)
     killer = threading.Thread(target=killed, daemon=True)
@@ -337,7 +357,12 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
     n_seats_tuned = q("SELECT count(DISTINCT seat_id) FROM tunings")
     twice = q("SELECT count(*) FROM (SELECT seat_id FROM tunings GROUP BY seat_id HAVING count(*) > 1) t")
     n_certs = q("SELECT count(*) FROM certified_configs")
-    held = q("SELECT count(*) FROM seats WHERE claimed_by IS NOT NULL")
+    held = q("SELECT count(*) FROM seats WHERE claimed_by IS NOT NULL"
+             + (f" AND claimed_by <> '{DEAD}'" if args.stop_after else ""))  # cut short: the dead one's may wait
+    # Each worker's span from its first seat's start to its last seat's write: its time
+    # between seats (claims, reads, writes), without its start-up or its wait at the end.
+    spans = sum(r[0] for r in mc.execute(text(
+        "SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM tunings GROUP BY worker")))
     reclaim = None
     if death.get("seat") is not None:
         started = mc.execute(text("SELECT started_at FROM tunings WHERE seat_id = :s"), {"s": death["seat"]}).scalar()
@@ -364,7 +389,7 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
         "workers": workers, "seats": n_seats, "hosts": n_hosts, "pool_per_host": args.pool,
         "pooler": bool(args.pooler),
         "scale": args.scale, "mean_seat_s": args.mean_seat_s, "lease_s": args.lease,
-        "wall_s": round(wall, 2), "seats_per_s": round(n_certs / wall, 1),
+        "wall_s": round(wall, 2), "enqueue_s": round(enqueue_s, 2), "seats_per_s": round(n_certs / wall, 1),
         "offered_seats_per_s": round(workers / max(mean_sleep, 1e-9), 1),
         "claim_p50_ms": pct(lat, 0.5), "claim_p99_ms": pct(lat, 0.99), "claims": len(lat),
         "write_p50_ms": pct(writes, 0.5), "write_p99_ms": pct(writes, 0.99),
@@ -374,13 +399,17 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
         "db_conns_peak": peak["conns"],
         "slept_s": round(slept, 1), "worker_s": round(busy, 1),
         "queue_s_per_seat": round(queue_s, 4), "worker_q_s_per_seat": round(worker_q, 4),
+        "between_s_per_seat": round((float(spans) - slept) / certs, 4),
         "queue_overhead_pct": round(100 * queue_s / max(mean_sleep, 1e-9), 2),
         "queue_pct_unscaled": round(100 * queue_s / args.mean_seat_s, 3),
         "ideal_wall_s": round(slept / workers, 1),
         "heartbeats_per_s": round(len(beats) / wall, 1), "leases_lost": sum(h["lost"] for h in hosts),
         "tunings": n_tunings, "seats_tuned": n_seats_tuned, "tuned_twice": twice, "certified": n_certs,
-        "left_held": held, "exactly_once": n_tunings == n_seats == n_seats_tuned == n_certs and twice == 0,
-        "no_lost_seat": n_certs == n_seats and held == 0, "dead_seat": death.get("seat"),
+        "left_held": held, "partial": bool(args.stop_after),
+        # Cut short (--stop-after): each seat certified at most once, none left held.
+        "exactly_once": n_tunings == n_seats_tuned == n_certs and twice == 0 and (
+            bool(args.stop_after) or n_certs == n_seats),
+        "no_lost_seat": (bool(args.stop_after) or n_certs == n_seats) and held == 0, "dead_seat": death.get("seat"),
         "reclaim_s": round(reclaim, 2) if reclaim is not None else None,
         "errors": [e for h in hosts for e in h["errors"]][:5],
         "host_span_s": [round(h.get("span_s", 0), 1) for h in hosts],
@@ -392,10 +421,10 @@ def run_one(url: str, workers: int, n_seats: int, args) -> dict:
 COLS = [("workers", 7), ("seats", 7), ("hosts", 5), ("seats_per_s", 8), ("offered_seats_per_s", 8),
         ("claim_p50_ms", 9), ("claim_p99_ms", 9), ("write_p50_ms", 9), ("tx_per_cert", 7),
         ("db_cpu_ms_per_cert", 8), ("sim_cpu_ms_per_cert", 8), ("db_conns_peak", 5), ("heartbeats_per_s", 6),
-        ("queue_s_per_seat", 8), ("queue_overhead_pct", 8), ("queue_pct_unscaled", 7), ("leases_lost", 5),
+        ("queue_s_per_seat", 8), ("between_s_per_seat", 8), ("queue_overhead_pct", 8), ("queue_pct_unscaled", 7), ("leases_lost", 5),
         ("exactly_once", 5), ("no_lost_seat", 6), ("reclaim_s", 7), ("wall_s", 7), ("ideal_wall_s", 6)]
 HEADS = ["workers", "seats", "hosts", "seats/s", "offered", "claim p50", "claim p99", "write p50", "tx/cert",
-         "dbCPUms", "simCPUms", "conns", "hb/s", "q s/seat", "queue %", "q % 1x", "lost", "once", "nolost",
+         "dbCPUms", "simCPUms", "conns", "hb/s", "q s/seat", "btw s", "queue %", "q % 1x", "lost", "once", "nolost",
          "reclaim", "wall s", "ideal"]
 
 
@@ -418,6 +447,8 @@ def main(argv=None) -> int:
                     "transaction mode, its databases entry '* = host=... port=...'), e.g. "
                     "postgresql+psycopg://nbx:nbx@127.0.0.1:6432")
     ap.add_argument("--kill-after", type=float, default=1.0, help="s before the killed worker claims its seat")
+    ap.add_argument("--stop-after", type=float, help="cut each run short: no seat is claimed after this many "
+                    "seconds (the seats in flight finish); checks each seat certified at most once, none held")
     ap.add_argument("--keep", action="store_true", help="keep each run's database")
     ap.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

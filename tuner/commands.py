@@ -89,7 +89,12 @@ def census(model: str, db: str | None = None, profile: str | None = None, dry_ru
             if dry_run:
                 rep = run_census(plan, store, dry_run=True)
             elif enqueue:
+                from nbx_tune.tuner.fleet.seat_tuner import queue_cost
+
                 rep = run_census(plan, store, None, reporter)
+                # The seats' costs worked out here, once: workers claim in their order and
+                # never compute them (a thousand workers starting at once would wait on it).
+                store.fill_queue_costs(prof.name, queue_cost(prof))
             else:
                 rep = run_census(plan, store, make_tuner(store, prof, strategy, isolate, executor), reporter)
             rep.db = store.url if store is not None else None

@@ -148,14 +148,18 @@ class SeatTuner:
         spec = get_spec(kernel)
         try:
             with _Heartbeat(self.store, seat_id, self.holder, self.claim_ttl):
-                rec = self.store.seat_records(seat_ids=[seat_id])[0]
-                st = seat_status(rec, spec, self.profile)
-                if not self._worth_it(rec, spec, st):
+                with self.store.reading():  # the seat's reads and its search's, one transaction
+                    rec = self.store.seat_records(seat_ids=[seat_id])[0]
+                    st = seat_status(rec, spec, self.profile)
+                    worth = self._worth_it(rec, spec, st)
+                    if worth:
+                        reporter.seat_start(label, index, total, len(spec.configs()))
+                        started = datetime.now(timezone.utc)
+                        search = seat_search.for_seat(self.store, rec, spec, self.profile,
+                                                      seat_id in self.audit_later)
+                if not worth:
                     self.store.release(seat_id, self.holder)
                     return None
-                reporter.seat_start(label, index, total, len(spec.configs()))
-                started = datetime.now(timezone.utc)
-                search = seat_search.for_seat(self.store, rec, spec, self.profile, seat_id in self.audit_later)
                 kind, result = "rescreen", self._rescreened(rec, spec, st, label, reporter)
                 if result is None:
                     kind, result = "tune", tune_seat(spec, self.profile, label, rec.problems, self.executor,
@@ -256,12 +260,31 @@ class SeatTuner:
                    if from_sibling(rec.cert_tuning, self.device)}
         return [ln for ln in lines if ln.status in ("pending", "stale", "unscreened") or ln.id in sibling]
 
-    def needing_work(self, untuned_only: bool = False) -> list:
+    def claim_untuned(self):
+        """Claim the longest never-tuned seat nobody live holds, as the server orders them
+        (Store.claim_untuned): (id, kernel, label) or None."""
+        return self.store.claim_untuned(self.profile.name, self.holder, self.claim_ttl, _known_kernels())
+
+    def untuned_held(self) -> float | None:
+        """The earliest lease end of a held never-tuned seat (None: none held)."""
+        return self.store.untuned_held(self.profile.name, _known_kernels())
+
+    def cost_queue(self) -> None:
+        """Store the costs a census left unset (one lister at a time, fill_queue_costs):
+        `census --enqueue` works them out, so a worker mostly finds none to do."""
+        if self.store.untuned_without_cost(self.profile.name):
+            self.store.fill_queue_costs(self.profile.name, self._queue_cost)
+
+    def needing_work(self, untuned_only: bool = False, tuned_only: bool = False) -> list:
         """Seats of this profile that a worker should tune, longest first (`seat_cost`):
         (id, kernel, label). A seat never tuned is pending: those come from one query, with
         the cost kept on the seat (worked out and stored here where none is yet); only
         seats with a tuning have their records read and their status judged, which
-        `untuned_only` skips (a worker's listing when its list runs dry: seats enqueued since)."""
+        `untuned_only` skips (a worker's listing when its list runs dry: seats enqueued since).
+        `tuned_only` lists those alone: a worker claims the never-tuned seats from the
+        server (claim_untuned), and lists only the seats whose status needs Python."""
+        if tuned_only:
+            return self._tuned_needing_work()
         untuned = [t for t in self.store.untuned_seats(self.profile.name) if _spec_or_none(t[1]) is not None]
         if any(t[3] is None for t in untuned):
             # Worked out by one worker at a time; the others find them stored (fill_queue_costs).
@@ -275,7 +298,14 @@ class SeatTuner:
                      for sid, kernel, _, cost in untuned if cost is None}
             self.store.set_queue_costs(costs)
         out = [(costs[sid] if cost is None else cost, sid, kernel, label) for sid, kernel, label, cost in untuned]
-        for rec in () if untuned_only else self.store.seat_records(profile=self.profile.name, tuned_only=True):
+        return _longest_first(out + ([] if untuned_only else self._tuned_needing_work(costed=True)))
+
+    def _tuned_needing_work(self, costed: bool = False) -> list:
+        """The seats with a tuning that need work (stale, unscreened with a shape it can now
+        screen, a sibling device's certificate), longest first: their records read, their
+        status judged here."""
+        out = []
+        for rec in self.store.seat_records(profile=self.profile.name, tuned_only=True):
             spec = _spec_or_none(rec.seat.kernel)
             if spec is None:
                 continue
@@ -283,12 +313,10 @@ class SeatTuner:
             if self._worth_it(rec, spec, st):
                 s = rec.seat
                 out.append((seat_cost(spec, rec.problems, self.profile), s.id, s.kernel, s.label))
-        out.sort(key=lambda t: (-t[0], t[1]))
-        return [t[1:] for t in out]
+        return out if costed else _longest_first(out)
 
     def _queue_cost(self, kernel: str, problems) -> float | None:
-        spec = _spec_or_none(kernel)
-        return None if spec is None else seat_cost(spec, problems, self.profile)
+        return queue_cost(self.profile)(kernel, problems)
 
 
 def seat_cost(spec, problems, profile) -> float:
@@ -317,6 +345,27 @@ def _cost_at(spec, profile, biggest) -> float:
 
 
 _COSTS: dict = {}
+
+
+def _longest_first(costed: list) -> list:
+    """(cost, id, kernel, label) rows as (id, kernel, label), longest first, then by id."""
+    costed.sort(key=lambda t: (-t[0], t[1]))
+    return [t[1:] for t in costed]
+
+
+def queue_cost(profile):
+    """The queue cost of a seat of `profile` from its kernel and shapes (None for a kernel
+    not registered here): what `census --enqueue` stores on its seats (fill_queue_costs)."""
+    def cost_of(kernel: str, problems) -> float | None:
+        spec = _spec_or_none(kernel)
+        return None if spec is None else seat_cost(spec, problems, profile)
+    return cost_of
+
+
+def _known_kernels() -> list:
+    from nbx_tune.kernels.runtime.registry import all_specs
+
+    return list(all_specs())
 
 
 def _spec_or_none(kernel: str):

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 from nbx_tune.errors import NbxError
 
-IDLE_POLL_S = 0.5  # a worker that waits for others' last seats looks again this often
+IDLE_POLL_S = 0.5  # a worker that waits for others' last seats looks again after this,
+IDLE_MAX_S = 4.0  # doubling while it finds nothing, up to this (1,000 waiting: 250 looks a second)
 
 
 @dataclass
@@ -45,58 +46,94 @@ class WorkerReport:
 
 
 def run_worker(tuner, reporter=None, max_seats: int | None = None, wait_for_held: bool = True) -> WorkerReport:
-    """Tune seats that need work until none is left (or max_seats are done)."""
+    """Tune seats that need work until none is left (or max_seats are done).
+
+    The never-tuned seats (most of a queue) are claimed from the server in its order, the
+    longest free one in one statement each (`tuner.claim_untuned`: no listing, no per-claim
+    cost growing with the queue or the fleet). The seats whose status needs Python (stale,
+    unscreened, a sibling device's certificate) are listed once, when the worker starts,
+    and claimed from that list when no never-tuned seat is free."""
     from nbx_tune.tuner.certify.tune import NullReporter
 
     reporter = reporter or NullReporter()
     rep = WorkerReport(tuner.holder, tuner.profile.name, tuner.device.name)
     t0 = time.perf_counter()
-    tried = set()  # a seat this worker lost (worker_lost) waits for the next worker or census
-    # `gone`: listed seats tuned since (or taken here); `held`: listed seats another live
-    # worker held when a claim passed them, with its lease's end. Claims pass over held
-    # seats (a claim's cost does not grow with the workers ahead of it on the list) and
-    # look at one again when its lease has ended, or when nothing else is left.
-    todo, gone, held, head, mark = [], set(), {}, 0, None
+    tuner.cost_queue()  # costs a census left unset, so the server orders every seat
+    listed = _Listed(tuner)  # listed now, not when the never-tuned run out: by then the
+    # tuned seats are the whole queue, and each worker would read all of their records
+    server, taken, idle = True, set(), IDLE_POLL_S
     while max_seats is None or len(rep.tuned) < max_seats:
-        while head < len(todo) and (todo[head] in gone or todo[head] in held):
-            head += 1  # a claim reads the list from its first seat not known gone or held
-        now = time.time()
-        due = [sid for sid, end in held.items() if end < now]
-        if head == len(todo) and not due:
-            if held:
-                # Everything left is held by other live workers: wait for them to finish
-                # it, or for a dead one's lease to end, then take it.
-                if not wait_for_held:
-                    break
-                time.sleep(IDLE_POLL_S)
-                due = list(held)
-            else:
-                # The queue is listed (a read of every seat of the profile) when the worker
-                # starts, not at each claim: a claim skips seats tuned since the list was
-                # made (`mark`). When the list runs dry, only seats never tuned are listed
-                # again (enqueued since): one query, no seat's records.
-                first = mark is None
-                mark = tuner.store.last_tuning_id()
-                listed = [t for t in tuner.needing_work(untuned_only=not first) if t[0] not in tried]
-                todo, gone, head = [t[0] for t in listed], set(), 0
-                labels = {sid: (kernel, label) for sid, kernel, label in listed}
-                if not todo:
-                    break
-        for sid in due:
-            del held[sid]
-        left = chain(due, (todo[j] for j in range(head, len(todo)) if todo[j] not in gone and todo[j] not in held))
-        sid = tuner.store.claim_next(left, tuner.holder, tuner.claim_ttl, since_tuning=mark, finished=gone, held=held)
-        if sid is None:
+        got = tuner.claim_untuned() if server else None
+        if got is not None and got[0] in taken:
+            # Handed back a seat this worker took and released untuned: it can do nothing
+            # for it (never for a pending seat), so it leaves the rest to the listing.
+            tuner.store.release(got[0], tuner.holder)
+            server, got = False, None
+        if got is None:
+            got = listed.claim()
+        if got is None:
+            # Nothing free: wait while other live workers hold seats (they finish them, or
+            # die and their leases end), then look again: at the earliest held lease's end
+            # (a dead holder's seat is free then) or after `idle`, which doubles while
+            # nothing turns up (before: every worker of a fleet looked twice a second).
+            end = tuner.untuned_held()
+            if not wait_for_held or (end is None and not listed.held):
+                break
+            due = idle if end is None else max(IDLE_POLL_S / 10, end - time.time())
+            time.sleep(min(idle, due))
+            idle = min(IDLE_MAX_S, 2 * idle)
+            listed.look_again()
             continue
-        gone.add(sid)
-        tried.add(sid)
-        kernel, label = labels[sid]
-        if tuner.tune_claimed(sid, kernel, label, len(rep.tuned), len(rep.tuned) + len(todo) - len(gone) + 1,
+        idle = IDLE_POLL_S
+        sid, kernel, label = got
+        taken.add(sid)
+        if tuner.tune_claimed(sid, kernel, label, len(rep.tuned), len(rep.tuned) + listed.left() + 1,
                               None, reporter):
             rep.tuned.append(label)
     rep.lost = list(getattr(tuner, "leases_lost", ()))
     rep.seconds = time.perf_counter() - t0
     return rep
+
+
+class _Listed:
+    """The seats with a tuning that need work, listed once (a read of their records) and
+    claimed in that order (Store.claim_next). `gone`: listed seats tuned since (or taken
+    here); `held`: listed seats another live worker held when a claim passed them, with
+    its lease's end. Claims pass over held seats (a claim's cost does not grow with the
+    workers ahead of it on the list) and look at one again when its lease has ended, or
+    after a wait when nothing else is left."""
+
+    def __init__(self, tuner):
+        self.tuner = tuner
+        self.mark = tuner.store.last_tuning_id()  # a claim skips seats tuned since the list
+        listed = tuner.needing_work(tuned_only=True)
+        self.todo, self.labels = [x[0] for x in listed], {sid: (k, label) for sid, k, label in listed}
+        self.gone, self.held, self.head, self.again = set(), {}, 0, False
+
+    def claim(self):
+        t = self.tuner
+        todo, gone, held = self.todo, self.gone, self.held
+        while self.head < len(todo) and (todo[self.head] in gone or todo[self.head] in held):
+            self.head += 1  # a claim reads the list from its first seat not known gone or held
+        now = time.time()
+        due = list(held) if self.again else [sid for sid, end in held.items() if end < now]
+        self.again = False
+        if self.head == len(todo) and not due:
+            return None
+        for sid in due:
+            del held[sid]
+        left = chain(due, (todo[j] for j in range(self.head, len(todo)) if todo[j] not in gone and todo[j] not in held))
+        sid = t.store.claim_next(left, t.holder, t.claim_ttl, since_tuning=self.mark, finished=gone, held=held)
+        if sid is None:
+            return None
+        gone.add(sid)
+        return (sid, *self.labels[sid])
+
+    def look_again(self) -> None:
+        self.again = True  # after a wait, every held seat is looked at again
+
+    def left(self) -> int:
+        return len(self.todo) - len(self.gone)
 
 
 def worker_timeline(rows, t_launch: float, t_end: float) -> list[dict]:

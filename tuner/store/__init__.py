@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from collections import namedtuple
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from itertools import islice
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import ARRAY, Integer, any_, bindparam, false as sa_false, func, select, update
+from sqlalchemy import ARRAY, Integer, String, any_, bindparam, false as sa_false, func, select, update
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -81,11 +82,11 @@ class SeatRecord:
     seat_refusal: Refusal | None = None  # the last tuning's refusal of the whole seat
 
 
-def _among(session: Session, column, ids: list):
+def _among(session: Session, column, ids: list, name: str = "ids", type_=Integer):
     """`column IN ids`: on PostgreSQL `= ANY(:ids)`, one array parameter, so the statement's
     text is the same for any number of ids (prepared once by the driver)."""
     if session.bind.dialect.name == "postgresql":
-        return column == any_(bindparam("ids", ids, type_=ARRAY(Integer)))
+        return column == any_(bindparam(name, ids, type_=ARRAY(type_)))
     return column.in_(ids)
 
 
@@ -131,11 +132,32 @@ class Store:
         self.close()
 
     @contextmanager
+    def reading(self):
+        """The reads of this thread inside the block share one transaction (one connection
+        checkout, BEGIN and COMMIT instead of one per read): a seat's reads before its
+        tuning, several Store calls, are one round of the database. Writes keep their own."""
+        local = self.__dict__.setdefault("_pinned", threading.local())
+        if getattr(local, "session", None) is not None:
+            yield
+            return
+        with self.session(write=False) as s:
+            local.session = s
+            try:
+                yield
+            finally:
+                local.session = None
+
+    @contextmanager
     def session(self, write: bool = True):
         """One transaction. A writer's BEGIN takes the write lock (SQLite: BEGIN IMMEDIATE,
         with a busy timeout) and is retried while another writer holds it, so users never
         see "database is locked"; once begun, the block runs to commit or rollback. A read
-        (write=False) takes no lock: queries never wait behind a census."""
+        (write=False) takes no lock: queries never wait behind a census. A read inside
+        `reading()` joins its transaction."""
+        pinned = None if write else getattr(self.__dict__.get("_pinned"), "session", None)
+        if pinned is not None:
+            yield pinned
+            return
         s = self._sessions()
         try:
             self._begin(s, write)
@@ -277,6 +299,45 @@ class Store:
                         return sid
             return None
 
+    def claim_untuned(self, profile: str, holder: str, ttl_s: float, kernels) -> tuple | None:
+        """Claim the longest never-tuned seat of `profile` (of one of `kernels`: those this
+        worker can tune) that nobody live holds, in one statement ordered by the server:
+        `UPDATE seats ... WHERE id = (SELECT id ... ORDER BY queue_cost DESC LIMIT 1 FOR
+        UPDATE SKIP LOCKED) RETURNING ...`, over the partial index of the seats never tuned
+        (ix_seats_claim_order). A dead holder's seat is free once its lease has ended; a row
+        another worker is claiming this instant is passed over, never waited on (SQLite has
+        one writer at a time). A seat whose cost is unknown yet goes first (NULLS FIRST:
+        the index read backwards), as an unknown length is not one to leave to the tail.
+        Returns (id, kernel, label) or None."""
+        now = time.time()
+        with self.session() as s:
+            pick = (select(Seat.id).where(
+                Seat.profile == profile, ~Seat.tuned,
+                _among(s, Seat.kernel, sorted(kernels), "kernels", String),
+                (Seat.claimed_by.is_(None)) | (Seat.claim_expires < now) | (Seat.claimed_by == holder))
+                .order_by(Seat.queue_cost.desc().nulls_first(), Seat.id.desc()).limit(1)
+                .with_for_update(skip_locked=True))
+            row = s.execute(update(Seat).where(Seat.id == pick.scalar_subquery())
+                            .values(claimed_by=holder, claim_expires=now + ttl_s)
+                            .returning(Seat.id, Seat.kernel, Seat.dtypes, Seat.flags, Seat.bucket)).first()
+            return None if row is None else (row[0], row[1], label_of(*row[1:]))
+
+    def untuned_held(self, profile: str, kernels) -> float | None:
+        """The earliest lease end of the held never-tuned seats of `profile` (of one of
+        `kernels`), or None when none is held: a worker that finds no seat free waits for
+        their holders to finish them, or for that lease to end."""
+        with self.session(write=False) as s:
+            return s.scalar(select(func.min(Seat.claim_expires)).where(
+                Seat.profile == profile, ~Seat.tuned, Seat.claimed_by.is_not(None),
+                _among(s, Seat.kernel, sorted(kernels), "kernels", String)))
+
+    def untuned_without_cost(self, profile: str) -> bool:
+        """Whether a never-tuned seat of `profile` has no queue cost stored (a census that
+        recorded it did not work it out, or is adding a shape to it)."""
+        with self.session(write=False) as s:
+            return s.scalar(select(Seat.id).where(Seat.profile == profile, ~Seat.tuned,
+                                                  Seat.queue_cost.is_(None)).limit(1)) is not None
+
     def untuned_seats(self, profile: str) -> list[tuple]:
         """The profile's seats never tuned, in one query without their records (a seat
         with no tuning is pending): (id, kernel, label, queue cost or None)."""
@@ -376,7 +437,7 @@ class Store:
         raised, so a seat is tuned twice at most, never certified twice."""
         with self.session() as s:
             held = s.execute(update(Seat).where(Seat.id == seat_id, Seat.claimed_by == worker)
-                             .values(claimed_by=None, claim_expires=None))
+                             .values(claimed_by=None, claim_expires=None, tuned=True))  # out of claim_untuned's
             if held.rowcount != 1:
                 raise LeaseLost(f"seat {seat_id}: {worker}'s claim was taken by another worker; "
                                 "its result is dropped")
@@ -445,15 +506,19 @@ class Store:
             if not recs:
                 return []
             ids = list(recs)
+            # A seat never tuned (seats.tuned: set with its first tuning) has no certificate,
+            # tuning or refusal to read: a worker's freshly claimed seat reads its shapes alone.
+            tuned = [st.id for st in seats if st.tuned]
             for c, t in s.execute(select(Certificate, Tuning).join(Tuning, Tuning.id == Certificate.tuning_id)
-                                  .where(Certificate.seat_id.in_(ids), Certificate.superseded_at.is_(None))):
+                                  .where(Certificate.seat_id.in_(tuned), Certificate.superseded_at.is_(None))
+                                  ) if tuned else ():
                 recs[c.seat_id].cert, recs[c.seat_id].cert_tuning = c, t
             last = (select(Tuning.seat_id, func.max(Tuning.id).label("tid"))
-                    .where(Tuning.seat_id.in_(ids)).group_by(Tuning.seat_id).subquery())
-            for t in s.scalars(select(Tuning).join(last, Tuning.id == last.c.tid)):
+                    .where(Tuning.seat_id.in_(tuned)).group_by(Tuning.seat_id).subquery())
+            for t in s.scalars(select(Tuning).join(last, Tuning.id == last.c.tid)) if tuned else ():
                 recs[t.seat_id].last_tuning = t
             for r in s.scalars(select(Refusal).join(last, Refusal.tuning_id == last.c.tid)
-                               .where(Refusal.config.is_(None))):
+                               .where(Refusal.config.is_(None))) if tuned else ():
                 recs[r.seat_id].seat_refusal = r
             for sid, problem in s.execute(select(SeatShape.seat_id, SeatShape.problem)
                                           .where(SeatShape.seat_id.in_(ids))):

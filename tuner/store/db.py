@@ -19,7 +19,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, event, inspect, text
 from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import ArgumentError, DatabaseError, DisconnectionError, NoSuchModuleError, OperationalError
 
 from nbx_tune import settings
 from nbx_tune.errors import StoreError
@@ -28,6 +28,30 @@ MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 BUSY_TIMEOUT_MS = 60_000
 WRITE = "nbx_write"  # the execution option that marks a transaction as a writer's
 MIGRATION_LOCK = 0x6E6278  # the advisory lock key schema changes take on PostgreSQL
+
+
+PING_IDLE_S = 1.0  # a pooled connection idle longer than this is pinged before it is used
+
+
+def ping_when_idle(engine: Engine) -> None:
+    """pool_pre_ping's check, a round trip and a transaction of its own, only for a pooled
+    connection idle more than PING_IDLE_S: one that served a statement a moment ago is
+    alive, and pinging it before each transaction doubled a fleet worker's transactions
+    (a seat's claim, reads and write follow each other within milliseconds). A connection
+    the server dropped while idle is found at its next use, and replaced."""
+    @event.listens_for(engine, "checkin")
+    def _idle_from(dbapi_conn, record):
+        record.info["idle_from"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _ping(dbapi_conn, record, proxy):
+        since = record.info.get("idle_from")
+        if since is None or time.monotonic() - since <= PING_IDLE_S:
+            return  # fresh from connect, or used a moment ago
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except Exception:
+            raise DisconnectionError() from None  # the pool connects anew and retries
 
 
 SECRET_PARAMS = ("password", "passwd", "sslpassword", "sslkey")  # query parameters never printed
@@ -105,7 +129,8 @@ def make_engine(url: str) -> Engine:
             engine = create_engine(u, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
             _sqlite_setup(engine)
         else:
-            engine = create_engine(u, pool_pre_ping=True)
+            engine = create_engine(u)
+            ping_when_idle(engine)
     except NoSuchModuleError:
         raise StoreError(f"database URL {safe_url(u)}: no driver for {u.drivername!r} "
                          "(for PostgreSQL: pip install 'nbx-tune[postgres]')") from None

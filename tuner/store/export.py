@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, insert, select, update
 
 from nbx_tune.errors import NbxError, TableError
 from nbx_tune.kernels.runtime import torch_rule as baseline, table_format, table_schema, validity
@@ -265,6 +265,9 @@ def import_table(store, checked: CheckedTable, screen=None) -> ImportSummary:
                                                not_screened))
             made.append((e, t, at, current if why is None else None, cur_valid, why))
         tuning_ids = _insert_ids(s, Tuning, [t for _, t, *_ in made])
+        tuned = sorted({t["seat_id"] for _, t, *_ in made})
+        for i in range(0, len(tuned), 5000):  # tuned now: out of the workers' claim (Store.claim_untuned)
+            s.execute(update(Seat).where(Seat.id.in_(tuned[i:i + 5000]), ~Seat.tuned).values(tuned=True))
         for e, t, at, replaced, cur_valid, why in made:
             if replaced is not None:
                 replaced.superseded_at = now

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 
 from sqlalchemy import (BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text,
                         UniqueConstraint)
-from sqlalchemy import text as sql_text
+from sqlalchemy import false, text as sql_text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from nbx_tune.kernels.spec import label_of
@@ -60,7 +60,11 @@ class Seat(Base):
     __tablename__ = "seats"
     __table_args__ = (UniqueConstraint("profile", "kernel", "dtypes", "flags", "bucket",
                                        name="uq_seats_identity"),
-                      Index("ix_seats_profile_kernel", "profile", "kernel"))
+                      Index("ix_seats_profile_kernel", "profile", "kernel"),
+                      # The seats never tuned, in claim order (migration 0009): a worker's claim
+                      # (Store.claim_untuned) reads its head; tuned seats leave it.
+                      Index("ix_seats_claim_order", "profile", "queue_cost", "id",
+                            sqlite_where=sql_text("tuned = 0"), postgresql_where=sql_text("NOT tuned")))
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     profile: Mapped[str] = mapped_column(String(64))
     kernel: Mapped[str] = mapped_column(String(128))
@@ -74,6 +78,9 @@ class Seat(Base):
     # The fleet's estimate of the seat's tuning time (runner.seat_cost), set when a worker
     # first lists it and cleared when a census adds a shape: workers take long seats first.
     queue_cost: Mapped[float | None] = mapped_column(Float)
+    # Set by the transaction that writes the seat's first tuning (Store.write_result): the
+    # never-tuned seats are the server-ordered claim's (ix_seats_claim_order).
+    tuned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false(), nullable=False)
 
     shapes: Mapped[list["SeatShape"]] = relationship(back_populates="seat")
 
