@@ -9,8 +9,8 @@ from alembic import op
 
 from nbx_tune.migrations.alter import drop_columns
 
-revision = "0009"
-down_revision = "0008"
+revision = "0010"
+down_revision = "0009"
 
 
 def upgrade() -> None:
