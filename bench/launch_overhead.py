@@ -92,6 +92,10 @@ def cases(torch, dev, dt):
         ("compare", "gt 1x1x8x1024 > 0", K.gt, torch.gt, (r(1, 1, 8, 1024), 0), {}),
         ("where", "where mask 1x1x8x1024, -1e4", K.where, torch.where,
          (r(1, 1, 8, 1024) > 0, r(1, 1, 8, 1024), -1e4), {}),
+        # an MoE layer's router: top-2 of 8 experts, and the offsets of its expert counts
+        ("row_sort", "topk 4x8, k 2", K.topk, torch.topk, (r(4, 8), 2), {}),
+        ("cumsum", "cumsum 8 int64", K.cumsum, torch.cumsum,
+         (torch.randint(0, 9, (8,), device=dev), 0), {}),
         # a model's linear with a bias: torch.addmm on the transposed weight
         ("addmm", "linear 4x256 -> 256 with bias", lambda a, w, b: K.addmm(b, a, w.t()), F.linear,
          (r(4, 256), r(256, 256), r(256)), {}),

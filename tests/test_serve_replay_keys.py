@@ -287,3 +287,51 @@ def test_an_arange_on_cuda_is_keyed_by_the_current_device(fake, monkeypatch):
         monkeypatch.setattr(torch.cuda, "current_device", lambda index=index: index)
         fill.arange(3, device="cuda")
     assert [k[-1] for k in keys] == [torch.device("cuda", 0), torch.device("cuda", 1)]
+
+
+# ----------------------------------------------------------------------------- topk, cumsum
+
+def test_topk_replays_keyed_by_k_dim_and_order(fake):
+    """A router's top-k: each call differing in k, dim or largest gets its own replay; the
+    same call again is replayed on the new data."""
+    x = torch.randn(4, 8)
+    calls = [(2, -1, True), (2, -1, True), (3, -1, True), (2, -1, False), (2, 0, True)]
+    with nbx_tune.serve():
+        got = [torch.topk(x, k, dim=d, largest=lg) for k, d, lg in calls]
+        x2 = torch.randn(4, 8)
+        again = torch.topk(x2, 2)
+    for (k, d, lg), g in zip(calls, got):
+        w = torch.topk(x, k, dim=d, largest=lg)
+        _same(g.values, w.values)
+        _same(g.indices, w.indices)
+    _same(again.values, torch.topk(x2, 2).values)
+    _same(again.indices, torch.topk(x2, 2).indices)
+    assert fake.log == ["triton", "direct", "triton", "triton", "triton", "direct"]
+    assert serving.stats()["aten.topk"]["torch"] == 0
+
+
+def test_a_replayed_topk_still_hands_ties_to_torch_on_the_cpu(fake):
+    """The CPU refuses ties (torch's order of them is its own): the flag is read after a
+    replay as after the ordinary path."""
+    x = torch.randn(4, 8)
+    tied = torch.randn(4, 8)
+    tied[:, 0] = tied[:, 1] = 10.0  # the top two equal
+    import importlib
+
+    row_sort = importlib.import_module("nbx_tune.kernels.topk")
+
+    row_sort.topk(x, 2)
+    row_sort.topk(x, 2)  # remembered and replayed
+    with pytest.raises(KernelError, match="equal values"):
+        row_sort.topk(tied, 2)
+    assert fake.log == ["triton", "direct", "direct"]
+
+
+def test_cumsum_replays_keyed_by_dim_and_dtype(fake):
+    x = torch.randint(-5, 5, (3, 6), dtype=torch.int32)
+    calls = [(1, None), (1, None), (0, None), (1, torch.float32), (1, torch.int32)]
+    with nbx_tune.serve():
+        got = [torch.cumsum(x, d, dtype=dt) for d, dt in calls]
+    for (d, dt), g in zip(calls, got):
+        _same(g, torch.cumsum(x, d, dtype=dt))
+    assert fake.log == ["triton", "direct", "triton", "triton", "triton"]
