@@ -96,6 +96,9 @@ def cases(torch, dev, dt):
         ("row_sort", "topk 4x8, k 2", K.topk, torch.topk, (r(4, 8), 2), {}),
         ("cumsum", "cumsum 8 int64", K.cumsum, torch.cumsum,
          (torch.randint(0, 9, (8,), device=dev), 0), {}),
+        # a decode step's keys written into a buffer
+        ("copy", "copy_ 1x8x128", K.copy_, torch.Tensor.copy_,
+         (r(1, 8, 128), r(1, 8, 128)), {}),
         # a model's linear with a bias: torch.addmm on the transposed weight
         ("addmm", "linear 4x256 -> 256 with bias", lambda a, w, b: K.addmm(b, a, w.t()), F.linear,
          (r(4, 256), r(256, 256), r(256)), {}),

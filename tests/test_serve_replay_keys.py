@@ -335,3 +335,37 @@ def test_cumsum_replays_keyed_by_dim_and_dtype(fake):
     for (d, dt), g in zip(calls, got):
         _same(g, torch.cumsum(x, d, dtype=dt))
     assert fake.log == ["triton", "direct", "triton", "triton", "triton"]
+
+
+# ----------------------------------------------------------------------------- copy_
+
+def test_copy_replays_keyed_by_both_layouts(fake):
+    """copy_ into the same destination from sources of one shape but other strides, a
+    broadcast row or another dtype: each its own replay; the same call again replays."""
+    src = torch.randn(4, 6)
+    srcs = [src, torch.randn(4, 6), src.t().contiguous().t(), src[:1], src[0], src.half()]
+    outs = []
+    with nbx_tune.serve():
+        for s in srcs:
+            dst = torch.empty(4, 6)
+            dst.copy_(s)
+            outs.append(dst)
+    for s, got in zip(srcs, outs):
+        _same(got, torch.empty(4, 6).copy_(s))
+    assert fake.log[:2] == ["triton", "direct"] and fake.log.count("direct") == 1
+    assert serving.stats()["aten.copy_"]["torch"] == 0
+
+
+def test_a_replayed_copy_still_refuses_an_overlapping_source(fake):
+    """The overlap checks (issue 60) run on every call: a source overlapping the destination
+    under a key already replayed is still refused (torch's copy_ then runs)."""
+    from nbx_tune.kernels import copy_
+
+    other = torch.randn(8)
+    for _ in range(2):  # the key: 4 floats, aligned, from 4 floats 8 bytes off alignment
+        copy_(torch.empty(4), other[2:6])
+    assert fake.log == ["triton", "direct"]
+    buf = torch.arange(8.0)
+    with pytest.raises(KernelError, match="overlaps"):
+        copy_(buf[0:4], buf[2:6])
+    assert torch.equal(buf, torch.arange(8.0))  # nothing written
