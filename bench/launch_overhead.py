@@ -56,6 +56,7 @@ def cases(torch, dev, dt):
     import torch.nn.functional as F
 
     from nbx_tune import kernels as K
+    from nbx_tune.kernels import fill
     from nbx_tune.kernels.serving import custom_ops, gemma_ops
     from nbx_tune.kernels.softmax import softmax
 
@@ -99,6 +100,8 @@ def cases(torch, dev, dt):
         # a decode step's keys written into a buffer
         ("copy", "copy_ 1x8x128", K.copy_, torch.Tensor.copy_,
          (r(1, 8, 128), r(1, 8, 128)), {}),
+        # a buffer made like another (an MoE layer's output, zeroed)
+        ("fill", "zeros_like 1x8x1024", fill.zeros_like, torch.zeros_like, (r(1, 8, 1024),), {}),
         # a model's linear with a bias: torch.addmm on the transposed weight
         ("addmm", "linear 4x256 -> 256 with bias", lambda a, w, b: K.addmm(b, a, w.t()), F.linear,
          (r(4, 256), r(256, 256), r(256)), {}),

@@ -369,3 +369,30 @@ def test_a_replayed_copy_still_refuses_an_overlapping_source(fake):
     with pytest.raises(KernelError, match="overlaps"):
         copy_(buf[0:4], buf[2:6])
     assert torch.equal(buf, torch.arange(8.0))  # nothing written
+
+
+# ----------------------------------------------------------------------------- *_like fills
+
+def test_like_fills_replay_keyed_by_self_dtype_format_and_value(fake):
+    """zeros_like, ones_like and full_like: the output's dtype is the one asked, its strides
+    follow self's and the memory format, its values the value's."""
+    x = torch.randn(3, 5)
+    cpu = torch.device("cpu")
+    calls = [("zeros_like", x, {}), ("zeros_like", x, {}), ("ones_like", x, {}),
+             ("zeros_like", x.t(), {}), ("zeros_like", x, {"dtype": torch.int32}),
+             ("zeros_like", x.t(), {"memory_format": torch.contiguous_format}), ("zeros_like", x.t(), {}),
+             ("full_like", x, {"fill_value": 2.5}), ("full_like", x, {"fill_value": -2.5}),
+             ("full_like", x, {"fill_value": 0.0}), ("full_like", x, {"fill_value": -0.0}),
+             ("zeros_like", x, {"device": "cpu"}), ("zeros_like", x, {"device": cpu})]
+    with nbx_tune.serve():
+        got = [getattr(torch, what)(t, **kw) for what, t, kw in calls]
+    for (what, t, kw), g in zip(calls, got):
+        want = getattr(torch, what)(t, **kw)
+        _same(g, want)
+        assert g.stride() == want.stride()
+    # each distinct call recorded once (a device named "cpu" is self's: replayed); torch runs
+    # a transposed output (the fill serves contiguous ones: never the contiguous call's
+    # replay) and -0.0 (the launch writes +0.0: never 0.0's replay)
+    assert fake.log == ["triton", "direct"] + ["triton"] * 6 + ["direct"] * 2
+    st = serving.stats()
+    assert st["aten.full_like"]["torch"] == 1 and st["aten.zeros_like"]["torch"] == 2
