@@ -4,7 +4,9 @@ served another call's replay. serve()'s aten.native_layer_norm and aten.native_g
 replay like the public ops under keys of their own (the op, shapes, strides, dtype,
 normalized shape or group sizes, eps, which of weight and bias are there); the compare and
 where ops replay, a value operand keyed by its repr (type, value and the sign of a zero);
-the element-wise binary op's Python-number operand likewise (x / -0.0 is not x / 0.0).
+the element-wise binary op's Python-number operand likewise (x / -0.0 is not x / 0.0);
+topk, cumsum, copy_ and the *_like fills under keys of their parameters and layouts, with
+the checks that read each call's data (topk's ties on the CPU, copy_'s overlaps) still run.
 testing/fake_compiled.py stands in for Triton's compiled kernels (the `fake_triton`
 fixture); each result is checked against torch outside serve().
 """
