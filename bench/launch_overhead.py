@@ -56,6 +56,7 @@ def cases(torch, dev, dt):
     import torch.nn.functional as F
 
     from nbx_tune import kernels as K
+    from nbx_tune.kernels import fill
     from nbx_tune.kernels.serving import custom_ops, gemma_ops
     from nbx_tune.kernels.softmax import softmax
 
@@ -92,6 +93,15 @@ def cases(torch, dev, dt):
         ("compare", "gt 1x1x8x1024 > 0", K.gt, torch.gt, (r(1, 1, 8, 1024), 0), {}),
         ("where", "where mask 1x1x8x1024, -1e4", K.where, torch.where,
          (r(1, 1, 8, 1024) > 0, r(1, 1, 8, 1024), -1e4), {}),
+        # an MoE layer's router: top-2 of 8 experts, and the offsets of its expert counts
+        ("row_sort", "topk 4x8, k 2", K.topk, torch.topk, (r(4, 8), 2), {}),
+        ("cumsum", "cumsum 8 int64", K.cumsum, torch.cumsum,
+         (torch.randint(0, 9, (8,), device=dev), 0), {}),
+        # a decode step's keys written into a buffer
+        ("copy", "copy_ 1x8x128", K.copy_, torch.Tensor.copy_,
+         (r(1, 8, 128), r(1, 8, 128)), {}),
+        # a buffer made like another (an MoE layer's output, zeroed)
+        ("fill", "zeros_like 1x8x1024", fill.zeros_like, torch.zeros_like, (r(1, 8, 1024),), {}),
         # a model's linear with a bias: torch.addmm on the transposed weight
         ("addmm", "linear 4x256 -> 256 with bias", lambda a, w, b: K.addmm(b, a, w.t()), F.linear,
          (r(4, 256), r(256, 256), r(256)), {}),

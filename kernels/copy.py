@@ -719,7 +719,17 @@ def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
     """aten.copy_: src (broadcast to self's shape) into self, cast to self's dtype."""
     if src.device != self.device:
         raise KernelError(f"copy_: a copy from {src.device} to {self.device} is not served")
-    semantics.check_writable("copy_", self, src)
+    semantics.check_writable("copy_", self, src)  # every call, a replay's too (issue 60)
+    # the direct launch (kernels/runtime/launch.py): both layouts; launch.tensor_key, inline
+    key = (COPY_SPEC, "copy_", self.shape, self.stride(), self.dtype, self.data_ptr() & 15,
+           src.shape, src.stride(), src.dtype, src.data_ptr() & 15, self.device)
+    hit = REMEMBERED.get(key)
+    if hit is not None:
+        return hit(self, src)
+    return launch.remember(key, (self, src), _copy_from, self, src)
+
+
+def _copy_from(self: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     try:
         src = src.expand(self.shape)
     except RuntimeError:

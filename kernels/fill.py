@@ -429,15 +429,40 @@ def new_zeros(self, size, *, dtype=None, layout=None, device=None, pin_memory=No
 
 
 def full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return _fill(_like_out(self, None, dtype, layout, device, memory_format), fill_value, "full_like")
+    return _filled_like("full_like", fill_value, self, dtype, layout, device, memory_format)
 
 
 def ones_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return _fill(_like_out(self, None, dtype, layout, device, memory_format), 1, "ones_like")
+    return _filled_like("ones_like", 1, self, dtype, layout, device, memory_format)
 
 
 def zeros_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return _fill(_like_out(self, None, dtype, layout, device, memory_format), 0, "zeros_like")
+    return _filled_like("zeros_like", 0, self, dtype, layout, device, memory_format)
+
+
+def _filled_like(what, value, self, dtype, layout, device, memory_format) -> torch.Tensor:
+    """A `*_like` fill, replayed (kernels/runtime/launch.py) where value is a Python number:
+    the key holds the op, self's layout (the output's strides follow it), the dtype and the
+    device resolved, the layout, the memory format and the value by its repr (-0.0 apart)."""
+    if not isinstance(value, (bool, int, float)) or not isinstance(self, torch.Tensor) or \
+            layout not in (None, torch.strided):
+        return _fill(_like_out(self, None, dtype, layout, device, memory_format), value, what)
+    dt = TORCH_DTYPES[_dt(dtype, _dt(self.dtype, ""))]
+    try:  # "cuda" is the current device, which may change: keyed resolved
+        dev = self.device if device is None else _resolved(device)
+        key = (SPEC, what, *launch.tensor_key(self), dt, dev, layout, memory_format, repr(value))
+        hit = REMEMBERED.get(key)
+    except TypeError:
+        return _fill(_like_out(self, None, dtype, layout, device, memory_format), value, what)
+    if hit is not None:
+        return hit()
+    return launch.remember(key, (), _create_like, what, value, self, dt, dev, memory_format)
+
+
+def _create_like(what, value, self, dt, device, memory_format) -> torch.Tensor:
+    # torch's strides for the format (preserve_format keeps self's where dense), made by `empty`
+    like = torch.empty_like(self, dtype=dt, device=device, memory_format=memory_format or torch.preserve_format)
+    return _fill(launch.empty(tuple(like.shape), dt, device, like.stride()), value, what)
 
 
 def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):

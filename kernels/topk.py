@@ -21,6 +21,7 @@ Launch key: the rows R (`default` ladder) and the row length E (`row`); flags: t
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -219,6 +220,29 @@ SPECS = (SPEC,)
 
 
 def _rank_sorted(x: torch.Tensor, k: int, dim: int, descending: bool, kind: str, ties_ok: bool):
+    """The rank sort, replayed (kernels/runtime/launch.py) under a key of the op, k, dim, the
+    order, whether ties are served and x's layout. Where ties are refused (the CPU: torch's
+    order of ties is its own) the tie flag is a zeroed input of each call, read after it,
+    so a replay checks it too; elsewhere nothing reads the flag."""
+    flag = tie = None
+    if not ties_ok and getattr(getattr(x, "device", None), "type", None) == "cpu":
+        # made and read through numpy: torch.zeros and item() would be ops serve() routes
+        flag = np.zeros(1, np.int32)
+        tie = torch.from_numpy(flag)
+    try:
+        key = (SPEC, kind, k, dim, descending, ties_ok, *launch.tensor_key(x),
+               None if tie is None else tie.data_ptr() & 15)
+    except AttributeError:  # not a tensor: the checks say so
+        return _rank_sort(x, k, dim, descending, kind, tie)
+    inputs = (x,) if tie is None else (x, tie)
+    hit = launch.REMEMBERED.get(key)
+    out = hit(*inputs) if hit is not None else launch.remember(key, inputs, _rank_sort, x, k, dim, descending, kind, tie)
+    if flag is not None and flag[0]:
+        raise KernelError(f"{kind}: equal values where torch's order of ties is its own")
+    return out
+
+
+def _rank_sort(x, k, dim, descending, kind, tie):
     dt = _NAMES.get(x.dtype) if isinstance(x, torch.Tensor) else None
     if dt is None:
         raise KernelError(f"{kind}: dtype {getattr(x, 'dtype', type(x).__name__)} is not served "
@@ -240,19 +264,17 @@ def _rank_sorted(x: torch.Tensor, k: int, dim: int, descending: bool, kind: str,
     indices = launch.empty(tuple(out_shape), torch.int64, x.device)
     if values.numel() == 0:
         return values, indices
-    tie = launch.empty((1,), torch.int32, x.device)
-    tie.zero_()
+    if tie is None:  # a flag nothing reads
+        tie = launch.scratch((1,), torch.int32, x.device)
     config = config_for(SPEC, (dt,), seat_flags(op=kind, desc=int(descending)), (numel(shape) // E, E))
     launch_rank_sort(dense(x).reshape(shape), values, indices, tie, k, dim, descending, config)
-    if not ties_ok and x.device.type == "cpu" and int(tie.item()):
-        raise KernelError(f"{kind}: equal values where torch's order of ties is its own")
     return values, indices
 
 
 def topk(self: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
     """aten.topk: the k largest (smallest) of each row along dim, in order, with their
     indices; ties as the module docstring says."""
-    if not sorted and k > 1:
+    if not sorted and k > 1:  # sorted=False with k <= 1 is sorted's result: one key
         raise KernelError("topk(sorted=False): torch's order of the k is its own")
     return _rank_sorted(self, k, dim, largest, "topk", ties_ok=False)
 

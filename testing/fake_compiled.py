@@ -28,6 +28,8 @@ def specialization(v):
         return ("int", v == 1, v % 16 == 0, -2**31 <= v < 2**31)
     if isinstance(v, float):
         return "fp32"
+    if launch._is_constant(v):  # a dtype constexpr (scan's ACC): compiled for its value
+        return ("const", str(v))
     if isinstance(v, TensorDescriptor):  # compiled for its dtype and box
         return ("desc", v.base.dtype, tuple(v.block_shape), len(v.shape))
     raise TypeError(type(v))

@@ -4,7 +4,9 @@ served another call's replay. serve()'s aten.native_layer_norm and aten.native_g
 replay like the public ops under keys of their own (the op, shapes, strides, dtype,
 normalized shape or group sizes, eps, which of weight and bias are there); the compare and
 where ops replay, a value operand keyed by its repr (type, value and the sign of a zero);
-the element-wise binary op's Python-number operand likewise (x / -0.0 is not x / 0.0).
+the element-wise binary op's Python-number operand likewise (x / -0.0 is not x / 0.0);
+topk, cumsum, copy_ and the *_like fills under keys of their parameters and layouts, with
+the checks that read each call's data (topk's ties on the CPU, copy_'s overlaps) still run.
 testing/fake_compiled.py stands in for Triton's compiled kernels (the `fake_triton`
 fixture); each result is checked against torch outside serve().
 """
@@ -287,3 +289,112 @@ def test_an_arange_on_cuda_is_keyed_by_the_current_device(fake, monkeypatch):
         monkeypatch.setattr(torch.cuda, "current_device", lambda index=index: index)
         fill.arange(3, device="cuda")
     assert [k[-1] for k in keys] == [torch.device("cuda", 0), torch.device("cuda", 1)]
+
+
+# ----------------------------------------------------------------------------- topk, cumsum
+
+def test_topk_replays_keyed_by_k_dim_and_order(fake):
+    """A router's top-k: each call differing in k, dim or largest gets its own replay; the
+    same call again is replayed on the new data."""
+    x = torch.randn(4, 8)
+    calls = [(2, -1, True), (2, -1, True), (3, -1, True), (2, -1, False), (2, 0, True)]
+    with nbx_tune.serve():
+        got = [torch.topk(x, k, dim=d, largest=lg) for k, d, lg in calls]
+        x2 = torch.randn(4, 8)
+        again = torch.topk(x2, 2)
+    for (k, d, lg), g in zip(calls, got):
+        w = torch.topk(x, k, dim=d, largest=lg)
+        _same(g.values, w.values)
+        _same(g.indices, w.indices)
+    _same(again.values, torch.topk(x2, 2).values)
+    _same(again.indices, torch.topk(x2, 2).indices)
+    assert fake.log == ["triton", "direct", "triton", "triton", "triton", "direct"]
+    assert serving.stats()["aten.topk"]["torch"] == 0
+
+
+def test_a_replayed_topk_still_hands_ties_to_torch_on_the_cpu(fake):
+    """The CPU refuses ties (torch's order of them is its own): the flag is read after a
+    replay as after the ordinary path."""
+    x = torch.randn(4, 8)
+    tied = torch.randn(4, 8)
+    tied[:, 0] = tied[:, 1] = 10.0  # the top two equal
+    import importlib
+
+    row_sort = importlib.import_module("nbx_tune.kernels.topk")
+
+    row_sort.topk(x, 2)
+    row_sort.topk(x, 2)  # remembered and replayed
+    with pytest.raises(KernelError, match="equal values"):
+        row_sort.topk(tied, 2)
+    assert fake.log == ["triton", "direct", "direct"]
+
+
+def test_cumsum_replays_keyed_by_dim_and_dtype(fake):
+    x = torch.randint(-5, 5, (3, 6), dtype=torch.int32)
+    calls = [(1, None), (1, None), (0, None), (1, torch.float32), (1, torch.int32)]
+    with nbx_tune.serve():
+        got = [torch.cumsum(x, d, dtype=dt) for d, dt in calls]
+    for (d, dt), g in zip(calls, got):
+        _same(g, torch.cumsum(x, d, dtype=dt))
+    assert fake.log == ["triton", "direct", "triton", "triton", "triton"]
+
+
+# ----------------------------------------------------------------------------- copy_
+
+def test_copy_replays_keyed_by_both_layouts(fake):
+    """copy_ into the same destination from sources of one shape but other strides, a
+    broadcast row or another dtype: each its own replay; the same call again replays."""
+    src = torch.randn(4, 6)
+    srcs = [src, torch.randn(4, 6), src.t().contiguous().t(), src[:1], src[0], src.half()]
+    outs = []
+    with nbx_tune.serve():
+        for s in srcs:
+            dst = torch.empty(4, 6)
+            dst.copy_(s)
+            outs.append(dst)
+    for s, got in zip(srcs, outs):
+        _same(got, torch.empty(4, 6).copy_(s))
+    assert fake.log[:2] == ["triton", "direct"] and fake.log.count("direct") == 1
+    assert serving.stats()["aten.copy_"]["torch"] == 0
+
+
+def test_a_replayed_copy_still_refuses_an_overlapping_source(fake):
+    """The overlap checks (issue 60) run on every call: a source overlapping the destination
+    under a key already replayed is still refused (torch's copy_ then runs)."""
+    from nbx_tune.kernels import copy_
+
+    other = torch.randn(8)
+    for _ in range(2):  # the key: 4 floats, aligned, from 4 floats 8 bytes off alignment
+        copy_(torch.empty(4), other[2:6])
+    assert fake.log == ["triton", "direct"]
+    buf = torch.arange(8.0)
+    with pytest.raises(KernelError, match="overlaps"):
+        copy_(buf[0:4], buf[2:6])
+    assert torch.equal(buf, torch.arange(8.0))  # nothing written
+
+
+# ----------------------------------------------------------------------------- *_like fills
+
+def test_like_fills_replay_keyed_by_self_dtype_format_and_value(fake):
+    """zeros_like, ones_like and full_like: the output's dtype is the one asked, its strides
+    follow self's and the memory format, its values the value's."""
+    x = torch.randn(3, 5)
+    cpu = torch.device("cpu")
+    calls = [("zeros_like", x, {}), ("zeros_like", x, {}), ("ones_like", x, {}),
+             ("zeros_like", x.t(), {}), ("zeros_like", x, {"dtype": torch.int32}),
+             ("zeros_like", x.t(), {"memory_format": torch.contiguous_format}), ("zeros_like", x.t(), {}),
+             ("full_like", x, {"fill_value": 2.5}), ("full_like", x, {"fill_value": -2.5}),
+             ("full_like", x, {"fill_value": 0.0}), ("full_like", x, {"fill_value": -0.0}),
+             ("zeros_like", x, {"device": "cpu"}), ("zeros_like", x, {"device": cpu})]
+    with nbx_tune.serve():
+        got = [getattr(torch, what)(t, **kw) for what, t, kw in calls]
+    for (what, t, kw), g in zip(calls, got):
+        want = getattr(torch, what)(t, **kw)
+        _same(g, want)
+        assert g.stride() == want.stride()
+    # each distinct call recorded once (a device named "cpu" is self's: replayed); torch runs
+    # a transposed output (the fill serves contiguous ones: never the contiguous call's
+    # replay) and -0.0 (the launch writes +0.0: never 0.0's replay)
+    assert fake.log == ["triton", "direct"] + ["triton"] * 6 + ["direct"] * 2
+    st = serving.stats()
+    assert st["aten.full_like"]["torch"] == 1 and st["aten.zeros_like"]["torch"] == 2
