@@ -24,7 +24,11 @@ scan = importlib.import_module("nbx_tune.kernels.scan")
 histc_mod = importlib.import_module("nbx_tune.kernels.histc")
 fdiv = importlib.import_module("nbx_tune.kernels.floor_divide")
 stack_mod = importlib.import_module("nbx_tune.kernels.stack")
+index_nd_mod = importlib.import_module("nbx_tune.kernels.index_nd")
+all_any_mod = importlib.import_module("nbx_tune.kernels.all_any")
 SPECS = (*topk_mod.SPECS, *index_mod.SPECS, *scan.SPECS, *histc_mod.SPECS, *fdiv.SPECS, *stack_mod.SPECS)
+# screened here too: advanced indexing and the truth reductions (their other tests: test_kernel_index_nd_all_any.py)
+SCREENED = (*SPECS, *index_nd_mod.SPECS, *all_any_mod.SPECS)
 
 
 def same(a, b) -> bool:
@@ -32,7 +36,7 @@ def same(a, b) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", SCREENED, ids=lambda s: s.name)
 def test_selfcheck_small_rows_pass_the_screen(spec):
     checks = check_kernel(spec, PROFILE, "cpu", "small", configs_per_row=2)
     bad = [(c.op, c.shapes, c.dtype, str(c.config), c.reason, c.detail) for c in checks if not c.ok]
