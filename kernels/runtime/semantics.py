@@ -6,7 +6,8 @@ check is conservative). They sit in the public op before the replay lookup
 (kernels/runtime/launch.py), so a remembered call runs them too.
 
 - `check_writable`: an in-place op's or copy_'s output must not overlap itself (an
-  expanded tensor) nor any input partially: the result would depend on the write order,
+  expanded tensor; where torch cannot tell, as for a strided slice such as a KV cache's
+  slot, the strides decide: disjoint served, else handed to torch) nor any input partially: the result would depend on the write order,
   and torch refuses it ("unsupported operation: some elements of the input tensor and the
   written-to tensor refer to a single memory location"). An input that is the output
   itself (`a.add_(a)`) is allowed, as torch allows it.
@@ -34,6 +35,17 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
     return lo, hi + t.element_size()
 
 
+def _strides_disjoint(t: torch.Tensor) -> bool:
+    """No two indices of `t` reach one element: each dim's stride (smallest first) steps
+    past everything the smaller dims reach. Sufficient, not necessary: False is "maybe"."""
+    reach = 0
+    for stride, size in sorted((abs(st), sz) for sz, st in zip(t.shape, t.stride()) if sz > 1):
+        if stride <= reach:
+            return False
+        reach += (size - 1) * stride
+    return True
+
+
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() \
         and a.dtype == b.dtype
@@ -43,8 +55,11 @@ def check_writable(what: str, out: torch.Tensor, *inputs) -> None:
     """Raise KernelError where writing `out` from `inputs` may overlap (module docstring)."""
     if out.numel() == 0:
         return
-    if torch._debug_has_internal_overlap(out) != 0:  # 1: overlaps, 2: too hard to tell
+    overlap = torch._debug_has_internal_overlap(out)  # 0: no, 1: overlaps, 2: too hard to tell
+    if overlap == 1:
         raise KernelError(f"{what}: the written-to tensor overlaps itself (torch refuses it)")
+    if overlap == 2 and not _strides_disjoint(out):
+        raise KernelError(f"{what}: the written-to tensor may overlap itself (torch's write order decides)")
     storage = out.untyped_storage().data_ptr()
     lo, hi = _byte_range(out)
     for t in inputs:
