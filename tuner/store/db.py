@@ -10,7 +10,9 @@ queue instead of failing on a lock upgrade; a read takes no lock and never waits
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
@@ -31,6 +33,7 @@ MIGRATION_LOCK = 0x6E6278  # the advisory lock key schema changes take on Postgr
 
 
 PING_IDLE_S = 1.0  # a pooled connection idle longer than this is pinged before it is used
+_unpinged = threading.local()  # set while a caller whose statement is its own check takes a connection
 
 
 def ping_when_idle(engine: Engine) -> None:
@@ -46,12 +49,24 @@ def ping_when_idle(engine: Engine) -> None:
     @event.listens_for(engine, "checkout")
     def _ping(dbapi_conn, record, proxy):
         since = record.info.get("idle_from")
-        if since is None or time.monotonic() - since <= PING_IDLE_S:
-            return  # fresh from connect, or used a moment ago
+        if since is None or time.monotonic() - since <= PING_IDLE_S or getattr(_unpinged, "on", False):
+            return  # fresh from connect, used a moment ago, or the caller retries a dropped one
         try:
             engine.dialect.do_ping(dbapi_conn)
         except Exception:
             raise DisconnectionError() from None  # the pool connects anew and retries
+
+
+@contextmanager
+def unpinged():
+    """Connections taken in this block are not pinged however long they idled: for a
+    single-statement caller that retries once when the connection turns out dropped (a
+    heartbeat), the ping would be a second round trip for nothing."""
+    _unpinged.on = True
+    try:
+        yield
+    finally:
+        _unpinged.on = False
 
 
 SECRET_PARAMS = ("password", "passwd", "sslpassword", "sslkey")  # query parameters never printed
