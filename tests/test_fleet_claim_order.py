@@ -179,3 +179,20 @@ def test_a_waiting_worker_looks_less_often_and_wakes_at_the_earliest_lease_end(m
 
     rep = workers.run_worker(Tuner())
     assert rep.tuned == [] and pauses == [0.5, 1.0, 2.0, 4.0, 4.0, 0.2], pauses
+
+
+def test_the_orm_update_class_is_made_at_import_not_by_racing_threads():
+    """SQLAlchemy publishes the annotated Update class before marking it cacheable; a thread
+    that meets it half made compiles every ORM update of the process anew from then on.
+    The store makes it at import, in one thread (a fresh interpreter, to see import alone)."""
+    import subprocess
+    import sys
+
+    code = ("from sqlalchemy.sql import annotation; from sqlalchemy.sql.dml import Update\n"
+            "import nbx_tune.tuner.store\n"
+            "cls = annotation.annotated_classes[Update]\n"
+            "from sqlalchemy import update; from nbx_tune.tuner.store.models import Seat\n"
+            "assert '_traverse_internals' in cls.__dict__\n"
+            "assert update(Seat)._annotate({'x': 1})._generate_cache_key() is not None\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-600:]

@@ -33,6 +33,12 @@ CLAIM_WINDOW = 256  # seat ids a claim reads at a time, at most (claim_next)
 QUEUE_COST_LOCK = 0x6E627863  # the advisory lock a fresh queue's costs are worked out under
 CLAIM_FIRST = 16  # ... and in its first read: a window grows fourfold per read up to CLAIM_WINDOW
 
+# SQLAlchemy makes the class of an ORM update at the first one run and publishes it before it
+# is marked cacheable: threads making their first update at once (a host's workers, their
+# heartbeats) could leave every ORM update of the process compiled anew at each call (an
+# SAWarning in the 1,000-worker simulation). Made here, by the one thread importing this.
+update(Seat)._annotate({})
+
 
 class LeaseLost(StoreError):
     """A worker's claim on a seat passed to another worker (its lease ran out while it
