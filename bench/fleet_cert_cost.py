@@ -1,8 +1,9 @@
 """What one certificate costs the fleet's own code: one worker on a PostgreSQL queue, its
 tuning faked with no sleep (bench/fleet_sim.py's benchmarker), through the fleet's path
 (claim -> `SeatTuner.tune_claimed`: the seat's reads, its search planning -> the write).
-Prints transactions, statements and the worker's CPU per certificate; with --ref, the
-same for the code at a git ref (exported to a temporary directory), side by side.
+Prints transactions, statements and the worker's CPU per certificate, and per heartbeat
+(`extend_claim` on a connection idle past the ping threshold, as a beat's always is); with
+--ref, the same for the code at a git ref (exported to a temporary directory), side by side.
 
     python3 bench/fleet_cert_cost.py --seats 400 --certs 300 --ref main
 
@@ -69,11 +70,35 @@ def measure(db: str, n_seats: int, n_certs: int) -> dict:
         time.sleep(1.0)  # PostgreSQL publishes a backend's transaction counts within a second
         with store.engine.connect() as c:
             x1 = c.execute(stat).scalar()
+        beat = measure_beats(store, claim(), tuner.holder, n_beats=200)
         store.close()
         return {"certs": n_certs, "tx_per_cert": (x1 - x0 - 1) / n_certs, "stmts_per_cert": n_stmts / n_certs,
-                "cpu_ms_per_cert": 1000 * cpu / n_certs, "wall_ms_per_cert": 1000 * wall / n_certs}
+                "cpu_ms_per_cert": 1000 * cpu / n_certs, "wall_ms_per_cert": 1000 * wall / n_certs, **beat}
     finally:
         fleet_sim.drop_db(db, url)
+
+
+def measure_beats(store, claimed, holder: str, n_beats: int) -> dict:
+    """A heartbeat's cost: `extend_claim` on a held seat, its connection taken as a real beat
+    finds it (idle a quarter lease, past the pool's ping threshold)."""
+    from sqlalchemy import text
+
+    from nbx_tune.tuner.store import db
+
+    if hasattr(db, "PING_IDLE_S"):
+        db.PING_IDLE_S = -1.0  # every checkout counts as idle, as a beat's always is
+    stat = text("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()")
+    with store.engine.connect() as c:
+        x0 = c.execute(stat).scalar()
+    c0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(n_beats):
+        assert store.extend_claim(claimed[0], holder, 60.0)
+    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    time.sleep(1.0)
+    with store.engine.connect() as c:
+        x1 = c.execute(stat).scalar()
+    return {"tx_per_beat": (x1 - x0 - 1) / n_beats, "cpu_ms_per_beat": 1000 * cpu / n_beats,
+            "wall_ms_per_beat": 1000 * wall / n_beats}
 
 
 def run_child(pythonpath: str, args) -> dict:
@@ -111,7 +136,8 @@ def main(argv=None) -> int:
             archive = subprocess.run(["git", "-C", repo, "archive", args.ref], capture_output=True, check=True)
             subprocess.run(["tar", "-x", "-C", os.path.join(tmp, "nbx_tune")], input=archive.stdout, check=True)
             rows = {args.ref: run_child(tmp, args), **rows}
-    keys = ["tx_per_cert", "stmts_per_cert", "cpu_ms_per_cert", "wall_ms_per_cert"]
+    keys = ["tx_per_cert", "stmts_per_cert", "cpu_ms_per_cert", "wall_ms_per_cert", "tx_per_beat",
+            "cpu_ms_per_beat", "wall_ms_per_beat"]
     print(f"{'code':>12} " + " ".join(f"{k:>16}" for k in keys))
     for name, r in rows.items():
         print(f"{name:>12} " + " ".join(f"{r[k]:16.2f}" for k in keys))
