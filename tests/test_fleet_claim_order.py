@@ -1,4 +1,4 @@
-"""The server-ordered claim (Store.claim_untuned, migration 0009): a worker takes the longest
+"""The server-ordered claim (Store.claim_untuned, migration 0010): a worker takes the longest
 free never-tuned seat in one statement, ordered by the server over the partial index of the
 seats never tuned; a tuned seat leaves it; a dead holder's seat is free once its lease ends;
 `census --enqueue` works out the costs, so a worker works out none. On SQLite and PostgreSQL."""

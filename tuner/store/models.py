@@ -61,7 +61,7 @@ class Seat(Base):
     __table_args__ = (UniqueConstraint("profile", "kernel", "dtypes", "flags", "bucket",
                                        name="uq_seats_identity"),
                       Index("ix_seats_profile_kernel", "profile", "kernel"),
-                      # The seats never tuned, in claim order (migration 0009): a worker's claim
+                      # The seats never tuned, in claim order (migration 0010): a worker's claim
                       # (Store.claim_untuned) reads its head; tuned seats leave it.
                       Index("ix_seats_claim_order", "profile", "queue_cost", "id",
                             sqlite_where=sql_text("tuned = 0"), postgresql_where=sql_text("NOT tuned")))
