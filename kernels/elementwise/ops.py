@@ -201,6 +201,10 @@ def _binary_call(fn: str, a: torch.Tensor, b, alpha: float) -> torch.Tensor:
         b_dt = "int64" if isinstance(b, int) else "float64"
         b, value, is_value, python_number = None, b, True, True
     plan, out_shape, out_dtype, dtypes, flags = _binary_plan_for(fn, a, b, is_value, b_dt, python_number)
+    if is_value and fn in ("add", "sub", "rsub") and out_dtype in (torch.float16, torch.bfloat16):
+        # torch's add and sub cast the number to the result's dtype before computing in fp32
+        # (h + 0.1 adds fp16(0.1)); its mul and div take the number as it is, as the kernel does.
+        value = torch.tensor(value, dtype=out_dtype).item()
     out = launch.empty(out_shape, out_dtype, a.device)
     n = plan[0]
     if out.numel() == 0:
