@@ -435,9 +435,8 @@ class Store:
                     c = c.execution_options(isolation_level="AUTOCOMMIT")
                     return c.execute(stmt.values(claim_expires=time.time() + ttl_s)).rowcount == 1
             except DBAPIError as e:
-                if attempt or not e.connection_invalidated:
+                if attempt or not e.connection_invalidated:  # the second try returns or raises
                     raise StoreError(f"database {self.url}: {str(e.orig).splitlines()[0]}") from None
-        return False
 
     def release(self, seat_id: int, holder: str) -> None:
         with self.session() as s:
